@@ -1,0 +1,84 @@
+"""Every Kubernetes key gpuplace reads or writes, spelled once.
+
+User annotations are what researchers write; system annotations are written only
+by the sidecar's service account (the validating webhook refuses anyone else).
+"""
+
+from __future__ import annotations
+
+PREFIX = "gpuplace.io/"
+
+# --- user annotations on pods -------------------------------------------------
+GPU_PERCENT = PREFIX + "gpu-percent"
+GPU_MEMORY = PREFIX + "gpu-memory"
+GPU_COUNT = PREFIX + "gpu-count"
+GPU_MODEL = PREFIX + "gpu-model"
+GPU_TOPOLOGY = PREFIX + "gpu-topology"
+GANG_NAME = PREFIX + "gang-name"
+GANG_SIZE = PREFIX + "gang-size"
+GANG_TIMEOUT = PREFIX + "gang-timeout"
+CONTAINER = PREFIX + "container"
+
+USER_ANNOTATIONS = (
+    GPU_PERCENT,
+    GPU_MEMORY,
+    GPU_COUNT,
+    GPU_MODEL,
+    GPU_TOPOLOGY,
+    GANG_NAME,
+    GANG_SIZE,
+    GANG_TIMEOUT,
+    CONTAINER,
+)
+
+# --- system annotations on pods (written by the sidecar at bind) --------------
+ASSIGNED_NODE = PREFIX + "assigned-node"
+"""Node the GPUs were granted on."""
+ASSIGNED_GPUS = PREFIX + "assigned-gpus"
+"""GPU indices on that node, comma-separated ("0,3")."""
+ASSIGNED_UUIDS = PREFIX + "assigned-uuids"
+"""GPU UUIDs in the same order, comma-separated; NVIDIA_VISIBLE_DEVICES reads this."""
+ASSIGNED_MILLI = PREFIX + "assigned-milli"
+"""milli-GPU granted on each GPU (1000 = whole)."""
+ASSIGNED_MEMORY = PREFIX + "assigned-memory-mib"
+"""GPU memory granted on each GPU, MiB."""
+ASSIGNED_AT = PREFIX + "assigned-at"
+"""RFC 3339 time of the grant."""
+GANG_PLAN = PREFIX + "gang-plan"
+"""Node a gang member was planned on (set by the gang controller before ungating)."""
+
+SYSTEM_ANNOTATIONS = (
+    ASSIGNED_NODE,
+    ASSIGNED_GPUS,
+    ASSIGNED_UUIDS,
+    ASSIGNED_MILLI,
+    ASSIGNED_MEMORY,
+    ASSIGNED_AT,
+    GANG_PLAN,
+)
+
+# --- labels -------------------------------------------------------------------
+MANAGED = PREFIX + "managed"
+"""Pod label: "true" on every pod the webhook mutated; the sidecar watches these."""
+GANG_LABEL = PREFIX + "gang"
+"""Pod label: the gang name of a gang member."""
+NODE_ENABLED = PREFIX + "enabled"
+"""Node label: "true" opts a node in; gpuplace manages no other node."""
+
+# --- scheduling gate ----------------------------------------------------------
+GANG_GATE = PREFIX + "gang"
+
+# --- extended resources -------------------------------------------------------
+RESOURCE_PERCENT = PREFIX + "gpu-percent"
+RESOURCE_MEMORY = PREFIX + "gpu-memory"
+
+# --- node inventory ------------------------------------------------------------
+GFD_COUNT = "nvidia.com/gpu.count"
+GFD_PRODUCT = "nvidia.com/gpu.product"
+GFD_MEMORY = "nvidia.com/gpu.memory"
+"""MiB per GPU, as GPU Feature Discovery labels it."""
+NODE_GPUS = PREFIX + "gpus"
+"""Optional node annotation, JSON list, one object per GPU:
+[{"index": 0, "uuid": "GPU-…", "numa": 0, "nvlink": 0}, …]; nvlink -1 or absent = none."""
+NVLINK_DOMAIN_SIZE = PREFIX + "nvlink-domain-size"
+"""Node label the sidecar keeps: GPUs in the node's largest NVLink domain (for affinity)."""

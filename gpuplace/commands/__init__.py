@@ -1,0 +1,1 @@
+"""One module per `gpuplace` sub-command; each exposes `register(subparsers)`."""

@@ -1,0 +1,130 @@
+"""How fragmented a node is, measured against the typical workload.
+
+The measure of Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing
+Workloads with Fragmentation Gradient Descent" (USENIX ATC '23), as their
+simulator computes it: for each task type t of the typical workload, with
+popularity p_t, the node's idle GPU milli that t could not use counts as
+fragment; the node's fragmentation is Σ p_t × fragment_t. A type cannot use any
+of a node's idle GPUs when it needs no GPU, when the node's model is not one it
+allows, when the node lacks its CPU, or when fewer than its GPU count of GPUs
+have its share free; otherwise only GPUs with less than its share free are
+fragment for it.
+
+The typical workload is built like theirs: pods grouped by (CPU, share per GPU,
+GPU count, allowed models), each pod counting once, the most popular types kept
+until they cover 95% of pods, their frequencies renormalised.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from placement.requests import GpuRequest
+
+POPULARITY = 0.95
+MIN_CPU_MILLI = 100
+"""kube-scheduler's non-zero default for a pod that requests no CPU."""
+MEMO_LIMIT = 1 << 18
+"""Entries of the fragmentation memo before it is cleared (bounds a long-running sidecar)."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TaskType:
+    cpu_milli: int
+    milli: int
+    count: int
+    models: frozenset[str]
+
+    @classmethod
+    def of(cls, request: GpuRequest) -> TaskType:
+        return cls(
+            max(request.cpu_milli, MIN_CPU_MILLI), request.milli, request.count, request.models
+        )
+
+
+class Workload:
+    """The typical workload: task types with popularities summing to 1.
+
+    `amount` is memoised on (model, CPU left, sorted GPU lefts): O(types × GPUs)
+    on a miss, O(GPUs) for the key on a hit.
+    """
+
+    __slots__ = ("_memo", "_per_model", "types")
+
+    def __init__(self, types: Iterable[tuple[TaskType, float]]) -> None:
+        self.types: tuple[tuple[TaskType, float], ...] = tuple(types)
+        self._per_model: dict[str, tuple[tuple[int, int, int, float], ...]] = {}
+        self._memo: dict[tuple[str, int, tuple[int, ...]], float] = {}
+
+    @classmethod
+    def from_requests(
+        cls, requests: Iterable[GpuRequest], popularity: float = POPULARITY
+    ) -> Workload:
+        """Most popular task types covering `popularity` of the pods. O(pods + types log types)."""
+        counts = Counter(TaskType.of(request) for request in requests)
+        total = sum(counts.values())
+        if total == 0:
+            return cls(())
+
+        def rank(item: tuple[TaskType, int]) -> tuple[int, int, int, int, str]:
+            task, count = item
+            return (count, task.cpu_milli, task.milli, task.count, "|".join(sorted(task.models)))
+
+        ordered = sorted(counts.items(), key=rank, reverse=True)
+        kept: list[tuple[TaskType, int]] = []
+        covered = 0
+        for task, count in ordered:
+            if covered >= popularity * total:
+                break
+            kept.append((task, count))
+            covered += count
+        return cls((task, count / covered) for task, count in kept)
+
+    def _for_model(self, model: str) -> tuple[tuple[int, int, int, float], ...]:
+        # (cpu, milli, count, p) per type; milli 0 marks "uses none of these GPUs".
+        cached = self._per_model.get(model)
+        if cached is None:
+            cached = tuple(
+                (
+                    task.cpu_milli,
+                    task.milli if (not task.models or model in task.models) else 0,
+                    task.count,
+                    p,
+                )
+                for task, p in self.types
+            )
+            self._per_model[model] = cached
+        return cached
+
+    def amount(self, model: str, cpu_left: int, lefts: tuple[int, ...]) -> float:
+        """Fragmentation (milli-GPU) of a node of `model` with `cpu_left` and GPU `lefts`.
+
+        `lefts` must be sorted ascending (callers pass sorted tuples). Memoised.
+        """
+        key = (model, cpu_left, lefts)
+        value = self._memo.get(key)
+        if value is not None:
+            return value
+        idle = 0
+        for left in lefts:
+            if left > 0:
+                idle += left
+        value = 0.0
+        for cpu, milli, count, p in self._for_model(model):
+            if milli == 0 or cpu > cpu_left:
+                value += p * idle
+                continue
+            fitting = 0
+            fragment = 0
+            for left in lefts:
+                if left >= milli:
+                    fitting += 1
+                elif left > 0:
+                    fragment += left
+            value += p * (idle if fitting < count else fragment)
+        if len(self._memo) >= MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[key] = value
+        return value

@@ -1,0 +1,239 @@
+"""Who holds which share of which GPU, and what every node has left.
+
+Grants are keyed by pod UID. A grant is first *reserved* (capacity taken, pod not
+yet bound: a bind in flight or a gang being planned) and then *confirmed* (the pod
+is bound). Reserving the same UID again with the same grant is a no-op, so a grant
+is never counted twice; reserving it with a different grant is refused.
+
+The ledger keeps, per node, the free milli-GPU and free memory of every GPU and
+the free CPU, memory and pod slots, so that a fit check never sums grants. Every
+change bumps the node's `version`, which caches key on.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+
+from placement.inventory import Inventory, Node
+from placement.requests import WHOLE
+
+
+class GrantState(enum.Enum):
+    RESERVED = "reserved"
+    CONFIRMED = "confirmed"
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A pod's hold on `gpus` of `node`: `milli` and `memory_mib` on each of them."""
+
+    pod_uid: str
+    node: str
+    gpus: tuple[int, ...]
+    milli: int
+    memory_mib: int
+    cpu_milli: int = 0
+    host_memory_mib: int = 0
+    state: GrantState = GrantState.RESERVED
+
+    def same_hold(self, other: Grant) -> bool:
+        """True when both grants hold exactly the same resources (state aside)."""
+        return replace(self, state=other.state) == other
+
+
+class LedgerError(Exception):
+    """A grant the ledger refuses; the message says why, for a person."""
+
+
+class Oversubscribed(LedgerError):
+    pass
+
+
+class Conflict(LedgerError):
+    pass
+
+
+class NodeState:
+    """What one node has left. Mutated only by the ledger."""
+
+    __slots__ = ("cpu", "free_memory", "free_milli", "memory", "node", "pods", "version")
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.free_milli = [WHOLE] * len(node.gpus)
+        self.free_memory = [gpu.memory_mib for gpu in node.gpus]
+        self.cpu = node.cpu_milli
+        self.memory = node.memory_mib
+        self.pods = node.max_pods
+        self.version = 0
+
+    def signature(self) -> tuple[object, ...]:
+        """The node's type and free state: two nodes with equal signatures score alike. O(GPUs)."""
+        return (
+            self.node.model,
+            self.cpu,
+            self.memory,
+            tuple(sorted(zip(self.free_milli, self.free_memory, strict=True))),
+        )
+
+    def free_whole(self) -> int:
+        """GPUs nobody holds any share of. O(GPUs)."""
+        return sum(1 for milli in self.free_milli if milli == WHOLE)
+
+    def free_total(self) -> int:
+        """Free milli-GPU over all GPUs of the node. O(GPUs)."""
+        return sum(milli for milli in self.free_milli if milli > 0)
+
+
+class Ledger:
+    """Grants by pod UID over an inventory, with per-node free state."""
+
+    __slots__ = ("_grants", "_states", "inventory")
+
+    def __init__(self, inventory: Inventory) -> None:
+        self.inventory = inventory
+        self._grants: dict[str, Grant] = {}
+        self._states: dict[str, NodeState] = {node.name: NodeState(node) for node in inventory}
+
+    # --- reading -----------------------------------------------------------
+
+    def state(self, node: str) -> NodeState | None:
+        return self._states.get(node)
+
+    def states(self) -> Iterable[NodeState]:
+        return self._states.values()
+
+    def get(self, pod_uid: str) -> Grant | None:
+        return self._grants.get(pod_uid)
+
+    def __contains__(self, pod_uid: object) -> bool:
+        return pod_uid in self._grants
+
+    def __iter__(self) -> Iterator[Grant]:
+        return iter(self._grants.values())
+
+    def __len__(self) -> int:
+        return len(self._grants)
+
+    def grants_on(self, node: str) -> list[Grant]:
+        """Grants on one node. O(grants): for explanations, never for decisions."""
+        return [grant for grant in self._grants.values() if grant.node == node]
+
+    def allocated_milli(self) -> int:
+        """milli-GPU held over the whole cluster. O(grants)."""
+        return sum(grant.milli * len(grant.gpus) for grant in self._grants.values())
+
+    # --- changing ----------------------------------------------------------
+
+    def reserve(self, grant: Grant, *, overcommit: bool = False) -> bool:
+        """Take `grant`'s resources for its pod. O(GPUs of the grant).
+
+        Returns False when the pod already holds exactly this grant (nothing
+        changes), True when it was taken. Raises `Conflict` when the pod holds a
+        different grant and `Oversubscribed` when the node cannot hold it, unless
+        `overcommit` (used when the API already says the pod runs there: the
+        ledger must record reality, and the node then fits nothing more).
+        """
+        held = self._grants.get(grant.pod_uid)
+        if held is not None:
+            if held.same_hold(grant):
+                if grant.state is GrantState.CONFIRMED and held.state is GrantState.RESERVED:
+                    self._grants[grant.pod_uid] = grant
+                return False
+            raise Conflict(
+                f"pod {grant.pod_uid} already holds GPUs {list(held.gpus)} on {held.node}"
+            )
+        state = self._states.get(grant.node)
+        if state is None:
+            if not overcommit:
+                raise LedgerError(f"unknown node {grant.node}")
+        else:
+            self._check(state, grant, overcommit)
+            self._apply(state, grant, -1)
+        self._grants[grant.pod_uid] = grant
+        return True
+
+    def confirm(self, pod_uid: str) -> Grant:
+        """Mark a reserved grant as bound. O(1). Raises KeyError when absent."""
+        grant = self._grants[pod_uid]
+        if grant.state is not GrantState.CONFIRMED:
+            grant = replace(grant, state=GrantState.CONFIRMED)
+            self._grants[pod_uid] = grant
+        return grant
+
+    def release(self, pod_uid: str) -> Grant | None:
+        """Give a pod's resources back; None when it held nothing. O(GPUs of the grant)."""
+        grant = self._grants.pop(pod_uid, None)
+        if grant is not None:
+            state = self._states.get(grant.node)
+            if state is not None:
+                self._apply(state, grant, +1)
+        return grant
+
+    def put_node(self, node: Node) -> None:
+        """Add or replace a node, keeping the grants already on it. O(grants)."""
+        self.inventory.put(node)
+        state = NodeState(node)
+        old = self._states.get(node.name)
+        if old is not None:
+            state.version = old.version + 1
+        self._states[node.name] = state
+        for grant in self._grants.values():
+            if grant.node == node.name:
+                usable = all(index < len(node.gpus) for index in grant.gpus)
+                if usable:
+                    self._apply(state, grant, -1)
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node; grants on it stay recorded until their pods go. O(1)."""
+        self.inventory.remove(name)
+        self._states.pop(name, None)
+
+    def snapshot(self) -> tuple[Grant, ...]:
+        """Every grant, sorted by pod UID: equal snapshots mean equal ledgers. O(g log g)."""
+        return tuple(sorted(self._grants.values(), key=lambda grant: grant.pod_uid))
+
+    def restore(self, grants: Iterable[Grant]) -> None:
+        """Replace all grants by `grants` (overcommitting where reality did). O(g)."""
+        self._grants.clear()
+        self._states = {node.name: NodeState(node) for node in self.inventory}
+        for grant in grants:
+            self.reserve(grant, overcommit=True)
+
+    # --- internals ---------------------------------------------------------
+
+    @staticmethod
+    def _check(state: NodeState, grant: Grant, overcommit: bool) -> None:
+        node = state.node
+        if len(set(grant.gpus)) != len(grant.gpus):
+            raise LedgerError(f"grant for {grant.pod_uid} names a GPU twice: {list(grant.gpus)}")
+        for index in grant.gpus:
+            if not 0 <= index < len(node.gpus):
+                raise LedgerError(f"node {node.name} has no GPU {index}")
+        if overcommit:
+            return
+        if grant.cpu_milli > state.cpu or grant.host_memory_mib > state.memory or state.pods < 1:
+            raise Oversubscribed(f"node {node.name} lacks CPU, memory or pod slots")
+        for index in grant.gpus:
+            if grant.milli > state.free_milli[index]:
+                raise Oversubscribed(
+                    f"gpu {index} of {node.name}: {state.free_milli[index] / 10:g}% free, "
+                    f"needs {grant.milli / 10:g}%"
+                )
+            if grant.memory_mib > state.free_memory[index]:
+                raise Oversubscribed(
+                    f"gpu {index} of {node.name}: {state.free_memory[index]} MiB free, "
+                    f"needs {grant.memory_mib} MiB"
+                )
+
+    @staticmethod
+    def _apply(state: NodeState, grant: Grant, sign: int) -> None:
+        for index in grant.gpus:
+            state.free_milli[index] += sign * grant.milli
+            state.free_memory[index] += sign * grant.memory_mib
+        state.cpu += sign * grant.cpu_milli
+        state.memory += sign * grant.host_memory_mib
+        state.pods += sign
+        state.version += 1

@@ -1,0 +1,148 @@
+"""Scoring policies, all behind `choosing.Policy`: `score` ranks nodes (higher is
+better; exact ties are broken at random by the chooser), `prefer` ranks GPU sets
+of equal score within one node (ties: the lowest GPU index).
+
+- `random`: every feasible node alike; a random fitting GPU within it.
+- `first-fit`: the first node, in inventory order, that fits.
+- `best-fit`: the node with the least CPU and GPU left after placement (the FGD
+  paper's baseline, integer score 0-100); the fitting GPU with the least left.
+- `fgd`: fragmentation gradient descent (Weng et al., ATC '23) as published: the
+  fragmentation decrease through a sigmoid, truncated to an integer 0-100.
+- `default`: ours; see `DefaultPolicy`.
+
+Each `score` is O(types × GPUs) on a fragmentation-memo miss, O(GPUs) otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+from placement.fragmentation import MIN_CPU_MILLI, Workload
+from placement.ledger import NodeState
+from placement.requests import GpuRequest
+
+MAX_SPEC_CPU = 128_000
+MAX_SPEC_GPU = 8_000
+
+
+def _after(state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> tuple[int, ...]:
+    lefts = list(state.free_milli)
+    for index in gpus:
+        lefts[index] -= request.milli
+    lefts.sort()
+    return tuple(lefts)
+
+
+class RandomPolicy:
+    name = "random"
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+
+    def score(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+        return 0.0
+
+    def prefer(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+        return self._rng.random()
+
+
+class FirstFitPolicy:
+    name = "first-fit"
+
+    def __init__(self) -> None:
+        self._order: dict[str, int] = {}
+
+    def score(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+        name = state.node.name
+        ordinal = self._order.get(name)
+        if ordinal is None:
+            ordinal = self._order[name] = len(self._order)
+        return -float(ordinal)
+
+    def prefer(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+        return 0.0
+
+
+class BestFitPolicy:
+    name = "best-fit"
+
+    def score(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+        gpu_left = sum(left for left in state.free_milli if left > 0)
+        spare = (state.cpu - request.cpu_milli) / MAX_SPEC_CPU * 0.5 + (
+            gpu_left - request.total_milli
+        ) / MAX_SPEC_GPU * 0.5
+        return float(int((1.0 - spare) * 100))
+
+    def prefer(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+        return -float(sum(state.free_milli[index] for index in gpus))
+
+
+def _sigmoid(x: float) -> float:
+    if x < -500:
+        return 0.0
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+class FgdPolicy:
+    """Fragmentation gradient descent as published: integer score, random ties."""
+
+    name = "fgd"
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+
+    def gradient(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+        """Fragmentation before minus after placing (milli-GPU; higher is better)."""
+        model = state.node.model
+        before = self.workload.amount(model, state.cpu, tuple(sorted(state.free_milli)))
+        cpu_after = state.cpu - max(request.cpu_milli, MIN_CPU_MILLI)
+        after = self.workload.amount(model, cpu_after, _after(state, request, gpus))
+        return before - after
+
+    def score(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+        return float(int(_sigmoid(self.gradient(state, request, gpus) / 1000) * 100))
+
+    def prefer(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+        return 0.0
+
+
+class DefaultPolicy(FgdPolicy):
+    """Ours: the fragmentation gradient, exact, not truncated to 101 levels.
+
+    Truncation makes most candidates tie and leaves the choice to chance; using
+    the exact gradient picks the node that fragments least.
+    """
+
+    name = "default"
+
+    def score(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+        return self.gradient(state, request, gpus)
+
+
+NAMES = ("default", "fgd", "best-fit", "first-fit", "random")
+
+
+def make(
+    name: str, *, workload: Workload | None = None, rng: random.Random | None = None
+) -> RandomPolicy | FirstFitPolicy | BestFitPolicy | FgdPolicy:
+    """The policy called `name`. fgd and default need the typical workload."""
+    factories: dict[str, Callable[[], RandomPolicy | FirstFitPolicy | BestFitPolicy | FgdPolicy]]
+    factories = {
+        "random": lambda: RandomPolicy(rng or random.Random(0)),
+        "first-fit": FirstFitPolicy,
+        "best-fit": BestFitPolicy,
+        "fgd": lambda: FgdPolicy(_need(workload, name)),
+        "default": lambda: DefaultPolicy(_need(workload, name)),
+    }
+    factory = factories.get(name)
+    if factory is None:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(NAMES)}")
+    return factory()
+
+
+def _need(workload: Workload | None, name: str) -> Workload:
+    if workload is None:
+        raise ValueError(f"policy {name} needs the typical workload")
+    return workload

@@ -1,0 +1,63 @@
+"""What a pod asks for, in the engine's units.
+
+`milli` is the share of one GPU in milli-GPU (1000 = a whole GPU); the
+`gpu-percent` annotation maps onto it (percent × 10). A request for more than one
+GPU always asks for whole GPUs. Memory is per GPU, in MiB; 0 means "no memory
+limit asked" and, for a whole GPU, the grant takes all of that GPU's memory.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+WHOLE = 1000
+"""milli-GPU of one whole GPU."""
+
+
+class Topology(enum.Enum):
+    """What a multi-GPU request wants of its GPUs' NVLink domain."""
+
+    ANY = "any"
+    PREFERRED = "preferred"
+    REQUIRED = "required"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """A pod's demand. `count == 0` is a CPU-only pod (it still uses CPU and memory)."""
+
+    milli: int = 0
+    memory_mib: int = 0
+    count: int = 0
+    models: frozenset[str] = frozenset()
+    cpu_milli: int = 0
+    host_memory_mib: int = 0
+    topology: Topology = Topology.ANY
+
+    def __post_init__(self) -> None:
+        if self.count < 0:
+            raise ValueError(f"GPU count must be >= 0, got {self.count}")
+        if self.cpu_milli < 0 or self.host_memory_mib < 0 or self.memory_mib < 0:
+            raise ValueError("CPU, memory and GPU memory must be >= 0")
+        if self.count == 0:
+            if self.milli != 0 or self.memory_mib != 0:
+                raise ValueError("a request for 0 GPUs cannot ask for a GPU share or memory")
+            return
+        if not 1 <= self.milli <= WHOLE:
+            raise ValueError(f"GPU share must be 1..{WHOLE} milli-GPU, got {self.milli}")
+        if self.count > 1 and self.milli != WHOLE:
+            raise ValueError("a request for several GPUs must ask for whole GPUs")
+
+    @property
+    def shares(self) -> bool:
+        """True for a fractional single-GPU request (the GPU may be shared)."""
+        return self.count == 1 and self.milli < WHOLE
+
+    @property
+    def total_milli(self) -> int:
+        """milli-GPU over all GPUs asked for."""
+        return self.milli * self.count
+
+    def allows(self, model: str) -> bool:
+        return not self.models or model in self.models
