@@ -38,6 +38,9 @@ ASSIGNED_GPUS = PREFIX + "assigned-gpus"
 """GPU indices on that node, comma-separated ("0,3")."""
 ASSIGNED_UUIDS = PREFIX + "assigned-uuids"
 """GPU UUIDs in the same order, comma-separated; NVIDIA_VISIBLE_DEVICES reads this."""
+VISIBLE_DEVICES = PREFIX + "visible-devices"
+"""What NVIDIA_VISIBLE_DEVICES must hold: the UUIDs when the node publishes them, else the
+indices, comma-separated. The webhook points the env var here through the downward API."""
 ASSIGNED_MILLI = PREFIX + "assigned-milli"
 """milli-GPU granted on each GPU (1000 = whole)."""
 ASSIGNED_MEMORY = PREFIX + "assigned-memory-mib"
@@ -51,6 +54,7 @@ SYSTEM_ANNOTATIONS = (
     ASSIGNED_NODE,
     ASSIGNED_GPUS,
     ASSIGNED_UUIDS,
+    VISIBLE_DEVICES,
     ASSIGNED_MILLI,
     ASSIGNED_MEMORY,
     ASSIGNED_AT,
