@@ -1,0 +1,20 @@
+"""The webhook's own settings, a frozen value built by the composition root from the
+process settings (the webhook never reads the environment or `gpuplace.settings`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_MAX_BODY_BYTES = 3 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookConfig:
+    scheduler_name: str = "gpuplace"
+    """schedulerName set on GPU pods: the kube-scheduler profile that calls the extender."""
+    sidecar_user: str = "system:serviceaccount:gpuplace:gpuplace"
+    """The only user allowed to set or change the system (assignment) annotations."""
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    """Larger review bodies are answered 413."""
+    read_timeout_seconds: float = 10.0
+    """A body not received within this time is answered 408."""
