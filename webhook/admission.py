@@ -189,7 +189,7 @@ class Reviewer:
             return _invalid(UNSATISFIABLE, why, spec)
         leftover = _build(pod, spec, container, self.config.scheduler_name)
         if leftover.ops:
-            shown = ", ".join(leftover.patch.paths()[:MAX_PATHS_SHOWN])
+            shown = ", ".join(_parts(leftover.patch.paths()))
             return _forbidden(
                 NOT_MUTATED,
                 "this pod has gpuplace annotations but the gpuplace mutating webhook did not "
@@ -244,6 +244,17 @@ class Reviewer:
                 "create it again",
             )
         return _allow(UPDATE)
+
+
+def _parts(paths: list[str]) -> list[str]:
+    """Patch paths as the pod fields a user knows: `/spec/containers/0/env/-` → `env`."""
+    parts: list[str] = []
+    for path in paths:
+        tokens = path.split("/") + ["", "", ""]
+        part = tokens[4] if tokens[2] == "containers" else tokens[2]
+        if part not in parts:
+            parts.append(part)
+    return parts
 
 
 def _object(request: AdmissionRequest) -> dict[str, Any]:

@@ -119,8 +119,8 @@ def build(
         )
     if spec.shares and not spec.memory_mib:
         warnings.append(
-            f"no {keys.GPU_MEMORY}: GPU memory is not reserved for this pod, so pods "
-            'sharing its GPU may take it all; set it, e.g. "10Gi"'
+            f"no {keys.GPU_MEMORY}: no GPU memory is reserved for this pod; "
+            "pods sharing its GPU may take it all"
         )
     if spec.count == 1 and spec.topology is not grammar.GpuTopology.NONE:
         warnings.append(f"{keys.GPU_TOPOLOGY} is ignored for a single GPU")

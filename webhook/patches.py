@@ -113,8 +113,8 @@ class Patch:
         current = _child(node, path[-1])
         if current is not MISSING and current == value:
             return False
-        if current is MISSING and not isinstance(node, dict):
-            raise PatchError(f"{pointer(path)} does not exist")
+        if current is MISSING and not (isinstance(node, dict) and isinstance(path[-1], str)):
+            raise PatchError(f"{pointer(path)} cannot be added")
         self._write(path, value, "add" if current is MISSING else "replace")
         return True
 

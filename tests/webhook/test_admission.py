@@ -1,0 +1,214 @@
+"""Decisions of `/mutate` and `/validate` beyond the captured fixtures."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from cluster import keys
+from placement.inventory import Capabilities
+from tests.webhook import helpers
+from webhook import admission, reviews
+from webhook.config import WebhookConfig
+from webhook.inventory import FixedCapabilities
+
+SIDECAR = WebhookConfig().sidecar_user
+SHARE = {keys.GPU_PERCENT: "50", keys.GPU_MEMORY: "20Gi"}
+
+
+@pytest.fixture
+def reviewer(capabilities: Capabilities) -> admission.Reviewer:
+    return admission.Reviewer(WebhookConfig(), FixedCapabilities(capabilities))
+
+
+def request(body: dict[str, Any]) -> reviews.AdmissionRequest:
+    return reviews.AdmissionReview.model_validate(body).request
+
+
+def mutated(reviewer: admission.Reviewer, pod: dict[str, Any]) -> dict[str, Any]:
+    decision = reviewer.mutate(request(helpers.review(pod)))
+    assert decision.allowed, decision.message
+    result: dict[str, Any] = jsonpatch.apply_patch(pod, decision.ops)
+    return result
+
+
+def test_mutated_pod_validates(reviewer: admission.Reviewer) -> None:
+    pod = mutated(reviewer, helpers.pod(SHARE))
+    decision = reviewer.validate(request(helpers.review(pod)))
+    assert (decision.allowed, decision.reason) == (True, admission.VALID)
+
+
+def test_pod_changed_after_mutation_is_caught(reviewer: admission.Reviewer) -> None:
+    pod = mutated(reviewer, helpers.pod(SHARE))
+    pod["spec"]["schedulerName"] = "default-scheduler"  # a later webhook undid ours
+    decision = reviewer.validate(request(helpers.review(pod)))
+    assert (decision.allowed, decision.reason, decision.code) == (False, admission.NOT_MUTATED, 403)
+    assert "(still to set: schedulerName)" in decision.message
+
+
+def test_unsatisfiable_request(reviewer: admission.Reviewer) -> None:
+    pod = mutated(reviewer, helpers.pod({keys.GPU_PERCENT: "50", keys.GPU_MEMORY: "100Gi"}))
+    decision = reviewer.validate(request(helpers.review(pod)))
+    assert (decision.allowed, decision.reason, decision.code) == (
+        False,
+        admission.UNSATISFIABLE,
+        422,
+    )
+    assert decision.message == (
+        "no GPU in the cluster has 100Gi of memory (gpuplace.io/gpu-memory); the largest has 80Gi"
+    )
+
+
+def test_unknown_inventory_refuses_gpu_pods_only(capabilities: Capabilities) -> None:
+    source = FixedCapabilities(None)
+    reviewer = admission.Reviewer(WebhookConfig(), source)
+    pod = mutated(reviewer, helpers.pod(SHARE))
+    decision = reviewer.validate(request(helpers.review(pod)))
+    assert (decision.allowed, decision.reason, decision.code) == (
+        False,
+        admission.INVENTORY_UNKNOWN,
+        503,
+    )
+    assert decision.status_reason == "ServiceUnavailable"
+    plain = reviewer.validate(request(helpers.review(helpers.pod())))
+    assert plain.allowed
+    source.set(capabilities)
+    assert reviewer.validate(request(helpers.review(pod))).allowed
+
+
+@pytest.mark.parametrize("user", ["alice", "system:serviceaccount:gpuplace:default"])
+def test_forged_assignment_at_create(reviewer: admission.Reviewer, user: str) -> None:
+    pod = mutated(reviewer, helpers.pod(SHARE))
+    pod["metadata"]["annotations"][keys.ASSIGNED_GPUS] = "0"
+    decision = reviewer.validate(request(helpers.review(pod, user=user)))
+    assert (decision.allowed, decision.reason, decision.code) == (False, admission.FORGED, 403)
+    assert decision.message.startswith("gpuplace.io/assigned-gpus may only be set")
+
+
+def test_assignment_alone_on_a_plain_pod_is_forged(reviewer: admission.Reviewer) -> None:
+    pod = helpers.pod({keys.VISIBLE_DEVICES: "GPU-1"})
+    decision = reviewer.validate(request(helpers.review(pod)))
+    assert decision.reason == admission.FORGED
+    sidecar = reviewer.validate(request(helpers.review(pod, user=SIDECAR)))
+    assert sidecar.allowed
+
+
+def _update(old: dict[str, Any], new: dict[str, Any], user: str = "alice") -> dict[str, Any]:
+    return helpers.review(new, old=old, operation="UPDATE", user=user)
+
+
+def test_sidecar_may_write_assignment_on_update(reviewer: admission.Reviewer) -> None:
+    old = mutated(reviewer, helpers.pod(SHARE))
+    new = copy.deepcopy(old)
+    new["metadata"]["annotations"].update(
+        {keys.ASSIGNED_NODE: "a100-0", keys.ASSIGNED_GPUS: "3", keys.VISIBLE_DEVICES: "GPU-3"}
+    )
+    assert reviewer.validate(request(_update(old, new, SIDECAR))).allowed
+    refused = reviewer.validate(request(_update(old, new)))
+    assert (refused.allowed, refused.reason) == (False, admission.FORGED)
+    assert "gpuplace.io/assigned-gpus, gpuplace.io/assigned-node, gpuplace.io/visible-devices" in (
+        refused.message
+    )
+    # removing an assignment is a change too
+    removed = reviewer.validate(request(_update(new, old)))
+    assert removed.reason == admission.FORGED
+
+
+def test_other_updates_of_an_assigned_pod_are_allowed(reviewer: admission.Reviewer) -> None:
+    old = mutated(reviewer, helpers.pod(SHARE))
+    old["metadata"]["annotations"][keys.ASSIGNED_GPUS] = "1"
+    new = copy.deepcopy(old)
+    new["metadata"]["labels"]["team"] = "vision"
+    new["metadata"]["annotations"]["note"] = "hi"
+    decision = reviewer.validate(request(_update(old, new)))
+    assert (decision.allowed, decision.reason) == (True, admission.UPDATE)
+
+
+def test_user_annotations_are_immutable(reviewer: admission.Reviewer) -> None:
+    old = mutated(reviewer, helpers.pod(SHARE))
+    new = copy.deepcopy(old)
+    new["metadata"]["annotations"][keys.GPU_PERCENT] = "60"
+    decision = reviewer.validate(request(_update(old, new, SIDECAR)))
+    assert (decision.allowed, decision.reason) == (False, admission.CHANGED)
+    assert decision.message.startswith("gpuplace.io/gpu-percent cannot change once the pod exists")
+    plain_old = helpers.pod()
+    plain_new = helpers.pod(SHARE)
+    assert reviewer.validate(request(_update(plain_old, plain_new))).reason == admission.CHANGED
+
+
+def test_update_is_never_patched(reviewer: admission.Reviewer) -> None:
+    old = helpers.pod(SHARE)
+    decision = reviewer.mutate(request(_update(old, copy.deepcopy(old))))
+    assert (decision.allowed, decision.ops) == (True, [])
+
+
+@pytest.mark.parametrize(
+    ("annotations", "spec", "fragment"),
+    [
+        (
+            {keys.GPU_COUNT: "1", keys.CONTAINER: "nope"},
+            {},
+            "gpuplace.io/container: the pod has no container named 'nope'; "
+            "its containers are: main",
+        ),
+        ({keys.GPU_COUNT: "1"}, {"nodeName": "n1"}, "spec.nodeName is set"),
+    ],
+)
+def test_pod_level_problems(
+    reviewer: admission.Reviewer, annotations: dict[str, str], spec: dict[str, Any], fragment: str
+) -> None:
+    pod = helpers.pod(annotations, **spec)
+    for decide in (reviewer.mutate, reviewer.validate):
+        decision = decide(request(helpers.review(pod)))
+        assert not decision.allowed and decision.code == 422
+        assert fragment in decision.message
+
+
+def test_our_resources_outside_the_gpu_container(reviewer: admission.Reviewer) -> None:
+    sneaky = {"name": "side", "image": "x", "resources": {"limits": {keys.RESOURCE_PERCENT: "100"}}}
+    main = {"name": "main", "image": "x"}
+    pod = helpers.pod({keys.GPU_COUNT: "1"}, containers=[main, sneaky])
+    decision = reviewer.mutate(request(helpers.review(pod)))
+    assert decision.reason == admission.INVALID_POD
+    assert "spec.containers[1] (side) requests gpuplace.io/gpu-percent" in decision.message
+    plain = helpers.pod(containers=[sneaky])
+    decision = reviewer.validate(request(helpers.review(plain)))
+    assert (decision.allowed, decision.reason) == (False, admission.FOREIGN_RESOURCE)
+    assert reviewer.mutate(request(helpers.review(plain))).allowed
+
+
+def test_non_pod_and_other_operations_pass(reviewer: admission.Reviewer) -> None:
+    body = helpers.review(helpers.pod({keys.GPU_PERCENT: "nonsense"}))
+    body["request"]["kind"] = {"group": "apps", "version": "v1", "kind": "Deployment"}
+    assert reviewer.validate(request(body)).reason == admission.NOT_A_POD
+    delete = helpers.review(None, old=helpers.pod(SHARE), operation="DELETE")
+    assert reviewer.validate(request(delete)).reason == admission.IGNORED_OPERATION
+    assert reviewer.mutate(request(delete)).reason == admission.IGNORED_OPERATION
+
+
+def test_missing_object_is_malformed(reviewer: admission.Reviewer) -> None:
+    with pytest.raises(reviews.ReviewError, match=r"request\.object is required for CREATE"):
+        reviewer.mutate(request(helpers.review(None)))
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        lambda pod: pod["metadata"].update(annotations=["x"]),
+        lambda pod: pod["metadata"]["annotations"].update({keys.GPU_PERCENT: 5}),
+        lambda pod: pod["spec"].update(containers={"a": 1}),
+        lambda pod: pod["spec"].update(containers=[{"image": "x"}]),
+        lambda pod: pod["spec"]["containers"][0].update(env={"A": "b"}),
+        lambda pod: pod["spec"]["containers"][0].update(resources={"limits": []}),
+        lambda pod: pod.update(spec=[]),
+    ],
+)
+def test_malformed_pods_are_review_errors(reviewer: admission.Reviewer, breakage: Any) -> None:
+    pod = helpers.pod({keys.GPU_PERCENT: "5"})
+    breakage(pod)
+    for decide in (reviewer.mutate, reviewer.validate):
+        with pytest.raises(reviews.ReviewError):
+            decide(request(helpers.review(pod)))
