@@ -40,53 +40,57 @@ def register(subparsers: Any) -> None:
     )
     verbs = parser.add_subparsers(dest="certs_command", required=True, metavar="VERB")
 
-    generate = verbs.add_parser(
+    generate_parser = verbs.add_parser(
         "generate",
         help="a new CA and serving certificate (old CAs stay trusted until they expire)",
     )
-    _add_names(generate)
-    _add_destinations(generate)
-    generate.add_argument(
+    _add_names(generate_parser)
+    _add_destinations(generate_parser)
+    generate_parser.add_argument(
         "--force",
         action="store_true",
         help="replace an existing CA (otherwise generate refuses: use rotate to renew)",
     )
-    generate.set_defaults(run=_entry(_generate))
+    generate_parser.set_defaults(run=_entry(generate))
 
-    rotate = verbs.add_parser(
+    rotate_parser = verbs.add_parser(
         "rotate",
         help="create what is missing, renew what is due (2/3 of its lifetime), else nothing",
     )
-    _add_names(rotate)
-    _add_destinations(rotate)
-    rotate.add_argument("--dry-run", action="store_true", help="print the decision only")
-    rotate.set_defaults(run=_entry(_rotate))
+    _add_names(rotate_parser)
+    _add_destinations(rotate_parser)
+    rotate_parser.add_argument("--dry-run", action="store_true", help="print the decision only")
+    rotate_parser.set_defaults(run=_entry(rotate))
 
-    inject = verbs.add_parser("inject", help="patch caBundle into both webhook configurations")
-    inject.add_argument(
+    inject_parser = verbs.add_parser(
+        "inject", help="patch caBundle into both webhook configurations"
+    )
+    inject_parser.add_argument(
         "--ca-file",
         type=Path,
         help="PEM bundle to trust (default: the bundle in the CA Secret)",
     )
-    _add_cluster(inject)
-    inject.set_defaults(run=_entry(_inject))
+    _add_cluster(inject_parser)
+    inject_parser.set_defaults(run=_entry(inject))
 
-    check = verbs.add_parser(
+    check_parser = verbs.add_parser(
         "check",
         help="is a serving pair usable: valid, matching, chained, right names (exit 0/1/3)",
     )
-    check.add_argument("--cert-file", type=Path, default=Path("/etc/gpuplace/tls/tls.crt"))
-    check.add_argument("--key-file", type=Path, default=Path("/etc/gpuplace/tls/tls.key"))
-    check.add_argument(
+    check_parser.add_argument("--cert-file", type=Path, default=Path("/etc/gpuplace/tls/tls.crt"))
+    check_parser.add_argument("--key-file", type=Path, default=Path("/etc/gpuplace/tls/tls.key"))
+    check_parser.add_argument(
         "--ca-file",
         type=Path,
         help="trusted CA bundle (default: ca.crt beside --cert-file)",
     )
-    check.add_argument("--service", help="also require the SANs of this Service")
-    check.add_argument("--namespace", default="gpuplace")
-    check.add_argument("--dns-name", action="append", default=[], metavar="NAME")
-    check.add_argument("--renew-fraction", type=float, default=issuing.RENEW_FRACTION, metavar="F")
-    check.set_defaults(run=_entry(_check))
+    check_parser.add_argument("--service", help="also require the SANs of this Service")
+    check_parser.add_argument("--namespace", default="gpuplace")
+    check_parser.add_argument("--dns-name", action="append", default=[], metavar="NAME")
+    check_parser.add_argument(
+        "--renew-fraction", type=float, default=issuing.RENEW_FRACTION, metavar="F"
+    )
+    check_parser.set_defaults(run=_entry(check))
 
 
 def _add_names(parser: argparse.ArgumentParser) -> None:
@@ -195,7 +199,7 @@ def _require_destination(args: argparse.Namespace) -> None:
         raise pairs.CertError("say where: --out-dir DIR and/or --secret NAME")
 
 
-def _generate(args: argparse.Namespace, now: datetime, out: TextIO) -> int:
+def generate(args: argparse.Namespace, now: datetime, out: TextIO) -> int:
     _require_destination(args)
     spec = spec_from(args)
     if args.secret:
@@ -212,7 +216,7 @@ def _generate(args: argparse.Namespace, now: datetime, out: TextIO) -> int:
     return asyncio.run(_publish_files(args, plan, material, spec, out))
 
 
-def _rotate(args: argparse.Namespace, now: datetime, out: TextIO) -> int:
+def rotate(args: argparse.Namespace, now: datetime, out: TextIO) -> int:
     _require_destination(args)
     spec = spec_from(args)
     if args.secret:
@@ -288,7 +292,7 @@ def _print_injected(changed: list[str], out: TextIO) -> None:
         print(f"caBundle patched into {name}", file=out)
 
 
-def _inject(args: argparse.Namespace, now: datetime, out: TextIO) -> int:
+def inject(args: argparse.Namespace, now: datetime, out: TextIO) -> int:
     return asyncio.run(_inject_async(args, now, out))
 
 
@@ -317,7 +321,7 @@ async def _inject_async(args: argparse.Namespace, now: datetime, out: TextIO) ->
     return EXIT_OK
 
 
-def _check(args: argparse.Namespace, now: datetime, out: TextIO) -> int:
+def check(args: argparse.Namespace, now: datetime, out: TextIO) -> int:
     ca_file = args.ca_file or args.cert_file.with_name("ca.crt")
     try:
         pair = pairs.load(args.cert_file.read_bytes(), args.key_file.read_bytes())

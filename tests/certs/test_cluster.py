@@ -1,0 +1,280 @@
+"""`gpuplace certs` against a fake kube-apiserver: Secrets, caBundle injection into the
+webhook configurations of deploy/base, the publishing order that keeps the webhook
+reachable during a CA rotation, conflicts and refusals."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import io
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from certs import bundles, checking, issuing, pairs, renewal
+from gpuplace import certs_k8s, cli
+from gpuplace.commands import certs as certs_command
+from tests.certs import fake_api
+
+ROOT = Path(__file__).resolve().parents[2]
+NOW = datetime(2026, 3, 1, tzinfo=UTC)
+NAMES = issuing.service_names("gpuplace-webhook", "gpuplace")
+MUTATING = ("mutatingwebhookconfigurations", "", "gpuplace")
+VALIDATING = ("validatingwebhookconfigurations", "", "gpuplace")
+PLURAL = {
+    "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
+    "ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
+}
+
+
+def webhook_manifests() -> list[dict[str, Any]]:
+    text = (ROOT / "deploy" / "base" / "webhooks.yaml").read_text()
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+@pytest.fixture
+def state() -> fake_api.State:
+    state = fake_api.State()
+    for doc in webhook_manifests():
+        state.put(PLURAL[doc["kind"]], doc)
+    return state
+
+
+@pytest.fixture
+def kubeconfig(state: fake_api.State, tmp_path: Path) -> Iterator[str]:
+    with fake_api.serving(state) as url:
+        path = tmp_path / "kubeconfig"
+        path.write_text(fake_api.kubeconfig(url))
+        yield str(path)
+
+
+def run(argv: list[str], now: datetime) -> tuple[int, str]:
+    args = cli.build_parser().parse_args(argv)
+    verbs = {
+        "generate": certs_command.generate,
+        "rotate": certs_command.rotate,
+        "inject": certs_command.inject,
+    }
+    out = io.StringIO()
+    code = verbs[args.certs_command](args, now, out)
+    return code, out.getvalue()
+
+
+def rotate_argv(kubeconfig: str, *extra: str) -> list[str]:
+    return ["certs", "rotate", "--kubeconfig", kubeconfig, "--secret", "gpuplace-webhook-tls",
+            "--inject", *extra]  # fmt: skip
+
+
+def secret_data(state: fake_api.State, name: str) -> dict[str, bytes]:
+    secret = state.get("secrets", "gpuplace", name)
+    assert secret is not None, name
+    return {k: base64.b64decode(v) for k, v in secret["data"].items()}
+
+
+def published(state: fake_api.State, key: tuple[str, str, str]) -> list[bytes]:
+    config = state.get(*key)
+    assert config is not None
+    return [base64.b64decode(w["clientConfig"]["caBundle"]) for w in config["webhooks"]]
+
+
+def without_ca_bundle(config: dict[str, Any]) -> dict[str, Any]:
+    config = copy.deepcopy(config)
+    config.pop("metadata")
+    for webhook in config["webhooks"]:
+        webhook["clientConfig"].pop("caBundle", None)
+    return config
+
+
+def test_first_run_creates_secrets_and_injects_the_bundle(
+    state: fake_api.State, kubeconfig: str
+) -> None:
+    code, text = run(rotate_argv(kubeconfig), NOW)
+    assert code == 0, text
+    assert "no CA yet" in text and "PRIVATE" not in text
+
+    serving_secret = state.get("secrets", "gpuplace", "gpuplace-webhook-tls")
+    assert serving_secret is not None and serving_secret["type"] == "kubernetes.io/tls"
+    serving = secret_data(state, "gpuplace-webhook-tls")
+    ca = secret_data(state, "gpuplace-ca")
+    pair = pairs.load(serving["tls.crt"], serving["tls.key"])
+    assert pairs.load(ca["ca.crt"], ca["ca.key"])  # the CA key lives only in gpuplace-ca
+    assert "ca.key" not in serving
+
+    for key in (MUTATING, VALIDATING):
+        for bundle_pem in published(state, key):
+            assert bundle_pem == ca["ca-bundle.crt"] == serving["ca.crt"]
+            checking.verify(pair, bundles.parse(bundle_pem), NOW, NAMES)
+    # Nothing but caBundle changed in the webhook configurations of deploy/base.
+    originals = {PLURAL[d["kind"]]: d for d in webhook_manifests()}
+    for key in (MUTATING, VALIDATING):
+        current = state.get(*key)
+        assert current is not None
+        assert without_ca_bundle(current) == without_ca_bundle(
+            {**originals[key[0]], "metadata": {}}
+        )
+
+
+def test_second_run_writes_nothing(state: fake_api.State, kubeconfig: str) -> None:
+    run(rotate_argv(kubeconfig), NOW)
+    writes = len(state.writes())
+    code, text = run(rotate_argv(kubeconfig), NOW + timedelta(days=1))
+    assert code == 0 and "nothing to renew" in text
+    assert len(state.writes()) == writes
+
+
+def test_serving_renewal_replaces_only_the_serving_secret(
+    state: fake_api.State, kubeconfig: str
+) -> None:
+    run(rotate_argv(kubeconfig), NOW)
+    before = secret_data(state, "gpuplace-webhook-tls")
+    writes = len(state.writes())
+    code, text = run(rotate_argv(kubeconfig), NOW + timedelta(days=250))
+    assert code == 0 and "serving renewal was due" in text
+    assert state.writes()[writes:] == [
+        ("PUT", "/api/v1/namespaces/gpuplace/secrets/gpuplace-webhook-tls")
+    ]
+    after = secret_data(state, "gpuplace-webhook-tls")
+    assert after["tls.crt"] != before["tls.crt"] and after["ca.crt"] == before["ca.crt"]
+
+
+def test_ca_rotation_publishes_the_bundle_before_the_serving_pair(
+    state: fake_api.State, kubeconfig: str
+) -> None:
+    run(rotate_argv(kubeconfig), NOW)
+    run(rotate_argv(kubeconfig), NOW + timedelta(days=1000))  # a serving renewal
+    old_serving = secret_data(state, "gpuplace-webhook-tls")
+    writes = len(state.writes())
+    when = NOW + timedelta(days=1300)  # past 2/3 of the 5-year CA
+    code, text = run(rotate_argv(kubeconfig), when)
+    assert code == 0 and "CA renewal was due" in text
+    assert state.writes()[writes:] == [
+        ("PUT", "/api/v1/namespaces/gpuplace/secrets/gpuplace-ca"),
+        ("PATCH", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/gpuplace"),
+        ("PATCH", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/gpuplace"),
+        ("PUT", "/api/v1/namespaces/gpuplace/secrets/gpuplace-webhook-tls"),
+    ]
+    bundle = bundles.parse(published(state, MUTATING)[0])
+    assert len(bundle) == 2
+    new_serving = secret_data(state, "gpuplace-webhook-tls")
+    for serving in (old_serving, new_serving):  # both replicas' pairs are trusted
+        pair = pairs.load(serving["tls.crt"], serving["tls.key"])
+        checking.verify(pair, bundle, when, NAMES)
+
+
+def test_a_racing_writer_is_retried(state: fake_api.State, kubeconfig: str) -> None:
+    raced: list[tuple[str, str, str]] = []
+
+    def race(s: fake_api.State, key: tuple[str, str, str]) -> None:
+        if key == MUTATING and not raced:
+            raced.append(key)
+            s.bump(s.objects[key])  # someone else wrote between our GET and PATCH
+
+    state.before_write = race
+    code, _ = run(rotate_argv(kubeconfig), NOW)
+    assert code == 0 and raced
+    patches = [p for m, p in state.writes() if m == "PATCH" and "mutating" in p]
+    assert len(patches) == 2  # the 409 and the retry
+    assert published(state, MUTATING)[0] == secret_data(state, "gpuplace-ca")["ca-bundle.crt"]
+
+
+def test_missing_webhook_configuration_stops_before_the_serving_secret(
+    state: fake_api.State, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    del state.objects[VALIDATING]
+    assert cli.main(rotate_argv(kubeconfig)) == certs_command.EXIT_FAILED
+    assert "ValidatingWebhookConfiguration gpuplace not found" in capsys.readouterr().err
+    assert state.get("secrets", "gpuplace", "gpuplace-webhook-tls") is None
+
+
+def test_unusable_secret_is_never_overwritten(state: fake_api.State, kubeconfig: str) -> None:
+    junk = base64.b64encode(b"junk").decode()
+    state.put(
+        "secrets",
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "gpuplace-ca", "namespace": "gpuplace"},
+            "type": "Opaque",
+            "data": {"ca.crt": junk, "ca.key": junk},
+        },
+    )
+    with pytest.raises(certs_k8s.StoreError, match="Secret gpuplace/gpuplace-ca"):
+        run(rotate_argv(kubeconfig), NOW)
+    assert state.writes() == []
+
+
+def test_dry_run_writes_nothing(state: fake_api.State, kubeconfig: str) -> None:
+    code, text = run(rotate_argv(kubeconfig, "--dry-run"), NOW)
+    assert code == 0 and "no CA yet" in text
+    assert state.writes() == []
+
+
+def test_generate_refuses_an_existing_ca_unless_forced(
+    state: fake_api.State, kubeconfig: str
+) -> None:
+    generate = ["certs", "generate", "--kubeconfig", kubeconfig, "--secret",
+                "gpuplace-webhook-tls", "--inject"]  # fmt: skip
+    assert run(generate, NOW)[0] == 0
+    first_ca = secret_data(state, "gpuplace-ca")["ca.crt"]
+    with pytest.raises(pairs.CertError, match="already holds a CA"):
+        run(generate, NOW)
+    assert run([*generate, "--force"], NOW + timedelta(days=1))[0] == 0
+    bundle = bundles.parse(published(state, VALIDATING)[0])
+    assert pairs.load_cert(first_ca) in bundle and len(bundle) == 2
+
+
+def test_generate_to_secret_and_files_at_once(
+    state: fake_api.State, kubeconfig: str, tmp_path: Path
+) -> None:
+    argv = ["certs", "generate", "--kubeconfig", kubeconfig, "--secret", "gpuplace-webhook-tls",
+            "--out-dir", str(tmp_path / "tls")]  # fmt: skip
+    assert run(argv, NOW)[0] == 0
+    assert (tmp_path / "tls" / "tls.crt").read_bytes() == secret_data(
+        state, "gpuplace-webhook-tls"
+    )["tls.crt"]
+    # Without --inject the webhook configurations are left alone.
+    assert all(m != "PATCH" for m, _ in state.writes())
+
+
+def test_inject_verb_merges_a_given_bundle(
+    state: fake_api.State, kubeconfig: str, tmp_path: Path
+) -> None:
+    run(rotate_argv(kubeconfig), NOW)
+    cluster_ca = pairs.load_cert(secret_data(state, "gpuplace-ca")["ca.crt"])
+    other = renewal.issue((), issuing.Spec(dns_names=NAMES), NOW)
+    ca_file = tmp_path / "extra.crt"
+    ca_file.write_bytes(other.ca.cert_pem())
+    code, text = run(
+        ["certs", "inject", "--kubeconfig", kubeconfig, "--ca-file", str(ca_file)], NOW
+    )
+    assert code == 0 and "caBundle patched into" in text
+    for key in (MUTATING, VALIDATING):
+        assert set(bundles.parse(published(state, key)[0])) == {cluster_ca, other.ca.cert}
+    code, text = run(
+        ["certs", "inject", "--kubeconfig", kubeconfig, "--ca-file", str(ca_file)], NOW
+    )
+    assert "already current" in text
+
+
+async def test_module_against_the_fake_directly(state: fake_api.State) -> None:
+    """certs_k8s with an ApiClient built by hand (no kubeconfig)."""
+    from kubernetes_asyncio import client
+
+    with fake_api.serving(state) as url:
+        configuration = client.Configuration(host=url)
+        async with client.ApiClient(configuration) as api:
+            target = certs_k8s.Target()
+            outcome = await certs_k8s.rotate(
+                api, target, issuing.Spec(dns_names=NAMES), NOW, inject_bundle=True
+            )
+            assert outcome.injected == [
+                "MutatingWebhookConfiguration/gpuplace",
+                "ValidatingWebhookConfiguration/gpuplace",
+            ]
+            stored = await certs_k8s.read(api, target)
+            assert stored.ca is not None and stored.ca.cert == outcome.material.ca.cert
+            assert await certs_k8s.published_bundle(api, target) == outcome.material.bundle
