@@ -81,25 +81,105 @@ def candidates(ledger: Ledger, request: GpuRequest) -> Iterable[str]:
     return ledger.inventory.names()
 
 
+Outcome = Choice | fit.Misfit
+UNKNOWN = fit.Misfit(fit.MisfitKind.UNKNOWN_NODE, "not a gpuplace node")
+ID_LIMIT = 1 << 14
+"""Distinct requests remembered before the cache starts over (bounds a long-running sidecar)."""
+
+
+class Chooser:
+    """Evaluates requests on a ledger with one policy, caching per node and request.
+
+    A node's cached outcomes stay valid until its ledger `version` changes, so a
+    decision re-scores only the nodes that changed since the same request was last
+    seen: O(nodes) dictionary lookups plus O(changed nodes × GPU sets × score).
+    Call `reset` when the policy's inputs change (e.g. a new typical workload).
+    """
+
+    __slots__ = ("_cache", "_ids", "ledger", "policy")
+
+    def __init__(self, ledger: Ledger, policy: Policy) -> None:
+        self.ledger = ledger
+        self.policy = policy
+        self._ids: dict[GpuRequest, int] = {}
+        self._cache: dict[str, tuple[int, dict[int, Outcome]]] = {}
+
+    def reset(self) -> None:
+        self._ids.clear()
+        self._cache.clear()
+
+    def _id(self, request: GpuRequest) -> int:
+        rid = self._ids.get(request)
+        if rid is None:
+            if len(self._ids) >= ID_LIMIT:
+                self.reset()
+            rid = self._ids[request] = len(self._ids)
+        return rid
+
+    def outcome(self, name: str, request: GpuRequest) -> Outcome:
+        """The best choice on one node, or why it does not fit. O(1) when cached."""
+        return self._outcome(name, request, self._id(request))
+
+    def _outcome(self, name: str, request: GpuRequest, rid: int) -> Outcome:
+        state = self.ledger.state(name)
+        if state is None:
+            return UNKNOWN
+        entry = self._cache.get(name)
+        if entry is None or entry[0] != state.version:
+            entry = (state.version, {})
+            self._cache[name] = entry
+        found = entry[1].get(rid)
+        if found is None:
+            found = entry[1][rid] = best_on(state, request, self.policy)
+        return found
+
+    def evaluate(self, request: GpuRequest, names: Iterable[str] | None = None) -> Evaluation:
+        """Every node of `names` (default: the candidates): choice or misfit. O(nodes)."""
+        rid = self._id(request)
+        result = Evaluation()
+        for name in candidates(self.ledger, request) if names is None else names:
+            found = self._outcome(name, request, rid)
+            if isinstance(found, Choice):
+                result.choices[name] = found
+            else:
+                result.misfits[name] = found
+        return result
+
+    def best(self, request: GpuRequest, names: Iterable[str] | None = None) -> list[Choice]:
+        """The choices with the highest score, in node order. O(nodes), no per-node output."""
+        rid = self._id(request)
+        top: list[Choice] = []
+        top_score = 0.0
+        outcome = self._outcome
+        for name in candidates(self.ledger, request) if names is None else names:
+            found = outcome(name, request, rid)
+            if type(found) is not Choice:
+                continue
+            if not top or found.score > top_score:
+                top = [found]
+                top_score = found.score
+            elif found.score == top_score:
+                top.append(found)
+        return top
+
+    def choose(
+        self, request: GpuRequest, rng: random.Random, names: Iterable[str] | None = None
+    ) -> Choice | None:
+        """The policy's choice, exact ties broken uniformly by `rng`. O(nodes)."""
+        top = self.best(request, names)
+        if not top:
+            return None
+        return top[0] if len(top) == 1 else top[rng.randrange(len(top))]
+
+
 def evaluate(
     ledger: Ledger,
     request: GpuRequest,
     policy: Policy,
     names: Iterable[str] | None = None,
 ) -> Evaluation:
-    """Score `names` (default: every candidate node). O(nodes × GPU sets × score)."""
-    result = Evaluation()
-    for name in candidates(ledger, request) if names is None else names:
-        state = ledger.state(name)
-        if state is None:
-            result.misfits[name] = fit.Misfit(fit.MisfitKind.UNKNOWN_NODE, "not a gpuplace node")
-            continue
-        outcome = best_on(state, request, policy)
-        if isinstance(outcome, Choice):
-            result.choices[name] = outcome
-        else:
-            result.misfits[name] = outcome
-    return result
+    """Score `names` (default: every candidate node), uncached. O(nodes × GPU sets × score)."""
+    return Chooser(ledger, policy).evaluate(request, names)
 
 
 def choose(
@@ -109,11 +189,8 @@ def choose(
     rng: random.Random,
     names: Iterable[str] | None = None,
 ) -> Choice | None:
-    """The policy's choice, exact ties broken uniformly by `rng`. O(evaluate)."""
-    best = evaluate(ledger, request, policy, names).best()
-    if not best:
-        return None
-    return best[0] if len(best) == 1 else best[rng.randrange(len(best))]
+    """The policy's choice, exact ties broken uniformly by `rng`, uncached. O(evaluate)."""
+    return Chooser(ledger, policy).choose(request, rng, names)
 
 
 def extender_scores(evaluation: Evaluation) -> dict[str, int]:

@@ -174,15 +174,11 @@ def gpu_sets(state: NodeState, request: GpuRequest) -> list[tuple[int, ...]]:
         for members in sorted(by_domain.values(), key=lambda m: (len(m), m[0]))
         if len(members) >= request.count
     ]
-    if request.topology is not Topology.REQUIRED or not by_domain:
-        if request.topology is Topology.REQUIRED and not loose:
-            return sets
+    if request.topology is not Topology.REQUIRED:
         # Span as few domains as possible: largest free domains first, then loose GPUs.
         ordered = [i for m in sorted(by_domain.values(), key=lambda m: -len(m)) for i in m]
         spanning = tuple(sorted((ordered + loose)[: request.count]))
-        if request.topology is not Topology.REQUIRED and spanning not in sets:
-            sets.append(spanning)
-        elif not by_domain and spanning not in sets:
+        if spanning not in sets:
             sets.append(spanning)
     return sets
 

@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from placement.requests import WHOLE as WHOLE_MILLI
 from placement.requests import GpuRequest
 
 POPULARITY = 0.95
@@ -51,12 +52,13 @@ class Workload:
     on a miss, O(GPUs) for the key on a hit.
     """
 
-    __slots__ = ("_memo", "_per_model", "types")
+    __slots__ = ("_memo", "_per_model", "_stranded_memo", "types")
 
     def __init__(self, types: Iterable[tuple[TaskType, float]]) -> None:
         self.types: tuple[tuple[TaskType, float], ...] = tuple(types)
         self._per_model: dict[str, tuple[tuple[int, int, int, float], ...]] = {}
         self._memo: dict[tuple[str, int, tuple[int, ...]], float] = {}
+        self._stranded_memo: dict[tuple[str, int, tuple[int, ...]], float] = {}
 
     @classmethod
     def from_requests(
@@ -127,4 +129,46 @@ class Workload:
         if len(self._memo) >= MEMO_LIMIT:
             self._memo.clear()
         self._memo[key] = value
+        return value
+
+    def stranded(self, model: str, cpu_left: int, lefts: tuple[int, ...]) -> float:
+        """Idle milli-GPU that repeated placements of each type could not use.
+
+        gpuplace's refinement of `amount`: FGD asks whether *one* pod of a type fits
+        and counts the GPUs too small for it; this asks how many pods of the type the
+        node could still take — as many as its GPU shares allow and its CPU allows —
+        and counts every idle milli-GPU beyond what those pods would use. A node whose
+        CPU runs out before its GPUs do is fragmented even when each GPU is roomy.
+        `lefts` sorted ascending; memoised; O(types × GPUs) on a miss.
+        """
+        key = (model, cpu_left, lefts)
+        value = self._stranded_memo.get(key)
+        if value is not None:
+            return value
+        idle = 0
+        for left in lefts:
+            if left > 0:
+                idle += left
+        value = 0.0
+        for cpu, milli, count, p in self._for_model(model):
+            if milli == 0 or cpu > cpu_left or idle == 0:
+                value += p * idle
+                continue
+            if milli < WHOLE_MILLI:
+                slots = 0
+                for left in lefts:
+                    if left >= milli:
+                        slots += left // milli
+            else:
+                slots = 0
+                for left in lefts:
+                    if left >= WHOLE_MILLI:
+                        slots += 1
+                slots //= count
+            pods = min(slots, cpu_left // cpu)
+            usable = pods * milli * count
+            value += p * (idle - usable if usable < idle else 0)
+        if len(self._stranded_memo) >= MEMO_LIMIT:
+            self._stranded_memo.clear()
+        self._stranded_memo[key] = value
         return value

@@ -7,7 +7,8 @@ is never counted twice; reserving it with a different grant is refused.
 
 The ledger keeps, per node, the free milli-GPU and free memory of every GPU and
 the free CPU, memory and pod slots, so that a fit check never sums grants. Every
-change bumps the node's `version`, which caches key on.
+change sets the node's `version` from a ledger-wide clock (never reused, even
+for a node removed and added again), which caches key on.
 """
 
 from __future__ import annotations
@@ -90,12 +91,26 @@ class NodeState:
 class Ledger:
     """Grants by pod UID over an inventory, with per-node free state."""
 
-    __slots__ = ("_grants", "_states", "inventory")
+    __slots__ = ("_clock", "_grants", "_states", "inventory")
 
     def __init__(self, inventory: Inventory) -> None:
         self.inventory = inventory
         self._grants: dict[str, Grant] = {}
-        self._states: dict[str, NodeState] = {node.name: NodeState(node) for node in inventory}
+        self._clock = 0
+        self._states: dict[str, NodeState] = {}
+        for node in inventory:
+            self._states[node.name] = self._new_state(node)
+
+    def _new_state(self, node: Node) -> NodeState:
+        state = NodeState(node)
+        self._clock += 1
+        state.version = self._clock
+        return state
+
+    @property
+    def generation(self) -> int:
+        """Grows on every change of any node: equal generations mean nothing changed."""
+        return self._clock
 
     # --- reading -----------------------------------------------------------
 
@@ -175,10 +190,7 @@ class Ledger:
     def put_node(self, node: Node) -> None:
         """Add or replace a node, keeping the grants already on it. O(grants)."""
         self.inventory.put(node)
-        state = NodeState(node)
-        old = self._states.get(node.name)
-        if old is not None:
-            state.version = old.version + 1
+        state = self._new_state(node)
         self._states[node.name] = state
         for grant in self._grants.values():
             if grant.node == node.name:
@@ -190,6 +202,7 @@ class Ledger:
         """Forget a node; grants on it stay recorded until their pods go. O(1)."""
         self.inventory.remove(name)
         self._states.pop(name, None)
+        self._clock += 1
 
     def snapshot(self) -> tuple[Grant, ...]:
         """Every grant, sorted by pod UID: equal snapshots mean equal ledgers. O(g log g)."""
@@ -198,7 +211,7 @@ class Ledger:
     def restore(self, grants: Iterable[Grant]) -> None:
         """Replace all grants by `grants` (overcommitting where reality did). O(g)."""
         self._grants.clear()
-        self._states = {node.name: NodeState(node) for node in self.inventory}
+        self._states = {node.name: self._new_state(node) for node in self.inventory}
         for grant in grants:
             self.reserve(grant, overcommit=True)
 
@@ -228,12 +241,12 @@ class Ledger:
                     f"needs {grant.memory_mib} MiB"
                 )
 
-    @staticmethod
-    def _apply(state: NodeState, grant: Grant, sign: int) -> None:
+    def _apply(self, state: NodeState, grant: Grant, sign: int) -> None:
         for index in grant.gpus:
             state.free_milli[index] += sign * grant.milli
             state.free_memory[index] += sign * grant.memory_mib
         state.cpu += sign * grant.cpu_milli
         state.memory += sign * grant.host_memory_mib
         state.pods += sign
-        state.version += 1
+        self._clock += 1
+        state.version = self._clock

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Mapping
 
 from placement.fragmentation import MIN_CPU_MILLI, Workload
 from placement.ledger import NodeState
@@ -108,33 +109,65 @@ class FgdPolicy:
         return 0.0
 
 
-class DefaultPolicy(FgdPolicy):
-    """Ours: the fragmentation gradient, exact, not truncated to 101 levels.
+class DefaultPolicy:
+    """Ours: the gradient of *stranded* GPU (`Workload.stranded`), exact, and a
+    fixed node order as the last word.
 
-    Truncation makes most candidates tie and leaves the choice to chance; using
-    the exact gradient picks the node that fragments least.
+    FGD's measure only asks whether one pod of each typical type still fits; ours
+    also counts GPU that the node's CPU could never feed, so CPU-hungry pods stop
+    stranding GPUs. Scores are exact, not truncated to 101 levels, and exact ties
+    go to the node earliest in `rank` (a fixed order: packing instead of spreading),
+    so the best node is unique and kube-scheduler's random tie-break never decides.
     """
 
     name = "default"
+    TIE = 1e-9
+
+    def __init__(self, workload: Workload, rank: Mapping[str, int] | None = None) -> None:
+        self.workload = workload
+        self._rank = rank
+        self._spread = float(max(len(rank), 1)) if rank else float(1 << 32)
+
+    def _place(self, name: str) -> float:
+        """0 for the first node in line, towards 1 for the last. O(1)."""
+        if self._rank is not None:
+            position = self._rank.get(name)
+            if position is not None:
+                return position / self._spread
+        return zlib.crc32(name.encode()) / float(1 << 32)
 
     def score(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
-        return self.gradient(state, request, gpus)
+        model = state.node.model
+        before = self.workload.stranded(model, state.cpu, tuple(sorted(state.free_milli)))
+        cpu_after = state.cpu - max(request.cpu_milli, MIN_CPU_MILLI)
+        after = self.workload.stranded(model, cpu_after, _after(state, request, gpus))
+        return (before - after) - self.TIE * self._place(state.node.name)
+
+    def prefer(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+        return 0.0
 
 
 NAMES = ("default", "fgd", "best-fit", "first-fit", "random")
 
 
 def make(
-    name: str, *, workload: Workload | None = None, rng: random.Random | None = None
-) -> RandomPolicy | FirstFitPolicy | BestFitPolicy | FgdPolicy:
-    """The policy called `name`. fgd and default need the typical workload."""
-    factories: dict[str, Callable[[], RandomPolicy | FirstFitPolicy | BestFitPolicy | FgdPolicy]]
+    name: str,
+    *,
+    workload: Workload | None = None,
+    rng: random.Random | None = None,
+    rank: Mapping[str, int] | None = None,
+) -> RandomPolicy | FirstFitPolicy | BestFitPolicy | FgdPolicy | DefaultPolicy:
+    """The policy called `name`. fgd and default need the typical workload; `rank`
+    (a node's place in line, lower first) is default's last tie-break."""
+    factories: dict[
+        str, Callable[[], RandomPolicy | FirstFitPolicy | BestFitPolicy | FgdPolicy | DefaultPolicy]
+    ]
     factories = {
         "random": lambda: RandomPolicy(rng or random.Random(0)),
         "first-fit": FirstFitPolicy,
         "best-fit": BestFitPolicy,
         "fgd": lambda: FgdPolicy(_need(workload, name)),
-        "default": lambda: DefaultPolicy(_need(workload, name)),
+        "default": lambda: DefaultPolicy(_need(workload, name), rank),
     }
     factory = factories.get(name)
     if factory is None:

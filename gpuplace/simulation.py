@@ -1,0 +1,241 @@
+"""`gpuplace simulate`: trace replay wiring — files in, decisions through the
+engine (directly or through the extender's filter and prioritize logic), figures
+out. The replay itself is `placement.replay`; this module owns I/O and timing.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO
+
+from placement import choosing, fragmentation, policies, replay, trace
+from placement.choosing import Choice
+from placement.inventory import Inventory, Node
+from placement.ledger import Ledger
+from placement.requests import GpuRequest
+
+EXTENDER_WEIGHT = 100_000
+"""The weight deploy/ gives the extender in kube-scheduler's configuration."""
+MAX_NODE_SCORE = 100
+MAX_EXTENDER_PRIORITY = 10
+
+
+def read_nodes(path: Path) -> list[Node]:
+    with path.open(encoding="utf-8", newline="") as lines:
+        return trace.parse_nodes(str(path), lines)
+
+
+def read_pods(path: Path) -> list[trace.TracePod]:
+    with path.open(encoding="utf-8", newline="") as lines:
+        return trace.parse_pods(str(path), lines)
+
+
+def node_rank(names: Sequence[str], seed: int) -> dict[str, int]:
+    """A seeded random order of the nodes (the paper's simulator renames nodes with a
+    random-permutation prefix and takes the first of equally scored nodes)."""
+    order = list(names)
+    random.Random(seed).shuffle(order)
+    return {name: i for i, name in enumerate(order)}
+
+
+def stable_rank(name: str) -> int:
+    """A node's fixed place in line for tie-breaks when no seeded order is given."""
+    return zlib.crc32(name.encode())
+
+
+@dataclass(frozen=True, slots=True)
+class RunFigures:
+    pods: str
+    policy: str
+    seed: int
+    via_extender: bool
+    arrivals: int
+    allocation_at_100: float
+    allocation_at_130: float
+    allocation_at_first_reject: float
+    frag_rate_at_80: float
+    frag_amount_at_100: float
+    rejected: int
+    rejected_gpu: int
+    decision_p50_ms: float
+    decision_p99_ms: float
+    wall_seconds: float
+
+
+Decide = Callable[[Ledger, GpuRequest, str], Choice | None]
+
+
+def direct(chooser: choosing.Chooser, rank: dict[str, int]) -> Decide:
+    """The engine's choice; among equal scores the first in the seeded node order."""
+
+    def decide(ledger: Ledger, request: GpuRequest, uid: str) -> Choice | None:
+        top = chooser.best(request)
+        if not top:
+            return None
+        return min(top, key=lambda choice: rank[choice.node])
+
+    return decide
+
+
+def via_extender(chooser: choosing.Chooser, rng: random.Random) -> Decide:
+    """What a real cluster gets: the extender's filter and prioritize answers, then
+    kube-scheduler's own choice — uniformly at random among the highest total score,
+    each extender score counting `score × weight × (100 / 10)` — then the GPUs the
+    extender's bind picks on that node."""
+    names = list(chooser.ledger.inventory.names())
+
+    def decide(ledger: Ledger, request: GpuRequest, uid: str) -> Choice | None:
+        evaluation = chooser.evaluate(request, names)
+        passed = list(evaluation.choices)
+        if not passed:
+            return None
+        scores = choosing.extender_scores(evaluation)
+        factor = EXTENDER_WEIGHT * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)
+        totals = [(scores.get(name, 0) * factor, name) for name in passed]
+        top = max(total for total, _ in totals)
+        best = [name for total, name in totals if total == top]
+        node = best[rng.randrange(len(best))] if len(best) > 1 else best[0]
+        outcome = chooser.outcome(node, request)
+        return outcome if isinstance(outcome, Choice) else None
+
+    return decide
+
+
+def run(
+    nodes: Sequence[Node],
+    pods: Sequence[trace.TracePod],
+    *,
+    pods_name: str,
+    policy_name: str,
+    seed: int,
+    extender: bool,
+) -> tuple[RunFigures, replay.Replay]:
+    """One replay of `pods` on `nodes` with one policy and seed."""
+    started = time.perf_counter()
+    workload = fragmentation.Workload.from_requests(pod.request() for pod in pods)
+    capacity = sum(len(node.gpus) for node in nodes) * 1000
+    order = replay.arrival_order(pods, capacity, seed)
+    rng = random.Random(seed)
+    rank = node_rank([node.name for node in nodes], seed)
+    policy = policies.make(policy_name, workload=workload, rng=rng, rank=rank)
+    ledger = Ledger(Inventory(nodes))
+    chooser = choosing.Chooser(ledger, policy)
+    decide = via_extender(chooser, rng) if extender else direct(chooser, rank)
+    timings: list[float] = []
+
+    def timed(ledger: Ledger, request: GpuRequest, uid: str) -> Choice | None:
+        start = time.perf_counter()
+        choice = decide(ledger, request, uid)
+        timings.append(time.perf_counter() - start)
+        return choice
+
+    result = replay.run(nodes, order, timed, workload, ledger)
+    timings.sort()
+    figures = RunFigures(
+        pods=pods_name,
+        policy=policy_name,
+        seed=seed,
+        via_extender=extender,
+        arrivals=len(order),
+        allocation_at_100=round(result.allocation_at(100), 2),
+        allocation_at_130=round(result.allocation_at(130), 2),
+        allocation_at_first_reject=round(result.allocation_at_first_reject(), 2),
+        frag_rate_at_80=round(result.frag_rate_at(80), 2),
+        frag_amount_at_100=round(result.frag_amount_at(100), 2),
+        rejected=result.rejected,
+        rejected_gpu=result.rejected_gpu,
+        decision_p50_ms=round(_quantile(timings, 0.50) * 1000, 3),
+        decision_p99_ms=round(_quantile(timings, 0.99) * 1000, 3),
+        wall_seconds=round(time.perf_counter() - started, 2),
+    )
+    return figures, result
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    index = min(len(sorted_values) - 1, round(q * (len(sorted_values) - 1)))
+    return sorted_values[index]
+
+
+HEADER = (
+    f"{'pods':<28} {'policy':<10} {'seed':>5} {'mode':<8} {'alloc@100':>9} {'alloc@130':>9} "
+    f"{'@1st-rej':>8} {'frag%@80':>8} {'fragamt@100':>11} {'rejected':>8} "
+    f"{'p50 ms':>7} {'p99 ms':>7}"
+)
+
+
+def row(figures: RunFigures) -> str:
+    mode = "extender" if figures.via_extender else "direct"
+    return (
+        f"{figures.pods:<28} {figures.policy:<10} {figures.seed:>5} {mode:<8} "
+        f"{figures.allocation_at_100:>8.2f}% {figures.allocation_at_130:>8.2f}% "
+        f"{figures.allocation_at_first_reject:>7.2f}% {figures.frag_rate_at_80:>7.2f}% "
+        f"{figures.frag_amount_at_100:>10.2f}% {figures.rejected:>8} "
+        f"{figures.decision_p50_ms:>7.3f} {figures.decision_p99_ms:>7.3f}"
+    )
+
+
+def write_decisions(out: IO[str], result: replay.Replay) -> None:
+    """One JSON line per arrival, in arrival order (for an independent checker)."""
+    for arrival in result.arrivals:
+        pod = arrival.pod
+        line = {
+            "seq": arrival.seq,
+            "pod": pod.name,
+            "cpu_milli": pod.cpu_milli,
+            "memory_mib": pod.memory_mib,
+            "num_gpu": pod.num_gpu,
+            "gpu_milli": pod.gpu_milli,
+            "gpu_spec": pod.gpu_spec,
+            "node": arrival.node,
+            "gpus": list(arrival.gpus),
+        }
+        out.write(json.dumps(line, separators=(",", ":")) + "\n")
+
+
+def write_json(path: Path, runs: Sequence[RunFigures]) -> None:
+    summary: dict[str, dict[str, float]] = {}
+    for policy in dict.fromkeys(run.policy for run in runs):
+        mine = [run for run in runs if run.policy == policy]
+        summary[policy] = {
+            "mean_allocation_at_100": round(
+                statistics.fmean(run.allocation_at_100 for run in mine), 3
+            ),
+        }
+    document = {"runs": [asdict(run) for run in runs], "summary": summary}
+    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+
+
+def plot(path: Path, results: Sequence[tuple[RunFigures, replay.Replay]]) -> None:
+    """Allocation ratio against arrived workload, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 5), dpi=110)
+    for figures, result in results:
+        arrived = [result.percent(a) for a in result.arrived]
+        allocated = [result.percent(a) for a in result.allocated]
+        mode = " via extender" if figures.via_extender else ""
+        axes.plot(arrived, allocated, label=f"{figures.policy}{mode} (seed {figures.seed})")
+    axes.plot([0, 130], [0, 130], color="grey", linewidth=0.6, linestyle=":")
+    axes.set_xlim(0, 130)
+    axes.set_ylim(0, 100)
+    axes.set_xlabel("arrived GPU request (% of GPU capacity)")
+    axes.set_ylabel("GPU allocation (% of capacity)")
+    title = results[0][0].pods if results else ""
+    axes.set_title(f"GPU allocation vs arrived workload — {title}")
+    axes.grid(True, linewidth=0.3)
+    axes.legend(loc="lower right", fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)

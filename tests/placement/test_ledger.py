@@ -1,0 +1,177 @@
+"""Ledger invariants (DESIGN.md): no GPU over its share or memory, a whole GPU is
+exclusive, granting twice never counts twice, release restores, snapshot → restore
+reproduces the same ledger."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from placement import choosing, policies
+from placement.fragmentation import Workload
+from placement.ledger import Conflict, Grant, GrantState, Ledger, LedgerError, Oversubscribed
+from placement.requests import GpuRequest
+
+from .clusters import ledger, node, share
+
+
+def fresh() -> Ledger:
+    return ledger(node("a", 4, memory=16_384), node("b", 2, memory=16_384), node("c", 1))
+
+
+def check_invariants(book: Ledger) -> None:
+    for state in book.states():
+        held_milli = [0] * len(state.node.gpus)
+        held_memory = [0] * len(state.node.gpus)
+        whole_holders: dict[int, list[str]] = {}
+        sharers: dict[int, set[str]] = {}
+        for grant in book.grants_on(state.node.name):
+            for index in grant.gpus:
+                held_milli[index] += grant.milli
+                held_memory[index] += grant.memory_mib
+                sharers.setdefault(index, set()).add(grant.pod_uid)
+                if grant.milli == 1000:
+                    whole_holders.setdefault(index, []).append(grant.pod_uid)
+        for gpu in state.node.gpus:
+            assert held_milli[gpu.index] <= 1000
+            assert held_memory[gpu.index] <= gpu.memory_mib
+            assert state.free_milli[gpu.index] == 1000 - held_milli[gpu.index]
+            assert state.free_memory[gpu.index] == gpu.memory_mib - held_memory[gpu.index]
+            if gpu.index in whole_holders:
+                assert sharers[gpu.index] == set(whole_holders[gpu.index])
+                assert len(whole_holders[gpu.index]) == 1
+
+
+requests = st.one_of(
+    st.builds(
+        GpuRequest,
+        milli=st.integers(1, 1000),
+        memory_mib=st.sampled_from([0, 1024, 8192, 16_384]),
+        count=st.just(1),
+        cpu_milli=st.integers(0, 4000),
+        host_memory_mib=st.integers(0, 8192),
+    ),
+    st.builds(
+        GpuRequest,
+        milli=st.just(1000),
+        count=st.integers(2, 4),
+        cpu_milli=st.integers(0, 4000),
+        host_memory_mib=st.integers(0, 8192),
+    ),
+    st.builds(GpuRequest, cpu_milli=st.integers(0, 8000), host_memory_mib=st.integers(0, 8192)),
+)
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("grant"), requests, st.integers(0, 30)),
+        st.tuples(st.just("release"), st.just(GpuRequest()), st.integers(0, 30)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(operations, st.sampled_from(policies.NAMES))
+def test_random_grants_and_releases_keep_every_invariant(
+    ops: list[tuple[str, GpuRequest, int]], policy_name: str
+) -> None:
+    book = fresh()
+    workload = Workload.from_requests([op[1] for op in ops if op[0] == "grant"])
+    policy = policies.make(policy_name, workload=workload)
+    chooser = choosing.Chooser(book, policy)
+    rng = random.Random(1)
+    for kind, request, uid in ops:
+        if kind == "grant":
+            choice = chooser.choose(request, rng)
+            if choice is not None:
+                grant = choosing.grant_for(f"pod-{uid}", choice, request)
+                try:
+                    book.reserve(grant)
+                except Conflict:
+                    assert f"pod-{uid}" in book
+        else:
+            book.release(f"pod-{uid}")
+        check_invariants(book)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(requests, st.integers(0, 20)), max_size=40))
+def test_release_restores_and_snapshot_restore_is_identical(
+    items: list[tuple[GpuRequest, int]],
+) -> None:
+    book = fresh()
+    chooser = choosing.Chooser(book, policies.make("best-fit", workload=Workload(())))
+    rng = random.Random(0)
+    empty = [(s.node.name, list(s.free_milli), list(s.free_memory), s.cpu) for s in book.states()]
+    for request, uid in items:
+        choice = chooser.choose(request, rng)
+        if choice is not None and f"p{uid}" not in book:
+            book.reserve(choosing.grant_for(f"p{uid}", choice, request))
+    copy = Ledger(book.inventory)
+    copy.restore(book.snapshot())
+    assert copy.snapshot() == book.snapshot()
+    assert [(s.node.name, s.free_milli, s.free_memory, s.cpu) for s in copy.states()] == [
+        (s.node.name, s.free_milli, s.free_memory, s.cpu) for s in book.states()
+    ]
+    for grant in book.snapshot():
+        book.release(grant.pod_uid)
+    after = [(s.node.name, list(s.free_milli), list(s.free_memory), s.cpu) for s in book.states()]
+    assert after == empty
+    assert len(book) == 0
+
+
+def test_granting_the_same_uid_twice_never_counts_twice() -> None:
+    book = fresh()
+    grant = Grant("u1", "a", (0,), 500, 1024)
+    assert book.reserve(grant) is True
+    assert book.reserve(grant) is False
+    assert book.state("a").free_milli[0] == 500  # type: ignore[union-attr]
+    confirmed = Grant("u1", "a", (0,), 500, 1024, state=GrantState.CONFIRMED)
+    assert book.reserve(confirmed) is False
+    assert book.get("u1").state is GrantState.CONFIRMED  # type: ignore[union-attr]
+    with pytest.raises(Conflict, match="already holds GPUs"):
+        book.reserve(Grant("u1", "a", (1,), 500, 1024))
+
+
+def test_oversubscription_is_refused_with_a_readable_reason() -> None:
+    book = fresh()
+    book.reserve(Grant("u1", "a", (0,), 600, 0))
+    with pytest.raises(Oversubscribed, match=r"gpu 0 of a: 40% free, needs 50%"):
+        book.reserve(Grant("u2", "a", (0,), 500, 0))
+    with pytest.raises(Oversubscribed, match="MiB free"):
+        book.reserve(Grant("u3", "a", (1,), 100, 20_000))
+    with pytest.raises(LedgerError, match="no GPU 9"):
+        book.reserve(Grant("u4", "a", (9,), 100, 0))
+    with pytest.raises(LedgerError, match="unknown node"):
+        book.reserve(Grant("u5", "zz", (0,), 100, 0))
+
+
+def test_whole_gpu_grant_excludes_any_share() -> None:
+    book = fresh()
+    book.reserve(Grant("whole", "c", (0,), 1000, 0))
+    with pytest.raises(Oversubscribed):
+        book.reserve(Grant("tiny", "c", (0,), 1, 0))
+    first_fit = policies.make("first-fit")
+    assert choosing.choose(book, share(1), first_fit, random.Random(0), ["c"]) is None
+
+
+def test_restore_records_reality_even_when_it_overcommits() -> None:
+    book = fresh()
+    grants = [Grant("x", "c", (0,), 700, 0), Grant("y", "c", (0,), 700, 0)]
+    book.restore(grants)
+    assert len(book) == 2
+    assert book.state("c").free_milli[0] == -400  # type: ignore[union-attr]
+    first_fit = policies.make("first-fit")
+    assert choosing.choose(book, share(1), first_fit, random.Random(0), ["c"]) is None
+
+
+def test_node_versions_never_repeat_after_remove_and_add() -> None:
+    book = fresh()
+    before = book.state("b").version  # type: ignore[union-attr]
+    removed = book.inventory.get("b")
+    assert removed is not None
+    book.remove_node("b")
+    book.put_node(removed)
+    assert book.state("b").version > before  # type: ignore[union-attr]
