@@ -5,12 +5,17 @@ GPUs come from GPU Feature Discovery labels (`nvidia.com/gpu.count`,
 the node annotation `gpuplace.io/gpus` (a JSON list with one object per GPU:
 `index`, `uuid`, `numa`, `nvlink`; absent fields default to no UUID, NUMA 0 and
 no NVLink). Only nodes labelled `gpuplace.io/enabled=true` are gpuplace's.
+
+`record` is the node informer's transform: whether the node is gpuplace's, its engine
+`Node` (or why it cannot be read), and the extended resources its status currently
+advertises, so that `advertisement` can say what to write only when it differs.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from cluster import keys, quantities
@@ -41,8 +46,9 @@ def parse(node: Mapping[str, Any]) -> Node:
     except quantities.QuantityError as error:
         raise NodeError(f"node {name}: allocatable: {error}") from error
     gpus = _gpus(name, labels, annotations.get(keys.NODE_GPUS))
-    return Node(name=name, cpu_milli=cpu, memory_mib=memory, gpus=gpus, max_pods=pods,
-                labels=labels)
+    return Node(
+        name=name, cpu_milli=cpu, memory_mib=memory, gpus=gpus, max_pods=pods, labels=labels
+    )
 
 
 def _int_label(name: str, labels: Mapping[str, str], key: str) -> int:
@@ -97,3 +103,79 @@ def _gpus(name: str, labels: Mapping[str, str], topology: object) -> tuple[Gpu, 
 def inventory(items: Iterable[Mapping[str, Any]], *, only_enabled: bool = True) -> Inventory:
     """A NodeList's items → Inventory of the gpuplace-enabled nodes. O(GPUs)."""
     return Inventory(parse(item) for item in items if is_enabled(item) or not only_enabled)
+
+
+ADVERTISED = (keys.RESOURCE_PERCENT, keys.RESOURCE_MEMORY)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """A node as the sidecar keeps it (the node informer's cache entry)."""
+
+    name: str
+    uid: str
+    enabled: bool
+    node: Node | None
+    """The engine's view; None when not enabled or unreadable."""
+    problem: str = ""
+    """Why an enabled node could not be read ("" when fine)."""
+    capacity: Mapping[str, str] = field(default_factory=dict)
+    """gpuplace's extended resources in status.capacity, as the API has them."""
+    allocatable: Mapping[str, str] = field(default_factory=dict)
+    """... and in status.allocatable."""
+
+
+def record(raw: Mapping[str, Any]) -> NodeRecord:
+    """Node JSON → NodeRecord; never raises for a readable object. O(GPUs)."""
+    metadata = raw.get("metadata") or {}
+    status = raw.get("status") or {}
+    capacity = status.get("capacity") or {}
+    allocatable = status.get("allocatable") or {}
+    ours_capacity = {key: str(capacity[key]) for key in ADVERTISED if key in capacity}
+    ours_allocatable = {key: str(allocatable[key]) for key in ADVERTISED if key in allocatable}
+    enabled = is_enabled(raw)
+    node: Node | None = None
+    problem = ""
+    if enabled:
+        try:
+            node = parse(raw)
+        except (NodeError, ValueError) as error:
+            problem = str(error)
+    return NodeRecord(
+        name=str(metadata.get("name") or ""),
+        uid=str(metadata.get("uid") or ""),
+        enabled=enabled,
+        node=node,
+        problem=problem,
+        capacity=ours_capacity,
+        allocatable=ours_allocatable,
+    )
+
+
+def advertisement(node: Node) -> dict[str, str]:
+    """The extended resources a gpuplace node offers: 100 × GPUs and total GPU MiB."""
+    return {
+        keys.RESOURCE_PERCENT: str(100 * len(node.gpus)),
+        keys.RESOURCE_MEMORY: str(sum(gpu.memory_mib for gpu in node.gpus)),
+    }
+
+
+def status_patch(record: NodeRecord) -> dict[str, Any] | None:
+    """The nodes/status merge patch that makes the node advertise what it should, or None
+    when it already does. An enabled node advertises `advertisement`; a node that is not
+    (any more) gpuplace's loses the resources; an unreadable one is left alone."""
+    if record.enabled and record.node is None:
+        return None
+    wanted: dict[str, str | None]
+    if record.node is not None:
+        wanted = dict(advertisement(record.node))
+    else:
+        wanted = dict.fromkeys(key for key in ADVERTISED if key in record.capacity)
+        wanted.update(dict.fromkeys(key for key in ADVERTISED if key in record.allocatable))
+        if not wanted:
+            return None
+    capacity_now = {key: record.capacity.get(key) for key in wanted}
+    allocatable_now = {key: record.allocatable.get(key) for key in wanted}
+    if capacity_now == wanted and allocatable_now == wanted:
+        return None
+    return {"status": {"capacity": wanted, "allocatable": wanted}}

@@ -24,7 +24,7 @@ def parse(value: str | int | float) -> Decimal:
     if isinstance(value, str) and len(value) > MAX_QUANTITY_CHARS:
         raise QuantityError(f"{value[:20]}… is not a quantity (longer than {MAX_QUANTITY_CHARS})")
     try:
-        parsed = parse_quantity(value)
+        parsed = parse_quantity(value)  # type: ignore[no-untyped-call]
     except (ValueError, InvalidOperation, TypeError) as error:
         shown = str(value)[:MAX_QUANTITY_CHARS]
         raise QuantityError(f"{shown!r} is not a Kubernetes quantity") from error

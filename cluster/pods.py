@@ -1,0 +1,172 @@
+"""A managed pod as the sidecar keeps it: the few fields decisions need, read once.
+
+`record(pod_dict)` is the pod informer's transform: it reads the GPU request
+(`grammar.request_for`) and the grant (`assignments.grant_of`) when the event
+arrives, so the ledger sync and the extender never parse a pod twice and the
+informer's cache holds ~1 KB per pod instead of the whole object. A pod whose
+annotations cannot be read is still recorded (with `problem` saying why), never
+dropped: its name must stay resolvable for bind and `gpuplace explain`.
+
+Must never do I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cluster import annotations as grammar
+from cluster import assignments, keys
+from placement.ledger import Grant
+from placement.requests import GpuRequest
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+_REQUEST_MEMO_LIMIT = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    uid: str
+    namespace: str
+    name: str
+    resource_version: str
+    node_name: str
+    """spec.nodeName: "" until bound."""
+    phase: str
+    deleting: bool
+    """metadata.deletionTimestamp is set (containers may still run)."""
+    gated: bool
+    """spec.schedulingGates is not empty."""
+    request: GpuRequest | None
+    """What the pod asks for; None when it asks for no GPU or its annotations are bad."""
+    grant: Grant | None
+    """What its assignment annotations say it holds (None: nothing, or unreadable)."""
+    assigned_at: float | None
+    """POSIX time of the assignment annotation."""
+    problem: str = ""
+    """Why `request` or `grant` could not be read ("" when fine)."""
+    gang: str = ""
+    """The gang label ("" for none)."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @property
+    def terminal(self) -> bool:
+        """Succeeded or Failed: its containers have stopped and its GPUs are free."""
+        return self.phase in TERMINAL_PHASES
+
+    @property
+    def bound(self) -> bool:
+        return bool(self.node_name)
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class Reader:
+    """`record` with a memo of requests by the inputs `request_for` reads.
+
+    Pods of one Job or Deployment share annotations and container resources; the memo
+    turns 100,000 annotation parses into a few hundred. Bounded; O(annotations).
+    """
+
+    def __init__(self) -> None:
+        self._requests: dict[object, GpuRequest | grammar.AnnotationError | None] = {}
+
+    def request(self, pod: Mapping[str, Any]) -> GpuRequest | None:
+        """`grammar.request_for(pod)`, memoised. Raises `AnnotationError`."""
+        metadata = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        ours = metadata.get("annotations") or {}
+        try:
+            memo_key: object = (
+                tuple(sorted((k, v) for k, v in ours.items() if k.startswith(keys.PREFIX))),
+                _resources(spec.get("containers")),
+                _resources(spec.get("initContainers")),
+                _frozen(spec.get("overhead")),
+            )
+            hash(memo_key)
+        except TypeError:
+            memo_key = None
+        if memo_key is not None and memo_key in self._requests:
+            found = self._requests[memo_key]
+            if isinstance(found, grammar.AnnotationError):
+                raise found
+            return found
+        try:
+            request: GpuRequest | grammar.AnnotationError | None = grammar.request_for(pod)
+        except grammar.AnnotationError as error:
+            request = error
+        if memo_key is not None:
+            if len(self._requests) >= _REQUEST_MEMO_LIMIT:
+                self._requests.clear()
+            self._requests[memo_key] = request
+        if isinstance(request, grammar.AnnotationError):
+            raise request
+        return request
+
+    def record(self, pod: Mapping[str, Any]) -> PodRecord:
+        """The informer's transform: a pod dict → PodRecord. O(annotations + containers)."""
+        metadata = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        status = pod.get("status") or {}
+        problem = ""
+        try:
+            request = self.request(pod)
+        except grammar.AnnotationError as error:
+            request, problem = None, str(error)
+        try:
+            grant = assignments.grant_of(pod, request)
+        except assignments.AssignmentError as error:
+            grant, problem = None, str(error)
+        node_name = str(spec.get("nodeName") or "")
+        if grant is not None and node_name and node_name != grant.node:
+            problem = f"bound to {node_name} but its GPUs were assigned on {grant.node}"
+            grant = None
+        labels = metadata.get("labels") or {}
+        return PodRecord(
+            uid=str(metadata.get("uid") or ""),
+            namespace=str(metadata.get("namespace") or ""),
+            name=str(metadata.get("name") or ""),
+            resource_version=str(metadata.get("resourceVersion") or ""),
+            node_name=node_name,
+            phase=str(status.get("phase") or ""),
+            deleting=bool(metadata.get("deletionTimestamp")),
+            gated=bool(spec.get("schedulingGates")),
+            request=request,
+            grant=grant,
+            assigned_at=assignments.assigned_at(pod) if grant is not None else None,
+            problem=problem,
+            gang=str(labels.get(keys.GANG_LABEL) or ""),
+        )
+
+
+def _frozen(value: Any) -> object:
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_frozen(item) for item in value)
+    return value
+
+
+def _resources(containers: Any) -> object:
+    if not isinstance(containers, list):
+        return None
+    return tuple(
+        (
+            _frozen(container.get("resources")),
+            container.get("restartPolicy"),
+            container.get("name"),
+        )
+        if isinstance(container, Mapping)
+        else None
+        for container in containers
+    )
+
+
+def record(pod: Mapping[str, Any]) -> PodRecord:
+    """`Reader().record(pod)` without a memo (one-off reads: explain, tests)."""
+    return Reader().record(pod)

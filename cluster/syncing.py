@@ -1,0 +1,270 @@
+"""The ledger, kept equal to what the API says.
+
+`LedgerSync` is the handler of both informers. Nodes: an enabled, readable node is in
+the ledger's inventory; anything else is not. Pods: a managed pod's grant is exactly
+what its assignment annotations say (`cluster.assignments`), CONFIRMED once it is
+bound to that node, RESERVED before; a Succeeded, Failed or deleted pod holds nothing.
+A relist rebuilds the ledger from scratch (`Ledger.restore`), so the live ledger and
+one rebuilt after a restart are the same function of the API's state: equal
+`Ledger.snapshot()`s.
+
+The one thing the API does not hold yet is a *hold*: a grant reserved in memory for
+a pod before its annotations are written (a bind in flight) or by a planner (the gang
+controller). A hold serves only its pod, survives pod events that carry no
+assignment, yields to the pod's annotations as soon as they appear, and expires at its
+deadline (`expired_holds`, for the reaper). Everything here is synchronous: the event
+loop makes each method atomic, so decide-and-reserve needs no lock if it does not
+await in between.
+
+Also collected here, because only the pod stream sees them: the GPU requests of the
+managed pods that arrived most recently (`requests`), from which the extender builds
+the typical workload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from cluster.nodes import NodeRecord
+from cluster.pods import PodRecord
+from placement.inventory import Inventory
+from placement.ledger import Grant, GrantState, Ledger
+from placement.requests import GpuRequest
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WINDOW = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A grant reserved in memory only, until `deadline` (monotonic seconds)."""
+
+    grant: Grant
+    deadline: float
+    owner: str
+
+
+class LedgerSync:
+    """Ledger + the informers' view of nodes and managed pods; see the module docstring."""
+
+    def __init__(
+        self, *, window: int = DEFAULT_WINDOW, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.ledger = Ledger(Inventory())
+        self.nodes: dict[str, NodeRecord] = {}
+        """Every node the node informer has, by name (gpuplace's or not)."""
+        self.pods: dict[str, PodRecord] = {}
+        """Every managed pod, by UID."""
+        self._names: dict[tuple[str, str], str] = {}
+        self._holds: dict[str, Hold] = {}
+        self.busy: set[str] = set()
+        """UIDs of pods with a bind in flight: the reaper leaves them alone."""
+        self.requests: deque[GpuRequest] = deque(maxlen=window)
+        """GPU requests of the most recently arrived managed pods (the typical workload)."""
+        self.requests_version = 0
+        """Grows whenever `requests` changes."""
+        self.ready = asyncio.Event()
+        """Set by the composition once both informers have synced."""
+        self.node_listeners: list[Callable[[NodeRecord], None]] = []
+        self.pod_listeners: list[Callable[[PodRecord | None, PodRecord | None], None]] = []
+        """Called with (old, new) after each pod change; new is None on delete."""
+        self._clock = clock
+        self.nodes_handler = _Nodes(self)
+        self.pods_handler = _Pods(self)
+
+    # --- reading -------------------------------------------------------------------
+
+    def pod(self, namespace: str, name: str) -> PodRecord | None:
+        uid = self._names.get((namespace, name))
+        return self.pods.get(uid) if uid is not None else None
+
+    def hold_of(self, uid: str) -> Hold | None:
+        return self._holds.get(uid)
+
+    def holds(self) -> list[Hold]:
+        return list(self._holds.values())
+
+    # --- holds ---------------------------------------------------------------------
+
+    def hold(self, grant: Grant, *, seconds: float, owner: str = "bind") -> bool:
+        """Reserve `grant` in memory for `seconds`. Returns False when the pod already held
+        exactly it. Raises `placement.ledger.LedgerError` (Oversubscribed, Conflict)."""
+        taken = self.ledger.reserve(grant)
+        if taken or grant.pod_uid in self._holds:
+            self._holds[grant.pod_uid] = Hold(grant, self._clock() + seconds, owner)
+        return taken
+
+    def unhold(self, uid: str) -> Grant | None:
+        """Drop a hold that the API does not back yet; returns the released grant."""
+        if self._holds.pop(uid, None) is None:
+            return None
+        return self.ledger.release(uid)
+
+    def confirm(self, uid: str) -> None:
+        """The pod is bound: its grant is CONFIRMED (before the informer says so)."""
+        self._holds.pop(uid, None)
+        if uid in self.ledger:
+            self.ledger.confirm(uid)
+
+    def expired_holds(self) -> list[Hold]:
+        now = self._clock()
+        return [
+            hold
+            for uid, hold in self._holds.items()
+            if hold.deadline <= now and uid not in self.busy
+        ]
+
+    def stale(self, before: float) -> list[PodRecord]:
+        """Annotated pods still unbound whose assignment is older than `before` (POSIX
+        seconds) and that no bind is working on: the reaper's candidates. Gated pods
+        belong to the gang controller and are left out. O(pods)."""
+        return [
+            record
+            for record in self.pods.values()
+            if record.grant is not None
+            and not record.bound
+            and not record.terminal
+            and not record.gated
+            and record.uid not in self.busy
+            and (record.assigned_at is None or record.assigned_at < before)
+        ]
+
+    # --- nodes ---------------------------------------------------------------------
+
+    def put_node(self, record: NodeRecord) -> None:
+        self.nodes[record.name] = record
+        current = self.ledger.inventory.get(record.name)
+        if record.node is None:
+            if current is not None:
+                log.info("node left gpuplace", extra={"node": record.name})
+                self.ledger.remove_node(record.name)
+        elif current is None or current != record.node:
+            self.ledger.put_node(record.node)
+        for listener in self.node_listeners:
+            listener(record)
+
+    def drop_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
+        if name in self.ledger.inventory:
+            self.ledger.remove_node(name)
+
+    def replace_nodes(self, records: Iterable[NodeRecord]) -> None:
+        fresh = {record.name: record for record in records}
+        for name in [name for name in self.nodes if name not in fresh]:
+            self.drop_node(name)
+        for record in fresh.values():
+            self.put_node(record)
+
+    # --- pods ----------------------------------------------------------------------
+
+    def _arrived(self, record: PodRecord) -> None:
+        if record.request is not None and record.request.count and not record.terminal:
+            self.requests.append(record.request)
+            self.requests_version += 1
+
+    def upsert_pod(self, record: PodRecord) -> None:
+        old = self.pods.get(record.uid)
+        if old is None:
+            self._arrived(record)
+        self.pods[record.uid] = record
+        self._names[record.key] = record.uid
+        self._reconcile(record)
+        for listener in self.pod_listeners:
+            listener(old, record)
+
+    def delete_pod(self, record: PodRecord) -> None:
+        old = self.pods.pop(record.uid, None)
+        if self._names.get(record.key) == record.uid:
+            del self._names[record.key]
+        self._holds.pop(record.uid, None)
+        self.ledger.release(record.uid)
+        for listener in self.pod_listeners:
+            listener(old or record, None)
+
+    def _reconcile(self, record: PodRecord) -> None:
+        uid = record.uid
+        held = self.ledger.get(uid)
+        if record.terminal:
+            self._holds.pop(uid, None)
+            if held is not None:
+                self.ledger.release(uid)
+            return
+        desired = record.grant
+        if desired is None:
+            if uid not in self._holds and held is not None:
+                self.ledger.release(uid)
+            return
+        self._holds.pop(uid, None)
+        if held is None:
+            self.ledger.reserve(desired, overcommit=True)
+        elif held.same_hold(desired):
+            if desired.state is GrantState.CONFIRMED and held.state is GrantState.RESERVED:
+                self.ledger.confirm(uid)
+        else:
+            self.ledger.release(uid)
+            self.ledger.reserve(desired, overcommit=True)
+
+    def replace_pods(self, records: Iterable[PodRecord]) -> None:
+        fresh = {record.uid: record for record in records}
+        old = self.pods
+        self.pods = fresh
+        self._names = {record.key: uid for uid, record in fresh.items()}
+        self._holds = {
+            uid: hold
+            for uid, hold in self._holds.items()
+            if uid in fresh and not fresh[uid].terminal and fresh[uid].grant is None
+        }
+        grants = [
+            record.grant
+            for record in fresh.values()
+            if record.grant is not None and not record.terminal
+        ]
+        grants.extend(hold.grant for hold in self._holds.values())
+        self.ledger.restore(grants)
+        self.requests.clear()
+        for record in fresh.values():
+            self._arrived(record)
+        for listener in self.pod_listeners:
+            for uid, record in fresh.items():
+                listener(old.get(uid), record)
+            for uid, gone in old.items():
+                if uid not in fresh:
+                    listener(gone, None)
+
+
+class _Nodes:
+    """The node informer's handler."""
+
+    def __init__(self, sync: LedgerSync) -> None:
+        self._sync = sync
+
+    def replace(self, objects: list[NodeRecord]) -> None:
+        self._sync.replace_nodes(objects)
+
+    def upsert(self, obj: NodeRecord) -> None:
+        self._sync.put_node(obj)
+
+    def delete(self, obj: NodeRecord) -> None:
+        self._sync.drop_node(obj.name)
+
+
+class _Pods:
+    """The pod informer's handler."""
+
+    def __init__(self, sync: LedgerSync) -> None:
+        self._sync = sync
+
+    def replace(self, objects: list[PodRecord]) -> None:
+        self._sync.replace_pods(objects)
+
+    def upsert(self, obj: PodRecord) -> None:
+        self._sync.upsert_pod(obj)
+
+    def delete(self, obj: PodRecord) -> None:
+        self._sync.delete_pod(obj)

@@ -1,0 +1,37 @@
+"""Fixtures: a fake API server on 127.0.0.1 and a `cluster.kube.Kube` talking to it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from kubernetes_asyncio import client
+
+from cluster import kube
+from tests import fakeapi
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[fakeapi.Server]:
+    async with fakeapi.serve(fakeapi.FakeApi(bookmark_interval=0.05)) as running:
+        yield running
+
+
+@pytest.fixture
+async def api(server: fakeapi.Server) -> AsyncIterator[kube.Kube]:
+    connection = kube.Kube(client.ApiClient(server.configuration()), timeout=5.0)
+    try:
+        yield connection
+    finally:
+        await connection.close()
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait until `check()` holds (polling the loop), or fail after `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(0.01)
