@@ -250,7 +250,7 @@ def _parts(paths: list[str]) -> list[str]:
     """Patch paths as the pod fields a user knows: `/spec/containers/0/env/-` → `env`."""
     parts: list[str] = []
     for path in paths:
-        tokens = path.split("/") + ["", "", ""]
+        tokens = [*path.split("/"), "", "", ""]
         part = tokens[4] if tokens[2] == "containers" else tokens[2]
         if part not in parts:
             parts.append(part)

@@ -2,10 +2,13 @@
 when the cert or key file changes.
 
 Kubernetes updates a mounted Secret by swapping a symlink, so the files are compared by
-(inode, size, mtime) of what they point to. Reloading loads the new pair into the same
-context: connections already open keep their session, new handshakes get the new
-certificate. A pair that does not load (half-written, key and cert not matching) is
-logged and retried at the next poll; the old certificate stays in use meanwhile.
+(inode, size, mtime) of what they point to. A reload builds a fresh context from the files
+and, only when the pair loads, makes it current: the listening context's SNI callback
+(called for every ClientHello, with or without SNI) hands each new handshake to the
+current context. Loading into the live context instead would leave it half-updated (new
+certificate, old key) when a rotation is caught between its two file writes. A pair that
+does not load is logged and retried at the next poll; the old one stays in use meanwhile.
+Connections already open keep their session.
 """
 
 from __future__ import annotations
@@ -42,6 +45,14 @@ def not_after(cert_file: Path) -> float:
     return certificate.not_valid_after_utc.astimezone(UTC).timestamp()
 
 
+def _server_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["http/1.1"])
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
 class CertificateReloader:
     """Owns the server SSLContext; `watch` (an aiohttp cleanup context) polls the files."""
 
@@ -57,13 +68,17 @@ class CertificateReloader:
         self.key_file = key_file
         self.interval_seconds = interval_seconds
         self._metrics = metrics
-        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
-        self.context.set_alpn_protocols(["http/1.1"])
         self._signature = _signature(cert_file, key_file)
-        self.context.load_cert_chain(cert_file, key_file)
+        self.context = _server_context(cert_file, key_file)
+        """The context to listen with; it stays the same object across reloads."""
+        self._current = self.context
+        self.context.sni_callback = self._choose
         self._set_expiry()
         self.reloads = 0
+
+    def _choose(self, connection: ssl.SSLObject, _name: str | None, _: ssl.SSLContext) -> None:
+        if self._current is not self.context:
+            connection.context = self._current
 
     def _set_expiry(self) -> None:
         if self._metrics is None:
@@ -83,7 +98,7 @@ class CertificateReloader:
         if signature == self._signature:
             return False
         try:
-            self.context.load_cert_chain(self.cert_file, self.key_file)
+            fresh = _server_context(self.cert_file, self.key_file)
         except (OSError, ssl.SSLError, ValueError) as error:
             log.warning(
                 "certificate reload failed; keeping the previous one", extra={"error": str(error)}
@@ -91,6 +106,7 @@ class CertificateReloader:
             if self._metrics is not None:
                 self._metrics.certificate_reloads.labels("failed").inc()
             return False
+        self._current = fresh
         self._signature = signature
         self.reloads += 1
         self._set_expiry()

@@ -47,8 +47,13 @@ class Webhook:
     certificates: CertificateReloader
 
     @property
+    def port(self) -> int:
+        assert self.server.port is not None
+        return self.server.port
+
+    @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.server.port}"
+        return f"https://127.0.0.1:{self.port}"
 
     async def post(
         self, path: str, body: bytes | dict[str, Any], **kwargs: Any
@@ -77,9 +82,13 @@ async def make_webhook(
     sessions: list[aiohttp.ClientSession] = []
 
     async def make(
-        config: WebhookConfig | None = None, *, known: bool = True, reload_seconds: float = 30.0
+        config: WebhookConfig | None = None,
+        *,
+        known: bool = True,
+        reload_seconds: float = 30.0,
+        tls: tuple[Path, Path] | None = None,
     ) -> Webhook:
-        cert_file, key_file = tls_files
+        cert_file, key_file = tls or tls_files
         registry = CollectorRegistry()
         metrics = WebhookMetrics(registry)
         certificates = CertificateReloader(

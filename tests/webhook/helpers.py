@@ -143,7 +143,8 @@ def review(
     dry_run: bool = False,
     uid: str | None = None,
 ) -> dict[str, Any]:
-    meta = (obj or old or {}).get("metadata") or {}
+    meta = (obj or old or {}).get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -152,8 +153,8 @@ def review(
             "kind": {"group": "", "version": "v1", "kind": "Pod"},
             "resource": {"group": "", "version": "v1", "resource": "pods"},
             "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-            "name": meta.get("name", ""),
-            "namespace": meta.get("namespace", "default"),
+            "name": str(meta.get("name", "")),
+            "namespace": str(meta.get("namespace", "default")),
             "operation": operation,
             "userInfo": {"username": user, "groups": ["system:authenticated"]},
             "object": obj,
