@@ -1,0 +1,354 @@
+"""The `gpuplace serve` process: several aiohttp sites and shared background work in one
+event loop.
+
+`Server` is the frame; `build(settings, registry)` wires today's parts into it:
+
+- the ops site (plain HTTP, `--metrics-port`): `/metrics`, `/healthz`, `/readyz`;
+- the admission webhook site (TLS, `--webhook-port`): `/mutate`, `/validate`;
+- the inventory source the webhook checks requests against (`--inventory FILE`).
+
+Extending the process (the scheduler extender, cluster informers) needs no change here:
+
+    server = serving.build(settings, registry, capabilities=live_source)
+    server.add_context(informers.running)             # started before any site, stopped after
+    server.add_readiness("informers", informers.not_synced_reason)
+    server.add_site("extender", extender_app, settings.extender_address, settings.extender_port)
+    await server.run(stop)
+
+Contexts (zero-argument callables returning async context managers) are entered in the
+order added before the sites start and exited in reverse after they stop; a context that
+fails to enter aborts the start. `/readyz` is 200 only when every readiness check returns
+None and the process is not shutting down. On `stop`, `/readyz` turns 503 for
+`--shutdown-delay-seconds` (so endpoints drop this pod) before the listeners close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import logging.handlers
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import prometheus_client
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from cluster import nodes
+from gpuplace.settings import Settings
+from placement.inventory import Capabilities, Inventory
+from webhook import app as webhook_app
+from webhook.auditing import AuditLog
+from webhook.config import WebhookConfig
+from webhook.inventory import CapabilitySource, FixedCapabilities
+from webhook.metrics import WebhookMetrics
+from webhook.tls import CertificateReloader
+
+log = logging.getLogger(__name__)
+
+ContextFactory = Callable[[], AbstractAsyncContextManager[Any]]
+ReadinessCheck = Callable[[], str | None]
+
+
+@dataclass(slots=True)
+class Site:
+    name: str
+    app: web.Application
+    host: str
+    port: int
+    ssl_context: Any = None
+    bound_port: int | None = None
+
+
+@dataclass(slots=True)
+class Server:
+    """Sites, background contexts and readiness checks of one process."""
+
+    registry: CollectorRegistry
+    shutdown_delay_seconds: float = 0.0
+    sites: list[Site] = field(default_factory=list)
+    contexts: list[ContextFactory] = field(default_factory=list)
+    readiness: dict[str, ReadinessCheck] = field(default_factory=dict)
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    stopping: bool = False
+
+    def add_site(
+        self, name: str, app: web.Application, host: str, port: int, *, ssl_context: Any = None
+    ) -> Site:
+        site = Site(name, app, host, port, ssl_context)
+        self.sites.append(site)
+        return site
+
+    def add_context(self, factory: ContextFactory) -> None:
+        self.contexts.append(factory)
+
+    def add_readiness(self, name: str, check: ReadinessCheck) -> None:
+        self.readiness[name] = check
+
+    def not_ready(self) -> dict[str, str]:
+        """Why the process is not ready, by check name; empty when ready."""
+        reasons = {name: reason for name, check in self.readiness.items() if (reason := check())}
+        if self.stopping:
+            reasons["process"] = "shutting down"
+        return reasons
+
+    def port(self, name: str) -> int:
+        for site in self.sites:
+            if site.name == name and site.bound_port is not None:
+                return site.bound_port
+        raise KeyError(f"site {name} is not listening")
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Start everything, serve until `stop` is set, then stop in reverse order."""
+        async with contextlib.AsyncExitStack() as stack:
+            for factory in self.contexts:
+                await stack.enter_async_context(factory())
+            for site in self.sites:
+                runner = web.AppRunner(site.app, access_log=None, handle_signals=False)
+                await runner.setup()
+                stack.push_async_callback(runner.cleanup)
+                tcp = web.TCPSite(runner, site.host, site.port, ssl_context=site.ssl_context)
+                await tcp.start()
+                site.bound_port = _bound_port(runner, site.port)
+                log.info(
+                    "listening",
+                    extra={
+                        "site": site.name,
+                        "host": site.host,
+                        "port": site.bound_port,
+                        "tls": site.ssl_context is not None,
+                    },
+                )
+            self.started.set()
+            await stop.wait()
+            self.stopping = True
+            log.info("stopping", extra={"delay_seconds": self.shutdown_delay_seconds})
+            if self.shutdown_delay_seconds:
+                await asyncio.sleep(self.shutdown_delay_seconds)
+        log.info("stopped")
+
+
+def _bound_port(runner: web.AppRunner, wanted: int) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    return wanted
+
+
+# --- the ops site ---------------------------------------------------------------------------
+
+SERVER = web.AppKey("server", Server)
+
+
+def ops_app(server: Server) -> web.Application:
+    app = web.Application()
+    app[SERVER] = server
+
+    async def metrics(request: web.Request) -> web.Response:
+        body = prometheus_client.generate_latest(request.app[SERVER].registry)
+        return web.Response(
+            body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST}
+        )
+
+    async def healthz(_: web.Request) -> web.Response:
+        return _json(200, {"status": "ok"})
+
+    async def readyz(request: web.Request) -> web.Response:
+        reasons = request.app[SERVER].not_ready()
+        if reasons:
+            return _json(503, {"status": "not ready", "reasons": reasons})
+        return _json(200, {"status": "ready"})
+
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+def _json(status: int, body: dict[str, Any]) -> web.Response:
+    return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+
+
+# --- the offline inventory ------------------------------------------------------------------
+
+
+class InventoryFileError(ValueError):
+    """`--inventory FILE` cannot be read as nodes; the message names the file and the cause."""
+
+
+def read_inventory(path: Path) -> Inventory:
+    """Nodes from a `kubectl get nodes -o json` file (a NodeList/List, or a bare list)."""
+    try:
+        document = json.loads(path.read_bytes())
+    except (OSError, ValueError) as error:
+        raise InventoryFileError(f"--inventory {path}: {error}") from None
+    items = document.get("items") if isinstance(document, dict) else document
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise InventoryFileError(
+            f"--inventory {path}: expected the output of `kubectl get nodes -o json` "
+            '({"items": [Node, ...]})'
+        )
+    try:
+        return nodes.inventory(items)
+    except (nodes.NodeError, ValueError) as error:
+        raise InventoryFileError(f"--inventory {path}: {error}") from None
+
+
+class FileInventory:
+    """The inventory from a file, read at start and again whenever the file changes.
+
+    `capabilities()` is O(1): computed once per (re)load. A file that stops parsing keeps
+    the last good inventory (logged); the first read must succeed.
+    """
+
+    def __init__(self, path: Path, interval_seconds: float = 10.0) -> None:
+        self.path = path
+        self.interval_seconds = interval_seconds
+        self._inventory: Inventory | None = None
+        self._capabilities: Capabilities | None = None
+        self._signature: tuple[int, int, int] | None = None
+
+    def inventory(self) -> Inventory | None:
+        return self._inventory
+
+    def capabilities(self) -> Capabilities | None:
+        return self._capabilities
+
+    def _stat(self) -> tuple[int, int, int]:
+        status = self.path.stat()
+        return status.st_ino, status.st_size, status.st_mtime_ns
+
+    def load(self) -> None:
+        """Read the file now; raises `InventoryFileError`."""
+        try:
+            signature = self._stat()
+        except OSError as error:
+            raise InventoryFileError(f"--inventory {self.path}: {error}") from None
+        inventory = read_inventory(self.path)
+        self._inventory = inventory
+        self._capabilities = inventory.capabilities()
+        self._signature = signature
+        log.info(
+            "inventory loaded",
+            extra={"path": str(self.path), "nodes": len(inventory), "gpus": inventory.gpu_count()},
+        )
+
+    def reload_if_changed(self) -> bool:
+        try:
+            if self._stat() == self._signature:
+                return False
+            self.load()
+        except (OSError, InventoryFileError) as error:
+            log.warning(
+                "inventory reload failed; keeping the previous one", extra={"error": str(error)}
+            )
+            return False
+        return True
+
+    @contextlib.asynccontextmanager
+    async def watching(self) -> AsyncIterator[None]:
+        if self._capabilities is None:
+            self.load()
+
+        async def poll() -> None:
+            while True:
+                await asyncio.sleep(self.interval_seconds)
+                self.reload_if_changed()
+
+        task = asyncio.create_task(poll(), name="gpuplace-inventory-file")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+# --- wiring ---------------------------------------------------------------------------------
+
+
+def audit_handler(settings: Settings) -> logging.Handler:
+    """Where audit lines go: stdout (`-`) or a file rotated at `--audit-log-max-bytes`."""
+    if settings.audit_log == "-":
+        return logging.StreamHandler(sys.stdout)
+    return logging.handlers.RotatingFileHandler(
+        settings.audit_log,
+        maxBytes=settings.audit_log_max_bytes,
+        backupCount=settings.audit_log_backups,
+        encoding="utf-8",
+    )
+
+
+def webhook_config(settings: Settings) -> WebhookConfig:
+    return WebhookConfig(
+        scheduler_name=settings.scheduler_name,
+        sidecar_user=settings.sidecar_user,
+        max_body_bytes=settings.max_body_bytes,
+        read_timeout_seconds=settings.read_timeout_seconds,
+    )
+
+
+def build(
+    settings: Settings,
+    registry: CollectorRegistry,
+    *,
+    capabilities: CapabilitySource | None = None,
+) -> Server:
+    """The process as configured: ops site, webhook site, inventory source.
+
+    `capabilities` replaces the inventory source (a live, informer-backed one); without it
+    `--inventory FILE` is used, and without that the webhook stays not ready. Raises
+    `OSError`/`ssl.SSLError` when the certificate cannot be loaded (fail at start).
+    """
+    server = Server(registry, shutdown_delay_seconds=settings.shutdown_delay_seconds)
+    server.add_site("ops", ops_app(server), settings.metrics_address, settings.metrics_port)
+
+    source: CapabilitySource
+    if capabilities is not None:
+        source = capabilities
+    elif settings.inventory is not None:
+        inventory_file = FileInventory(settings.inventory, settings.inventory_reload_seconds)
+        server.add_context(inventory_file.watching)
+        source = inventory_file
+    else:
+        log.warning("no inventory source: GPU pods are refused until one is configured")
+        source = FixedCapabilities(None)
+    server.add_readiness(
+        "inventory",
+        lambda: None if source.capabilities() is not None else "GPU inventory not known yet",
+    )
+
+    metrics = WebhookMetrics(registry)
+    certificates = CertificateReloader(
+        settings.cert_file,
+        settings.key_file,
+        interval_seconds=settings.tls_reload_seconds,
+        metrics=metrics,
+    )
+    audit = AuditLog(audit_handler(settings))
+
+    @contextlib.asynccontextmanager
+    async def closing_audit() -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            audit.close()
+
+    server.add_context(closing_audit)
+    app = webhook_app.create_app(
+        webhook_config(settings), source, audit, metrics, certificates=certificates
+    )
+    server.add_site(
+        "webhook",
+        app,
+        settings.webhook_address,
+        settings.webhook_port,
+        ssl_context=certificates.context,
+    )
+    return server

@@ -1,0 +1,111 @@
+"""The process settings: one frozen object per process, built once in the entry point.
+
+Every field is a command-line flag (`--webhook-port`) and an environment variable
+(`GPUPLACE_WEBHOOK_PORT`); a flag wins over the variable, which wins over the default.
+Nothing else in gpuplace reads `os.environ`: components get the values they need, as
+arguments or as their own small config values built from this object.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "GPUPLACE_"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
+
+    # --- webhook (TLS) --------------------------------------------------------------------
+    webhook_address: str = Field("0.0.0.0", description="address the webhook listens on")
+    webhook_port: int = Field(8443, ge=0, le=65535, description="webhook HTTPS port")
+    cert_file: Path = Field(
+        Path("/etc/gpuplace/tls/tls.crt"), description="serving certificate (PEM, with chain)"
+    )
+    key_file: Path = Field(Path("/etc/gpuplace/tls/tls.key"), description="its private key (PEM)")
+    tls_reload_seconds: float = Field(
+        10.0, gt=0, description="how often the cert and key files are checked for changes"
+    )
+    scheduler_name: str = Field(
+        "gpuplace", min_length=1, description="kube-scheduler profile set on GPU pods"
+    )
+    sidecar_user: str = Field(
+        "system:serviceaccount:gpuplace:gpuplace",
+        min_length=1,
+        description="the only user allowed to write the system (assignment) annotations",
+    )
+    max_body_bytes: int = Field(
+        3 * 1024 * 1024, ge=1024, description="larger admission review bodies get HTTP 413"
+    )
+    read_timeout_seconds: float = Field(
+        10.0, gt=0, description="a review body not received within this time gets HTTP 408"
+    )
+    audit_log: str = Field(
+        "-", min_length=1, description="audit log file, one JSON line per review; - = stdout"
+    )
+    audit_log_max_bytes: int = Field(
+        100 * 1024 * 1024, ge=0, description="rotate the audit log file at this size (0 = never)"
+    )
+    audit_log_backups: int = Field(5, ge=0, description="rotated audit log files kept")
+
+    # --- scheduler extender (plain HTTP on loopback) -----------------------------------------
+    extender_address: str = Field("127.0.0.1", description="address the extender listens on")
+    extender_port: int = Field(8888, ge=0, le=65535, description="extender HTTP port")
+
+    # --- operations ----------------------------------------------------------------------
+    metrics_address: str = Field("0.0.0.0", description="address of /metrics /healthz /readyz")
+    metrics_port: int = Field(9090, ge=0, le=65535, description="plain HTTP port of the above")
+    shutdown_delay_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="on SIGTERM, answer /readyz 503 this long before closing the listeners",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="threshold of the JSON process log (stderr)"
+    )
+
+    # --- cluster ---------------------------------------------------------------------------
+    inventory: Path | None = Field(
+        None, description="offline node inventory (`kubectl get nodes -o json`) instead of the API"
+    )
+    inventory_reload_seconds: float = Field(
+        10.0, gt=0, description="how often --inventory is checked for changes"
+    )
+    kubeconfig: Path | None = Field(
+        None, description="kubeconfig for the API (default: in-cluster service account)"
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per settings field; absent flags leave the field to the env or default."""
+    for name, info in Settings.model_fields.items():
+        default = info.default
+        parser.add_argument(
+            flag(name),
+            dest=name,
+            default=argparse.SUPPRESS,
+            metavar=name.upper(),
+            help=f"{info.description} (env {ENV_PREFIX}{name.upper()}, default {default})",
+        )
+
+
+def from_arguments(args: argparse.Namespace | Mapping[str, Any]) -> Settings:
+    """Settings from parsed flags (only those given), the environment and the defaults."""
+    values = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
+    given = {name: value for name, value in values.items() if name in Settings.model_fields}
+    return Settings(**given)
