@@ -67,6 +67,13 @@ class Mirror:
             return "pod informer has not listed yet"
         return None
 
+    async def load(self) -> None:
+        """List nodes, then pods, once (no watch): a snapshot for one-shot readers such as
+        `gpuplace explain`. Raises `kube.ApiError`."""
+        await self.nodes.relist()
+        await self.pods.relist()
+        self.sync.ready.set()
+
     async def run(self) -> None:
         """Run both informers until cancelled; sets `sync.ready` once both listed."""
         async with asyncio.TaskGroup() as group:

@@ -46,7 +46,8 @@ class Reaper:
         self.ttl = ttl
         self.interval = interval
         self.recorder = recorder
-        self._wall = wall
+        self.wall = wall
+        """POSIX clock the assignment times are compared with."""
         self.released = Counter(
             "gpuplace_reservations_expired_total",
             "Reservations released because their pod was not bound in time, by kind.",
@@ -67,7 +68,7 @@ class Reaper:
                 done += 1
                 self.released.labels("hold").inc()
                 log.info("hold expired", extra={"uid": hold.grant.pod_uid, "owner": hold.owner})
-        for record in self.sync.stale(self._wall() - self.ttl):
+        for record in self.sync.stale(self.wall() - self.ttl):
             grant = record.grant
             assert grant is not None
             patch = {

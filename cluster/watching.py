@@ -142,7 +142,7 @@ class Informer(Generic[T]):
         while True:
             try:
                 if not self.resource_version:
-                    await self._list(reason)
+                    await self.relist(reason)
                     failures = 0
                 started = time.monotonic()
                 received = await self._watch()
@@ -172,7 +172,8 @@ class Informer(Generic[T]):
                 )
                 await asyncio.sleep(delay)
 
-    async def _list(self, reason: str) -> None:
+    async def relist(self, reason: str = "start") -> None:
+        """List everything now and `replace` the handler's state. Raises ApiError, TooOldError."""
         items: list[dict[str, Any]] = []
         token = ""
         resource_version = ""

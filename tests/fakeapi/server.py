@@ -114,9 +114,10 @@ class FakeApi:
             raise KeyError(f"unknown resource {resource!r}")
         return found
 
-    def create(self, obj: Obj, namespace: str | None = None) -> Obj:
-        """Create any registered object (resource from its apiVersion and kind)."""
-        return self.store.create(self.store.resource_of(obj), obj, namespace)
+    def create(self, obj: Obj, namespace: str | None = None, *, uid: str | None = None) -> Obj:
+        """Create any registered object (resource from its apiVersion and kind). `uid`
+        forces the UID (set-up only: replaying captured payloads that name one)."""
+        return self.store.create(self.store.resource_of(obj), obj, namespace, uid=uid)
 
     def get(self, resource: Resource | str, name: str, namespace: str | None = None) -> Obj:
         return self.store.get(self._resource(resource), namespace, name)

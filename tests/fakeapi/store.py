@@ -224,7 +224,9 @@ class Store:
                 if event is not None:
                     watcher.queue.put_nowait(event)
 
-    def create(self, resource: Resource, obj: Obj, namespace: str | None = None) -> Obj:
+    def create(
+        self, resource: Resource, obj: Obj, namespace: str | None = None, *, uid: str | None = None
+    ) -> Obj:
         obj = copy.deepcopy(obj)
         metadata = obj.setdefault("metadata", {})
         if not isinstance(metadata, dict):
@@ -261,7 +263,7 @@ class Store:
             )
         obj["kind"] = resource.kind
         obj["apiVersion"] = resource.api_version
-        metadata["uid"] = str(uuid.uuid4())
+        metadata["uid"] = uid or str(uuid.uuid4())
         metadata["creationTimestamp"] = now()
         metadata.pop("deletionTimestamp", None)
         if resource is PODS or resource == PODS:

@@ -1,0 +1,231 @@
+"""The extender's HTTP face: POST /filter, /prioritize, /bind (kube-scheduler's extender v1).
+
+`create_app(service)` builds the aiohttp app; `Service` holds the verbs' collaborators.
+Errors are mapped here, in one place:
+
+- a body that is not the extender JSON → HTTP 400 with `{"Error": "..."}` saying what
+  is wrong (kube-scheduler logs it); a body over `max_body_bytes` → 413;
+- a pod we cannot place, or a bind that did not happen → HTTP 200 with the protocol's
+  own error channel (`FailedNodes`/`FailedAndUnresolvableNodes`, or `Error`), which
+  kube-scheduler turns into its FailedScheduling event and retries;
+- not synced with the API within `ready_timeout` → HTTP 200 with `Error`: no decision
+  is ever taken from a partial ledger.
+
+Every call is timed into `gpuplace_extender_request_duration_seconds{verb, result}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram
+from pydantic import ValidationError
+
+from cluster import recording
+from cluster.syncing import LedgerSync
+from extender import binding, deciding, reasons
+from extender.wire import (
+    BindingArgs,
+    BindingResult,
+    ExtenderArgs,
+    FilterResult,
+    HostPriority,
+    HostPriorityList,
+)
+from placement.requests import WHOLE, GpuRequest
+
+log = logging.getLogger(__name__)
+
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+NOT_SYNCED = "gpuplace is still syncing with the Kubernetes API; retry"
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.duration = Histogram(
+            "gpuplace_extender_request_duration_seconds",
+            "Time to answer kube-scheduler, by verb and result.",
+            ["verb", "result"],
+            buckets=BUCKETS,
+            registry=registry,
+        )
+
+
+@dataclass(slots=True)
+class Service:
+    """What the verbs need; built by the composition root (gpuplace.sidecar)."""
+
+    sync: LedgerSync
+    decider: deciding.Decider
+    binder: binding.Binder
+    recorder: recording.Recorder | None
+    metrics: Metrics
+    ready_timeout: float = 5.0
+    max_body_bytes: int = 32 * 1024 * 1024
+
+    async def ready(self) -> bool:
+        if self.sync.ready.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self.sync.ready.wait(), self.ready_timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def filter(self, args: ExtenderArgs) -> tuple[FilterResult, str]:
+        if not await self.ready():
+            return FilterResult(error=NOT_SYNCED), "not-synced"
+        names = args.names()
+        verdict = self.decider.filter(args.pod, names)
+        result = FilterResult(
+            failed_nodes=verdict.failed, failed_and_unresolvable=verdict.unresolvable
+        )
+        objects = args.node_objects()
+        if objects is None:
+            result.node_names = verdict.passed
+        else:
+            result.nodes = {"items": [objects[name] for name in verdict.passed if name in objects]}
+        if not verdict.passed and (verdict.gpu_pod or verdict.problem):
+            self._placement_failed(args, names, verdict)
+            return result, "none-fit"
+        return result, "ok"
+
+    def _placement_failed(
+        self, args: ExtenderArgs, names: list[str], verdict: deciding.Verdict
+    ) -> None:
+        metadata = args.pod.get("metadata") or {}
+        namespace, name = str(metadata.get("namespace") or "default"), str(metadata["name"])
+        if verdict.problem:
+            message = verdict.problem
+        else:
+            message = f"{reasons.summary(len(names), verdict.misfits)}"
+            if verdict.request is not None:
+                message = f"{message} (for {describe(verdict.request)})"
+            examples = reasons.examples(verdict.misfits)
+            if examples:
+                message = f"{message}; e.g. {examples}"
+        message = f"{message}. Node by node: gpuplace explain {namespace}/{name}"
+        log.info(
+            "no node fits",
+            extra={"pod": f"{namespace}/{name}", "nodes": len(names), "why": message[:300]},
+        )
+        if self.recorder is not None:
+            self.recorder.emit(
+                recording.Subject(namespace, name, str(metadata.get("uid") or "")),
+                recording.WARNING,
+                "FailedGpuPlacement",
+                message,
+            )
+
+    async def prioritize(self, args: ExtenderArgs) -> tuple[HostPriorityList, str]:
+        names = args.names()
+        if not await self.ready():
+            return HostPriorityList([HostPriority(host=n, score=0) for n in names]), "not-synced"
+        scores = self.decider.prioritize(args.pod, names)
+        return HostPriorityList([HostPriority(host=n, score=s) for n, s in scores]), "ok"
+
+    async def bind(self, args: BindingArgs) -> tuple[BindingResult, str]:
+        if not await self.ready():
+            return BindingResult(error=NOT_SYNCED), "not-synced"
+        try:
+            await self.binder.bind(args)
+        except binding.BindError as error:
+            log.info(
+                "bind refused",
+                extra={
+                    "pod": f"{args.pod_namespace}/{args.pod_name}",
+                    "node": args.node,
+                    "why": str(error)[:300],
+                },
+            )
+            return BindingResult(error=str(error)), error.result
+        return BindingResult(), "ok"
+
+
+def describe(request: GpuRequest) -> str:
+    """'50% of one GPU with 20480 MiB', '2 whole GPUs of A100'."""
+    if request.count == 1 and request.milli < WHOLE:
+        text = f"{request.milli / 10:g}% of one GPU"
+    else:
+        text = f"{request.count} whole GPU{'s' if request.count > 1 else ''}"
+    if request.memory_mib:
+        text += f" with {request.memory_mib} MiB"
+    if request.models:
+        text += f" of {'/'.join(sorted(request.models))}"
+    return text
+
+
+SERVICE = web.AppKey("gpuplace.extender", Service)
+
+
+def _bad_request(message: str) -> web.Response:
+    body = BindingResult(error=message[:2000]).dump()
+    return web.Response(status=400, body=body, content_type="application/json")
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _verb(verb: str, answer: Callable[[Service, bytes], Awaitable[tuple[bytes, str]]]) -> Handler:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        service = request.app[SERVICE]
+        started = time.perf_counter()
+        result = "bad-request"
+        try:
+            if (
+                request.content_length is not None
+                and request.content_length > service.max_body_bytes
+            ):
+                result = "too-large"
+                return web.Response(status=413, text="request body too large")
+            try:
+                raw = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                result = "too-large"
+                return web.Response(status=413, text="request body too large")
+            try:
+                body, result = await answer(service, raw)
+            except ValidationError as error:
+                return _bad_request(f"not a kube-scheduler {verb} request: {_errors(error)}")
+            return web.Response(body=body, content_type="application/json")
+        finally:
+            service.metrics.duration.labels(verb, result).observe(time.perf_counter() - started)
+
+    return handle
+
+
+def _errors(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors()[:5]:
+        where = ".".join(str(part) for part in item["loc"]) or "body"
+        parts.append(f"{where}: {item['msg']}")
+    return "; ".join(parts)
+
+
+async def _filter(service: Service, raw: bytes) -> tuple[bytes, str]:
+    result, outcome = await service.filter(ExtenderArgs.model_validate_json(raw))
+    return result.dump(), outcome
+
+
+async def _prioritize(service: Service, raw: bytes) -> tuple[bytes, str]:
+    result, outcome = await service.prioritize(ExtenderArgs.model_validate_json(raw))
+    return result.dump(), outcome
+
+
+async def _bind(service: Service, raw: bytes) -> tuple[bytes, str]:
+    result, outcome = await service.bind(BindingArgs.model_validate_json(raw))
+    return result.dump(), outcome
+
+
+def create_app(service: Service) -> web.Application:
+    app = web.Application(client_max_size=service.max_body_bytes)
+    app[SERVICE] = service
+    app.router.add_post("/filter", _verb("filter", _filter))
+    app.router.add_post("/prioritize", _verb("prioritize", _prioritize))
+    app.router.add_post("/bind", _verb("bind", _bind))
+    return app

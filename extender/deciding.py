@@ -1,0 +1,205 @@
+"""filter and prioritize: which nodes fit a pod, and how the policy ranks them.
+
+The stock scheduler adds its own plugin scores to ours (ours weigh 100,000 per point)
+and picks uniformly at random among the nodes with the highest total. So `filter`
+keeps *every* node that fits (it must not pre-pick), and `prioritize` gives 10 to the
+policy's best nodes only and spreads the others over 0-9 by rank
+(`choosing.extender_scores`): the node the scheduler binds is then one the policy
+chose. The default policy breaks exact ties itself, so its best node is unique.
+
+A pod that already holds a grant (a reservation: a bind that wrote its assignment but
+not yet its Binding, or a gang plan) is offered only that grant's node, and every
+other node is unresolvable for it, so preemption does not try them either.
+
+The evaluation made for a pod's `filter` is kept (by pod UID) and reused by its
+`prioritize` when neither the ledger nor the policy changed in between; otherwise the
+policy's per-node cache (`choosing.Chooser`) re-scores only the nodes that changed.
+Synchronous: no await between reading the ledger and answering.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+
+from cluster import annotations as grammar
+from cluster import pods
+from cluster.syncing import LedgerSync
+from extender import reasons
+from extender.workloads import PolicyHolder
+from placement import choosing, fit
+from placement.ledger import Grant
+from placement.requests import GpuRequest
+
+CACHE_SIZE = 4096
+"""Pods whose filter evaluation is kept for their prioritize."""
+
+
+@dataclass(slots=True)
+class Verdict:
+    """filter's outcome for one pod."""
+
+    passed: list[str]
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+    misfits: dict[str, fit.Misfit] = field(default_factory=dict)
+    """Per failed node, the engine's reason (for Events and logs)."""
+    request: GpuRequest | None = None
+    holding: Grant | None = None
+    problem: str = ""
+    """Why the pod cannot be placed at all (unreadable annotations), else ""."""
+
+    @property
+    def gpu_pod(self) -> bool:
+        return self.request is not None and self.request.count > 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    generation: int
+    version: int
+    request: GpuRequest
+    evaluation: choosing.Evaluation
+
+
+class Decider:
+    """filter / prioritize over a LedgerSync with the holder's policy."""
+
+    def __init__(
+        self,
+        sync: LedgerSync,
+        holder: PolicyHolder,
+        *,
+        mode: reasons.Mode = "kind",
+        cache_size: int = CACHE_SIZE,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.sync = sync
+        self.holder = holder
+        self.mode: reasons.Mode = mode
+        self.cache_size = cache_size
+        self.reader = pods.Reader()
+        self._cache: OrderedDict[str, _Entry] = OrderedDict()
+        self.cache_lookups = Counter(
+            "gpuplace_evaluation_cache_total",
+            "prioritize calls that reused filter's evaluation (hit) or scored again (miss).",
+            ["result"],
+            registry=registry,
+        )
+
+    # --- helpers -------------------------------------------------------------------
+
+    def request(self, pod: Mapping[str, Any]) -> GpuRequest | None:
+        """The pod's GPU request (None: not a GPU pod). Raises `AnnotationError`."""
+        request = self.reader.request(pod)
+        return request if request is not None and request.count > 0 else None
+
+    def _remember(self, uid: str, request: GpuRequest, evaluation: choosing.Evaluation) -> None:
+        self._cache[uid] = _Entry(
+            self.sync.ledger.generation, self.holder.version, request, evaluation
+        )
+        self._cache.move_to_end(uid)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+    def forget(self, uid: str) -> None:
+        self._cache.pop(uid, None)
+
+    def _evaluate(
+        self, uid: str, request: GpuRequest, names: Sequence[str], *, reuse: bool
+    ) -> choosing.Evaluation:
+        chooser = self.holder.current()
+        if reuse:
+            entry = self._cache.get(uid)
+            if (
+                entry is not None
+                and entry.generation == self.sync.ledger.generation
+                and entry.version == self.holder.version
+                and entry.request == request
+            ):
+                evaluation = entry.evaluation
+                if all(name in evaluation.choices or name in evaluation.misfits for name in names):
+                    self.cache_lookups.labels("hit").inc()
+                    return evaluation
+            self.cache_lookups.labels("miss").inc()
+        return chooser.evaluate(request, names)
+
+    # --- verbs ---------------------------------------------------------------------
+
+    def filter(self, pod: Mapping[str, Any], names: Sequence[str]) -> Verdict:
+        """Every node of `names` where the pod fits now; why not for the others."""
+        metadata = pod.get("metadata") or {}
+        uid = str(metadata.get("uid") or "")
+        try:
+            request = self.request(pod)
+        except grammar.AnnotationError as error:
+            problem = f"gpuplace annotations: {error}"
+            return Verdict(
+                passed=[],
+                unresolvable=dict.fromkeys(names, problem[:500]),
+                problem=problem,
+            )
+        if request is None:
+            return Verdict(passed=list(names))
+        holding = self.sync.ledger.get(uid) if uid else None
+        if holding is not None:
+            return self._reserved(names, request, holding)
+        evaluation = self._evaluate(uid, request, names, reuse=False)
+        if uid:
+            self._remember(uid, request, evaluation)
+        verdict = Verdict(passed=[], request=request)
+        for name in names:
+            if name in evaluation.choices:
+                verdict.passed.append(name)
+                continue
+            misfit = evaluation.misfits.get(name) or choosing.UNKNOWN
+            verdict.misfits[name] = misfit
+            target = verdict.failed if misfit.resolvable else verdict.unresolvable
+            target[name] = reasons.for_node(misfit, self.mode)
+        return verdict
+
+    def _reserved(self, names: Sequence[str], request: GpuRequest, holding: Grant) -> Verdict:
+        verdict = Verdict(passed=[], request=request, holding=holding)
+        why = f"{reasons.PREFIX}GPUs are reserved for this pod on node {holding.node}"
+        for name in names:
+            if name == holding.node:
+                verdict.passed.append(name)
+            else:
+                verdict.unresolvable[name] = why
+        if not verdict.passed:
+            verdict.problem = (
+                f"GPUs {','.join(map(str, holding.gpus))} are reserved for this pod on node "
+                f"{holding.node}, which the scheduler did not offer (its own filters rejected "
+                "it); the reservation expires if the pod is not bound"
+            )
+        return verdict
+
+    def prioritize(self, pod: Mapping[str, Any], names: Sequence[str]) -> list[tuple[str, int]]:
+        """(node, 0-10) for every node of `names`: 10 only for the policy's best."""
+        metadata = pod.get("metadata") or {}
+        uid = str(metadata.get("uid") or "")
+        try:
+            request = self.request(pod)
+        except grammar.AnnotationError:
+            return [(name, 0) for name in names]
+        if request is None:
+            return [(name, 0) for name in names]
+        holding = self.sync.ledger.get(uid) if uid else None
+        if holding is not None:
+            return [
+                (name, choosing.MAX_EXTENDER_SCORE if name == holding.node else 0) for name in names
+            ]
+        evaluation = self._evaluate(uid, request, names, reuse=bool(uid))
+        offered = choosing.Evaluation(
+            choices={name: evaluation.choices[name] for name in names if name in evaluation.choices}
+        )
+        scores = choosing.extender_scores(offered)
+        return [(name, scores.get(name, 0)) for name in names]
+
+    def best_on(self, node: str, request: GpuRequest) -> choosing.Choice | fit.Misfit:
+        """The policy's GPUs for `request` on `node` now (bind). O(1) when cached."""
+        return self.holder.current().outcome(node, request)

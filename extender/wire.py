@@ -1,0 +1,109 @@
+"""kube-scheduler's extender v1 JSON (k8s.io/kube-scheduler/extender/v1), as pydantic models.
+
+The Go types have no JSON tags, so the keys are the Go field names (`Pod`, `NodeNames`,
+`FailedNodes`, ...); Go's decoder matches keys case-insensitively, so lower-camel
+spellings are accepted too. The pod stays the raw dict kube-scheduler sent. With
+`nodeCacheCapable: true` the scheduler sends `NodeNames` and `Nodes: null`; without it,
+a full `Nodes` list, and the answer must then be a `Nodes` list too (both handled).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, RootModel, field_validator
+
+MAX_SCORE = 10
+
+
+def _alias(name: str) -> AliasChoices:
+    return AliasChoices(name, name[0].lower() + name[1:])
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+
+class NodeList(_In):
+    items: list[dict[str, Any]] = Field(default_factory=list)
+
+    def names(self) -> list[str]:
+        return [str((item.get("metadata") or {}).get("name") or "") for item in self.items]
+
+
+class ExtenderArgs(_In):
+    """What `filter` and `prioritize` receive."""
+
+    pod: dict[str, Any] = Field(validation_alias=_alias("Pod"))
+    nodes: NodeList | None = Field(default=None, validation_alias=_alias("Nodes"))
+    node_names: list[str] | None = Field(default=None, validation_alias=_alias("NodeNames"))
+
+    @field_validator("pod")
+    @classmethod
+    def _pod_named(cls, pod: dict[str, Any]) -> dict[str, Any]:
+        metadata = pod.get("metadata")
+        if not isinstance(metadata, dict) or not metadata.get("name"):
+            raise ValueError("Pod.metadata.name is required")
+        return pod
+
+    def names(self) -> list[str]:
+        """The candidate node names, from NodeNames or else from Nodes."""
+        if self.node_names is not None:
+            return list(self.node_names)
+        if self.nodes is not None:
+            return [name for name in self.nodes.names() if name]
+        return []
+
+    def node_objects(self) -> dict[str, dict[str, Any]] | None:
+        """Node objects by name when the scheduler sent full nodes (not cache-capable)."""
+        if self.node_names is not None or self.nodes is None:
+            return None
+        return {
+            str((item.get("metadata") or {}).get("name") or ""): item for item in self.nodes.items
+        }
+
+
+class FilterResult(_Out):
+    """`filter`'s answer: the nodes that fit, and why the others do not."""
+
+    nodes: dict[str, Any] | None = Field(default=None, alias="Nodes")
+    node_names: list[str] | None = Field(default=None, alias="NodeNames")
+    failed_nodes: dict[str, str] = Field(default_factory=dict, alias="FailedNodes")
+    failed_and_unresolvable: dict[str, str] = Field(
+        default_factory=dict, alias="FailedAndUnresolvableNodes"
+    )
+    error: str = Field(default="", alias="Error")
+
+    def dump(self) -> bytes:
+        exclude = {"nodes"} if self.nodes is None else {"node_names"}
+        return self.model_dump_json(exclude=exclude).encode()
+
+
+class HostPriority(_Out):
+    host: str = Field(alias="Host")
+    score: int = Field(alias="Score", ge=0, le=MAX_SCORE)
+
+
+class HostPriorityList(RootModel[list[HostPriority]]):
+    def dump(self) -> bytes:
+        return self.model_dump_json(by_alias=True).encode()
+
+
+class BindingArgs(_In):
+    """What `bind` receives."""
+
+    pod_name: str = Field(validation_alias=_alias("PodName"), min_length=1, max_length=253)
+    pod_namespace: str = Field(validation_alias=_alias("PodNamespace"), min_length=1, max_length=63)
+    pod_uid: str = Field(validation_alias=_alias("PodUID"), min_length=1, max_length=128)
+    node: str = Field(validation_alias=_alias("Node"), min_length=1, max_length=253)
+
+
+class BindingResult(_Out):
+    error: str = Field(default="", alias="Error")
+
+    def dump(self) -> bytes:
+        return self.model_dump_json().encode()

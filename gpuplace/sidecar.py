@@ -1,0 +1,270 @@
+"""The scheduler sidecar, composed: informers → ledger → extender verbs, plus the
+background work that keeps the API right (node status, Events, expired reservations).
+
+For `gpuplace serve` (see gpuplace.serving):
+
+    sidecar = await Sidecar.create(settings, registry)   # settings: any SidecarConfig
+    server.add_context(sidecar.running)                  # informers etc. start/stop
+    server.add_readiness("sidecar", sidecar.not_ready_reason)
+    server.add_site("extender", sidecar.app, settings.extender_address,
+                    settings.extender_port)
+    # the webhook may use `sidecar` as its CapabilitySource (live inventory)
+
+or, in a single aiohttp app: `app.cleanup_ctx.append(sidecar.cleanup_ctx)`.
+
+`SidecarSettings` holds the sidecar's own flags (env `GPUPLACE_*`); the process
+settings may merge them: anything with the attributes of `SidecarConfig` will do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from cluster import advertising, connecting, kube, metering, mirroring, reaping, recording
+from cluster.syncing import LedgerSync
+from extender import app as extender_app
+from extender import binding, deciding, workloads
+from placement import policies
+from placement.inventory import Capabilities
+
+log = logging.getLogger(__name__)
+
+
+class SidecarConfig(Protocol):
+    """The settings the sidecar reads (gpuplace.settings.Settings may carry them all)."""
+
+    @property
+    def kubeconfig(self) -> Path | None: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def workload_window(self) -> int: ...
+    @property
+    def workload_refresh_seconds(self) -> float: ...
+    @property
+    def reservation_timeout_seconds(self) -> float: ...
+    @property
+    def reap_interval_seconds(self) -> float: ...
+    @property
+    def filter_reasons(self) -> Literal["kind", "detail"]: ...
+    @property
+    def sync_wait_seconds(self) -> float: ...
+    @property
+    def kube_timeout_seconds(self) -> float: ...
+    @property
+    def watch_timeout_seconds(self) -> int: ...
+    @property
+    def list_page_size(self) -> int: ...
+    @property
+    def advertise_resources(self) -> bool: ...
+    @property
+    def node_status_min_interval_seconds(self) -> float: ...
+    @property
+    def pod_events(self) -> bool: ...
+    @property
+    def extender_max_body_bytes(self) -> int: ...
+
+
+class SidecarSettings(BaseSettings):
+    """The sidecar's flags; each is also an env var GPUPLACE_<NAME>."""
+
+    model_config = SettingsConfigDict(env_prefix="GPUPLACE_", frozen=True, extra="ignore")
+
+    kubeconfig: Path | None = Field(
+        None, description="kubeconfig for the API (default: in-cluster service account)"
+    )
+    policy: Literal["default", "fgd", "best-fit", "first-fit", "random"] = Field(
+        "default", description=f"placement policy, one of {', '.join(policies.NAMES)}"
+    )
+    workload_window: int = Field(
+        10_000, ge=1, description="recent managed pods whose requests form the typical workload"
+    )
+    workload_refresh_seconds: float = Field(
+        60.0, gt=0, description="rebuild the typical workload at most this often"
+    )
+    reservation_timeout_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="a reservation whose pod is not bound within this time is released",
+    )
+    reap_interval_seconds: float = Field(
+        10.0, gt=0, description="how often expired reservations are looked for"
+    )
+    filter_reasons: Literal["kind", "detail"] = Field(
+        "kind",
+        description="per-node filter reasons: the misfit kind (aggregates well in "
+        "kube-scheduler's event) or each node's detail",
+    )
+    sync_wait_seconds: float = Field(
+        5.0, gt=0, description="how long a verb waits for the informers' first sync"
+    )
+    kube_timeout_seconds: float = Field(10.0, gt=0, description="timeout of one API request")
+    watch_timeout_seconds: int = Field(
+        300, ge=10, description="server-side timeout of one watch request"
+    )
+    list_page_size: int = Field(500, ge=1, description="objects per list page")
+    advertise_resources: bool = Field(
+        True, description="write gpu-percent/gpu-memory on managed nodes' status"
+    )
+    node_status_min_interval_seconds: float = Field(
+        30.0, ge=0, description="at most one node status patch per node this often"
+    )
+    pod_events: bool = Field(True, description="write Events on pods (placement failures...)")
+    extender_max_body_bytes: int = Field(
+        32 * 1024 * 1024, ge=1024, description="larger extender requests get HTTP 413"
+    )
+
+
+class Sidecar:
+    """Everything the sidecar runs; see the module docstring."""
+
+    def __init__(
+        self,
+        settings: SidecarConfig,
+        registry: CollectorRegistry,
+        api: kube.Kube,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.api = api
+        self.sync = LedgerSync(window=settings.workload_window)
+        self.mirror = mirroring.Mirror(
+            api,
+            self.sync,
+            registry=registry,
+            page_size=settings.list_page_size,
+            watch_seconds=settings.watch_timeout_seconds,
+        )
+        self.holder = workloads.PolicyHolder(
+            self.sync,
+            settings.policy,
+            refresh_seconds=settings.workload_refresh_seconds,
+            rng=rng,
+        )
+        self.decider = deciding.Decider(
+            self.sync, self.holder, mode=settings.filter_reasons, registry=registry
+        )
+        self.recorder = recording.Recorder(api, registry=registry) if settings.pod_events else None
+        self.binder = binding.Binder(
+            api,
+            self.sync,
+            self.decider,
+            recorder=self.recorder,
+            hold_seconds=settings.reservation_timeout_seconds,
+        )
+        self.reaper = reaping.Reaper(
+            api,
+            self.sync,
+            ttl=settings.reservation_timeout_seconds,
+            interval=settings.reap_interval_seconds,
+            recorder=self.recorder,
+            registry=registry,
+        )
+        self.advertiser: advertising.Advertiser | None = None
+        if settings.advertise_resources:
+            self.advertiser = advertising.Advertiser(
+                api, registry=registry, min_interval=settings.node_status_min_interval_seconds
+            )
+            self.sync.node_listeners.append(self.advertiser.observe)
+        self._capabilities: Capabilities | None = None
+        self.sync.node_listeners.append(self._nodes_changed)
+        registry.register(metering.LedgerCollector(self.sync))
+        self.service = extender_app.Service(
+            sync=self.sync,
+            decider=self.decider,
+            binder=self.binder,
+            recorder=self.recorder,
+            metrics=extender_app.Metrics(registry),
+            ready_timeout=settings.sync_wait_seconds,
+            max_body_bytes=settings.extender_max_body_bytes,
+        )
+        self.app = extender_app.create_app(self.service)
+        """The extender's aiohttp app (/filter, /prioritize, /bind), for its own site."""
+
+    @classmethod
+    async def create(
+        cls, settings: SidecarConfig, registry: CollectorRegistry, **kwargs: Any
+    ) -> Sidecar:
+        """Connect to the API (kubeconfig, else in-cluster) and build the sidecar.
+        Raises `cluster.connecting.ConnectError`."""
+        client = await connecting.api_client(settings.kubeconfig)
+        return cls(
+            settings, registry, kube.Kube(client, timeout=settings.kube_timeout_seconds), **kwargs
+        )
+
+    # --- readiness and the webhook's inventory ---------------------------------------
+
+    def not_ready_reason(self) -> str | None:
+        """None once nodes and managed pods are synced (for /readyz)."""
+        return self.mirror.not_ready_reason()
+
+    def _nodes_changed(self, _: object) -> None:
+        self._capabilities = None
+
+    def capabilities(self) -> Capabilities | None:
+        """The largest requests any managed node could hold; None until nodes synced.
+        (The webhook's CapabilitySource.) O(1), O(GPUs) after a node change."""
+        if not self.mirror.nodes.synced.is_set():
+            return None
+        if self._capabilities is None:
+            self._capabilities = self.sync.ledger.inventory.capabilities()
+        return self._capabilities
+
+    # --- running -----------------------------------------------------------------------
+
+    def _background(self) -> list[Coroutine[Any, Any, None]]:
+        work: list[Coroutine[Any, Any, None]] = [self.mirror.run(), self.reaper.run()]
+        if self.advertiser is not None:
+            work.append(self.advertiser.run())
+        if self.recorder is not None:
+            work.append(self.recorder.run())
+        return work
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Sidecar]:
+        """Run the informers and background work for the duration of the block; on exit
+        stop them and close the API client. The loops handle API failures themselves
+        (backoff, retry); a task that still dies is logged."""
+        tasks = [asyncio.create_task(work, name="gpuplace-sidecar") for work in self._background()]
+        for task in tasks:
+            task.add_done_callback(_report)
+        try:
+            yield self
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self.recorder is not None:
+                with contextlib.suppress(kube.ApiError):
+                    await asyncio.wait_for(self.recorder.drain(), 2.0)
+            await self.api.close()
+
+    async def cleanup_ctx(self, app: web.Application) -> AsyncIterator[None]:
+        """The same, as an aiohttp cleanup context; stores itself under `SIDECAR`."""
+        async with self.running():
+            app[SIDECAR] = self
+            yield
+
+
+SIDECAR = web.AppKey("gpuplace.sidecar", Sidecar)
+
+
+def _report(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is not None:
+        log.error("sidecar background task died", exc_info=error)

@@ -1,0 +1,133 @@
+"""A running sidecar (informers, ledger, extender app on 127.0.0.1) against the fake API."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from kubernetes_asyncio import client
+from prometheus_client import CollectorRegistry
+
+from cluster import kube
+from gpuplace.sidecar import Sidecar, SidecarSettings
+from tests import fakeapi
+from tests.cluster.conftest import eventually
+
+
+def settings(**overrides: Any) -> SidecarSettings:
+    values: dict[str, Any] = {
+        "workload_refresh_seconds": 0.01,
+        "reap_interval_seconds": 3600.0,
+        "node_status_min_interval_seconds": 0.0,
+        "sync_wait_seconds": 2.0,
+        "kube_timeout_seconds": 5.0,
+        "watch_timeout_seconds": 30,
+        "list_page_size": 50,
+    }
+    values.update(overrides)
+    return SidecarSettings(**values)
+
+
+class Unschedulable(AssertionError):
+    """No node passed filter."""
+
+
+@dataclass
+class Harness:
+    """A fake API server, a sidecar running against it and an HTTP session to its verbs."""
+
+    server: fakeapi.Server
+    sidecar: Sidecar
+    url: str
+    session: aiohttp.ClientSession
+
+    @property
+    def api(self) -> fakeapi.FakeApi:
+        return self.server.api
+
+    async def post(self, verb: str, body: Any) -> tuple[int, Any]:
+        async with self.session.post(f"{self.url}/{verb}", json=body) as response:
+            text = await response.text()
+            try:
+                return response.status, await response.json(content_type=None)
+            except ValueError:
+                return response.status, text
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.api.get("pods", name, namespace)
+
+    async def filter(self, pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
+        status, body = await self.post("filter", {"Pod": pod, "NodeNames": names, "Nodes": None})
+        assert status == 200, body
+        assert isinstance(body, dict)
+        return body
+
+    async def prioritize(self, pod: dict[str, Any], names: list[str]) -> dict[str, int]:
+        status, body = await self.post("prioritize", {"Pod": pod, "NodeNames": names})
+        assert status == 200, body
+        return {entry["Host"]: entry["Score"] for entry in body}
+
+    async def bind(self, pod: dict[str, Any], node: str) -> str:
+        metadata = pod["metadata"]
+        status, body = await self.post(
+            "bind",
+            {
+                "PodName": metadata["name"],
+                "PodNamespace": metadata["namespace"],
+                "PodUID": metadata["uid"],
+                "Node": node,
+            },
+        )
+        assert status == 200, body
+        return str(body["Error"])
+
+    async def schedule(self, pod: dict[str, Any], rng: random.Random | None = None) -> str:
+        """What kube-scheduler does with this extender: filter, prioritize, pick the top
+        total score (our score × 100000 + a plugin score of its own), bind. Returns the
+        node, or raises AssertionError with filter's reasons when none fits."""
+        rng = rng or random.Random(0)
+        names = sorted(self.sidecar.sync.nodes)
+        verdict = await self.filter(pod, names)
+        passed = verdict["NodeNames"]
+        if not passed:
+            raise Unschedulable(str(verdict))
+        scores = await self.prioritize(pod, passed)
+        totals = {name: scores[name] * 100_000 + rng.randrange(100) for name in passed}
+        top = max(totals.values())
+        node = str(rng.choice([name for name, total in totals.items() if total == top]))
+        error = await self.bind(pod, node)
+        if error:
+            raise AssertionError(error)
+        return node
+
+    async def synced(self, check: Callable[[], bool]) -> None:
+        await eventually(check)
+
+
+@contextlib.asynccontextmanager
+async def harness(server: fakeapi.Server, **overrides: Any) -> AsyncIterator[Harness]:
+    api = kube.Kube(client.ApiClient(server.configuration()), timeout=5.0)
+    sidecar = Sidecar(settings(**overrides), CollectorRegistry(), api, rng=random.Random(7))
+    async with sidecar.running():
+        runner = web.AppRunner(sidecar.app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            async with aiohttp.ClientSession() as session:
+                yield Harness(server, sidecar, f"http://127.0.0.1:{port}", session)
+        finally:
+            await runner.cleanup()
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[fakeapi.Server]:
+    async with fakeapi.serve(fakeapi.FakeApi(bookmark_interval=0.2)) as running:
+        yield running
