@@ -1,0 +1,45 @@
+# syntax=docker/dockerfile:1
+# The gpuplace image: `gpuplace serve` (webhook + scheduler extender) and `gpuplace certs`.
+#   docker build -t gpuplace:0.1.0 .
+# Stage `build` makes wheels: gpuplace's own, then every dependency at the version
+# constraints.txt pins. Stage `runtime` is the same slim Python with one virtualenv that
+# holds only what those wheels install: no compiler, no pip, no source tree.
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PYTHONDONTWRITEBYTECODE=1
+WORKDIR /src
+COPY pyproject.toml README.md constraints.txt ./
+COPY placement/ placement/
+COPY webhook/ webhook/
+COPY extender/ extender/
+COPY cluster/ cluster/
+COPY certs/ certs/
+COPY gpuplace/ gpuplace/
+RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
+ && python -m pip wheel --only-binary=:all: --wheel-dir /wheels \
+        --constraint constraints.txt /wheels/gpuplace-*.whl
+
+FROM ${PYTHON_IMAGE} AS runtime
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/gpuplace/bin:${PATH} \
+    MPLCONFIGDIR=/tmp/matplotlib
+# The base image's pip installs into a venv that has none (--without-pip), from the wheels
+# of the build stage only (--no-index), mounted for this step and never copied in.
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    python -m venv --without-pip /opt/gpuplace \
+ && python -m pip --python /opt/gpuplace/bin/python install --no-cache-dir --no-index \
+        --find-links=/wheels gpuplace \
+ && groupadd --system --gid 65532 gpuplace \
+ && useradd --system --uid 65532 --gid 65532 --home-dir /home/gpuplace --create-home \
+        --shell /usr/sbin/nologin gpuplace
+WORKDIR /home/gpuplace
+# Numeric, so the kubelet can check runAsNonRoot without reading /etc/passwd.
+USER 65532:65532
+EXPOSE 8443 9090
+ENTRYPOINT ["gpuplace"]
+CMD ["--help"]
