@@ -1,12 +1,15 @@
-"""Advertising gpuplace's extended resources on managed nodes' status.
+"""Advertising gpuplace's extended resources on managed nodes' status, and the NVLink
+domain label node affinity reads.
 
 An enabled node offers `gpuplace.io/gpu-percent` = 100 × GPUs and
 `gpuplace.io/gpu-memory` = its total GPU MiB in `status.capacity` and
 `status.allocatable` (so the stock scheduler's NodeResourcesFit and ResourceQuota
 count GPU shares with no code of ours); a node that leaves gpuplace loses them.
-The `Advertiser` writes a nodes/status merge patch only when what the informer shows
-differs from that, at most once per `min_interval` per node (a kubelet that keeps
-overwriting would otherwise make us write in a loop), and retries failures.
+It also keeps the node label `gpuplace.io/nvlink-domain-size` (GPUs in the node's
+largest NVLink domain), which the webhook's node affinity for required-topology pods
+reads. The `Advertiser` writes a merge patch (nodes/status, nodes) only when what the
+informer shows differs from that, at most once per `min_interval` per node (a kubelet
+that keeps overwriting would otherwise make us write in a loop), and retries failures.
 """
 
 from __future__ import annotations
@@ -41,15 +44,15 @@ class Advertiser:
         self._last: dict[str, float] = {}
         self._wake = asyncio.Event()
         self.patches = Counter(
-            "gpuplace_node_status_patches_total",
-            "nodes/status patches advertising gpuplace's extended resources, by result.",
+            "gpuplace_node_patches_total",
+            "Node patches keeping gpuplace's resources and labels right, by result.",
             ["result"],
             registry=registry,
         )
 
     def observe(self, record: nodes.NodeRecord) -> None:
         """A node changed: queue a patch when its advertisement is not what it should be."""
-        if nodes.status_patch(record) is None:
+        if nodes.status_patch(record) is None and nodes.label_patch(record) is None:
             self._pending.pop(record.name, None)
         else:
             self._pending[record.name] = record
@@ -73,8 +76,9 @@ class Advertiser:
         now = self._clock()
         next_due: float | None = None
         for name, record in list(self._pending.items()):
-            patch = nodes.status_patch(record)
-            if patch is None:
+            status = nodes.status_patch(record)
+            labels = nodes.label_patch(record)
+            if status is None and labels is None:
                 self._pending.pop(name, None)
                 continue
             due = self._last.get(name, -self.min_interval) + self.min_interval
@@ -83,7 +87,10 @@ class Advertiser:
                 continue
             self._last[name] = now
             try:
-                await self.api.patch_node_status(name, patch)
+                if status is not None:
+                    await self.api.patch_node_status(name, status)
+                if labels is not None:
+                    await self.api.patch_node(name, labels)
             except kube.ApiError as error:
                 if error.not_found:
                     self._pending.pop(name, None)
@@ -91,7 +98,7 @@ class Advertiser:
                     continue
                 self.patches.labels("error").inc()
                 log.warning(
-                    "node status patch failed",
+                    "node patch failed",
                     extra={"node": name, "status": error.status, "error": error.message},
                 )
                 next_due = (
@@ -101,5 +108,8 @@ class Advertiser:
             if self._pending.get(name) is record:
                 del self._pending[name]
             self.patches.labels("ok").inc()
-            log.info("advertised gpuplace resources", extra={"node": name, "patch": patch})
+            log.info(
+                "advertised gpuplace resources",
+                extra={"node": name, "status": status, "labels": labels},
+            )
         return next_due

@@ -229,6 +229,37 @@ class Kube:
             )
         )
 
+    async def patch_pod_status(
+        self, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """JSON merge patch of pods/NAME/status (conditions)."""
+        pod = await _call(
+            self.core.patch_namespaced_pod_status(
+                name,
+                namespace,
+                dict(patch),
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+                _request_timeout=self.timeout,
+            )
+        )
+        assert isinstance(pod, dict)
+        return pod
+
+    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """JSON merge patch of a node (its labels)."""
+        node = await _call(
+            self.core.patch_node(
+                name,
+                dict(patch),
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+                _request_timeout=self.timeout,
+            )
+        )
+        assert isinstance(node, dict)
+        return node
+
     async def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         """JSON merge patch of nodes/NAME/status."""
         node = await _call(

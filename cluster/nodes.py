@@ -123,6 +123,8 @@ class NodeRecord:
     """gpuplace's extended resources in status.capacity, as the API has them."""
     allocatable: Mapping[str, str] = field(default_factory=dict)
     """... and in status.allocatable."""
+    domain_label: str | None = None
+    """The node's `gpuplace.io/nvlink-domain-size` label (None: absent)."""
 
 
 def record(raw: Mapping[str, Any]) -> NodeRecord:
@@ -133,6 +135,8 @@ def record(raw: Mapping[str, Any]) -> NodeRecord:
     allocatable = status.get("allocatable") or {}
     ours_capacity = {key: str(capacity[key]) for key in ADVERTISED if key in capacity}
     ours_allocatable = {key: str(allocatable[key]) for key in ADVERTISED if key in allocatable}
+    labels = metadata.get("labels") or {}
+    domain = labels.get(keys.NVLINK_DOMAIN_SIZE)
     enabled = is_enabled(raw)
     node: Node | None = None
     problem = ""
@@ -149,6 +153,7 @@ def record(raw: Mapping[str, Any]) -> NodeRecord:
         problem=problem,
         capacity=ours_capacity,
         allocatable=ours_allocatable,
+        domain_label=str(domain) if domain is not None else None,
     )
 
 
@@ -179,3 +184,25 @@ def status_patch(record: NodeRecord) -> dict[str, Any] | None:
     if capacity_now == wanted and allocatable_now == wanted:
         return None
     return {"status": {"capacity": wanted, "allocatable": wanted}}
+
+
+def largest_nvlink_domain(node: Node) -> int:
+    """GPUs in the node's largest NVLink domain; 1 when it has GPUs but no NVLink (each
+    GPU is a domain of its own), 0 without GPUs. What required-topology affinity reads."""
+    sizes = [len(members) for members in node.nvlink_domains().values()]
+    return max(sizes, default=1 if node.gpus else 0)
+
+
+def label_patch(record: NodeRecord) -> dict[str, Any] | None:
+    """The node merge patch that keeps `gpuplace.io/nvlink-domain-size` right, or None.
+    Enabled nodes carry it; a node that left gpuplace loses it; unreadable ones are left
+    alone."""
+    if record.node is not None:
+        wanted: str | None = str(largest_nvlink_domain(record.node))
+    elif record.enabled:
+        return None
+    else:
+        wanted = None
+    if record.domain_label == wanted:
+        return None
+    return {"metadata": {"labels": {keys.NVLINK_DOMAIN_SIZE: wanted}}}

@@ -77,7 +77,10 @@ class Reader:
         self._requests: dict[object, GpuRequest | grammar.AnnotationError | None] = {}
 
     def request(self, pod: Mapping[str, Any]) -> GpuRequest | None:
-        """`grammar.request_for(pod)`, memoised. Raises `AnnotationError`."""
+        """`cluster.annotations.request_for(pod)`, memoised. Raises `AnnotationError`, also
+        for a pod whose shape is not a pod's (annotations not strings, containers not a
+        list of objects...)."""
+        _check_shape(pod)
         metadata = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         ours = metadata.get("annotations") or {}
@@ -100,6 +103,8 @@ class Reader:
             request: GpuRequest | grammar.AnnotationError | None = grammar.request_for(pod)
         except grammar.AnnotationError as error:
             request = error
+        except (TypeError, ValueError, AttributeError) as error:
+            request = grammar.AnnotationError.one("spec", f"the pod cannot be read: {error}")
         if memo_key is not None:
             if len(self._requests) >= _REQUEST_MEMO_LIMIT:
                 self._requests.clear()
@@ -142,6 +147,39 @@ class Reader:
             problem=problem,
             gang=str(labels.get(keys.GANG_LABEL) or ""),
         )
+
+
+def _check_shape(pod: Mapping[str, Any]) -> None:
+    """Raise AnnotationError unless the parts `request_for` reads have a pod's shape."""
+
+    def bad(where: str, what: str) -> grammar.AnnotationError:
+        return grammar.AnnotationError.one(where, f"{where} must be {what}")
+
+    metadata = pod.get("metadata")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise bad("metadata", "an object")
+    notes = (metadata or {}).get("annotations")
+    if notes is not None and (
+        not isinstance(notes, Mapping)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in notes.items())
+    ):
+        raise bad("metadata.annotations", "an object of strings")
+    spec = pod.get("spec")
+    if spec is not None and not isinstance(spec, Mapping):
+        raise bad("spec", "an object")
+    for field in ("containers", "initContainers"):
+        containers = (spec or {}).get(field)
+        if containers is None:
+            continue
+        if not isinstance(containers, list) or not all(
+            isinstance(c, Mapping)
+            and isinstance(c.get("resources") or {}, Mapping)
+            and all(isinstance(v or {}, Mapping) for v in (c.get("resources") or {}).values())
+            for c in containers
+        ):
+            raise bad(f"spec.{field}", "a list of containers")
+    if not isinstance((spec or {}).get("overhead") or {}, Mapping):
+        raise bad("spec.overhead", "an object")
 
 
 def _frozen(value: Any) -> object:

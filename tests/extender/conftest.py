@@ -106,8 +106,8 @@ class Harness:
             raise AssertionError(error)
         return node
 
-    async def synced(self, check: Callable[[], bool]) -> None:
-        await eventually(check)
+    async def synced(self, check: Callable[[], bool], timeout: float = 5.0) -> None:
+        await eventually(check, timeout)
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,85 @@
+"""The assignment annotations round-trip exactly, and unreadable ones are refused clearly."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cluster import assignments, keys
+from placement.inventory import Gpu, Node
+from placement.ledger import Grant, GrantState
+from placement.requests import GpuRequest
+
+AT = datetime(2026, 11, 21, 5, 44, 24, tzinfo=UTC)
+
+
+def node(gpus: int, uuids: bool) -> Node:
+    return Node(
+        name="n0",
+        cpu_milli=64000,
+        memory_mib=1 << 20,
+        gpus=tuple(
+            Gpu(i, "A100", 81920, uuid=f"GPU-{i:04d}" if uuids else "") for i in range(gpus)
+        ),
+    )
+
+
+def pod_with(notes: dict[str, str], uid: str = "u-1", bound: str = "") -> dict[str, Any]:
+    spec = {"nodeName": bound} if bound else {}
+    return {"metadata": {"uid": uid, "annotations": notes}, "spec": spec}
+
+
+@given(
+    gpus=st.lists(st.integers(0, 7), min_size=1, max_size=8, unique=True),
+    milli=st.integers(1, 1000),
+    memory=st.integers(0, 81920),
+    cpu=st.integers(0, 64000),
+    host=st.integers(0, 1 << 20),
+    uuids=st.booleans(),
+    bound=st.booleans(),
+)
+def test_grant_round_trips_through_annotations(  # noqa: PLR0917 (hypothesis arguments)
+    gpus: list[int], milli: int, memory: int, cpu: int, host: int, uuids: bool, bound: bool
+) -> None:
+    state = GrantState.CONFIRMED if bound else GrantState.RESERVED
+    grant = Grant("u-1", "n0", tuple(gpus), milli, memory, cpu, host, state)
+    notes = assignments.annotations_for(grant, node(8, uuids), AT)
+    request = GpuRequest(cpu_milli=cpu, host_memory_mib=host)
+    assert assignments.grant_of(pod_with(notes, bound="n0" if bound else ""), request) == grant
+    assert notes[keys.ASSIGNED_AT] == "2026-11-21T05:44:24Z"
+    if uuids:
+        assert notes[keys.VISIBLE_DEVICES] == ",".join(f"GPU-{i:04d}" for i in gpus)
+    else:
+        assert notes[keys.ASSIGNED_UUIDS] == ""
+        assert notes[keys.VISIBLE_DEVICES] == ",".join(map(str, gpus))
+    assert assignments.assigned_at(pod_with(notes)) == AT.timestamp()
+
+
+def test_no_assignment_is_none_and_cleared_removes_every_key() -> None:
+    assert assignments.grant_of(pod_with({})) is None
+    assert set(assignments.cleared()) == set(assignments.KEYS)
+    assert all(value is None for value in assignments.cleared().values())
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        (keys.ASSIGNED_GPUS, ""),
+        (keys.ASSIGNED_GPUS, "0,0"),
+        (keys.ASSIGNED_GPUS, "a"),
+        (keys.ASSIGNED_GPUS, "-1"),
+        (keys.ASSIGNED_MILLI, "0"),
+        (keys.ASSIGNED_MILLI, "1001"),
+        (keys.ASSIGNED_MILLI, "50%"),
+        (keys.ASSIGNED_MEMORY, "-5"),
+    ],
+)
+def test_unreadable_values_name_the_key(key: str, value: str) -> None:
+    grant = Grant("u-1", "n0", (0,), 500, 100)
+    notes = {**assignments.annotations_for(grant, None, AT), key: value}
+    with pytest.raises(assignments.AssignmentError, match=key):
+        assignments.grant_of(pod_with(notes))

@@ -1,0 +1,157 @@
+"""LedgerSync: the ledger is exactly what the pods' annotations say; holds serve only their
+pod, survive events without annotations and give way to the annotations."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from cluster import assignments, nodes, pods
+from cluster.syncing import LedgerSync
+from placement.ledger import Grant, GrantState, Oversubscribed
+from tests.fakeapi import objects
+
+AT = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def node_record(name: str, gpus: int = 2, **options: Any) -> nodes.NodeRecord:
+    body = objects.node(name, gpus=gpus, **options)
+    body["metadata"]["uid"] = f"uid-{name}"
+    return nodes.record(body)
+
+
+def pod_record(
+    name: str,
+    *,
+    grant: Grant | None = None,
+    bound: bool = False,
+    phase: str = "Pending",
+    percent: int = 50,
+) -> pods.PodRecord:
+    body = objects.pod(name, percent=percent)
+    body["metadata"]["uid"] = f"uid-{name}"
+    body["metadata"]["resourceVersion"] = "1"
+    body["status"] = {"phase": phase}
+    if grant is not None:
+        body["metadata"]["annotations"].update(assignments.annotations_for(grant, None, AT))
+        if bound:
+            body["spec"]["nodeName"] = grant.node
+    return pods.record(body)
+
+
+def grant(name: str, node: str = "n0", gpus: tuple[int, ...] = (0,), milli: int = 500) -> Grant:
+    return Grant(f"uid-{name}", node, gpus, milli, 0, 1000, 1024)
+
+
+@pytest.fixture
+def sync() -> LedgerSync:
+    synced = LedgerSync()
+    synced.replace_nodes([node_record("n0"), node_record("n1")])
+    return synced
+
+
+def test_annotations_make_grants_and_binding_confirms(sync: LedgerSync) -> None:
+    g = grant("a")
+    sync.upsert_pod(pod_record("a", grant=g))
+    assert sync.ledger.get("uid-a") == g
+    sync.upsert_pod(pod_record("a", grant=g, bound=True))
+    held = sync.ledger.get("uid-a")
+    assert held is not None and held.state is GrantState.CONFIRMED
+    sync.upsert_pod(pod_record("a", grant=g, bound=True, phase="Succeeded"))
+    assert "uid-a" not in sync.ledger
+
+
+def test_hold_survives_events_without_annotations_and_yields_to_them(sync: LedgerSync) -> None:
+    g = grant("a")
+    assert sync.hold(g, seconds=60)
+    sync.upsert_pod(pod_record("a"))  # an older event: no assignment yet
+    assert sync.ledger.get("uid-a") == g
+    other = grant("b", milli=600)
+    with pytest.raises(Oversubscribed):
+        sync.hold(other, seconds=60)
+    sync.upsert_pod(pod_record("a", grant=g))
+    assert sync.hold_of("uid-a") is None  # the API backs it now
+    assert sync.unhold("uid-a") is None  # and unhold no longer releases it
+    assert "uid-a" in sync.ledger
+
+
+def test_annotations_differing_from_a_hold_win(sync: LedgerSync) -> None:
+    sync.hold(grant("a", gpus=(0,)), seconds=60)
+    sync.upsert_pod(pod_record("a", grant=grant("a", gpus=(1,))))
+    held = sync.ledger.get("uid-a")
+    assert held is not None and held.gpus == (1,)
+    state = sync.ledger.state("n0")
+    assert state is not None and state.free_milli == [1000, 500]
+
+
+def test_delete_releases_and_relist_equals_incremental(sync: LedgerSync) -> None:
+    records = [
+        pod_record("a", grant=grant("a"), bound=True),
+        pod_record("b", grant=grant("b", node="n1")),
+        pod_record("c"),
+        pod_record("d", grant=grant("d", gpus=(1,)), bound=True, phase="Failed"),
+    ]
+    for record in records:
+        sync.upsert_pod(record)
+    sync.delete_pod(records[1])
+    rebuilt = LedgerSync()
+    rebuilt.replace_nodes([node_record("n0"), node_record("n1")])
+    rebuilt.replace_pods([records[0], records[2], records[3]])
+    assert sync.ledger.snapshot() == rebuilt.ledger.snapshot()
+    assert [g.pod_uid for g in rebuilt.ledger.snapshot()] == ["uid-a"]
+
+
+def test_relist_keeps_live_holds_and_drops_those_of_vanished_pods(sync: LedgerSync) -> None:
+    sync.upsert_pod(pod_record("a"))
+    sync.upsert_pod(pod_record("b"))
+    sync.hold(grant("a"), seconds=60)
+    sync.hold(grant("b", gpus=(1,)), seconds=60)
+    sync.replace_pods([pod_record("a")])
+    assert sync.hold_of("uid-a") is not None
+    assert sync.hold_of("uid-b") is None
+    assert [g.pod_uid for g in sync.ledger.snapshot()] == ["uid-a"]
+
+
+def test_expired_holds_skip_busy_pods() -> None:
+    now = [0.0]
+    sync = LedgerSync(clock=lambda: now[0])
+    sync.replace_nodes([node_record("n0")])
+    sync.hold(grant("a"), seconds=10)
+    sync.hold(grant("b"), seconds=10)
+    sync.busy.add("uid-b")
+    assert sync.expired_holds() == []
+    now[0] = 11
+    assert [hold.grant.pod_uid for hold in sync.expired_holds()] == ["uid-a"]
+
+
+def test_node_leaving_gpuplace_leaves_the_inventory(sync: LedgerSync) -> None:
+    sync.put_node(node_record("n1", enabled=False))
+    assert "n1" not in sync.ledger.inventory
+    sync.put_node(node_record("n1"))
+    assert "n1" in sync.ledger.inventory
+    broken = node_record("n1", labels={"nvidia.com/gpu.count": "many"})
+    sync.put_node(broken)
+    assert broken.problem and "n1" not in sync.ledger.inventory
+
+
+def test_workload_window_counts_arrivals_once() -> None:
+    sync = LedgerSync(window=2)
+    for name in ("a", "b", "a", "c"):
+        sync.upsert_pod(pod_record(name))
+    assert len(sync.requests) == 2
+    assert sync.requests_version == 3
+
+
+def test_bound_elsewhere_than_assigned_holds_nothing(sync: LedgerSync) -> None:
+    record = pod_record("a", grant=grant("a", node="n0"))
+    body = objects.pod("a")
+    body["metadata"].update(uid="uid-a", resourceVersion="2")
+    body["metadata"]["annotations"].update(assignments.annotations_for(grant("a"), None, AT))
+    body["spec"]["nodeName"] = "n1"
+    moved = pods.record(body)
+    assert moved.grant is None and "bound to n1" in moved.problem
+    sync.upsert_pod(record)
+    sync.upsert_pod(moved)
+    assert "uid-a" not in sync.ledger

@@ -1,0 +1,233 @@
+"""The extender's HTTP contract: bad input gets 400 with a reason, never a 500 or a hang;
+answers before the first sync say so; placement failures become one readable Event."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kubernetes_asyncio import client
+from prometheus_client import CollectorRegistry
+
+from cluster import kube
+from gpuplace.sidecar import Sidecar
+from tests import fakeapi
+from tests.extender import conftest
+from tests.extender.conftest import Harness, harness
+from tests.fakeapi import objects
+
+
+async def ready(h: Harness) -> None:
+    await asyncio.wait_for(h.sidecar.sync.ready.wait(), 5)
+
+
+@pytest.mark.parametrize(
+    ("verb", "body"),
+    [
+        ("filter", b"not json"),
+        ("filter", b"{}"),
+        ("filter", b'{"Pod": {"metadata": {}}, "NodeNames": []}'),
+        ("filter", b'{"Pod": [], "NodeNames": ["a"]}'),
+        ("prioritize", b'{"Pod": {"metadata": {"name": "p"}}, "NodeNames": "a"}'),
+        ("bind", b'{"PodName": "p"}'),
+        ("bind", b'{"PodName": "", "PodNamespace": "d", "PodUID": "u", "Node": "n"}'),
+        ("bind", b"[1, 2]"),
+    ],
+)
+async def test_malformed_requests_get_400_with_a_reason(
+    server: fakeapi.Server, verb: str, body: bytes
+) -> None:
+    async with harness(server) as h, h.session.post(f"{h.url}/{verb}", data=body) as response:
+        assert response.status == 400
+        answer = await response.json()
+    assert answer["Error"].startswith(f"not a kube-scheduler {verb} request")
+
+
+async def test_oversized_body_gets_413(server: fakeapi.Server) -> None:
+    async with harness(server, extender_max_body_bytes=2048) as h:
+        body = {"Pod": {"metadata": {"name": "p"}}, "NodeNames": ["n" * 100] * 50}
+        status, _ = await h.post("filter", body)
+    assert status == 413
+
+
+SHAPES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+ANNOTATIONS = st.dictionaries(
+    st.sampled_from(
+        [
+            "gpuplace.io/gpu-percent",
+            "gpuplace.io/gpu-memory",
+            "gpuplace.io/gpu-count",
+            "gpuplace.io/gpu-model",
+            "gpuplace.io/assigned-node",
+            "x",
+        ]
+    ),
+    st.text(max_size=12) | st.integers(),
+    max_size=4,
+)
+SHAPE = st.fixed_dictionaries(
+    {
+        "annotations": ANNOTATIONS | SHAPES,
+        "spec": SHAPES,
+        "names": st.lists(st.text(max_size=10), max_size=4),
+    }
+)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pods=st.lists(SHAPE, min_size=15, max_size=15))
+def test_any_pod_shape_gets_an_answer_never_a_500(pods: list[dict[str, Any]]) -> None:
+    async def run() -> None:
+        async with fakeapi.serve() as server:
+            server.api.create(objects.node("n0"))
+            async with harness(server) as h:
+                await ready(h)
+                for shape in pods:
+                    metadata = {"name": "p", "uid": "u", "annotations": shape["annotations"]}
+                    pod = {"metadata": metadata, "spec": shape["spec"]}
+                    for verb in ("filter", "prioritize"):
+                        status, answer = await h.post(
+                            verb, {"Pod": pod, "NodeNames": shape["names"]}
+                        )
+                        assert status in (200, 400), answer
+
+    asyncio.run(run())
+
+
+@contextlib.asynccontextmanager
+async def unsynced(server: fakeapi.Server) -> AsyncIterator[Harness]:
+    """A sidecar whose informers never start (the API is unreachable at first)."""
+    api = kube.Kube(client.ApiClient(server.configuration()))
+    sidecar = Sidecar(conftest.settings(sync_wait_seconds=0.05), CollectorRegistry(), api)
+    runner = aiohttp.web.AppRunner(sidecar.app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            yield Harness(server, sidecar, f"http://127.0.0.1:{runner.addresses[0][1]}", session)
+    finally:
+        await runner.cleanup()
+        await api.close()
+
+
+async def test_no_decision_before_the_first_sync(server: fakeapi.Server) -> None:
+    pod = server.api.create(objects.pod("p"))
+    async with unsynced(server) as h:
+        status, body = await h.post("filter", {"Pod": pod, "NodeNames": ["n0"]})
+        assert status == 200
+        assert "syncing" in body["Error"]
+        assert "syncing" in await h.bind(pod, "n0")
+        assert h.sidecar.not_ready_reason() is not None
+        assert h.sidecar.capabilities() is None
+
+
+async def test_no_fit_becomes_one_event_with_a_line_per_reason_kind(
+    server: fakeapi.Server,
+) -> None:
+    api = server.api
+    for index in range(3):
+        api.create(objects.node(f"a100-{index}", gpus=1))
+    api.create(objects.node("t4-0", gpus=1, model="Tesla-T4", gpu_memory_mib=15360))
+    api.create(objects.node("cpu-0", gpus=0, enabled=False))
+    async with harness(server) as h:
+        await ready(h)
+        for index in range(3):
+            await h.schedule(api.create(objects.pod(f"big-{index}", percent=80)))
+        pod = api.create(objects.pod("late", percent=50, memory="20Gi"))
+        names = ["a100-0", "a100-1", "a100-2", "t4-0", "cpu-0"]
+        verdict = await h.filter(pod, names)
+        assert verdict["NodeNames"] == []
+        assert verdict["FailedNodes"] == dict.fromkeys(
+            ["a100-0", "a100-1", "a100-2"], "gpuplace: no GPU with enough share free"
+        )
+        assert set(verdict["FailedAndUnresolvableNodes"]) == {"t4-0", "cpu-0"}
+        await h.filter(pod, names)  # a retry: the same Event, counted
+        await h.synced(
+            lambda: any(
+                e["reason"] == "FailedGpuPlacement" and e.get("count") == 2
+                for e in api.objects("events", "default")
+            )
+        )
+        [event] = [
+            e for e in api.objects("events", "default") if e["reason"] == "FailedGpuPlacement"
+        ]
+        message = event["message"]
+        assert message.startswith(
+            "0/5 nodes: 3 no GPU with enough share free, 1 GPU memory too small, "
+            "1 node not managed by gpuplace (for 50% of one GPU with 20480 MiB); e.g. "
+            "a100-0: gpu 0: 20% free, needs 50%"
+        )
+        assert message.endswith("gpuplace explain default/late")
+        assert event["type"] == "Warning"
+        assert event["involvedObject"]["uid"] == pod["metadata"]["uid"]
+
+
+async def test_prioritize_gives_ten_only_to_the_policys_best(server: fakeapi.Server) -> None:
+    api = server.api
+    for index in range(4):
+        api.create(objects.node(f"n{index}", gpus=2))
+    async with harness(server) as h:
+        await ready(h)
+        await h.schedule(api.create(objects.pod("seed", percent=30)), random.Random(1))
+        pod = api.create(objects.pod("next", percent=30))
+        scores = await h.prioritize(pod, ["n0", "n1", "n2", "n3"])
+        best = [name for name, score in scores.items() if score == 10]
+        assert len(best) == 1
+        seed_node = h.pod("default", "seed")["spec"]["nodeName"]
+        assert best == [seed_node]  # packing: the partly used GPU's node
+        assert all(0 <= score < 10 for name, score in scores.items() if name != seed_node)
+
+
+async def test_non_gpu_pods_pass_through_and_bind_plainly(server: fakeapi.Server) -> None:
+    server.api.create(objects.node("n0", gpus=1))
+    async with harness(server) as h:
+        await ready(h)
+        body = objects.pod("plain", percent=None)
+        pod = server.api.create(body)
+        verdict = await h.filter(pod, ["n0", "elsewhere"])
+        assert verdict["NodeNames"] == ["n0", "elsewhere"]
+        assert await h.bind(pod, "elsewhere") == ""
+        assert h.pod("default", "plain")["spec"]["nodeName"] == "elsewhere"
+
+
+async def test_unreadable_annotations_fail_every_node_unresolvably(
+    server: fakeapi.Server,
+) -> None:
+    server.api.create(objects.node("n0", gpus=1))
+    async with harness(server) as h:
+        await ready(h)
+        pod = server.api.create(
+            objects.pod("bad", percent=None, annotations={"gpuplace.io/gpu-percent": "lots"})
+        )
+        verdict = await h.filter(pod, ["n0"])
+        assert verdict["NodeNames"] == []
+        assert "gpu-percent" in verdict["FailedAndUnresolvableNodes"]["n0"]
+        assert "gpu-percent" in await h.bind(pod, "n0")
+
+
+async def test_full_node_objects_when_not_cache_capable(server: fakeapi.Server) -> None:
+    server.api.create(objects.node("n0", gpus=1))
+    server.api.create(objects.node("n1", gpus=1, model="Tesla-T4"))
+    async with harness(server) as h:
+        await ready(h)
+        pod = server.api.create(objects.pod("p", percent=10, model="NVIDIA-A100-SXM4-80GB"))
+        nodes = {"items": [server.api.get("nodes", "n0"), server.api.get("nodes", "n1")]}
+        status, verdict = await h.post("filter", {"Pod": pod, "Nodes": nodes, "NodeNames": None})
+        assert status == 200
+        assert [n["metadata"]["name"] for n in verdict["Nodes"]["items"]] == ["n0"]
+        assert "NodeNames" not in verdict
+        assert verdict["FailedAndUnresolvableNodes"] == {"n1": "gpuplace: wrong GPU model"}
