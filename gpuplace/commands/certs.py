@@ -213,7 +213,7 @@ def generate(args: argparse.Namespace, now: datetime, out: TextIO) -> int:
     old = () if ca is None else (ca.cert,)
     material = renewal.issue(bundles.merge(bundle, old), spec, now)
     plan = renewal.Plan(True, True, ("a new CA was asked for",))
-    return asyncio.run(_publish_files(args, plan, material, spec, out))
+    return asyncio.run(_publish_files(args, plan, material, spec=spec, now=now, out=out))
 
 
 def rotate(args: argparse.Namespace, now: datetime, out: TextIO) -> int:
@@ -229,14 +229,16 @@ def rotate(args: argparse.Namespace, now: datetime, out: TextIO) -> int:
     if plan.nothing and bundles.encode(bundle) == material.bundle_pem() and not args.inject:
         _report(plan, material, spec, out)
         return EXIT_OK
-    return asyncio.run(_publish_files(args, plan, material, spec, out))
+    return asyncio.run(_publish_files(args, plan, material, spec=spec, now=now, out=out))
 
 
 async def _publish_files(
     args: argparse.Namespace,
     plan: renewal.Plan,
     material: renewal.Material,
+    *,
     spec: issuing.Spec,
+    now: datetime,
     out: TextIO,
 ) -> int:
     """Files mode: the bundle goes to the API server (with --inject) before any file is
@@ -246,7 +248,7 @@ async def _publish_files(
         async with await api_client(args.kubeconfig, args.context) as api:
             target = target_from(args)
             published = await certs_k8s.published_bundle(api, target)
-            trusted = bundles.combine(datetime.now(UTC), published, material.bundle)
+            trusted = bundles.combine(now, published, material.bundle)
             changed = await certs_k8s.inject(api, target, bundles.encode(trusted))
         _print_injected(changed, out)
     _write_files(args.out_dir, material, out)

@@ -278,3 +278,21 @@ async def test_module_against_the_fake_directly(state: fake_api.State) -> None:
             stored = await certs_k8s.read(api, target)
             assert stored.ca is not None and stored.ca.cert == outcome.material.ca.cert
             assert await certs_k8s.published_bundle(api, target) == outcome.material.bundle
+
+
+def test_files_mode_with_inject_publishes_the_bundle_first(
+    state: fake_api.State, kubeconfig: str, tmp_path: Path
+) -> None:
+    """`serve` outside the cluster (a laptop behind a tunnel): files, plus the caBundle."""
+    out = tmp_path / "tls"
+    argv = ["certs", "rotate", "--kubeconfig", kubeconfig, "--out-dir", str(out), "--inject"]
+    code, text = run(argv, NOW)
+    assert code == 0 and "caBundle patched into" in text
+    assert published(state, MUTATING)[0] == (out / "ca-bundle.crt").read_bytes()
+    assert state.get("secrets", "gpuplace", "gpuplace-webhook-tls") is None  # files only
+
+    del state.objects[VALIDATING]  # a failed publish leaves the files as they were
+    before = (out / "tls.crt").read_bytes()
+    with pytest.raises(certs_k8s.StoreError):
+        run(argv, NOW + timedelta(days=250))  # a serving renewal is due by then
+    assert (out / "tls.crt").read_bytes() == before
