@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
+import aiohttp
 from cryptography import x509
 from kubernetes_asyncio import client, config
 
@@ -151,6 +152,9 @@ def _entry(
         except (pairs.CertError, certs_k8s.StoreError, config.ConfigException) as exc:
             print(f"gpuplace certs: {exc}", file=sys.stderr)
             return EXIT_FAILED
+        except (OSError, aiohttp.ClientError) as exc:  # a file, or the API server unreachable
+            print(f"gpuplace certs: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return EXIT_FAILED
 
     return run
 
@@ -226,10 +230,13 @@ def rotate(args: argparse.Namespace, now: datetime, out: TextIO) -> int:
     if args.dry_run:
         _report(plan, material, spec, out)
         return EXIT_OK
-    if plan.nothing and bundles.encode(bundle) == material.bundle_pem() and not args.inject:
+    unchanged = plan.nothing and bundles.encode(bundle) == material.bundle_pem()
+    if unchanged and not args.inject:
         _report(plan, material, spec, out)
         return EXIT_OK
-    return asyncio.run(_publish_files(args, plan, material, spec=spec, now=now, out=out))
+    return asyncio.run(
+        _publish_files(args, plan, material, spec=spec, now=now, out=out, write=not unchanged)
+    )
 
 
 async def _publish_files(
@@ -240,6 +247,7 @@ async def _publish_files(
     spec: issuing.Spec,
     now: datetime,
     out: TextIO,
+    write: bool = True,
 ) -> int:
     """Files mode: the bundle goes to the API server (with --inject) before any file is
     replaced, so a server that reloads the new pair is already trusted."""
@@ -251,7 +259,8 @@ async def _publish_files(
             trusted = bundles.combine(now, published, material.bundle)
             changed = await certs_k8s.inject(api, target, bundles.encode(trusted))
         _print_injected(changed, out)
-    _write_files(args.out_dir, material, out)
+    if write:
+        _write_files(args.out_dir, material, out)
     return EXIT_OK
 
 

@@ -296,3 +296,18 @@ def test_files_mode_with_inject_publishes_the_bundle_first(
     with pytest.raises(certs_k8s.StoreError):
         run(argv, NOW + timedelta(days=250))  # a serving renewal is due by then
     assert (out / "tls.crt").read_bytes() == before
+
+
+def test_unreachable_api_server_is_one_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port on 127.0.0.1 nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    path = tmp_path / "kubeconfig"
+    path.write_text(fake_api.kubeconfig(f"http://127.0.0.1:{port}"))
+    assert cli.main(rotate_argv(str(path))) == certs_command.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.startswith("gpuplace certs: ") and "Traceback" not in err

@@ -362,3 +362,13 @@ def test_deploy_tree_has_no_stray_files() -> None:
                 used.add((here / file.split("=")[-1]).resolve())
     files = {p.resolve() for p in rendering.DEPLOY.rglob("*.yaml")}
     assert files - {p.resolve() for p in used} == set()
+
+
+def test_secret_files_are_group_readable_only(deployment: Obj) -> None:
+    """YAML's 0440 is octal only to a YAML 1.1 reader; the rendered value must be 0o440."""
+    modes = [
+        (v.get("secret") or v.get("projected"))["defaultMode"]
+        for v in deployment["spec"]["template"]["spec"]["volumes"]
+        if "secret" in v or "projected" in v
+    ]
+    assert modes and set(modes) == {0o440}
