@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import logging.handlers
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -44,7 +43,7 @@ from cluster import nodes
 from gpuplace.settings import Settings
 from placement.inventory import Capabilities, Inventory
 from webhook import app as webhook_app
-from webhook.auditing import AuditLog
+from webhook.auditing import AuditLog, RotatingFileSink, Sink, StreamSink
 from webhook.config import WebhookConfig
 from webhook.inventory import CapabilitySource, FixedCapabilities
 from webhook.metrics import WebhookMetrics
@@ -273,15 +272,12 @@ class FileInventory:
 # --- wiring ---------------------------------------------------------------------------------
 
 
-def audit_handler(settings: Settings) -> logging.Handler:
+def audit_sink(settings: Settings) -> Sink:
     """Where audit lines go: stdout (`-`) or a file rotated at `--audit-log-max-bytes`."""
     if settings.audit_log == "-":
-        return logging.StreamHandler(sys.stdout)
-    return logging.handlers.RotatingFileHandler(
-        settings.audit_log,
-        maxBytes=settings.audit_log_max_bytes,
-        backupCount=settings.audit_log_backups,
-        encoding="utf-8",
+        return StreamSink(sys.stdout)
+    return RotatingFileSink(
+        Path(settings.audit_log), settings.audit_log_max_bytes, settings.audit_log_backups
     )
 
 
@@ -331,7 +327,7 @@ def build(
         interval_seconds=settings.tls_reload_seconds,
         metrics=metrics,
     )
-    audit = AuditLog(audit_handler(settings))
+    audit = AuditLog(audit_sink(settings))
 
     @contextlib.asynccontextmanager
     async def closing_audit() -> AsyncIterator[None]:

@@ -42,9 +42,12 @@ def pointer(path: Path) -> str:
 
 
 def _child(node: Any, token: Token) -> Any:
-    if isinstance(node, dict) and isinstance(token, str):
-        return node.get(token, MISSING)
-    if isinstance(node, list) and isinstance(token, int) and 0 <= token < len(node):
+    # Exact types, not isinstance: JSON documents hold only dict and list, and this runs
+    # for every step of every path.
+    kind = type(node)
+    if kind is dict:
+        return node.get(token, MISSING) if type(token) is str else MISSING
+    if kind is list and type(token) is int and 0 <= token < len(node):
         return node[token]
     return MISSING
 

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from cluster import nodes
 from placement.inventory import Capabilities
 from tests.webhook import helpers
 from webhook import app as webhook_app
-from webhook.auditing import AuditLog
+from webhook.auditing import AuditLog, StreamSink
 from webhook.config import WebhookConfig
 from webhook.inventory import FixedCapabilities
 from webhook.metrics import WebhookMetrics
@@ -45,6 +44,7 @@ class Webhook:
     registry: CollectorRegistry
     audit: io.StringIO
     certificates: CertificateReloader
+    audit_log: AuditLog
 
     @property
     def port(self) -> int:
@@ -65,6 +65,7 @@ class Webhook:
             return response.status, payload
 
     def audit_lines(self) -> list[dict[str, Any]]:
+        self.audit_log.flush()
         return [json.loads(line) for line in self.audit.getvalue().splitlines()]
 
     def metric(self, name: str, **labels: str) -> float:
@@ -80,6 +81,7 @@ async def make_webhook(
     aiohttp_server: Any, tls_files: tuple[Path, Path], capabilities: Capabilities
 ) -> AsyncIterator[MakeWebhook]:
     sessions: list[aiohttp.ClientSession] = []
+    logs: list[AuditLog] = []
 
     async def make(
         config: WebhookConfig | None = None,
@@ -96,7 +98,8 @@ async def make_webhook(
         )
         source = FixedCapabilities(capabilities if known else None)
         stream = io.StringIO()
-        audit = AuditLog(logging.StreamHandler(stream))
+        audit = AuditLog(StreamSink(stream))
+        logs.append(audit)
         app = webhook_app.create_app(
             config or WebhookConfig(), source, audit, metrics, certificates=certificates
         )
@@ -104,11 +107,13 @@ async def make_webhook(
         client_context = ssl.create_default_context(cafile=str(cert_file))
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_context))
         sessions.append(session)
-        return Webhook(server, session, source, registry, stream, certificates)
+        return Webhook(server, session, source, registry, stream, certificates, audit)
 
     yield make
     for session in sessions:
         await session.close()
+    for audit in logs:
+        audit.close()
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import copy
 import http.client
 import io
 import json
-import logging
 import ssl
 import threading
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ from cluster import keys
 from placement.inventory import Capabilities
 from tests.webhook import helpers
 from webhook import app as webhook_app
-from webhook.auditing import AuditLog
+from webhook.auditing import AuditLog, StreamSink
 from webhook.config import WebhookConfig
 from webhook.inventory import FixedCapabilities
 from webhook.metrics import WebhookMetrics
@@ -80,10 +79,11 @@ def client(tls_files: tuple[Path, Path], capabilities: Capabilities) -> Iterator
         registry = CollectorRegistry()
         metrics = WebhookMetrics(registry)
         certificates = CertificateReloader(*tls_files, metrics=metrics)
+        holder["audit"] = AuditLog(StreamSink(io.StringIO()))
         app = webhook_app.create_app(
             WebhookConfig(max_body_bytes=256 * 1024),
             FixedCapabilities(capabilities),
-            AuditLog(logging.StreamHandler(io.StringIO())),
+            holder["audit"],
             metrics,
         )
         runner = web.AppRunner(app, access_log=None)
@@ -105,6 +105,7 @@ def client(tls_files: tuple[Path, Path], capabilities: Capabilities) -> Iterator
     loop.call_soon_threadsafe(loop.stop)
     thread.join(10)
     loop.close()
+    holder["audit"].close()
 
 
 def check(status: int, answer: dict[str, Any], uid: str | None = None) -> dict[str, Any]:
