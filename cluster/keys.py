@@ -86,3 +86,9 @@ NODE_GPUS = PREFIX + "gpus"
 [{"index": 0, "uuid": "GPU-…", "numa": 0, "nvlink": 0}, …]; nvlink -1 or absent = none."""
 NVLINK_DOMAIN_SIZE = PREFIX + "nvlink-domain-size"
 """Node label the sidecar keeps: GPUs in the node's largest NVLink domain (for affinity)."""
+
+# --- gang scheduling (appended by the gang controller) --------------------------
+GANG_CONDITION = PREFIX + "GangReady"
+"""Pod condition type the gang controller writes on gang members (pods/status): False
+with a reason (GangIncomplete, GangUnschedulable) once the gang's timeout passed,
+True (GangPlaced) when the gang is placed and ungated."""

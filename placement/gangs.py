@@ -322,7 +322,15 @@ class _Planner:
         tier = [name for name in tier if caps[name][1] == best_domain]
         if len(tier) == 1:
             return tier[0]
-        return min(tier, key=lambda name: (-self._score(name, request), position[name]))
+        return min(
+            tier, key=lambda name: (-self._score(name, request), self._place(name), position[name])
+        )
+
+    def _place(self, name: str) -> float:
+        """The policy's place in line for the node (lower first), when it has one."""
+        place = getattr(self.policy, "place", None)
+        found = place(name) if callable(place) else None
+        return float(found) if isinstance(found, int | float) else 2.0
 
     def _score(self, name: str, request: GpuRequest) -> float:
         state = self.scratch.state(name)
@@ -419,7 +427,7 @@ def _shortfall(
     if kinds:
         total = sum(kinds.values())
         detail = ", ".join(f"{count} {kind}" for kind, count in kinds.items())
-        need += f"; {total} nodes: {detail}"
+        need += f"; {total} node{'s' if total != 1 else ''}: {detail}"
     elif first.nodes is not None and not first.nodes:
         need += "; no node matches the pod's node affinity or node selector"
     if not ever:
@@ -516,3 +524,6 @@ class _Plain:
 
     def prefer(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
         return 0.0
+
+    def place(self, name: str) -> float | None:
+        return None
