@@ -130,7 +130,8 @@ class PodGpuSpec(BaseModel):
     topology: GpuTopology = GpuTopology.NONE
     gang: Gang | None = None
     container: str | None = None
-    """Name of the container that gets the GPU; None = the first container."""
+    """Name of the container that gets the GPU; None = the first container (the webhook
+    keeps the one already carrying the gpuplace resources, if exactly one does)."""
 
     @model_validator(mode="after")
     def _combination(self) -> Self:

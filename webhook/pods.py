@@ -104,6 +104,11 @@ def problems(pod: Mapping[str, Any], spec_: grammar.PodGpuSpec) -> tuple[int, li
     regular = containers(pod)
     init = containers(pod, "initContainers")
     index, _ = grammar.gpu_container(pod, spec_)
+    if spec_.container is None:
+        # Reinvoked after another webhook put a container first: stay on the one we chose.
+        carrying = [i for i, container in enumerate(regular) if requests_our_resources(container)]
+        if len(carrying) == 1:
+            index = carrying[0]
     found: list[str] = []
     node_name = spec(pod).get("nodeName")
     if node_name:

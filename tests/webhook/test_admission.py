@@ -170,7 +170,7 @@ def test_pod_level_problems(
 def test_our_resources_outside_the_gpu_container(reviewer: admission.Reviewer) -> None:
     sneaky = {"name": "side", "image": "x", "resources": {"limits": {keys.RESOURCE_PERCENT: "100"}}}
     main = {"name": "main", "image": "x"}
-    pod = helpers.pod({keys.GPU_COUNT: "1"}, containers=[main, sneaky])
+    pod = helpers.pod({keys.GPU_COUNT: "1", keys.CONTAINER: "main"}, containers=[main, sneaky])
     decision = reviewer.mutate(request(helpers.review(pod)))
     assert decision.reason == admission.INVALID_POD
     assert "spec.containers[1] (side) requests gpuplace.io/gpu-percent" in decision.message
@@ -212,3 +212,24 @@ def test_malformed_pods_are_review_errors(reviewer: admission.Reviewer, breakage
     for decide in (reviewer.mutate, reviewer.validate):
         with pytest.raises(reviews.ReviewError):
             decide(request(helpers.review(pod)))
+
+
+def test_unnamed_gpu_container_is_the_one_already_carrying_our_resources(
+    reviewer: admission.Reviewer,
+) -> None:
+    carrying = {"name": "b", "image": "x", "resources": {"limits": {keys.RESOURCE_PERCENT: "1"}}}
+    pod = mutated(
+        reviewer,
+        helpers.pod({keys.GPU_COUNT: "1"}, containers=[{"name": "a", "image": "x"}, carrying]),
+    )
+    assert "resources" not in pod["spec"]["containers"][0]
+    assert pod["spec"]["containers"][1]["resources"]["limits"] == {keys.RESOURCE_PERCENT: "100"}
+
+
+def test_reinvocation_after_a_container_was_put_first(reviewer: admission.Reviewer) -> None:
+    pod = mutated(reviewer, helpers.pod(SHARE))
+    injected = {"name": "injected-proxy", "image": "proxy:1"}
+    pod["spec"]["containers"].insert(0, injected)
+    decision = reviewer.mutate(request(helpers.review(pod)))
+    assert (decision.allowed, decision.ops) == (True, [])
+    assert reviewer.validate(request(helpers.review(pod))).allowed
