@@ -72,14 +72,12 @@ class RunFigures:
 Decide = Callable[[Ledger, GpuRequest, str], Choice | None]
 
 
-def direct(chooser: choosing.Chooser, rank: dict[str, int]) -> Decide:
-    """The engine's choice; among equal scores the first in the seeded node order."""
+def direct(chooser: choosing.Chooser, rng: random.Random) -> Decide:
+    """The engine's choice; among equal scores the first in the policy's line of
+    nodes (the seeded order), or a random one for policies without a line."""
 
     def decide(ledger: Ledger, request: GpuRequest, uid: str) -> Choice | None:
-        top = chooser.best(request)
-        if not top:
-            return None
-        return min(top, key=lambda choice: rank[choice.node])
+        return chooser.choose(request, rng)
 
     return decide
 
@@ -127,7 +125,7 @@ def run(
     policy = policies.make(policy_name, workload=workload, rng=rng, rank=rank)
     ledger = Ledger(Inventory(nodes))
     chooser = choosing.Chooser(ledger, policy)
-    decide = via_extender(chooser, rng) if extender else direct(chooser, rank)
+    decide = via_extender(chooser, rng) if extender else direct(chooser, rng)
     timings: list[float] = []
 
     def timed(ledger: Ledger, request: GpuRequest, uid: str) -> Choice | None:

@@ -10,14 +10,16 @@ considers best.
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from placement import fit
 from placement.ledger import Grant, Ledger, NodeState
-from placement.requests import GpuRequest
+from placement.requests import WHOLE, GpuRequest
 
 MAX_EXTENDER_SCORE = 10
 
@@ -31,6 +33,11 @@ class Policy(Protocol):
 
     def prefer(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
         """Ranks GPU sets of equal score on one node; ties go to the first set."""
+        ...
+
+    def place(self, name: str) -> float | None:
+        """The node's place in line, 0 first, below 1: breaks exact ties between nodes.
+        None: no preference, ties are broken uniformly at random."""
         ...
 
 
@@ -85,28 +92,86 @@ Outcome = Choice | fit.Misfit
 UNKNOWN = fit.Misfit(fit.MisfitKind.UNKNOWN_NODE, "not a gpuplace node")
 ID_LIMIT = 1 << 14
 """Distinct requests remembered before the cache starts over (bounds a long-running sidecar)."""
+TIE = 1e-6
+"""Weight of a node's place in line in `evaluate`'s scores: far below any real difference."""
+
+GroupKey = tuple[object, ...]
+
+
+class _Group:
+    """Nodes in the same state: same shape, same free CPU, memory and GPU shares.
+
+    Keeps what a quick feasibility check needs, and the policy's outcome per request.
+    """
+
+    __slots__ = ("cpu", "heap", "max_free", "members", "memory", "outcomes", "whole_free")
+
+    def __init__(self, state: NodeState) -> None:
+        self.members: dict[str, None] = {}
+        self.heap: list[tuple[float, str]] = []
+        self.outcomes: dict[int, Outcome] = {}
+        self.cpu = state.cpu if state.pods > 0 else -1
+        self.memory = state.memory
+        self.max_free = max(state.free_milli, default=0)
+        self.whole_free = sum(1 for left in state.free_milli if left >= WHOLE)
+
+    def may_fit(self, request: GpuRequest) -> bool:
+        """False when the request surely does not fit (CPU, memory, GPU shares). O(1)."""
+        if request.cpu_milli > self.cpu or request.host_memory_mib > self.memory:
+            return False
+        if request.count == 0:
+            return True
+        if request.count == 1 and request.milli < WHOLE:
+            return self.max_free >= request.milli
+        return self.whole_free >= request.count
 
 
 class Chooser:
-    """Evaluates requests on a ledger with one policy, caching per node and request.
+    """Evaluates requests on a ledger with one policy, with two caches.
 
-    A node's cached outcomes stay valid until its ledger `version` changes, so a
-    decision re-scores only the nodes that changed since the same request was last
-    seen: O(nodes) dictionary lookups plus O(changed nodes × GPU sets × score).
-    Call `reset` when the policy's inputs change (e.g. a new typical workload).
+    Per node: a node's outcomes stay valid until its ledger `version` changes, so
+    `evaluate` over given names re-scores only nodes that changed: O(names) lookups
+    plus O(changed × GPU sets × score). Per state: nodes in the same state (same
+    shape, free CPU, memory and GPU shares) score alike, so `choose` over the whole
+    cluster scores one node per distinct state, tracked incrementally from the
+    ledger's change log: O(changed nodes + distinct states) per decision, not
+    O(nodes). Call `reset` when the policy's inputs change (a new typical workload).
     """
 
-    __slots__ = ("_cache", "_ids", "ledger", "policy")
+    __slots__ = (
+        "_by_free",
+        "_by_whole",
+        "_cache",
+        "_cursor",
+        "_epoch",
+        "_free_values",
+        "_groups",
+        "_ids",
+        "_keys",
+        "_shapes",
+        "ledger",
+        "policy",
+    )
 
     def __init__(self, ledger: Ledger, policy: Policy) -> None:
         self.ledger = ledger
         self.policy = policy
         self._ids: dict[GpuRequest, int] = {}
         self._cache: dict[str, tuple[int, dict[int, Outcome]]] = {}
+        self._groups: dict[GroupKey, _Group] = {}
+        self._by_free: dict[int, dict[GroupKey, _Group]] = {}
+        self._free_values: list[int] = []
+        self._by_whole: dict[int, dict[GroupKey, _Group]] = {}
+        self._keys: dict[str, GroupKey] = {}
+        self._shapes: dict[str, tuple[object, tuple[object, ...], bool]] = {}
+        self._epoch = -1
+        self._cursor = 0
 
     def reset(self) -> None:
         self._ids.clear()
         self._cache.clear()
+        for group in self._groups.values():
+            group.outcomes.clear()
 
     def _id(self, request: GpuRequest) -> int:
         rid = self._ids.get(request)
@@ -115,6 +180,8 @@ class Chooser:
                 self.reset()
             rid = self._ids[request] = len(self._ids)
         return rid
+
+    # --- per node ------------------------------------------------------------
 
     def outcome(self, name: str, request: GpuRequest) -> Outcome:
         """The best choice on one node, or why it does not fit. O(1) when cached."""
@@ -134,25 +201,151 @@ class Chooser:
         return found
 
     def evaluate(self, request: GpuRequest, names: Iterable[str] | None = None) -> Evaluation:
-        """Every node of `names` (default: the candidates): choice or misfit. O(nodes)."""
+        """Every node of `names` (default: the candidates): choice or misfit. O(nodes).
+
+        A choice's score includes the policy's place in line (× `TIE`), so that
+        where the policy has one, exactly one node has the highest score.
+        """
         rid = self._id(request)
+        place = self.policy.place
         result = Evaluation()
         for name in candidates(self.ledger, request) if names is None else names:
             found = self._outcome(name, request, rid)
             if isinstance(found, Choice):
+                position = place(name)
+                if position is not None:
+                    found = Choice(found.node, found.gpus, found.score - TIE * position)
                 result.choices[name] = found
             else:
                 result.misfits[name] = found
         return result
 
-    def best(self, request: GpuRequest, names: Iterable[str] | None = None) -> list[Choice]:
-        """The choices with the highest score, in node order. O(nodes), no per-node output."""
+    # --- per state -------------------------------------------------------------
+
+    def _shape(self, state: NodeState) -> tuple[object, bool]:
+        node = state.node
+        known = self._shapes.get(node.name)
+        if known is None or known[1] is not node.gpus:
+            shape = tuple((gpu.model, gpu.memory_mib, gpu.nvlink, gpu.numa) for gpu in node.gpus)
+            linked = any(gpu.nvlink != -1 for gpu in node.gpus)
+            known = self._shapes[node.name] = (shape, node.gpus, linked)
+        return known[0], known[2]
+
+    def _key(self, state: NodeState) -> GroupKey:
+        shape, linked = self._shape(state)
+        gpus = zip(state.free_milli, state.free_memory, strict=True)
+        frees = tuple(gpus) if linked else tuple(sorted(gpus))
+        return (shape, state.cpu, state.memory, state.pods > 0, frees)
+
+    def _sync(self) -> None:
+        epoch, cursor, changed = self.ledger.changes(self._epoch, self._cursor)
+        if changed is None:
+            self._groups.clear()
+            self._by_free.clear()
+            self._free_values.clear()
+            self._by_whole.clear()
+            self._keys.clear()
+            changed = list(self.ledger.inventory.names())
+        self._epoch, self._cursor = epoch, cursor
+        place = self.policy.place
+        for name in dict.fromkeys(changed):
+            old = self._keys.pop(name, None)
+            if old is not None:
+                group = self._groups.get(old)
+                if group is not None:
+                    group.members.pop(name, None)
+                    if not group.members:
+                        self._drop(old, group)
+            state = self.ledger.state(name)
+            if state is None:
+                self._shapes.pop(name, None)
+                continue
+            key = self._key(state)
+            self._keys[name] = key
+            group = self._groups.get(key)
+            if group is None:
+                group = self._add(key, state)
+            group.members[name] = None
+            position = place(name)
+            if position is not None:
+                heapq.heappush(group.heap, (position, name))
+
+    def _add(self, key: GroupKey, state: NodeState) -> _Group:
+        group = self._groups[key] = _Group(state)
+        bucket = self._by_free.get(group.max_free)
+        if bucket is None:
+            bucket = self._by_free[group.max_free] = {}
+            bisect.insort(self._free_values, group.max_free)
+        bucket[key] = group
+        self._by_whole.setdefault(group.whole_free, {})[key] = group
+        return group
+
+    def _drop(self, key: GroupKey, group: _Group) -> None:
+        del self._groups[key]
+        bucket = self._by_free[group.max_free]
+        del bucket[key]
+        if not bucket:
+            del self._by_free[group.max_free]
+            del self._free_values[bisect.bisect_left(self._free_values, group.max_free)]
+        whole = self._by_whole[group.whole_free]
+        del whole[key]
+        if not whole:
+            del self._by_whole[group.whole_free]
+
+    def _groups_for(self, request: GpuRequest) -> Iterator[tuple[GroupKey, _Group]]:
+        """Groups that have the GPU shares the request needs. O(their number)."""
+        if request.count == 0:
+            yield from self._groups.items()
+        elif request.count == 1 and request.milli < WHOLE:
+            values = self._free_values
+            for position in range(len(values) - 1, -1, -1):
+                if values[position] < request.milli:
+                    break
+                yield from self._by_free[values[position]].items()
+        else:
+            for whole, bucket in self._by_whole.items():
+                if whole >= request.count:
+                    yield from bucket.items()
+
+    def _first(self, key: GroupKey, group: _Group) -> tuple[float, str]:
+        """The member earliest in line (lazy heap: drops members that left). O(log n)."""
+        heap = group.heap
+        while heap and self._keys.get(heap[0][1]) != key:
+            heapq.heappop(heap)
+        if len(heap) > 4 * len(group.members) + 16:
+            place = self.policy.place
+            group.heap = heap = [(place(name) or 0.0, name) for name in group.members]
+            heapq.heapify(heap)
+        return heap[0]
+
+    def choose(
+        self, request: GpuRequest, rng: random.Random, names: Iterable[str] | None = None
+    ) -> Choice | None:
+        """The policy's choice: the highest score; among equals the node earliest in
+        the policy's line, or, without one, uniformly at random by `rng`.
+
+        Without `names`: O(changed nodes + distinct node states). With `names`:
+        O(names).
+        """
         rid = self._id(request)
+        if names is not None:
+            top = self._best_of(names, request, rid)
+        else:
+            top = self._best_of_groups(request, rid, rng)
+        if not top:
+            return None
+        if len(top) == 1:
+            return top[0]
+        place = self.policy.place
+        if place(top[0].node) is not None:
+            return min(top, key=lambda choice: place(choice.node) or 0.0)
+        return top[rng.randrange(len(top))]
+
+    def _best_of(self, names: Iterable[str], request: GpuRequest, rid: int) -> list[Choice]:
         top: list[Choice] = []
         top_score = 0.0
-        outcome = self._outcome
-        for name in candidates(self.ledger, request) if names is None else names:
-            found = outcome(name, request, rid)
+        for name in names:
+            found = self._outcome(name, request, rid)
             if type(found) is not Choice:
                 continue
             if not top or found.score > top_score:
@@ -162,14 +355,49 @@ class Chooser:
                 top.append(found)
         return top
 
-    def choose(
-        self, request: GpuRequest, rng: random.Random, names: Iterable[str] | None = None
-    ) -> Choice | None:
-        """The policy's choice, exact ties broken uniformly by `rng`. O(nodes)."""
-        top = self.best(request, names)
-        if not top:
-            return None
-        return top[0] if len(top) == 1 else top[rng.randrange(len(top))]
+    def _best_of_groups(self, request: GpuRequest, rid: int, rng: random.Random) -> list[Choice]:
+        self._sync()
+        models = request.models if request.count else frozenset()
+        best_score = 0.0
+        best: list[tuple[GroupKey, _Group]] = []
+        for key, group in self._groups_for(request):
+            found = group.outcomes.get(rid)
+            if found is None:
+                if not group.may_fit(request):
+                    continue
+                name = next(iter(group.members))
+                state = self.ledger.state(name)
+                if state is None:
+                    continue
+                if models and not any(gpu.model in models for gpu in state.node.gpus):
+                    found = UNKNOWN
+                else:
+                    found = best_on(state, request, self.policy)
+                group.outcomes[rid] = found
+            if type(found) is not Choice:
+                continue
+            if not best or found.score > best_score:
+                best = [(key, group)]
+                best_score = found.score
+            elif found.score == best_score:
+                best.append((key, group))
+        if not best:
+            return []
+        place = self.policy.place
+        probe = next(iter(best[0][1].members))
+        if place(probe) is not None:
+            first = min(self._first(key, group) for key, group in best)
+            name = first[1]
+        else:
+            total = sum(len(group.members) for _, group in best)
+            pick = rng.randrange(total)
+            for _, group in best:
+                if pick < len(group.members):
+                    name = list(group.members)[pick]
+                    break
+                pick -= len(group.members)
+        found = self._outcome(name, request, rid)
+        return [found] if isinstance(found, Choice) else []
 
 
 def evaluate(

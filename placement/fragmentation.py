@@ -52,13 +52,26 @@ class Workload:
     on a miss, O(GPUs) for the key on a hit.
     """
 
-    __slots__ = ("_memo", "_per_model", "_stranded_memo", "types")
+    __slots__ = (
+        "_cpu_memo",
+        "_gpu_memo",
+        "_memo",
+        "_per_model",
+        "_stranded_memo",
+        "_units",
+        "types",
+    )
 
     def __init__(self, types: Iterable[tuple[TaskType, float]]) -> None:
-        self.types: tuple[tuple[TaskType, float], ...] = tuple(types)
+        self.types: tuple[tuple[TaskType, float], ...] = tuple(
+            (task, p) for task, p in types if task.cpu_milli > 0
+        )
+        self._units = tuple((p, task.milli * task.count) for task, p in self.types)
         self._per_model: dict[str, tuple[tuple[int, int, int, float], ...]] = {}
         self._memo: dict[tuple[str, int, tuple[int, ...]], float] = {}
         self._stranded_memo: dict[tuple[str, int, tuple[int, ...]], float] = {}
+        self._gpu_memo: dict[tuple[str, tuple[int, ...]], tuple[int, ...]] = {}
+        self._cpu_memo: dict[int, tuple[int, ...]] = {}
 
     @classmethod
     def from_requests(
@@ -139,7 +152,9 @@ class Workload:
         node could still take — as many as its GPU shares allow and its CPU allows —
         and counts every idle milli-GPU beyond what those pods would use. A node whose
         CPU runs out before its GPUs do is fragmented even when each GPU is roomy.
-        `lefts` sorted ascending; memoised; O(types × GPUs) on a miss.
+        `lefts` sorted ascending. The GPU side is memoised on (model, lefts) and the
+        CPU side on the CPU left, so a call is O(types) once both are known, and
+        O(types × GPUs) for a GPU state never seen.
         """
         key = (model, cpu_left, lefts)
         value = self._stranded_memo.get(key)
@@ -150,25 +165,45 @@ class Workload:
             if left > 0:
                 idle += left
         value = 0.0
-        for cpu, milli, count, p in self._for_model(model):
-            if milli == 0 or cpu > cpu_left or idle == 0:
-                value += p * idle
-                continue
-            if milli < WHOLE_MILLI:
-                slots = 0
-                for left in lefts:
-                    if left >= milli:
-                        slots += left // milli
-            else:
-                slots = 0
-                for left in lefts:
-                    if left >= WHOLE_MILLI:
-                        slots += 1
-                slots //= count
-            pods = min(slots, cpu_left // cpu)
-            usable = pods * milli * count
-            value += p * (idle - usable if usable < idle else 0)
+        if idle > 0:
+            gpu_slots = self._gpu_slots(model, lefts)
+            cpu_slots = self._cpu_slots(cpu_left)
+            for (p, unit), by_gpu, by_cpu in zip(self._units, gpu_slots, cpu_slots, strict=True):
+                pods = by_gpu if by_gpu < by_cpu else by_cpu
+                usable = pods * unit
+                value += p * (idle - usable if usable < idle else 0)
         if len(self._stranded_memo) >= MEMO_LIMIT:
             self._stranded_memo.clear()
         self._stranded_memo[key] = value
         return value
+
+    def _gpu_slots(self, model: str, lefts: tuple[int, ...]) -> tuple[int, ...]:
+        """Per type, how many of its pods the GPU shares alone could take. O(types × GPUs)."""
+        key = (model, lefts)
+        slots = self._gpu_memo.get(key)
+        if slots is None:
+            counts: list[int] = []
+            for _cpu, milli, count, _p in self._for_model(model):
+                if milli == 0:
+                    counts.append(0)
+                elif milli < WHOLE_MILLI:
+                    counts.append(sum(left // milli for left in lefts if left >= milli))
+                else:
+                    counts.append(sum(1 for left in lefts if left >= WHOLE_MILLI) // count)
+            slots = tuple(counts)
+            if len(self._gpu_memo) >= MEMO_LIMIT:
+                self._gpu_memo.clear()
+            self._gpu_memo[key] = slots
+        return slots
+
+    def _cpu_slots(self, cpu_left: int) -> tuple[int, ...]:
+        """Per type, how many of its pods the CPU left alone could take. O(types)."""
+        slots = self._cpu_memo.get(cpu_left)
+        if slots is None:
+            slots = tuple(
+                cpu_left // task.cpu_milli if cpu_left > 0 else 0 for task, _p in self.types
+            )
+            if len(self._cpu_memo) >= MEMO_LIMIT:
+                self._cpu_memo.clear()
+            self._cpu_memo[cpu_left] = slots
+        return slots

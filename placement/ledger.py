@@ -91,12 +91,16 @@ class NodeState:
 class Ledger:
     """Grants by pod UID over an inventory, with per-node free state."""
 
-    __slots__ = ("_clock", "_grants", "_states", "inventory")
+    __slots__ = ("_changes", "_clock", "_epoch", "_grants", "_states", "inventory")
+
+    CHANGE_LOG_LIMIT = 1 << 16
 
     def __init__(self, inventory: Inventory) -> None:
         self.inventory = inventory
         self._grants: dict[str, Grant] = {}
         self._clock = 0
+        self._epoch = 0
+        self._changes: list[str] = []
         self._states: dict[str, NodeState] = {}
         for node in inventory:
             self._states[node.name] = self._new_state(node)
@@ -105,7 +109,24 @@ class Ledger:
         state = NodeState(node)
         self._clock += 1
         state.version = self._clock
+        self._changed(node.name)
         return state
+
+    def _changed(self, name: str) -> None:
+        if len(self._changes) >= self.CHANGE_LOG_LIMIT:
+            self._changes.clear()
+            self._epoch += 1
+        self._changes.append(name)
+
+    def changes(self, epoch: int, cursor: int) -> tuple[int, int, list[str] | None]:
+        """Names of nodes changed since (`epoch`, `cursor`), and the new position.
+
+        None instead of names when the log was trimmed since: the caller must look
+        at every node again. O(changes).
+        """
+        if epoch != self._epoch:
+            return self._epoch, len(self._changes), None
+        return epoch, len(self._changes), self._changes[cursor:]
 
     @property
     def generation(self) -> int:
@@ -203,6 +224,7 @@ class Ledger:
         self.inventory.remove(name)
         self._states.pop(name, None)
         self._clock += 1
+        self._changed(name)
 
     def snapshot(self) -> tuple[Grant, ...]:
         """Every grant, sorted by pod UID: equal snapshots mean equal ledgers. O(g log g)."""
@@ -211,6 +233,8 @@ class Ledger:
     def restore(self, grants: Iterable[Grant]) -> None:
         """Replace all grants by `grants` (overcommitting where reality did). O(g)."""
         self._grants.clear()
+        self._changes.clear()
+        self._epoch += 1
         self._states = {node.name: self._new_state(node) for node in self.inventory}
         for grant in grants:
             self.reserve(grant, overcommit=True)
@@ -250,3 +274,4 @@ class Ledger:
         state.pods += sign
         self._clock += 1
         state.version = self._clock
+        self._changed(state.node.name)

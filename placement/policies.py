@@ -48,6 +48,9 @@ class RandomPolicy:
     def prefer(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
         return self._rng.random()
 
+    def place(self, name: str) -> float | None:
+        return None
+
 
 class FirstFitPolicy:
     name = "first-fit"
@@ -56,17 +59,36 @@ class FirstFitPolicy:
         self._order: dict[str, int] = {}
 
     def score(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
-        name = state.node.name
-        ordinal = self._order.get(name)
-        if ordinal is None:
-            ordinal = self._order[name] = len(self._order)
-        return -float(ordinal)
+        return 0.0
 
     def prefer(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
         return 0.0
 
+    def place(self, name: str) -> float | None:
+        """Order of first sight (the inventory's order when scored in that order)."""
+        ordinal = self._order.get(name)
+        if ordinal is None:
+            ordinal = self._order[name] = len(self._order)
+        return ordinal / float(1 << 31)
 
-class BestFitPolicy:
+
+class Ranked:
+    """A fixed line of nodes for exact ties: `rank` (lower first) where given, else a
+    stable hash of the name, so ties pack onto the same nodes instead of spreading."""
+
+    def __init__(self, rank: Mapping[str, int] | None = None) -> None:
+        self._rank = rank
+        self._spread = float(max(len(rank), 1)) if rank else float(1 << 32)
+
+    def place(self, name: str) -> float | None:
+        if self._rank is not None:
+            position = self._rank.get(name)
+            if position is not None:
+                return position / (self._spread + 1)
+        return zlib.crc32(name.encode()) / float(1 << 32)
+
+
+class BestFitPolicy(Ranked):
     name = "best-fit"
 
     def score(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
@@ -86,12 +108,15 @@ def _sigmoid(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x))
 
 
-class FgdPolicy:
-    """Fragmentation gradient descent as published: integer score, random ties."""
+class FgdPolicy(Ranked):
+    """Fragmentation gradient descent as published: integer score; exact ties go to
+    the node earliest in line (the paper's simulator takes the first of its
+    randomly-permuted node list)."""
 
     name = "fgd"
 
-    def __init__(self, workload: Workload) -> None:
+    def __init__(self, workload: Workload, rank: Mapping[str, int] | None = None) -> None:
+        super().__init__(rank)
         self.workload = workload
 
     def gradient(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
@@ -109,39 +134,30 @@ class FgdPolicy:
         return 0.0
 
 
-class DefaultPolicy:
+class DefaultPolicy(Ranked):
     """Ours: the gradient of *stranded* GPU (`Workload.stranded`), exact, and a
-    fixed node order as the last word.
+    fixed line of nodes for exact ties.
 
     FGD's measure only asks whether one pod of each typical type still fits; ours
     also counts GPU that the node's CPU could never feed, so CPU-hungry pods stop
-    stranding GPUs. Scores are exact, not truncated to 101 levels, and exact ties
-    go to the node earliest in `rank` (a fixed order: packing instead of spreading),
-    so the best node is unique and kube-scheduler's random tie-break never decides.
+    stranding GPUs. Scores are exact, not truncated to 101 levels; exact ties go to
+    the node earliest in line (packing instead of spreading), and through the
+    extender's scores the best node is unique, so kube-scheduler's random tie-break
+    never decides.
     """
 
     name = "default"
-    TIE = 1e-9
 
     def __init__(self, workload: Workload, rank: Mapping[str, int] | None = None) -> None:
+        super().__init__(rank)
         self.workload = workload
-        self._rank = rank
-        self._spread = float(max(len(rank), 1)) if rank else float(1 << 32)
-
-    def _place(self, name: str) -> float:
-        """0 for the first node in line, towards 1 for the last. O(1)."""
-        if self._rank is not None:
-            position = self._rank.get(name)
-            if position is not None:
-                return position / self._spread
-        return zlib.crc32(name.encode()) / float(1 << 32)
 
     def score(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
         model = state.node.model
         before = self.workload.stranded(model, state.cpu, tuple(sorted(state.free_milli)))
         cpu_after = state.cpu - max(request.cpu_milli, MIN_CPU_MILLI)
         after = self.workload.stranded(model, cpu_after, _after(state, request, gpus))
-        return (before - after) - self.TIE * self._place(state.node.name)
+        return before - after
 
     def prefer(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
         return 0.0
@@ -165,8 +181,8 @@ def make(
     factories = {
         "random": lambda: RandomPolicy(rng or random.Random(0)),
         "first-fit": FirstFitPolicy,
-        "best-fit": BestFitPolicy,
-        "fgd": lambda: FgdPolicy(_need(workload, name)),
+        "best-fit": lambda: BestFitPolicy(rank),
+        "fgd": lambda: FgdPolicy(_need(workload, name), rank),
         "default": lambda: DefaultPolicy(_need(workload, name), rank),
     }
     factory = factories.get(name)
