@@ -332,7 +332,7 @@ def own_server(
                 "started": "no-op aiohttp TLS server" if noop else "gpuplace serve",
                 "pid": server.pid,
                 "pinned_cpu": cpu if pinned else None,
-                "audit_log": "file",
+                "audit_log": None if noop else "file",
                 "load_average_1m": round(os.getloadavg()[0], 2),
             }
             yield "127.0.0.1", port, cert_file, info

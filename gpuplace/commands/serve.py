@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ssl.SSLError) as error:
         log.error("cannot load the serving certificate", extra={"error": str(error)})
         return 1
+    server.freeze_gc = True
     try:
         asyncio.run(_serve(server))
     except (OSError, serving.InventoryFileError) as error:
