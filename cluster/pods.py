@@ -23,6 +23,8 @@ from placement.requests import GpuRequest
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 _REQUEST_MEMO_LIMIT = 1 << 16
+_SYSTEM = frozenset(keys.SYSTEM_ANNOTATIONS)
+"""Known system annotations: they never change what a pod asks for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,25 +82,38 @@ class Reader:
         """`cluster.annotations.request_for(pod)`, memoised. Raises `AnnotationError`, also
         for a pod whose shape is not a pod's (annotations not strings, containers not a
         list of objects...)."""
-        _check_shape(pod)
         metadata = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
-        ours = metadata.get("annotations") or {}
         try:
+            ours = metadata.get("annotations") or {}
             memo_key: object = (
-                tuple(sorted((k, v) for k, v in ours.items() if k.startswith(keys.PREFIX))),
-                _resources(spec.get("containers")),
-                _resources(spec.get("initContainers")),
-                _frozen(spec.get("overhead")),
+                tuple(
+                    sorted(
+                        (k, v)
+                        for k, v in ours.items()
+                        if k.startswith(keys.PREFIX) and k not in _SYSTEM
+                    )
+                ),
+                # repr, not sorted JSON: the API server writes maps sorted (Go), and a
+                # different order would only cost a memo miss, never a wrong answer
+                repr(
+                    [
+                        (c.get("resources"), c.get("restartPolicy"), c.get("name"))
+                        for field in ("containers", "initContainers")
+                        for c in spec.get(field) or ()
+                    ]
+                ),
+                repr(spec.get("overhead")),
             )
             hash(memo_key)
-        except TypeError:
+        except (TypeError, AttributeError, ValueError):
             memo_key = None
         if memo_key is not None and memo_key in self._requests:
             found = self._requests[memo_key]
             if isinstance(found, grammar.AnnotationError):
                 raise found
             return found
+        _check_shape(pod)
         try:
             request: GpuRequest | grammar.AnnotationError | None = grammar.request_for(pod)
         except grammar.AnnotationError as error:
@@ -180,29 +195,6 @@ def _check_shape(pod: Mapping[str, Any]) -> None:
             raise bad(f"spec.{field}", "a list of containers")
     if not isinstance((spec or {}).get("overhead") or {}, Mapping):
         raise bad("spec.overhead", "an object")
-
-
-def _frozen(value: Any) -> object:
-    if isinstance(value, Mapping):
-        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
-    if isinstance(value, list):
-        return tuple(_frozen(item) for item in value)
-    return value
-
-
-def _resources(containers: Any) -> object:
-    if not isinstance(containers, list):
-        return None
-    return tuple(
-        (
-            _frozen(container.get("resources")),
-            container.get("restartPolicy"),
-            container.get("name"),
-        )
-        if isinstance(container, Mapping)
-        else None
-        for container in containers
-    )
 
 
 def record(pod: Mapping[str, Any]) -> PodRecord:

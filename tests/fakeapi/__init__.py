@@ -16,7 +16,8 @@ Usage::
         server.api.compact(); server.api.drop_watches()  # ... and then get 410 Gone
         server.api.expire_watches()                # ERROR 410 on every open watch
 
-`serve_in_thread()` runs one on its own thread (benchmarks). Kinds beyond the default
+`serve_in_thread()` runs one on its own thread and loop (synchronous tests such as CLI
+runs); `serve_in_subprocess(api)` forks one (benchmarks: no shared GIL). Kinds beyond the default
 ones (pods, nodes, events, namespaces, configmaps, coordination.k8s.io leases) are
 added with `FakeApi(resources=[*DEFAULT_RESOURCES, Resource(...)])`.
 
@@ -28,7 +29,15 @@ gpuplace code.
 """
 
 from tests.fakeapi.resources import DEFAULT_RESOURCES, EVENTS, NODES, PODS, Resource
-from tests.fakeapi.server import Call, FakeApi, Server, ThreadedServer, serve, serve_in_thread
+from tests.fakeapi.server import (
+    Call,
+    FakeApi,
+    Server,
+    ThreadedServer,
+    serve,
+    serve_in_subprocess,
+    serve_in_thread,
+)
 from tests.fakeapi.statuses import ApiStatusError
 
 __all__ = [
@@ -43,5 +52,6 @@ __all__ = [
     "Server",
     "ThreadedServer",
     "serve",
+    "serve_in_subprocess",
     "serve_in_thread",
 ]

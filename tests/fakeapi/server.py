@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
+import multiprocessing
 import re
+import socket
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
@@ -102,6 +105,7 @@ class FakeApi:
         self.calls: deque[Call] = deque(maxlen=record_calls)
         self._faults: list[Fault] = []
         self._streams: set[web.StreamResponse] = set()
+        self._serialized: dict[int, tuple[Obj, Any, bytes]] = {}
 
     # --- test helpers (synchronous, on the server's loop) --------------------------
 
@@ -118,6 +122,10 @@ class FakeApi:
         """Create any registered object (resource from its apiVersion and kind). `uid`
         forces the UID (set-up only: replaying captured payloads that name one)."""
         return self.store.create(self.store.resource_of(obj), obj, namespace, uid=uid)
+
+    def load(self, resource: Resource | str, objects: Iterable[Obj]) -> int:
+        """Bulk set-up without copies or history (see `Store.load`); for benchmarks."""
+        return self.store.load(self._resource(resource), objects)
 
     def get(self, resource: Resource | str, name: str, namespace: str | None = None) -> Obj:
         return self.store.get(self._resource(resource), namespace, name)
@@ -337,16 +345,35 @@ class FakeApi:
         metadata: dict[str, Any] = {"resourceVersion": rv}
         if token:
             metadata["continue"] = token
-        body = {
-            "kind": resource.list_kind,
-            "apiVersion": resource.api_version,
-            "metadata": metadata,
-            "items": [_strip_kind(item) for item in items],
-        }
+        head = json.dumps(
+            {"kind": resource.list_kind, "apiVersion": resource.api_version, "metadata": metadata},
+            separators=(",", ":"),
+        ).encode()
+        items_json = b",".join(self._item_json(item) for item in items)
         return web.Response(
-            body=json.dumps(body, separators=(",", ":")).encode(),
+            body=head[:-1] + b',"items":[' + items_json + b"]}",
             content_type="application/json",
         )
+
+    def _item_json(self, obj: Obj) -> bytes:
+        """A list item's JSON (no kind/apiVersion), cached per object and resourceVersion,
+        as kube-apiserver's watch cache keeps serialized objects."""
+        version = obj["metadata"].get("resourceVersion")
+        cached = self._serialized.get(id(obj))
+        if cached is not None and cached[0] is obj and cached[1] == version:
+            return cached[2]
+        data = json.dumps(_strip_kind(obj), separators=(",", ":")).encode()
+        if len(self._serialized) > 1_000_000:
+            self._serialized.clear()
+        self._serialized[id(obj)] = (obj, version, data)
+        return data
+
+    def warm(self) -> None:
+        """Serialize every object now (benchmarks: the first list is then as fast as the
+        real API server's, which serves lists from its cache)."""
+        for resource in list(self.store._objects):
+            for obj in self.store.items(resource):
+                self._item_json(obj)
 
     async def _watch(
         self, request: web.Request, resource: Resource, namespace: str | None
@@ -500,3 +527,38 @@ def serve_in_thread(api: FakeApi | None = None) -> Iterator[ThreadedServer]:
         loop.call_soon_threadsafe(stop.set)
         thread.join(10)
         loop.close()
+
+
+def _serve_forever(api: FakeApi, sock: socket.socket) -> None:
+    api.warm()
+    gc.freeze()  # the set-up objects are permanent: never traverse them again
+
+    async def main() -> None:
+        runner = web.AppRunner(api.app(), handle_signals=True, access_log=None)
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+@contextlib.contextmanager
+def serve_in_subprocess(api: FakeApi) -> Iterator[Server]:
+    """Serve `api` (set up beforehand) from a forked process (benchmarks: the fake then
+    shares neither the GIL nor the event loop with the code being measured). The
+    returned `Server.api` is the parent's copy: it does not see what clients change."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    port = sock.getsockname()[1]
+    process = multiprocessing.get_context("fork").Process(
+        target=_serve_forever, args=(api, sock), daemon=True
+    )
+    process.start()
+    sock.close()
+    try:
+        yield Server(api, f"http://127.0.0.1:{port}")
+    finally:
+        process.terminate()
+        process.join(10)

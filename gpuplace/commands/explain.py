@@ -1,0 +1,85 @@
+"""`gpuplace explain NAMESPACE/POD`: why a pod is where it is, or why it is pending.
+
+Reads the live state from the API (nodes, managed pods, the pod, its Events), rebuilds
+the ledger exactly as the sidecar does, and prints the policy's view node by node:
+which nodes fit (with the extender score kube-scheduler would get) and, for the others,
+why not; then one summary line by reason kind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from cluster import connecting, kube, mirroring, pods
+from cluster.syncing import LedgerSync
+from extender import explaining
+from extender.workloads import PolicyHolder
+from placement import policies
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "explain",
+        help="why a pod is on its node, or why it is pending, node by node",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("pod", metavar="NAMESPACE/POD", help="the pod (namespace/name)")
+    parser.add_argument(
+        "--kubeconfig", type=Path, help="kubeconfig (default: $KUBECONFIG, ~/.kube/config)"
+    )
+    parser.add_argument("--context", help="kubeconfig context (default: its current one)")
+    parser.add_argument(
+        "--policy", default="default", choices=policies.NAMES, help="the sidecar's --policy"
+    )
+    parser.add_argument("--all", action="store_true", help="show every node, not the first 40")
+    parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    namespace, _, name = str(args.pod).partition("/")
+    if not name:
+        namespace, name = "default", namespace
+    try:
+        return asyncio.run(_explain(args, namespace, name))
+    except connecting.ConnectError as error:
+        print(f"gpuplace explain: {error}", file=sys.stderr)
+        return 2
+    except kube.ApiError as error:
+        print(
+            f"gpuplace explain: the API answered {error.status} {error.reason}: {error.message}",
+            file=sys.stderr,
+        )
+        return 2
+
+
+async def _explain(args: argparse.Namespace, namespace: str, name: str) -> int:
+    client = await connecting.api_client(args.kubeconfig, context=args.context, in_cluster=False)
+    api = kube.Kube(client)
+    try:
+        try:
+            pod = await api.get_pod(namespace, name)
+        except kube.ApiError as error:
+            if error.not_found:
+                print(f"gpuplace explain: pod {namespace}/{name} not found", file=sys.stderr)
+                return 1
+            raise
+        sync = LedgerSync()
+        await mirroring.Mirror(api, sync).load()
+        events = await api.pod_events(namespace, name)
+    finally:
+        await api.close()
+    events.sort(key=lambda event: str(event.get("lastTimestamp") or event.get("eventTime") or ""))
+    record = pods.record(pod)
+    holder = PolicyHolder(sync, args.policy, refresh_seconds=0.0)
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    explanation = explaining.explain(sync, holder, record, events=events, conditions=conditions)
+    if args.output == "json":
+        print(explanation.as_json())
+    else:
+        print(explaining.render(explanation, limit=None if args.all else 40))
+    return 0

@@ -1,0 +1,86 @@
+"""`gpuplace explain` against the fake API server: the table and the summary people read."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from cluster import assignments
+from gpuplace import cli
+from placement.ledger import Grant
+from tests import fakeapi
+from tests.fakeapi import objects
+
+
+def place(api: fakeapi.FakeApi, name: str, node: str, gpus: tuple[int, ...], percent: int) -> None:
+    """What the sidecar's bind leaves behind: the assignment, then the Binding."""
+    pod = api.create(objects.pod(name, percent=percent))
+    grant = Grant(pod["metadata"]["uid"], node, gpus, percent * 10, 0)
+    notes = assignments.annotations_for(grant, None, datetime(2026, 1, 1, tzinfo=UTC))
+    api.patch("pods", name, {"metadata": {"annotations": notes}}, "default")
+    api.bind("default", name, node)
+
+
+@pytest.fixture
+def cluster() -> fakeapi.ThreadedServer:
+    with fakeapi.serve_in_thread() as server:
+
+        def build() -> None:
+            api = server.api
+            api.create(objects.node("a100-0", gpus=2))
+            api.create(objects.node("a100-1", gpus=2))
+            api.create(objects.node("t4-0", gpus=1, model="Tesla-T4", gpu_memory_mib=15360))
+            place(api, "busy-0", "a100-0", (0,), 80)
+            place(api, "busy-1", "a100-0", (1,), 80)
+            place(api, "busy-2", "a100-1", (0,), 90)
+            place(api, "busy-3", "a100-1", (1,), 60)
+            api.create(objects.pod("waiting", percent=50, memory="20Gi"))
+            api.create(objects.pod("small", percent=30))
+
+        server.call(build)
+        yield server
+
+
+def explain(cluster: fakeapi.ThreadedServer, tmp_path: Path, *args: str) -> int:
+    config = cluster.server.kubeconfig(tmp_path / "kubeconfig")
+    return cli.main(["explain", *args, "--kubeconfig", str(config)])
+
+
+def test_pending_pod_node_by_node(
+    cluster: fakeapi.ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert explain(cluster, tmp_path, "default/waiting") == 0
+    out = capsys.readouterr().out
+    assert "Pending: no GPUs assigned yet." in out
+    header = next(line for line in out.splitlines() if line.startswith("NODE"))
+    assert header.split() == ["NODE", "MODEL", "GPUS", "FREE", "%", "VERDICT", "SCORE", "WHY"]
+    assert "a100-1  NVIDIA-A100-SXM4-80GB  2     10/40" in out
+    assert "gpu 1: 40% free, needs 50%" in out
+    assert "GPUs have 15360 MiB, needs 20480 MiB" in out
+    assert "0/3 nodes: 2 no GPU with enough share free, 1 GPU memory too small" in out
+    assert "it waits until GPUs free up" in out
+
+
+def test_fitting_and_bound_pods(
+    cluster: fakeapi.ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert explain(cluster, tmp_path, "default/small", "-o", "json") == 0
+    small = json.loads(capsys.readouterr().out)
+    verdicts = {row["node"]: (row["verdict"], row["score"]) for row in small["rows"]}
+    assert verdicts["t4-0"][0] == "fits"
+    assert verdicts["a100-1"] == ("fits", 10)  # packs onto the 40% left, keeps the T4 whole
+    assert small["summary"].startswith("2/3 nodes: 1 no GPU with enough share free")
+    assert explain(cluster, tmp_path, "default/busy-2") == 0
+    out = capsys.readouterr().out
+    assert "Running on node a100-1 with GPU 0 (90% each)." in out
+    assert "\na100-1" in out and "  here  " in out
+
+
+def test_unknown_pod_is_an_error(
+    cluster: fakeapi.ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert explain(cluster, tmp_path, "default/nope") == 1
+    assert "pod default/nope not found" in capsys.readouterr().err
