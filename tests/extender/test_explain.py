@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,7 +26,7 @@ def place(api: fakeapi.FakeApi, name: str, node: str, gpus: tuple[int, ...], per
 
 
 @pytest.fixture
-def cluster() -> fakeapi.ThreadedServer:
+def cluster() -> Iterator[fakeapi.ThreadedServer]:
     with fakeapi.serve_in_thread() as server:
 
         def build() -> None:
