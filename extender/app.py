@@ -34,8 +34,7 @@ from extender.wire import (
     BindingResult,
     ExtenderArgs,
     FilterResult,
-    HostPriority,
-    HostPriorityList,
+    priorities_json,
 )
 from placement.requests import WHOLE, GpuRequest
 
@@ -82,7 +81,8 @@ class Service:
             return FilterResult(error=NOT_SYNCED), "not-synced"
         names = args.names()
         verdict = self.decider.filter(args.pod, names)
-        result = FilterResult(
+        # model_construct: built from our own values, validating 10,000 entries is waste
+        result = FilterResult.model_construct(
             failed_nodes=verdict.failed, failed_and_unresolvable=verdict.unresolvable
         )
         objects = args.node_objects()
@@ -122,12 +122,11 @@ class Service:
                 message,
             )
 
-    async def prioritize(self, args: ExtenderArgs) -> tuple[HostPriorityList, str]:
+    async def prioritize(self, args: ExtenderArgs) -> tuple[list[tuple[str, int]], str]:
         names = args.names()
         if not await self.ready():
-            return HostPriorityList([HostPriority(host=n, score=0) for n in names]), "not-synced"
-        scores = self.decider.prioritize(args.pod, names)
-        return HostPriorityList([HostPriority(host=n, score=s) for n, s in scores]), "ok"
+            return [(name, 0) for name in names], "not-synced"
+        return self.decider.prioritize(args.pod, names), "ok"
 
     async def bind(self, args: BindingArgs) -> tuple[BindingResult, str]:
         if not await self.ready():
@@ -213,8 +212,8 @@ async def _filter(service: Service, raw: bytes) -> tuple[bytes, str]:
 
 
 async def _prioritize(service: Service, raw: bytes) -> tuple[bytes, str]:
-    result, outcome = await service.prioritize(ExtenderArgs.model_validate_json(raw))
-    return result.dump(), outcome
+    scores, outcome = await service.prioritize(ExtenderArgs.model_validate_json(raw))
+    return priorities_json(scores), outcome
 
 
 async def _bind(service: Service, raw: bytes) -> tuple[bytes, str]:

@@ -9,6 +9,7 @@ a full `Nodes` list, and the answer must then be a `Nodes` list too (both handle
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, RootModel, field_validator
@@ -91,6 +92,14 @@ class HostPriority(_Out):
 class HostPriorityList(RootModel[list[HostPriority]]):
     def dump(self) -> bytes:
         return self.model_dump_json(by_alias=True).encode()
+
+
+def priorities_json(scores: list[tuple[str, int]]) -> bytes:
+    """`[{"Host", "Score"}]` for scores we computed (0-10 by construction): the same
+    JSON as `HostPriorityList.dump`, without a model object per node (10,000 nodes)."""
+    return json.dumps(
+        [{"Host": host, "Score": score} for host, score in scores], separators=(",", ":")
+    ).encode()
 
 
 class BindingArgs(_In):

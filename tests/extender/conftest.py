@@ -29,6 +29,7 @@ def settings(**overrides: Any) -> SidecarSettings:
         "kube_timeout_seconds": 5.0,
         "watch_timeout_seconds": 30,
         "list_page_size": 50,
+        "gc_freeze_seconds": 0.0,
     }
     values.update(overrides)
     return SidecarSettings(**values)

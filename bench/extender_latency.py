@@ -1,0 +1,409 @@
+"""Latency of the extender verbs as kube-scheduler sees them: filter, prioritize, bind.
+
+For two clusters, the openb one (1,213 nodes; ../shared/data/openb when present, else a
+synthetic cluster of the same shape) and a synthetic 10,000-node × 8-GPU one:
+
+1. a fake kube-apiserver (tests/fakeapi) is filled with the nodes and with bound pods
+   holding `--prefill` of the GPUs (placed at random, so the cluster is fragmented),
+   and served from a forked process (no shared GIL or event loop);
+2. the sidecar (informers, ledger, extender app) starts against it and syncs;
+3. `--pods` pending GPU pods drawn from the openb default mix (or the bundled mix) go
+   through the verbs one after another over HTTP on 127.0.0.1, as kube-scheduler
+   sends them: filter with every node's name (`percentageOfNodesToScore: 100`, no
+   node affinity narrowing: the worst case), prioritize with the nodes that passed,
+   the top score chosen (plugin scores added at random), then bind. bind's writes
+   (the assignment PATCH and the Binding) go to the fake API server over HTTP.
+
+Prints one JSON document: p50/p99/max per verb, client-side (the HTTP round trip) and
+server-side (inside the handler), and the share of binds that succeeded.
+
+    .venv/bin/python -m bench.extender_latency [--quick] [--repeat 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from kubernetes_asyncio import client
+from prometheus_client import CollectorRegistry
+
+from cluster import assignments, kube
+from gpuplace import simulation
+from gpuplace.sidecar import Sidecar, SidecarSettings
+from placement import choosing, trace
+from placement.inventory import Gpu, Inventory, Node
+from placement.ledger import Grant, GrantState, Ledger
+from tests import fakeapi
+from tests.fakeapi import objects
+
+REPO = Path(__file__).resolve().parents[1]
+OPENB = REPO.parent / "shared" / "data" / "openb"
+GPU_MEMORY = {"T4": 15360, "P100": 16384, "V100M16": 16384, "V100M32": 32768, "A10": 24576}
+AT = datetime(2026, 11, 21, tzinfo=UTC)
+
+
+def openb_nodes() -> tuple[list[Node], str]:
+    path = OPENB / "openb_node_list_gpu_node.csv"
+    if path.exists():
+        return simulation.read_nodes(path), path.name
+    shapes = [
+        ("G2", 8, 96_000, 393_216, 549),
+        ("T4", 2, 104_000, 524_288, 387),
+        ("P100", 2, 16_000, 122_880, 107),
+        ("V100M16", 4, 32_000, 131_072, 170),
+    ]
+    nodes: list[Node] = []
+    for model, gpus, cpu, memory, count in shapes:
+        for _ in range(count):
+            nodes.append(
+                Node(
+                    f"synthetic-{len(nodes):05d}",
+                    cpu,
+                    memory,
+                    tuple(Gpu(i, model, 0) for i in range(gpus)),
+                )
+            )
+    return nodes, "synthetic, openb-shaped"
+
+
+def big_nodes(count: int) -> list[Node]:
+    models = ("A100", "H100", "L40S", "A10")
+    return [
+        Node(
+            f"node-{i:05d}",
+            128_000,
+            1_048_576,
+            tuple(Gpu(g, models[i % len(models)], 81_920, nvlink=g // 4) for g in range(8)),
+            max_pods=250,
+        )
+        for i in range(count)
+    ]
+
+
+def pods_mix() -> tuple[list[trace.TracePod], str]:
+    path = OPENB / "openb_pod_list_default.csv"
+    if path.exists():
+        pods = simulation.read_pods(path)
+        name = path.name
+    else:
+        pods = simulation.read_pods(REPO / "gpuplace" / "data" / "pods.csv")
+        name = "gpuplace/data/pods.csv"
+    return [pod for pod in pods if pod.num_gpu > 0], name
+
+
+def node_body(node: Node) -> dict[str, Any]:
+    model = node.model
+    memory = node.gpus[0].memory_mib or GPU_MEMORY.get(model, 32768) if node.gpus else 0
+    nvlink = [gpu.nvlink for gpu in node.gpus] if any(g.nvlink >= 0 for g in node.gpus) else None
+    return objects.node(
+        node.name,
+        gpus=len(node.gpus),
+        model=model,
+        gpu_memory_mib=memory,
+        cpu=f"{node.cpu_milli}m",
+        memory=f"{node.memory_mib}Mi",
+        pods=str(node.max_pods),
+        nvlink=nvlink,
+    )
+
+
+def pod_body(name: str, pod: trace.TracePod) -> dict[str, Any]:
+    whole = pod.num_gpu > 1 or pod.gpu_milli >= 1000
+    models = ",".join(m for m in pod.gpu_spec.split("|") if m) or None
+    return objects.pod(
+        name,
+        f"team-{hash(name) % 20}",
+        percent=None if whole else max(1, -(-pod.gpu_milli // 10)),
+        count=pod.num_gpu if whole else None,
+        model=models,
+        cpu=f"{max(pod.cpu_milli, 1)}m",
+        host_memory=f"{max(pod.memory_mib, 1)}Mi",
+    )
+
+
+def prefill(
+    api: fakeapi.FakeApi,
+    nodes: list[Node],
+    mix: list[trace.TracePod],
+    share: float,
+    rng: random.Random,
+) -> int:
+    """Bound pods holding about `share` of the GPUs, placed at random where they fit."""
+    ledger = Ledger(Inventory(nodes))
+    names = [node.name for node in nodes]
+    target = share * sum(len(node.gpus) for node in nodes) * 1000
+    held = 0
+    bodies: list[dict[str, Any]] = []
+    misses = 0
+    while held < target and misses < 2000:
+        pod = rng.choice(mix)
+        request = pod.request()
+        state = ledger.state(rng.choice(names))
+        assert state is not None
+        choice = choosing.best_on(state, request, _FirstGpu())
+        if not isinstance(choice, choosing.Choice):
+            misses += 1
+            continue
+        misses = 0
+        name = f"filled-{len(bodies):06d}"
+        grant = choosing.grant_for(f"uid-{name}", choice, request)
+        ledger.reserve(grant)
+        body = pod_body(name, pod)
+        body["metadata"]["uid"] = grant.pod_uid
+        confirmed = Grant(
+            grant.pod_uid,
+            grant.node,
+            grant.gpus,
+            grant.milli,
+            grant.memory_mib,
+            grant.cpu_milli,
+            grant.host_memory_mib,
+            GrantState.CONFIRMED,
+        )
+        body["metadata"]["annotations"].update(assignments.annotations_for(confirmed, None, AT))
+        body["spec"]["nodeName"] = grant.node
+        body["status"] = {"phase": "Running"}
+        bodies.append(body)
+        held += grant.milli * len(grant.gpus)
+    api.load("pods", bodies)
+    return len(bodies)
+
+
+class _FirstGpu:
+    name = "first"
+
+    def score(self, state: Any, request: Any, gpus: tuple[int, ...]) -> float:
+        return 0.0
+
+    def prefer(self, state: Any, request: Any, gpus: tuple[int, ...]) -> float:
+        return 0.0
+
+    def place(self, name: str) -> float | None:
+        return None
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    if not ordered:
+        return {}
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 3)
+
+    return {
+        "p50_ms": at(0.5),
+        "p99_ms": at(0.99),
+        "max_ms": round(ordered[-1] * 1000, 3),
+        "mean_ms": round(statistics.fmean(ordered) * 1000, 3),
+        "n": len(ordered),
+    }
+
+
+async def drive(
+    url: str, nodes: list[Node], pending: list[dict[str, Any]], rng: random.Random
+) -> dict[str, Any]:
+    configuration = client.Configuration(host=url)
+    api = kube.Kube(client.ApiClient(configuration), timeout=30)
+    settings = SidecarSettings(
+        pod_events=False,
+        advertise_resources=False,
+        workload_refresh_seconds=3600,
+        sync_wait_seconds=60,
+    )
+    registry = CollectorRegistry()
+    sidecar = Sidecar(settings, registry, api, rng=random.Random(1))
+    server_side: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
+
+    @web.middleware
+    async def timing(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        started = time.perf_counter()
+        response = await handler(request)
+        server_side[request.path.strip("/")].append(time.perf_counter() - started)
+        return response
+
+    sidecar.app.middlewares.append(timing)
+    client_side: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": [], "total": []}
+    pauses: list[tuple[int, float]] = []
+    began_gc = [0.0]
+
+    def collector(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began_gc[0] = time.perf_counter()
+        else:
+            pauses.append((info["generation"], time.perf_counter() - began_gc[0]))
+
+    gc.callbacks.append(collector)
+    outcomes = {"bound": 0, "unschedulable": 0, "refused": 0}
+    names = [node.name for node in nodes]
+    async with sidecar.running():
+        started = time.perf_counter()
+        await sidecar.sync.ready.wait()
+        sync_seconds = time.perf_counter() - started
+        runner = web.AppRunner(sidecar.app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        async with aiohttp.ClientSession() as session:
+
+            async def post(verb: str, body: Any) -> Any:
+                data = json.dumps(body).encode()
+                began = time.perf_counter()
+                async with session.post(
+                    f"{base}/{verb}", data=data, headers={"Content-Type": "application/json"}
+                ) as reply:
+                    answer = await reply.json()
+                client_side[verb].append(time.perf_counter() - began)
+                return answer
+
+            for pod in pending:
+                began = time.perf_counter()
+                verdict = await post("filter", {"Pod": pod, "NodeNames": names, "Nodes": None})
+                passed = verdict["NodeNames"]
+                if not passed:
+                    outcomes["unschedulable"] += 1
+                    continue
+                scores = await post("prioritize", {"Pod": pod, "NodeNames": passed})
+                totals = {e["Host"]: e["Score"] * 100_000 + rng.randrange(300) for e in scores}
+                top = max(totals.values())
+                node = rng.choice([name for name, total in totals.items() if total == top])
+                metadata = pod["metadata"]
+                result = await post(
+                    "bind",
+                    {
+                        "PodName": metadata["name"],
+                        "PodNamespace": metadata["namespace"],
+                        "PodUID": metadata["uid"],
+                        "Node": node,
+                    },
+                )
+                outcomes["bound" if not result["Error"] else "refused"] += 1
+                client_side["total"].append(time.perf_counter() - began)
+        await runner.cleanup()
+    gc.callbacks.remove(collector)
+    return {
+        "sidecar_sync_seconds": round(sync_seconds, 2),
+        "client_side": {verb: quantiles(values) for verb, values in client_side.items()},
+        "server_side": {verb: quantiles(values) for verb, values in server_side.items()},
+        "outcomes": outcomes,
+        "gc_pauses_while_scheduling": {
+            f"gen{generation}": quantiles([d for g, d in pauses if g == generation])
+            for generation in (0, 1, 2)
+        },
+        "prioritize_reused_filter_evaluation": {
+            result: registry.get_sample_value("gpuplace_evaluation_cache_total", {"result": result})
+            for result in ("hit", "miss")
+        },
+    }
+
+
+def scenario(
+    label: str,
+    *,
+    nodes: list[Node],
+    source: str,
+    mix: list[trace.TracePod],
+    mix_name: str,
+    count: int,
+    fill: float,
+    seed: int,
+    repeat: int,
+) -> dict[str, Any]:
+    rng = random.Random(seed)
+    api = fakeapi.FakeApi(record_calls=100)
+    api.load("nodes", (node_body(node) for node in nodes))
+    filled = prefill(api, nodes, mix, fill, rng)
+    pending = []
+    drawn = rng.choice(mix)
+    for index in range(count):
+        if index % repeat == 0:
+            drawn = rng.choice(mix)
+        body = pod_body(f"pending-{index:05d}", drawn)
+        body["metadata"]["uid"] = f"uid-pending-{index:05d}"
+        pending.append(body)
+    api.load("pods", pending)
+    api.warm()
+    with fakeapi.serve_in_subprocess(api) as server:
+        figures = asyncio.run(drive(server.url, nodes, pending, rng))
+    return {
+        "cluster": label,
+        "nodes": len(nodes),
+        "gpus": sum(len(node.gpus) for node in nodes),
+        "node_source": source,
+        "pod_mix": mix_name,
+        "prefilled_pods": filled,
+        "prefilled_gpu_share": fill,
+        "pods_scheduled": count,
+        "pods_per_request_shape": repeat,
+        **figures,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer pods")
+    parser.add_argument("--prefill", type=float, default=0.5, help="share of GPUs held")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="consecutive pods with the same request (a Job's replicas); 1 = every pod drawn",
+    )
+    args = parser.parse_args()
+    mix, mix_name = pods_mix()
+    openb, source = openb_nodes()
+    results = [
+        scenario(
+            "openb",
+            nodes=openb,
+            source=source,
+            mix=mix,
+            mix_name=mix_name,
+            count=200 if args.quick else 1000,
+            fill=args.prefill,
+            seed=args.seed,
+            repeat=args.repeat,
+        ),
+        scenario(
+            "10k x 8 GPUs",
+            nodes=big_nodes(10_000),
+            source="synthetic",
+            mix=mix,
+            mix_name=mix_name,
+            count=50 if args.quick else 300,
+            fill=args.prefill,
+            seed=args.seed,
+            repeat=args.repeat,
+        ),
+    ]
+    print(
+        json.dumps(
+            {
+                "benchmark": "extender verbs over HTTP on 127.0.0.1 (filter, prioritize, bind)",
+                "kube_writes": "bind's PATCH and Binding go to the fake kube-apiserver "
+                "(tests/fakeapi) in a forked process over HTTP on 127.0.0.1; Events disabled",
+                "target": "p99 <= 10 ms per verb at 10,000 nodes",
+                "results": results,
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
