@@ -13,8 +13,9 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
+from cluster import keys
 from placement import choosing, fragmentation, policies, replay, trace
 from placement.choosing import Choice
 from placement.inventory import Inventory, Node
@@ -82,25 +83,72 @@ def direct(chooser: choosing.Chooser, rng: random.Random) -> Decide:
     return decide
 
 
-def via_extender(chooser: choosing.Chooser, rng: random.Random) -> Decide:
-    """What a real cluster gets: the extender's filter and prioritize answers, then
-    kube-scheduler's own choice — uniformly at random among the highest total score,
-    each extender score counting `score × weight × (100 / 10)` — then the GPUs the
-    extender's bind picks on that node."""
+def trace_pod(uid: str, request: GpuRequest) -> dict[str, Any]:
+    """A trace pod as kube-scheduler would send it after our webhook: annotations
+    (percent rounded up to whole percent), CPU and memory requests, a UID."""
+    annotations: dict[str, str] = {}
+    if request.count == 1 and request.milli < 1000:
+        annotations[keys.GPU_PERCENT] = str(-(-request.milli // 10))
+    elif request.count:
+        annotations[keys.GPU_COUNT] = str(request.count)
+    if request.count and request.models:
+        annotations[keys.GPU_MODEL] = ",".join(sorted(request.models))
+    container = {
+        "name": "main",
+        "resources": {
+            "requests": {
+                "cpu": f"{request.cpu_milli}m",
+                "memory": f"{request.host_memory_mib}Mi",
+            }
+        },
+    }
+    return {
+        "metadata": {"name": uid, "namespace": "replay", "uid": uid, "annotations": annotations},
+        "spec": {"containers": [container]},
+    }
+
+
+def via_extender(
+    chooser: choosing.Chooser,
+    pods: Sequence[trace.TracePod],
+    policy_name: str,
+    rng: random.Random,
+) -> Decide:
+    """What a real cluster gets: every GPU pod goes through the sidecar's own filter and
+    prioritize (`extender.deciding.Decider`, fed a pod as kube-scheduler sends it), then
+    kube-scheduler's choice — uniformly at random among the highest total score, each
+    extender score counting `score × weight × (100 / 10)` — then the GPUs the sidecar's
+    bind picks on that node. The typical workload is what the sidecar builds from the
+    pods it has seen (here: the pod list); the node line is the sidecar's (a stable hash
+    of node names), not the seeded one. CPU-only pods are not gpuplace's in a real
+    cluster; the replay places them with the same policy as in direct mode."""
+    from cluster.syncing import LedgerSync
+    from extender.deciding import Decider
+    from extender.workloads import PolicyHolder
+
+    sync = LedgerSync()
+    sync.ledger = chooser.ledger
+    for pod in pods:
+        sync.requests.append(pod.request())
+    sync.requests_version += 1
+    holder = PolicyHolder(sync, policy_name, rng=rng)
+    decider = Decider(sync, holder)
     names = list(chooser.ledger.inventory.names())
+    factor = EXTENDER_WEIGHT * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)
 
     def decide(ledger: Ledger, request: GpuRequest, uid: str) -> Choice | None:
-        evaluation = chooser.evaluate(request, names)
-        passed = list(evaluation.choices)
-        if not passed:
+        if request.count == 0:
+            return chooser.choose(request, rng)
+        pod = trace_pod(uid, request)
+        verdict = decider.filter(pod, names)
+        if not verdict.passed:
             return None
-        scores = choosing.extender_scores(evaluation)
-        factor = EXTENDER_WEIGHT * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)
-        totals = [(scores.get(name, 0) * factor, name) for name in passed]
-        top = max(total for total, _ in totals)
-        best = [name for total, name in totals if total == top]
+        scores = decider.prioritize(pod, verdict.passed)
+        top = max(score for _, score in scores) * factor
+        best = [name for name, score in scores if score * factor == top]
         node = best[rng.randrange(len(best))] if len(best) > 1 else best[0]
-        outcome = chooser.outcome(node, request)
+        outcome = decider.best_on(node, verdict.request or request)
+        decider.forget(uid)
         return outcome if isinstance(outcome, Choice) else None
 
     return decide
@@ -121,11 +169,15 @@ def run(
     capacity = sum(len(node.gpus) for node in nodes) * 1000
     order = replay.arrival_order(pods, capacity, seed)
     rng = random.Random(seed)
-    rank = node_rank([node.name for node in nodes], seed)
+    # Direct mode lines nodes up in a seeded order (the paper's simulator); through the
+    # extender the line is the sidecar's own, for GPU and CPU-only pods alike.
+    rank = None if extender else node_rank([node.name for node in nodes], seed)
     policy = policies.make(policy_name, workload=workload, rng=rng, rank=rank)
     ledger = Ledger(Inventory(nodes))
     chooser = choosing.Chooser(ledger, policy)
-    decide = via_extender(chooser, rng) if extender else direct(chooser, rng)
+    decide = (
+        via_extender(chooser, pods, policy_name, rng) if extender else direct(chooser, rng)
+    )
     timings: list[float] = []
 
     def timed(ledger: Ledger, request: GpuRequest, uid: str) -> Choice | None:

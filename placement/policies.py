@@ -24,6 +24,8 @@ from placement.fragmentation import MIN_CPU_MILLI, Workload
 from placement.ledger import NodeState
 from placement.requests import GpuRequest
 
+PLACES_KEPT = 1 << 17
+"""Node places remembered (bounded for a long-running sidecar)."""
 MAX_SPEC_CPU = 128_000
 MAX_SPEC_GPU = 8_000
 
@@ -79,13 +81,19 @@ class Ranked:
     def __init__(self, rank: Mapping[str, int] | None = None) -> None:
         self._rank = rank
         self._spread = float(max(len(rank), 1)) if rank else float(1 << 32)
+        self._places: dict[str, float] = {}
 
     def place(self, name: str) -> float | None:
-        if self._rank is not None:
-            position = self._rank.get(name)
+        found = self._places.get(name)
+        if found is None:
+            position = self._rank.get(name) if self._rank is not None else None
             if position is not None:
-                return position / (self._spread + 1)
-        return zlib.crc32(name.encode()) / float(1 << 32)
+                found = position / (self._spread + 1)
+            else:
+                found = zlib.crc32(name.encode()) / float(1 << 32)
+            if len(self._places) < PLACES_KEPT:
+                self._places[name] = found
+        return found
 
 
 class BestFitPolicy(Ranked):
