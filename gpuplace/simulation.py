@@ -175,9 +175,7 @@ def run(
     policy = policies.make(policy_name, workload=workload, rng=rng, rank=rank)
     ledger = Ledger(Inventory(nodes))
     chooser = choosing.Chooser(ledger, policy)
-    decide = (
-        via_extender(chooser, pods, policy_name, rng) if extender else direct(chooser, rng)
-    )
+    decide = via_extender(chooser, pods, policy_name, rng) if extender else direct(chooser, rng)
     timings: list[float] = []
 
     def timed(ledger: Ledger, request: GpuRequest, uid: str) -> Choice | None:
