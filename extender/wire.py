@@ -10,6 +10,7 @@ a full `Nodes` list, and the answer must then be a `Nodes` list too (both handle
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, RootModel, field_validator
@@ -95,11 +96,21 @@ class HostPriorityList(RootModel[list[HostPriority]]):
 
 
 def priorities_json(scores: list[tuple[str, int]]) -> bytes:
-    """`[{"Host", "Score"}]` for scores we computed (0-10 by construction): the same
-    JSON as `HostPriorityList.dump`, without a model object per node (10,000 nodes)."""
-    return json.dumps(
-        [{"Host": host, "Score": score} for host, score in scores], separators=(",", ":")
-    ).encode()
+    """`[{"Host", "Score"}]` for scores we computed (ints 0-10 by construction): the same
+    JSON as `HostPriorityList.dump`, without a model object per node (10,000 nodes).
+    Node names are written as they are when JSON needs no escape for them (DNS names
+    never do), else through `json.dumps`."""
+    plain = _PLAIN.fullmatch("".join(host for host, _ in scores)) is not None
+    parts = [
+        f'{{"Host":"{host}","Score":{int(score)}}}'
+        if plain
+        else f'{{"Host":{json.dumps(host)},"Score":{int(score)}}}'
+        for host, score in scores
+    ]
+    return ("[" + ",".join(parts) + "]").encode()
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9._:-]*")
 
 
 class BindingArgs(_In):

@@ -1,0 +1,53 @@
+"""The extender's JSON: Go field names in and out; the fast priorities encoder writes
+exactly what the model would."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from extender import wire
+
+
+@given(st.lists(st.tuples(st.text(max_size=12), st.integers(0, 10)), max_size=20))
+def test_priorities_json_equals_the_model_dump(scores: list[tuple[str, int]]) -> None:
+    fast = wire.priorities_json(scores)
+    model = wire.HostPriorityList([wire.HostPriority(host=h, score=s) for h, s in scores])
+    assert json.loads(fast) == json.loads(model.dump())
+    assert json.loads(fast) == [{"Host": h, "Score": s} for h, s in scores]
+
+
+def test_go_and_lower_camel_keys_are_accepted() -> None:
+    go = wire.ExtenderArgs.model_validate_json(
+        b'{"Pod": {"metadata": {"name": "p"}}, "NodeNames": ["a"], "Nodes": null}'
+    )
+    camel = wire.ExtenderArgs.model_validate_json(
+        b'{"pod": {"metadata": {"name": "p"}}, "nodeNames": ["a"]}'
+    )
+    assert go.names() == camel.names() == ["a"]
+    full = wire.ExtenderArgs.model_validate_json(
+        b'{"Pod": {"metadata": {"name": "p"}}, "Nodes": {"items": [{"metadata": {"name": "n"}}]}}'
+    )
+    assert full.names() == ["n"]
+    assert full.node_objects() == {"n": {"metadata": {"name": "n"}}}
+    bind = wire.BindingArgs.model_validate_json(
+        b'{"PodName": "p", "PodNamespace": "d", "PodUID": "u", "Node": "n"}'
+    )
+    assert (bind.pod_name, bind.pod_namespace, bind.pod_uid, bind.node) == ("p", "d", "u", "n")
+    with pytest.raises(ValidationError):
+        wire.BindingArgs.model_validate_json(b'{"PodName": "p"}')
+
+
+def test_answers_use_go_field_names() -> None:
+    result = wire.FilterResult(node_names=["a"], failed_nodes={"b": "why"})
+    assert json.loads(result.dump()) == {
+        "NodeNames": ["a"],
+        "FailedNodes": {"b": "why"},
+        "FailedAndUnresolvableNodes": {},
+        "Error": "",
+    }
+    assert json.loads(wire.BindingResult(error="x").dump()) == {"Error": "x"}
