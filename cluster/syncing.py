@@ -218,7 +218,8 @@ class LedgerSync:
         self._holds = {
             uid: hold
             for uid, hold in self._holds.items()
-            if uid in fresh and not fresh[uid].terminal and fresh[uid].grant is None
+            if (uid in fresh and not fresh[uid].terminal and fresh[uid].grant is None)
+            or (uid not in fresh and uid in self.busy)  # a bind in flight for a newer pod
         }
         grants = [
             record.grant

@@ -155,3 +155,13 @@ def test_bound_elsewhere_than_assigned_holds_nothing(sync: LedgerSync) -> None:
     sync.upsert_pod(record)
     sync.upsert_pod(moved)
     assert "uid-a" not in sync.ledger
+
+
+def test_relist_keeps_the_hold_of_a_bind_in_flight_for_a_pod_it_did_not_list(
+    sync: LedgerSync,
+) -> None:
+    sync.busy.add("uid-new")
+    sync.hold(grant("new"), seconds=60)
+    sync.replace_pods([])
+    assert sync.hold_of("uid-new") is not None
+    assert "uid-new" in sync.ledger
