@@ -253,7 +253,7 @@ class Sidecar:
         freed by reference counting; cyclic garbage that outlived a freeze is reclaimed
         by a full unfreeze + collect every `gc_full_seconds`, between verbs."""
         await self.sync.ready.wait()
-        gc.collect()
+        gc.collect(1)  # short; older cyclic garbage waits for the first full pass
         gc.freeze()
         young, middle, _ = gc.get_threshold()
         gc.set_threshold(young, middle, FULL_PASS_NEVER)
