@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,7 +64,7 @@ def test_decisions_replay_independently_without_oversubscription(tmp_path: Path)
     assert (
         cli.main(["simulate", "--seed", "3", "--via-extender", "--decisions", str(decisions)]) == 0
     )
-    nodes = {}
+    nodes: dict[str, dict[str, Any]] = {}
     with (REPO / "gpuplace" / "data" / "nodes.csv").open() as lines:
         next(lines)
         for line in lines:
