@@ -93,6 +93,9 @@ class Replay:
         return 100.0 * milli / self.capacity_milli
 
     def _bin(self, series: Sequence[float], arrived_percent: int) -> float:
+        """Mean of `series` over the arrivals in that whole-percent bin, else over the
+        bins within ±1, else (a small cluster, where one pod can jump a bin) the
+        arrival nearest to it; NaN when the replay never came within 2 points."""
         bins = [round(self.percent(a)) for a in self.arrived]
         for spread in (0, 1):
             picked = [
@@ -102,7 +105,12 @@ class Replay:
             ]
             if picked:
                 return sum(picked) / len(picked)
-        return float("nan")
+        if not series:
+            return float("nan")
+        distance, index = min(
+            (abs(self.percent(a) - arrived_percent), i) for i, a in enumerate(self.arrived)
+        )
+        return series[index] if distance <= 2 else float("nan")
 
     def allocation_at(self, arrived_percent: int) -> float:
         """Mean GPU allocation ratio (%) over the arrivals in that arrived bin."""

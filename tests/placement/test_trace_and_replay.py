@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 from pathlib import Path
 
@@ -104,3 +105,34 @@ def test_openb_lists_all_parse() -> None:
     with (OPENB / "openb_node_list_gpu_node.csv").open(newline="") as lines:
         nodes = trace.parse_nodes("gpu_node", lines)
     assert len(nodes) == 1213 and sum(len(n.gpus) for n in nodes) == 6212
+
+
+GOLDEN = Path(__file__).with_name("golden_bundled_replay.json")
+
+
+def test_small_golden_replay() -> None:
+    """The bundled trace, every policy, seed 42: decisions digest and figures as recorded.
+
+    A change of any decision shows here; if intended, regenerate with
+    `GPUPLACE_REGOLD=1 pytest tests/placement -k golden` and say why in the commit."""
+    nodes = simulation.read_nodes(BUNDLED / "nodes.csv")
+    pods = simulation.read_pods(BUNDLED / "pods.csv")
+    found: dict[str, dict[str, object]] = {}
+    for name in policies.NAMES:
+        figures, result = simulation.run(
+            nodes, pods, pods_name="pods.csv", policy_name=name, seed=42, extender=False
+        )
+        digest = hashlib.sha256(
+            "\n".join(
+                f"{a.seq},{a.pod.name},{a.node},{','.join(map(str, a.gpus))}"
+                for a in result.arrivals
+            ).encode()
+        ).hexdigest()
+        found[name] = {
+            "decisions_sha256": digest,
+            "allocation_at_100": figures.allocation_at_100,
+            "rejected": figures.rejected,
+        }
+    if os.environ.get("GPUPLACE_REGOLD"):
+        GOLDEN.write_text(json.dumps(found, indent=2, sort_keys=True) + "\n")
+    assert found == json.loads(GOLDEN.read_text())
