@@ -14,7 +14,7 @@ import bisect
 import heapq
 import random
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from placement import fit
@@ -389,14 +389,18 @@ class Chooser:
 
     def _best_of_groups(self, request: GpuRequest, rid: int, rng: random.Random) -> list[Choice]:
         self._sync()
+        # Host memory only decides whether a node fits (`may_fit` checks it), never the
+        # score or the GPUs: requests differing only in it share their scores.
+        shaped = replace(request, host_memory_mib=0) if request.host_memory_mib else request
+        shape = self._id(shaped)
         models = request.models if request.count else frozenset()
         best_score = 0.0
         best: list[tuple[GroupKey, _Group]] = []
         for key, group in self._groups_for(request):
-            found = group.outcomes.get(rid)
+            if not group.may_fit(request):
+                continue
+            found = group.outcomes.get(shape)
             if found is None:
-                if not group.may_fit(request):
-                    continue
                 name = next(iter(group.members))
                 state = self.ledger.state(name)
                 if state is None:
@@ -404,8 +408,8 @@ class Chooser:
                 if models and not any(gpu.model in models for gpu in state.node.gpus):
                     found = UNKNOWN
                 else:
-                    found = best_on(state, request, self.policy)
-                group.outcomes[rid] = found
+                    found = best_on(state, shaped, self.policy)
+                group.outcomes[shape] = found
             if type(found) is not Choice:
                 continue
             if not best or found.score > best_score:

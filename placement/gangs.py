@@ -118,11 +118,13 @@ class _Scratch:
     """Node states as the plan so far leaves them: untouched nodes are the ledger's own
     (read only), touched ones are clones. O(G) per first touch."""
 
-    __slots__ = ("_ledger", "_touched", "idle")
+    __slots__ = ("_ledger", "_touched", "idle", "touches")
 
     def __init__(self, ledger: Ledger, *, idle: bool = False) -> None:
         self._ledger = ledger
         self._touched: dict[str, NodeState] = {}
+        self.touches: dict[str, int] = {}
+        """Members placed per node so far (cached ranks key on it)."""
         self.idle = idle
         """True: every node starts empty (what an idle cluster could hold)."""
 
@@ -151,6 +153,7 @@ class _Scratch:
         state.cpu -= request.cpu_milli
         state.memory -= request.host_memory_mib
         state.pods -= 1
+        self.touches[name] = self.touches.get(name, 0) + 1
 
 
 # --- capacity ---------------------------------------------------------------------------
@@ -261,10 +264,14 @@ class _Planner:
         self.choices: dict[str, Choice] = {}
         self.used: dict[str, int] = {}
         """Nodes the plan uses → position (first used first)."""
+        self.scores: dict[tuple[object, GpuRequest], float] = {}
+        self.ranks: dict[str, tuple[int, tuple[float, float, int]]] = {}
+        """Per node, for the group being placed: (touches when ranked, rank)."""
 
     def place_group(self, group: list[Member]) -> list[Member]:
         """Place as many members of the group as possible; returns the unplaced."""
         request = group[0].request
+        self.ranks = {}
         nodes = _candidates(self.ledger, group[0], self.exclude)
         position = {name: rank for rank, name in nodes}
         caps: dict[str, tuple[int, int]] = {}
@@ -322,9 +329,18 @@ class _Planner:
         tier = [name for name in tier if caps[name][1] == best_domain]
         if len(tier) == 1:
             return tier[0]
-        return min(
-            tier, key=lambda name: (-self._score(name, request), self._place(name), position[name])
-        )
+        return min(tier, key=lambda name: self._rank(name, request, position[name]))
+
+    def _rank(self, name: str, request: GpuRequest, position: int) -> tuple[float, float, int]:
+        """Tie-break among nodes of equal capacity: policy score, place in line, inventory
+        order. Cached per node until the plan touches it. O(1) on a hit."""
+        touches = self.scratch.touches.get(name, 0)
+        cached = self.ranks.get(name)
+        if cached is not None and cached[0] == touches:
+            return cached[1]
+        rank = (-self._score(name, request), self._place(name), position)
+        self.ranks[name] = (touches, rank)
+        return rank
 
     def _place(self, name: str) -> float:
         """The policy's place in line for the node (lower first), when it has one."""
@@ -333,11 +349,20 @@ class _Planner:
         return float(found) if isinstance(found, int | float) else 2.0
 
     def _score(self, name: str, request: GpuRequest) -> float:
+        """The policy's score for one member on the node, memoised by the node's state
+        signature: nodes in the same state score alike (their place in line aside,
+        which `_place` breaks). O(1) on a hit, O(GPU sets × score) on a miss."""
         state = self.scratch.state(name)
         if state is None:
             return float("-inf")
-        outcome = choosing.best_on(state, request, self.policy)
-        return outcome.score if isinstance(outcome, Choice) else float("-inf")
+        key = (state.signature(), request)
+        found = self.scores.get(key)
+        if found is None:
+            outcome = choosing.best_on(state, request, self.policy)
+            found = self.scores[key] = (
+                outcome.score if isinstance(outcome, Choice) else float("-inf")
+            )
+        return found
 
     def why(self, member: Member) -> dict[str, int]:
         """Misfit kinds over the member's candidate nodes (for the reason line). O(C × G)."""

@@ -163,21 +163,32 @@ class DefaultPolicy(Ranked):
     def __init__(self, workload: Workload, rank: Mapping[str, int] | None = None) -> None:
         super().__init__(rank)
         self.workload = workload
+        self._kept: dict[str, tuple[int, float]] = {}
+
+    def _before(self, state: NodeState) -> float:
+        """The node's own measure now, kept until its state changes. O(1) when kept."""
+        kept = self._kept.get(state.node.name)
+        if kept is not None and kept[0] == state.version:
+            return kept[1]
+        model = state.node.model
+        lefts = tuple(sorted(state.free_milli))
+        value = self.FGD_WEIGHT * self.workload.amount(
+            model, state.cpu, lefts
+        ) + self.workload.stranded(model, state.cpu, lefts)
+        if len(self._kept) >= PLACES_KEPT:
+            self._kept.clear()
+        self._kept[state.node.name] = (state.version, value)
+        return value
 
     def score(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
         """O(types × GPUs) on a memo miss, O(types) otherwise."""
         model = state.node.model
-        workload = self.workload
-        lefts_before = tuple(sorted(state.free_milli))
-        lefts_after = _after(state, request, gpus)
-        cpu_after = state.cpu - max(request.cpu_milli, MIN_CPU_MILLI)
-        stranded = workload.stranded(model, state.cpu, lefts_before) - workload.stranded(
-            model, cpu_after, lefts_after
+        lefts = _after(state, request, gpus)
+        cpu = state.cpu - max(request.cpu_milli, MIN_CPU_MILLI)
+        after = self.FGD_WEIGHT * self.workload.amount(model, cpu, lefts) + self.workload.stranded(
+            model, cpu, lefts
         )
-        fgd = workload.amount(model, state.cpu, lefts_before) - workload.amount(
-            model, cpu_after, lefts_after
-        )
-        return self.FGD_WEIGHT * fgd + stranded
+        return self._before(state) - after
 
     def prefer(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
         return 0.0
