@@ -14,12 +14,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from gpuplace.sidecar import SidecarSettings
 
 ENV_PREFIX = "GPUPLACE_"
 
 
-class Settings(BaseSettings):
+class Settings(SidecarSettings):
+    """Webhook, ops and cluster flags; the scheduler sidecar's flags come from
+    `gpuplace.sidecar.SidecarSettings`."""
+
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
 
     # --- webhook (TLS) --------------------------------------------------------------------
@@ -72,7 +77,9 @@ class Settings(BaseSettings):
 
     # --- cluster ---------------------------------------------------------------------------
     inventory: Path | None = Field(
-        None, description="offline node inventory (`kubectl get nodes -o json`) instead of the API"
+        None,
+        description="offline node inventory (`kubectl get nodes -o json`) instead of the API; "
+        "the webhook alone then runs (no scheduler extender)",
     )
     inventory_reload_seconds: float = Field(
         10.0, gt=0, description="how often --inventory is checked for changes"

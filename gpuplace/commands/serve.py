@@ -1,4 +1,6 @@
-"""`gpuplace serve`: the admission webhook (TLS) and the ops endpoints in one process.
+"""`gpuplace serve`: the admission webhook (TLS), the scheduler extender sidecar
+(loopback HTTP, backed by the cluster's API) and the ops endpoints, in one process.
+With --inventory FILE it runs offline: the webhook and ops endpoints only.
 
 Every flag is also an environment variable `GPUPLACE_<FLAG>` (see `gpuplace.settings`).
 Exit codes: 0 after SIGTERM/SIGINT, 2 for invalid settings, 1 when it cannot start
@@ -18,7 +20,9 @@ from typing import Any
 import prometheus_client
 from pydantic import ValidationError
 
+from cluster.connecting import ConnectError
 from gpuplace import logs, serving, settings
+from gpuplace.sidecar import Sidecar
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +30,7 @@ log = logging.getLogger(__name__)
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve",
-        help="run the admission webhook and the ops endpoints",
+        help="run the admission webhook, the scheduler extender and the ops endpoints",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -47,22 +51,33 @@ def run(args: argparse.Namespace) -> int:
     prometheus_client.ProcessCollector(registry=registry)
     prometheus_client.PlatformCollector(registry=registry)
     try:
-        server = serving.build(config, registry)
-    except (OSError, ssl.SSLError) as error:
-        log.error("cannot load the serving certificate", extra={"error": str(error)})
-        return 1
-    server.freeze_gc = True
-    try:
-        asyncio.run(_serve(server))
+        return asyncio.run(_serve(config, registry))
     except (OSError, serving.InventoryFileError) as error:
         log.error("cannot start", extra={"error": str(error)})
         return 1
-    return 0
 
 
-async def _serve(server: serving.Server) -> None:
+async def _serve(config: settings.Settings, registry: prometheus_client.CollectorRegistry) -> int:
+    sidecar: Sidecar | None = None
+    if config.inventory is None:
+        try:
+            sidecar = await Sidecar.create(config, registry)
+        except ConnectError as error:
+            log.error("cannot reach the Kubernetes API", extra={"error": str(error)})
+            return 1
+    try:
+        server = serving.build(config, registry, capabilities=sidecar)
+    except (OSError, ssl.SSLError) as error:
+        log.error("cannot load the serving certificate", extra={"error": str(error)})
+        return 1
+    if sidecar is not None:
+        server.add_context(sidecar.running)
+        server.add_readiness("sidecar", sidecar.not_ready_reason)
+        server.add_site("extender", sidecar.app, config.extender_address, config.extender_port)
+    server.freeze_gc = True
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     await server.run(stop)
+    return 0
