@@ -1,0 +1,65 @@
+"""A minimal in-memory Kubernetes API: only the endpoints gpuplace uses, in the real wire
+format, on 127.0.0.1. For `gpuplace demo` and for tests — never used against a real
+cluster, and never imported by placement/, webhook/, extender/, cluster/ or certs/.
+
+What it serves (the kube-apiserver behaviour gpuplace relies on, nothing more): pods,
+nodes, events, namespaces, configmaps and coordination.k8s.io leases; list with label
+and field selectors and `limit`/`continue`; watch with ADDED/MODIFIED/DELETED, BOOKMARK
+and 410 ERROR events; create/get/put/delete, the three PATCH content types, `/status`
+subresources and `pods/NAME/binding`; resourceVersion, uid and creationTimestamp set by
+the server; optimistic concurrency (409), immutable pod fields (422), gate removal and
+gated-pod affinity rules. No authentication, no admission, no persistence.
+
+Usage::
+
+    from gpuplace import localapi
+    from gpuplace.localapi import objects
+
+    async with localapi.serve() as server:         # FakeApi on an ephemeral port
+        server.api.create(objects.node("gpu-0"))   # set-up without HTTP
+        configuration = server.configuration()     # kubernetes_asyncio Configuration
+        server.kubeconfig(tmp_path / "kubeconfig") # or a kubeconfig file
+        ...
+        server.api.calls_to("PATCH", "/pods/")     # what clients sent
+        server.api.fail("POST", "/binding$", 500)  # the next binding fails (tests)
+        server.api.drop_watches()                  # watches end; clients must resume
+        server.api.compact(); server.api.drop_watches()  # ... and then get 410 Gone
+        server.api.expire_watches()                # ERROR 410 on every open watch
+
+`serve_in_thread()` runs one on its own thread and loop (synchronous tests such as CLI
+runs); `serve_in_subprocess(api)` forks one (benchmarks: no shared GIL). Kinds beyond the
+default ones are added with `FakeApi(resources=[*DEFAULT_RESOURCES, Resource(...)])`.
+
+Modules: `resources` (what is served where), `store` (state, resourceVersions,
+history, watchers and the server's rules), `server` (HTTP), `patching` (merge,
+strategic-merge, JSON patch), `selectors` (label/field selectors), `statuses` (Status
+bodies), `objects` (gpuplace Node/Pod builders). Tests import it as `tests.fakeapi`.
+"""
+
+from gpuplace.localapi.resources import DEFAULT_RESOURCES, EVENTS, NODES, PODS, Resource
+from gpuplace.localapi.server import (
+    Call,
+    FakeApi,
+    Server,
+    ThreadedServer,
+    serve,
+    serve_in_subprocess,
+    serve_in_thread,
+)
+from gpuplace.localapi.statuses import ApiStatusError
+
+__all__ = [
+    "DEFAULT_RESOURCES",
+    "EVENTS",
+    "NODES",
+    "PODS",
+    "ApiStatusError",
+    "Call",
+    "FakeApi",
+    "Resource",
+    "Server",
+    "ThreadedServer",
+    "serve",
+    "serve_in_subprocess",
+    "serve_in_thread",
+]

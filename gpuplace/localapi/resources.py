@@ -1,0 +1,56 @@
+"""The kinds of objects the fake API server knows, and where they live on the wire.
+
+A `Resource` says how an object kind is addressed (`/api/v1/namespaces/{ns}/pods`),
+what it is called in JSON (`kind`, `apiVersion`), whether it is namespaced and which
+subresources it has. `DEFAULT_RESOURCES` are the core kinds gpuplace uses; tests that
+need another kind pass their own `Resource` to `FakeApi(resources=...)` or `register`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    group: str
+    """API group; "" for the core group (served under /api/v1)."""
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    subresources: frozenset[str] = frozenset({"status"})
+    """Subresources PATCH/PUT/GET may address ("status"); pods also have "binding"."""
+
+    @property
+    def api_version(self) -> str:
+        return self.version if not self.group else f"{self.group}/{self.version}"
+
+    @property
+    def prefix(self) -> str:
+        """URL path prefix of the group version: /api/v1 or /apis/GROUP/VERSION."""
+        return "/api/v1" if not self.group else f"/apis/{self.group}/{self.version}"
+
+    @property
+    def list_kind(self) -> str:
+        return self.kind + "List"
+
+    def path(self, namespace: str | None = None, name: str | None = None) -> str:
+        """The URL path of the collection or of one object."""
+        parts = [self.prefix]
+        if self.namespaced and namespace is not None:
+            parts += ["namespaces", namespace]
+        parts.append(self.plural)
+        if name is not None:
+            parts.append(name)
+        return "/".join(parts)
+
+
+PODS = Resource("", "v1", "pods", "Pod", True, frozenset({"status", "binding"}))
+NODES = Resource("", "v1", "nodes", "Node", False)
+EVENTS = Resource("", "v1", "events", "Event", True, frozenset())
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", False)
+CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap", True, frozenset())
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", True, frozenset())
+
+DEFAULT_RESOURCES = (PODS, NODES, EVENTS, NAMESPACES, CONFIGMAPS, LEASES)

@@ -1,0 +1,106 @@
+"""`Status` bodies exactly as kube-apiserver sends them for failures (metav1.Status)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+REASONS = {
+    400: "BadRequest",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    410: "Expired",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+}
+
+
+class ApiStatusError(Exception):
+    """Raised inside the fake to answer with a Status body and HTTP `code`."""
+
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        *,
+        reason: str | None = None,
+        kind: str = "",
+        name: str = "",
+        group: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason or REASONS.get(code, "Unknown")
+        self.kind = kind
+        self.name = name
+        self.group = group
+
+    def body(self) -> dict[str, Any]:
+        return status(
+            self.code,
+            self.message,
+            reason=self.reason,
+            kind=self.kind,
+            name=self.name,
+            group=self.group,
+        )
+
+
+def status(
+    code: int,
+    message: str,
+    *,
+    reason: str | None = None,
+    kind: str = "",
+    name: str = "",
+    group: str = "",
+) -> dict[str, Any]:
+    """A failure Status; `kind`/`name` fill `details` as the API server does."""
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason or REASONS.get(code, "Unknown"),
+        "code": code,
+    }
+    if kind or name:
+        details: dict[str, Any] = {"kind": kind}
+        if name:
+            details["name"] = name
+        if group:
+            details["group"] = group
+        body["details"] = details
+    return body
+
+
+def success(code: int = 200) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": code}
+
+
+def not_found(plural: str, name: str, group: str = "") -> ApiStatusError:
+    shown = plural if not group else f"{plural}.{group}"
+    return ApiStatusError(404, f'{shown} "{name}" not found', kind=plural, name=name, group=group)
+
+
+def conflict(plural: str, name: str, why: str, group: str = "") -> ApiStatusError:
+    shown = plural if not group else f"{plural}.{group}"
+    return ApiStatusError(
+        409,
+        f'Operation cannot be fulfilled on {shown} "{name}": {why}',
+        kind=plural,
+        name=name,
+        group=group,
+    )
+
+
+def gone(message: str) -> ApiStatusError:
+    return ApiStatusError(410, message, reason="Expired")
+
+
+def invalid(kind: str, name: str, why: str) -> ApiStatusError:
+    return ApiStatusError(422, f'{kind} "{name}" is invalid: {why}', kind=kind, name=name)

@@ -1,0 +1,572 @@
+"""The fake API server's state: objects, resourceVersions, change history and watchers.
+
+Everything kube-apiserver guarantees that gpuplace relies on, and nothing more:
+
+- one cluster-wide resourceVersion counter (strings on the wire, increasing integers
+  here), bumped by every write that changes an object; a write that changes nothing
+  (a no-op patch) keeps the resourceVersion and sends no watch event, as the real
+  server does;
+- optimistic concurrency: a write carrying `metadata.resourceVersion` (or `uid`) that
+  differs from the stored one fails with 409 Conflict;
+- a bounded change history from which watches resume; a resourceVersion older than
+  the history (after `compact`) is "too old" (410 Expired);
+- label-selector watches that turn an object leaving the selection into DELETED and
+  one entering it into ADDED (as the watch cache does);
+- `status` subresources: writes to the object keep its status, writes to `/status`
+  change only the status;
+- pods: `spec.nodeName` is set only through the `binding` subresource (whose
+  annotations are copied onto the pod, as kube-apiserver does), scheduling gates can
+  only be removed, node affinity may change only while the pod is gated, other spec
+  fields are immutable (422).
+
+All methods are synchronous and must run on the server's event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import secrets
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuplace.localapi import patching, selectors, statuses
+from gpuplace.localapi.resources import DEFAULT_RESOURCES, PODS, Resource
+
+Obj = dict[str, Any]
+
+ADDED = "ADDED"
+MODIFIED = "MODIFIED"
+DELETED = "DELETED"
+BOOKMARK = "BOOKMARK"
+ERROR = "ERROR"
+
+DEFAULT_HISTORY = 100_000
+"""Changes kept for watches to resume from (kube-apiserver's watch cache keeps fewer)."""
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    rv: int
+    resource: Resource
+    type: str
+    obj: Obj
+    """The object after the change (for DELETED: its last state)."""
+    old: Obj | None
+    """The object before (MODIFIED, DELETED), for selector transitions."""
+
+
+@dataclass(slots=True, eq=False)
+class Watcher:
+    """One open watch: its filter and the queue the HTTP stream drains."""
+
+    resource: Resource
+    namespace: str | None
+    labels: selectors.Matcher
+    fields: Callable[[Mapping[str, object]], bool]
+    bookmarks: bool = False
+    """True when the client asked for BOOKMARK events (allowWatchBookmarks=true)."""
+    queue: asyncio.Queue[tuple[str, Obj] | None] = field(default_factory=asyncio.Queue)
+    abort: bool = False
+    """Set when the stream must end as a broken connection rather than cleanly."""
+
+    def matches(self, obj: Obj | None) -> bool:
+        if obj is None:
+            return False
+        metadata = obj.get("metadata") or {}
+        if self.namespace is not None and metadata.get("namespace") != self.namespace:
+            return False
+        return self.labels(metadata.get("labels") or {}) and self.fields(obj)
+
+    def event_for(self, change: Change) -> tuple[str, Obj] | None:
+        """What this watcher sees of a change, after selector transitions."""
+        now_in = change.type != DELETED and self.matches(change.obj)
+        was_in = self.matches(change.old) if change.old is not None else False
+        if change.type == DELETED:
+            return (DELETED, change.obj) if self.matches(change.obj) else None
+        if now_in and was_in:
+            return (MODIFIED, change.obj)
+        if now_in:
+            return (ADDED, change.obj)
+        if was_in:
+            return (DELETED, change.obj)
+        return None
+
+
+def _key(obj: Obj) -> tuple[str, str]:
+    metadata = obj.get("metadata") or {}
+    return (str(metadata.get("namespace") or ""), str(metadata.get("name") or ""))
+
+
+def _without(obj: Obj, *keys: str) -> Obj:
+    return {k: v for k, v in obj.items() if k not in keys}
+
+
+class Store:
+    """Objects by resource and (namespace, name); see the module docstring."""
+
+    def __init__(
+        self, resources: Iterable[Resource] = DEFAULT_RESOURCES, history: int = DEFAULT_HISTORY
+    ) -> None:
+        self._resources: dict[tuple[str, str], Resource] = {}
+        self._objects: dict[Resource, dict[tuple[str, str], Obj]] = {}
+        self._rv = 0
+        self._history: deque[Change] = deque(maxlen=history)
+        self._floor = 0
+        self.watchers: set[Watcher] = set()
+        self._continues: dict[str, tuple[Resource, int, list[Obj]]] = {}
+        for resource in resources:
+            self.register(resource)
+
+    # --- resources ----------------------------------------------------------------
+
+    def register(self, resource: Resource) -> None:
+        self._resources[(resource.group, resource.plural)] = resource
+        self._objects.setdefault(resource, {})
+
+    def resource(self, group: str, plural: str) -> Resource | None:
+        return self._resources.get((group, plural))
+
+    def resource_of(self, obj: Mapping[str, Any]) -> Resource:
+        """The resource of an object from its `apiVersion` and `kind`."""
+        api_version = str(obj.get("apiVersion") or "v1")
+        kind = str(obj.get("kind") or "")
+        for resource in self._resources.values():
+            if resource.kind == kind and resource.api_version == api_version:
+                return resource
+        raise statuses.ApiStatusError(400, f"no kind {kind!r} is registered for {api_version}")
+
+    @property
+    def resource_version(self) -> int:
+        return self._rv
+
+    # --- reading ------------------------------------------------------------------
+
+    def get(self, resource: Resource, namespace: str | None, name: str) -> Obj:
+        space = (namespace or "") if resource.namespaced else ""
+        found = self._objects[resource].get((space, name))
+        if found is None:
+            raise statuses.not_found(resource.plural, name, resource.group)
+        return found
+
+    def items(self, resource: Resource) -> list[Obj]:
+        return list(self._objects[resource].values())
+
+    def list(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+    ) -> tuple[list[Obj], str, str]:
+        """(items, resourceVersion, continue token or ""); pages share one snapshot."""
+        if continue_token:
+            saved = self._continues.pop(continue_token, None)
+            if saved is None or saved[0] != resource:
+                raise statuses.gone(
+                    "The provided continue parameter is too old to display a consistent list "
+                    "result. You can start a new list without the continue parameter, or use "
+                    "the continue token in this response to retrieve the remainder of the "
+                    "results. Continuing with the provided token results in an inconsistent "
+                    "list - objects that were created, modified, or deleted between the time "
+                    "the first chunk was returned and now may show up in the list."
+                )
+            _, rv, remaining = saved
+        else:
+            try:
+                labels = selectors.parse(label_selector)
+                fields = selectors.parse_fields(field_selector)
+            except ValueError as error:
+                raise statuses.ApiStatusError(400, str(error)) from error
+            watcher = Watcher(resource, namespace, labels, fields)
+            rv = self._rv
+            remaining = sorted(
+                (obj for obj in self._objects[resource].values() if watcher.matches(obj)),
+                key=_key,
+            )
+        if limit and limit > 0 and len(remaining) > limit:
+            page, rest = remaining[:limit], remaining[limit:]
+            token = secrets.token_urlsafe(12)
+            self._continues[token] = (resource, rv, rest)
+            return page, str(rv), token
+        return remaining, str(rv), ""
+
+    def expire_continues(self) -> None:
+        """Forget every continue token (the next page then answers 410)."""
+        self._continues.clear()
+
+    # --- writing ------------------------------------------------------------------
+
+    def _next_rv(self) -> int:
+        self._rv += 1
+        return self._rv
+
+    def _record(self, resource: Resource, kind: str, obj: Obj, old: Obj | None) -> None:
+        if self._history.maxlen is not None and len(self._history) == self._history.maxlen:
+            self._floor = self._history[0].rv
+        change = Change(self._rv, resource, kind, obj, old)
+        self._history.append(change)
+        for watcher in list(self.watchers):
+            if watcher.resource is resource or watcher.resource == resource:
+                event = watcher.event_for(change)
+                if event is not None:
+                    watcher.queue.put_nowait(event)
+
+    def create(
+        self, resource: Resource, obj: Obj, namespace: str | None = None, *, uid: str | None = None
+    ) -> Obj:
+        obj = copy.deepcopy(obj)
+        metadata = obj.setdefault("metadata", {})
+        if not isinstance(metadata, dict):
+            raise statuses.ApiStatusError(400, "metadata must be an object")
+        if resource.namespaced:
+            given = metadata.get("namespace")
+            namespace = namespace or given or "default"
+            if given and given != namespace:
+                raise statuses.ApiStatusError(
+                    400,
+                    "the namespace of the provided object does not match the namespace sent "
+                    "on the request",
+                )
+            metadata["namespace"] = namespace
+        else:
+            metadata.pop("namespace", None)
+        if not metadata.get("name"):
+            prefix = metadata.get("generateName")
+            if not prefix:
+                raise statuses.invalid(
+                    resource.kind, "", "metadata.name: Required value: name or generateName"
+                )
+            metadata["name"] = prefix + secrets.token_hex(3)[:5]
+        name = str(metadata["name"])
+        key = (str(metadata.get("namespace") or ""), name)
+        if key in self._objects[resource]:
+            raise statuses.ApiStatusError(
+                409,
+                f'{resource.plural} "{name}" already exists',
+                reason="AlreadyExists",
+                kind=resource.plural,
+                name=name,
+                group=resource.group,
+            )
+        obj["kind"] = resource.kind
+        obj["apiVersion"] = resource.api_version
+        metadata["uid"] = uid or str(uuid.uuid4())
+        metadata["creationTimestamp"] = now()
+        metadata.pop("deletionTimestamp", None)
+        if resource is PODS or resource == PODS:
+            obj.setdefault("spec", {})
+            status = obj.setdefault("status", {})
+            status.setdefault("phase", "Pending")
+            if obj["spec"].get("schedulingGates"):
+                status.setdefault(
+                    "conditions",
+                    [
+                        {
+                            "type": "PodScheduled",
+                            "status": "False",
+                            "reason": "SchedulingGated",
+                            "message": "Scheduling is blocked due to non-empty scheduling gates",
+                        }
+                    ],
+                )
+        metadata["resourceVersion"] = str(self._next_rv())
+        self._objects[resource][key] = obj
+        self._record(resource, ADDED, obj, None)
+        return obj
+
+    def load(self, resource: Resource, objects: Iterable[Obj]) -> int:
+        """Bulk set-up for big benchmarks: store `objects` as if they had existed before
+        anyone watched (one resourceVersion each, no history, no copy: the store owns
+        them and their sub-objects may be shared). Returns how many were stored."""
+        count = 0
+        for obj in objects:
+            metadata = obj["metadata"]
+            if resource.namespaced:
+                metadata.setdefault("namespace", "default")
+            metadata.setdefault("uid", str(uuid.uuid4()))
+            metadata.setdefault("creationTimestamp", now())
+            obj["kind"], obj["apiVersion"] = resource.kind, resource.api_version
+            metadata["resourceVersion"] = str(self._next_rv())
+            self._objects[resource][_key(obj)] = obj
+            count += 1
+        self._history.clear()
+        self._floor = self._rv
+        return count
+
+    def _preconditions(self, resource: Resource, old: Obj, new: Obj) -> None:
+        name = old["metadata"]["name"]
+        old_meta, new_meta = old["metadata"], new.get("metadata") or {}
+        if new_meta.get("name") != name or new_meta.get("namespace") != old_meta.get("namespace"):
+            raise statuses.invalid(
+                resource.kind, name, "metadata.name: Invalid value: field is immutable"
+            )
+        rv = new_meta.get("resourceVersion")
+        if rv not in (None, "") and str(rv) != old_meta["resourceVersion"]:
+            raise statuses.conflict(
+                resource.plural,
+                name,
+                "the object has been modified; please apply your changes to the latest "
+                "version and try again",
+                resource.group,
+            )
+        uid = new_meta.get("uid")
+        if uid not in (None, "") and uid != old_meta["uid"]:
+            raise statuses.conflict(
+                resource.plural,
+                name,
+                f"Precondition failed: UID in precondition: {uid}, "
+                f"UID in object meta: {old_meta['uid']}",
+                resource.group,
+            )
+
+    def update(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        new: Obj,
+        subresource: str | None = None,
+    ) -> Obj:
+        """Replace an object (PUT, or the result of a PATCH), with every server rule."""
+        old = self.get(resource, namespace, name)
+        new = copy.deepcopy(new)
+        self._preconditions(resource, old, new)
+        new["kind"], new["apiVersion"] = resource.kind, resource.api_version
+        metadata = new["metadata"]
+        for immutable in ("uid", "creationTimestamp", "deletionTimestamp"):
+            if immutable in old["metadata"]:
+                metadata[immutable] = old["metadata"][immutable]
+            else:
+                metadata.pop(immutable, None)
+        if subresource == "status":
+            kept = copy.deepcopy(old)
+            kept["status"] = new.get("status", {})
+            new = kept
+        elif subresource is not None:
+            raise statuses.ApiStatusError(405, f"{subresource} does not support updates")
+        elif "status" in resource.subresources:
+            if "status" in old:
+                new["status"] = copy.deepcopy(old["status"])
+            else:
+                new.pop("status", None)
+        if resource == PODS and subresource is None:
+            _check_pod_update(old, new)
+        new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+        if new == old:
+            return old
+        new["metadata"]["resourceVersion"] = str(self._next_rv())
+        self._objects[resource][_key(old)] = new
+        self._record(resource, MODIFIED, new, old)
+        return new
+
+    def patch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        *,
+        content_type: str,
+        patch: Any,
+        subresource: str | None = None,
+    ) -> Obj:
+        old = self.get(resource, namespace, name)
+        try:
+            new = patching.apply(content_type, old, patch)
+        except patching.PatchError as error:
+            if content_type.startswith(patching.JSON_PATCH):
+                raise statuses.invalid(resource.kind, name, str(error)) from error
+            raise statuses.ApiStatusError(400, str(error)) from error
+        return self.update(resource, namespace, name, new, subresource)
+
+    def delete(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        preconditions: Mapping[str, Any] | None = None,
+    ) -> Obj:
+        old = self.get(resource, namespace, name)
+        if preconditions:
+            probe = {"metadata": {**old["metadata"], **{k: v for k, v in preconditions.items()}}}
+            self._preconditions(resource, old, probe)
+        gone = copy.deepcopy(old)
+        gone["metadata"]["resourceVersion"] = str(self._next_rv())
+        del self._objects[resource][_key(old)]
+        self._record(resource, DELETED, gone, old)
+        return gone
+
+    def bind(self, namespace: str, name: str, binding: Mapping[str, Any]) -> None:
+        """POST pods/NAME/binding: set spec.nodeName once, with the Binding's annotations."""
+        pod = self.get(PODS, namespace, name)
+        metadata = binding.get("metadata") or {}
+        target = binding.get("target") or {}
+        if metadata.get("name") not in (None, "", name):
+            raise statuses.ApiStatusError(400, "name in the URL does not match the Binding name")
+        node = target.get("name")
+        if not node or target.get("kind", "Node") != "Node":
+            raise statuses.invalid("Binding", name, "target: Required value: a Node")
+        uid = metadata.get("uid")
+        if uid and uid != pod["metadata"]["uid"]:
+            raise statuses.conflict(
+                "pods/binding",
+                name,
+                f"Precondition failed: UID in precondition: {uid}, "
+                f"UID in object meta: {pod['metadata']['uid']}",
+            )
+        rv = metadata.get("resourceVersion")
+        if rv and rv != pod["metadata"]["resourceVersion"]:
+            raise statuses.conflict(
+                "pods/binding", name, "the object has been modified; please apply your changes"
+            )
+        if pod["metadata"].get("deletionTimestamp"):
+            raise statuses.conflict(
+                "pods/binding", name, f"pod {name} is being deleted, cannot be assigned to a host"
+            )
+        assigned = (pod.get("spec") or {}).get("nodeName")
+        if assigned:
+            raise statuses.conflict(
+                "pods/binding", name, f'pod {name} is already assigned to node "{assigned}"'
+            )
+        if (pod.get("spec") or {}).get("schedulingGates"):
+            raise statuses.conflict(
+                "pods/binding", name, f"pod {name} has non-empty .spec.schedulingGates"
+            )
+        new = copy.deepcopy(pod)
+        new["spec"]["nodeName"] = node
+        annotations = metadata.get("annotations") or {}
+        if annotations:
+            new["metadata"].setdefault("annotations", {}).update(annotations)
+        conditions = [
+            c
+            for c in new.setdefault("status", {}).get("conditions", [])
+            if c.get("type") != "PodScheduled"
+        ]
+        conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": now()})
+        new["status"]["conditions"] = conditions
+        new["metadata"]["resourceVersion"] = str(self._next_rv())
+        self._objects[PODS][_key(pod)] = new
+        self._record(PODS, MODIFIED, new, pod)
+
+    # --- watching -----------------------------------------------------------------
+
+    def watch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        *,
+        label_selector: str | None,
+        field_selector: str | None,
+        resource_version: str | None,
+        bookmarks: bool = False,
+    ) -> Watcher:
+        """Register a watcher, primed with what it must see first; raises 410 when too old."""
+        try:
+            labels = selectors.parse(label_selector)
+            fields = selectors.parse_fields(field_selector)
+        except ValueError as error:
+            raise statuses.ApiStatusError(400, str(error)) from error
+        watcher = Watcher(resource, namespace, labels, fields, bookmarks)
+        if resource_version in (None, "", "0"):
+            for obj in sorted(self._objects[resource].values(), key=_key):
+                if watcher.matches(obj):
+                    watcher.queue.put_nowait((ADDED, obj))
+        else:
+            try:
+                since = int(str(resource_version))
+            except ValueError as error:
+                raise statuses.ApiStatusError(
+                    400, f"invalid resource version {resource_version!r}"
+                ) from error
+            if since < self._floor:
+                raise statuses.gone(f"too old resource version: {since} ({self._floor})")
+            for change in itertools.dropwhile(lambda c: c.rv <= since, self._history):
+                if change.resource == resource:
+                    event = watcher.event_for(change)
+                    if event is not None:
+                        watcher.queue.put_nowait(event)
+        self.watchers.add(watcher)
+        return watcher
+
+    def unwatch(self, watcher: Watcher) -> None:
+        self.watchers.discard(watcher)
+
+    def bookmark(self) -> None:
+        """Every open watch that allows bookmarks gets one at the current resourceVersion."""
+        for watcher in list(self.watchers):
+            if watcher.bookmarks:
+                watcher.queue.put_nowait((BOOKMARK, self.bookmark_object(watcher.resource)))
+
+    def bookmark_object(self, resource: Resource) -> Obj:
+        return {
+            "kind": resource.kind,
+            "apiVersion": resource.api_version,
+            "metadata": {"resourceVersion": str(self._rv)},
+        }
+
+    def compact(self) -> None:
+        """Drop the change history: a watch from any earlier resourceVersion gets 410."""
+        self._history.clear()
+        self._floor = self._rv
+
+    def close_watches(self, *, abort: bool = False, expire: bool = False) -> int:
+        """End every open watch: cleanly, as a broken connection, or with a 410 ERROR."""
+        count = 0
+        for watcher in list(self.watchers):
+            if expire:
+                error = statuses.gone(f"too old resource version: {self._floor} ({self._rv})")
+                watcher.queue.put_nowait((ERROR, error.body()))
+            watcher.abort = abort
+            watcher.queue.put_nowait(None)
+            self.watchers.discard(watcher)
+            count += 1
+        return count
+
+
+_MUTABLE_POD_SPEC = ("schedulingGates", "affinity", "activeDeadlineSeconds", "tolerations")
+
+
+def _check_pod_update(old: Obj, new: Obj) -> None:
+    name = old["metadata"]["name"]
+    before, after = old.get("spec") or {}, new.get("spec") or {}
+    if before.get("nodeName") != after.get("nodeName"):
+        raise statuses.invalid(
+            "Pod", name, "spec.nodeName: Forbidden: may only be set through pods/binding"
+        )
+    old_gates = [gate.get("name") for gate in before.get("schedulingGates") or []]
+    new_gates = [gate.get("name") for gate in after.get("schedulingGates") or []]
+    if any(gate not in old_gates for gate in new_gates):
+        raise statuses.invalid(
+            "Pod", name, "spec.schedulingGates: Forbidden: only deletion is allowed"
+        )
+    if before.get("affinity") != after.get("affinity") and not old_gates:
+        raise statuses.invalid(
+            "Pod", name, "spec.affinity: Forbidden: may change only while the pod is gated"
+        )
+
+    def fixed(spec: Mapping[str, Any]) -> Obj:
+        kept = _without(dict(spec), *_MUTABLE_POD_SPEC)
+        kept["containers"] = [_without(c, "image") for c in spec.get("containers") or []]
+        return kept
+
+    if fixed(before) != fixed(after):
+        raise statuses.invalid(
+            "Pod",
+            name,
+            "spec: Forbidden: pod updates may not change fields other than "
+            "`spec.containers[*].image`, `spec.activeDeadlineSeconds`, `spec.tolerations` "
+            "(only additions to existing tolerations), `spec.schedulingGates` (only deletion) "
+            "and node affinity of gated pods",
+        )
