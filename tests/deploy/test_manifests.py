@@ -21,7 +21,12 @@ from tests.deploy import rendering
 from tests.deploy.rendering import Obj, container, named, one, render
 
 ROOT = rendering.ROOT
-K8S_VERSION = (ROOT.parent / "shared" / "fixtures" / "k8s-version.txt").read_text().split()[-1]
+_VERSION_FILE = ROOT.parent / "shared" / "fixtures" / "k8s-version.txt"
+K8S_VERSION = (
+    _VERSION_FILE.read_text().split()[-1]
+    if _VERSION_FILE.exists()
+    else "v1.36.2"  # the version the captured fixtures came from, when ../shared is absent
+)
 NAMESPACE = "gpuplace"
 SERVICE = "gpuplace-webhook"
 SIDECAR_SA = "gpuplace"
