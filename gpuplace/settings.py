@@ -87,6 +87,11 @@ class Settings(SidecarSettings):
     kubeconfig: Path | None = Field(
         None, description="kubeconfig for the API (default: in-cluster service account)"
     )
+    gangs: bool = Field(
+        True,
+        description="run the gang controller: plan complete gangs all at once, reserve "
+        "their GPUs and remove their scheduling gates together",
+    )
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -1,5 +1,7 @@
 """The scheduler sidecar, composed: informers → ledger → extender verbs, plus the
-background work that keeps the API right (node status, Events, expired reservations).
+background work that keeps the API right (node status, Events, expired reservations)
+and, with `gangs`, the gang controller (`extender.gangs`: its own gang-pod informer,
+planning on the shared ledger, ungating members together).
 
 For `gpuplace serve` (see gpuplace.serving):
 
@@ -14,6 +16,8 @@ or, in a single aiohttp app: `app.cleanup_ctx.append(sidecar.cleanup_ctx)`.
 
 `SidecarSettings` holds the sidecar's own flags (env `GPUPLACE_*`); the process
 settings may merge them: anything with the attributes of `SidecarConfig` will do.
+`SidecarSettings.gangs` is off (a bare sidecar, as the extender tests build it);
+`gpuplace serve`'s settings turn it on by default (`--gangs false` turns it off).
 """
 
 from __future__ import annotations
@@ -32,10 +36,22 @@ from prometheus_client import CollectorRegistry
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from cluster import advertising, connecting, kube, metering, mirroring, reaping, recording
+from cluster import (
+    advertising,
+    connecting,
+    kube,
+    metering,
+    mirroring,
+    reaping,
+    recording,
+    watching,
+)
 from cluster.syncing import LedgerSync
 from extender import app as extender_app
-from extender import binding, deciding, workloads
+from extender import binding, deciding, gang_store, gangs, workloads
+from extender.gang_api import KubePods
+from extender.gang_fences import Fences
+from extender.gang_members import GangPod
 from placement import policies
 from placement.inventory import Capabilities
 
@@ -79,6 +95,8 @@ class SidecarConfig(Protocol):
     def gc_freeze_seconds(self) -> float: ...
     @property
     def gc_full_seconds(self) -> float: ...
+    @property
+    def gangs(self) -> bool: ...
 
 
 class SidecarSettings(BaseSettings):
@@ -138,6 +156,11 @@ class SidecarSettings(BaseSettings):
     )
     gc_full_seconds: float = Field(
         3600.0, ge=0, description="a full unfrozen collection this often (0 = never)"
+    )
+    gangs: bool = Field(
+        False,
+        description="run the gang controller: plan complete gangs all at once, reserve "
+        "their GPUs and remove their scheduling gates together",
     )
 
 
@@ -208,6 +231,29 @@ class Sidecar:
         )
         self.app = extender_app.create_app(self.service)
         """The extender's aiohttp app (/filter, /prioritize, /bind), for its own site."""
+        self.fences = Fences()
+        """Capacity holds of a starving gang (written by the gang controller)."""
+        self.gang_store: gang_store.GangStore | None = None
+        self.gang_informer: watching.Informer[GangPod] | None = None
+        self.gangs: gangs.GangController | None = None
+        """The gang controller (None with `gangs` off)."""
+        if settings.gangs:
+            self.gang_store = gang_store.GangStore()
+            self.gang_informer = gang_store.informer(
+                api,
+                self.gang_store,
+                page_size=settings.list_page_size,
+                watch_seconds=settings.watch_timeout_seconds,
+            )
+            self.gangs = gangs.GangController(
+                KubePods(api),
+                self.gang_store,
+                self.sync,
+                lambda: self.holder.current().policy,
+                recorder=self.recorder,
+                registry=registry,
+                fences=self.fences,
+            )
 
     @classmethod
     async def create(
@@ -280,6 +326,9 @@ class Sidecar:
             work.append(self.advertiser.run())
         if self.recorder is not None:
             work.append(self.recorder.run())
+        if self.gangs is not None and self.gang_informer is not None:
+            work.append(self.gang_informer.run())
+            work.append(self.gangs.run())
         return work
 
     @contextlib.asynccontextmanager

@@ -1,6 +1,7 @@
 """`gpuplace serve`: the admission webhook (TLS), the scheduler extender sidecar
-(loopback HTTP, backed by the cluster's API) and the ops endpoints, in one process.
-With --inventory FILE it runs offline: the webhook and ops endpoints only.
+(loopback HTTP, backed by the cluster's API, with the gang controller) and the ops
+endpoints, in one process. With --inventory FILE it runs offline: the webhook and ops
+endpoints only.
 
 Every flag is also an environment variable `GPUPLACE_<FLAG>` (see `gpuplace.settings`).
 Exit codes: 0 after SIGTERM/SIGINT, 2 for invalid settings, 1 when it cannot start
@@ -12,9 +13,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import random
 import signal
 import ssl
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import prometheus_client
@@ -57,23 +60,53 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
-async def _serve(config: settings.Settings, registry: prometheus_client.CollectorRegistry) -> int:
+@dataclass(slots=True)
+class Process:
+    """The parts of one `gpuplace serve` process, built and not yet started."""
+
+    server: serving.Server
+    sidecar: Sidecar | None
+    """The scheduler sidecar (None when offline: `--inventory FILE`)."""
+
+
+async def compose(
+    config: settings.Settings,
+    registry: prometheus_client.CollectorRegistry,
+    *,
+    rng: random.Random | None = None,
+) -> Process:
+    """The process as configured: ops and webhook sites (`serving.build`) and, unless
+    `--inventory` is given, the sidecar (its informers and background work as a context,
+    its sync as a readiness check, the extender as a site, its live inventory as the
+    webhook's). Run it with `process.server.run(stop)`. Used by `gpuplace serve` and
+    `gpuplace demo` alike. Raises `ConnectError` (no API), `OSError`/`ssl.SSLError`
+    (certificate), `serving.InventoryFileError` only later, at start."""
     sidecar: Sidecar | None = None
     if config.inventory is None:
-        try:
-            sidecar = await Sidecar.create(config, registry)
-        except ConnectError as error:
-            log.error("cannot reach the Kubernetes API", extra={"error": str(error)})
-            return 1
+        sidecar = await Sidecar.create(config, registry, rng=rng)
     try:
         server = serving.build(config, registry, capabilities=sidecar)
-    except (OSError, ssl.SSLError) as error:
-        log.error("cannot load the serving certificate", extra={"error": str(error)})
-        return 1
+    except BaseException:
+        if sidecar is not None:
+            await sidecar.api.close()
+        raise
     if sidecar is not None:
         server.add_context(sidecar.running)
         server.add_readiness("sidecar", sidecar.not_ready_reason)
         server.add_site("extender", sidecar.app, config.extender_address, config.extender_port)
+    return Process(server, sidecar)
+
+
+async def _serve(config: settings.Settings, registry: prometheus_client.CollectorRegistry) -> int:
+    try:
+        process = await compose(config, registry)
+    except ConnectError as error:
+        log.error("cannot reach the Kubernetes API", extra={"error": str(error)})
+        return 1
+    except (OSError, ssl.SSLError) as error:
+        log.error("cannot load the serving certificate", extra={"error": str(error)})
+        return 1
+    server = process.server
     server.freeze_gc = True
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,0 +1,260 @@
+"""`gpuplace serve` against an API server (the local wire-format one, through a kubeconfig
+file): the composed process — webhook, extender sidecar, gang controller, ops — in
+process and as a real subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from cluster import keys
+from extender.gang_members import plan_mark
+from gpuplace import localapi
+from gpuplace.commands import serve
+from gpuplace.localapi import objects
+from gpuplace.settings import Settings
+from tests.webhook import helpers
+
+
+@pytest.fixture
+def tls(tmp_path: Path) -> tuple[Path, Path]:
+    return helpers.write_certificate(tmp_path / "tls")
+
+
+def settings(tls: tuple[Path, Path], tmp_path: Path, kubeconfig: Path, **values: Any) -> Settings:
+    base: dict[str, Any] = {
+        "webhook_address": "127.0.0.1",
+        "webhook_port": 0,
+        "extender_port": 0,
+        "metrics_address": "127.0.0.1",
+        "metrics_port": 0,
+        "cert_file": tls[0],
+        "key_file": tls[1],
+        "audit_log": str(tmp_path / "audit.jsonl"),
+        "kubeconfig": kubeconfig,
+        "gc_freeze_seconds": 0.0,
+        "node_status_min_interval_seconds": 0.0,
+    }
+    base.update(values)
+    return Settings(**base)
+
+
+def member(name: str, gang: str, size: int) -> dict[str, Any]:
+    """A gang member as the mutating webhook stores it: 2 whole GPUs, label, gate."""
+    return objects.pod(
+        name,
+        percent=None,
+        count=2,
+        annotations={keys.GANG_NAME: gang, keys.GANG_SIZE: str(size)},
+        labels={keys.GANG_LABEL: gang},
+        gates=[keys.GANG_GATE],
+    )
+
+
+@contextlib.asynccontextmanager
+async def started(process: serve.Process) -> AsyncIterator[aiohttp.ClientSession]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(process.server.run(stop))
+    try:
+        await asyncio.wait_for(process.server.started.wait(), 10)
+        async with aiohttp.ClientSession() as session:
+            url = f"http://127.0.0.1:{process.server.port('ops')}/readyz"
+            for _ in range(200):
+                async with session.get(url) as response:
+                    if response.status == 200:
+                        break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("gpuplace serve did not become ready")
+            yield session
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_serve_runs_the_gang_controller_which_ungates_a_complete_gang(
+    tls: tuple[Path, Path], tmp_path: Path
+) -> None:
+    async with localapi.serve() as api_server:
+        api = api_server.api
+        for i in range(2):
+            api.create(objects.node(f"gpu-{i}", gpus=4))
+        kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig")
+        process = await serve.compose(settings(tls, tmp_path, kubeconfig), CollectorRegistry())
+        sidecar = process.sidecar
+        assert sidecar is not None and sidecar.gangs is not None
+        async with started(process) as session:
+            # an incomplete gang stays gated and holds nothing
+            for i in range(3):
+                api.create(member(f"w{i}", "train", 4))
+            await asyncio.sleep(0.5)
+            assert all(pod["spec"].get("schedulingGates") for pod in api.objects("pods"))
+            assert len(sidecar.sync.ledger) == 0
+            api.create(member("w3", "train", 4))
+            deadline = time.monotonic() + 10
+            while any(pod["spec"].get("schedulingGates") for pod in api.objects("pods")):
+                assert time.monotonic() < deadline, "the gang was not ungated"
+                await asyncio.sleep(0.05)
+            pods = api.objects("pods")
+            marks = [plan_mark(pod) for pod in pods]
+            assert len({mark.id for mark in marks if mark is not None}) == 1
+            nodes = {pod["metadata"]["annotations"][keys.ASSIGNED_NODE] for pod in pods}
+            assert nodes == {"gpu-0", "gpu-1"}  # 4 × 2 GPUs on two 4-GPU nodes
+            # kube-scheduler's part: each ungated member goes through filter and bind
+            extender = f"http://127.0.0.1:{process.server.port('extender')}"
+            for pod in pods:
+                body = {"Pod": pod, "NodeNames": ["gpu-0", "gpu-1"], "Nodes": None}
+                async with session.post(f"{extender}/filter", json=body) as response:
+                    passed = (await response.json())["NodeNames"]
+                planned_node = pod["metadata"]["annotations"][keys.ASSIGNED_NODE]
+                assert passed == [planned_node]
+                bind = {
+                    "PodName": pod["metadata"]["name"],
+                    "PodNamespace": "default",
+                    "PodUID": pod["metadata"]["uid"],
+                    "Node": planned_node,
+                }
+                async with session.post(f"{extender}/bind", json=bind) as response:
+                    assert (await response.json())["Error"] == ""
+            bound = sorted(pod["spec"]["nodeName"] for pod in api.objects("pods"))
+            assert bound == ["gpu-0", "gpu-0", "gpu-1", "gpu-1"]
+
+
+async def test_gangs_false_runs_no_gang_controller(tls: tuple[Path, Path], tmp_path: Path) -> None:
+    async with localapi.serve() as api_server:
+        api_server.api.create(objects.node("gpu-0", gpus=4))
+        kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig")
+        process = await serve.compose(
+            settings(tls, tmp_path, kubeconfig, gangs=False), CollectorRegistry()
+        )
+        assert process.sidecar is not None and process.sidecar.gangs is None
+        async with started(process):
+            api_server.api.create(member("w0", "pair", 2))
+            api_server.api.create(member("w1", "pair", 2))
+            await asyncio.sleep(0.5)
+            assert all(p["spec"].get("schedulingGates") for p in api_server.api.objects("pods"))
+
+
+# --- as a process ----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def threaded_api() -> Iterator[localapi.ThreadedServer]:
+    with localapi.serve_in_thread() as server:
+        yield server
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _http(method: str, url: str, body: Any = None) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"null")
+
+
+def test_gpuplace_serve_process_against_the_api(tls: tuple[Path, Path], tmp_path: Path) -> None:
+    with threaded_api() as api_server:
+        api_server.call(lambda: api_server.api.create(objects.node("gpu-0", gpus=2)))
+        api_server.call(lambda: api_server.api.create(objects.node("cpu-0", gpus=0, enabled=False)))
+        kubeconfig = api_server.server.kubeconfig(tmp_path / "kubeconfig")
+        webhook, extender, ops = _free_port(), _free_port(), _free_port()
+        command = [
+            sys.executable,
+            "-m",
+            "gpuplace.cli",
+            "serve",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--cert-file",
+            str(tls[0]),
+            "--key-file",
+            str(tls[1]),
+            "--webhook-address",
+            "127.0.0.1",
+            "--webhook-port",
+            str(webhook),
+            "--extender-port",
+            str(extender),
+            "--metrics-address",
+            "127.0.0.1",
+            "--metrics-port",
+            str(ops),
+            "--audit-log",
+            str(tmp_path / "audit.jsonl"),
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPLACE_")}
+        process = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=helpers.REPO
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    status, _ = _http("GET", f"http://127.0.0.1:{ops}/readyz")
+                    if status == 200:
+                        break
+                except OSError:
+                    pass
+                assert process.poll() is None, process.stderr.read() if process.stderr else ""
+                assert time.monotonic() < deadline, "gpuplace serve did not become ready"
+                time.sleep(0.1)
+            pod = api_server.call(
+                lambda: api_server.api.create(objects.pod("share", percent=50, memory="8Gi"))
+            )
+            status, verdict = _http(
+                "POST",
+                f"http://127.0.0.1:{extender}/filter",
+                {"Pod": pod, "NodeNames": ["gpu-0", "cpu-0"], "Nodes": None},
+            )
+            assert status == 200, verdict
+            assert verdict["NodeNames"] == ["gpu-0"]
+            assert set(verdict["FailedNodes"]) | set(verdict["FailedAndUnresolvableNodes"]) == {
+                "cpu-0"
+            }
+            status, scores = _http(
+                "POST",
+                f"http://127.0.0.1:{extender}/prioritize",
+                {"Pod": pod, "NodeNames": ["gpu-0"], "Nodes": None},
+            )
+            assert status == 200 and scores == [{"Host": "gpu-0", "Score": 10}]
+            # the sidecar advertised the node's GPU totals on its status
+            node = api_server.call(lambda: api_server.api.get("nodes", "gpu-0"))
+            allocatable = node["status"]["allocatable"]
+            assert allocatable[keys.RESOURCE_PERCENT] == "200"
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=15)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    assert process.returncode == 0, stderr.decode()
+    messages = [json.loads(line)["message"] for line in stderr.decode().splitlines()]
+    assert "cluster state synced" in messages and "stopped" in messages
