@@ -269,21 +269,29 @@ def plot(path: Path, results: Sequence[tuple[RunFigures, replay.Replay]]) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(8, 5), dpi=110)
+    figure, (whole, zoom) = plt.subplots(1, 2, figsize=(12, 5), dpi=110)
+    low = 100.0
     for figures, result in results:
         arrived = [result.percent(a) for a in result.arrived]
         allocated = [result.percent(a) for a in result.allocated]
         mode = " via extender" if figures.via_extender else ""
-        axes.plot(arrived, allocated, label=f"{figures.policy}{mode} (seed {figures.seed})")
-    axes.plot([0, 130], [0, 130], color="grey", linewidth=0.6, linestyle=":")
-    axes.set_xlim(0, 130)
-    axes.set_ylim(0, 100)
-    axes.set_xlabel("arrived GPU request (% of GPU capacity)")
-    axes.set_ylabel("GPU allocation (% of capacity)")
+        label = f"{figures.policy}{mode} (seed {figures.seed})"
+        whole.plot(arrived, allocated, label=label)
+        zoom.plot(arrived, allocated, label=label)
+        low = min([low, *(a for x, a in zip(arrived, allocated, strict=True) if x >= 80)])
+    whole.plot([0, 130], [0, 130], color="grey", linewidth=0.6, linestyle=":")
+    whole.set_xlim(0, 130)
+    whole.set_ylim(0, 100)
+    zoom.set_xlim(80, 130)
+    zoom.set_ylim(max(0.0, low - 1), 100)
+    zoom.set_title("zoom: 80-130% arrived")
+    for axes in (whole, zoom):
+        axes.set_xlabel("arrived GPU request (% of GPU capacity)")
+        axes.set_ylabel("GPU allocation (% of capacity)")
+        axes.grid(True, linewidth=0.3)
     title = results[0][0].pods if results else ""
-    axes.set_title(f"GPU allocation vs arrived workload — {title}")
-    axes.grid(True, linewidth=0.3)
-    axes.legend(loc="lower right", fontsize="small")
+    whole.set_title(f"GPU allocation vs arrived workload: {title}")
+    zoom.legend(loc="lower right", fontsize="small")
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
