@@ -208,7 +208,9 @@ class GangController:
     - `policy`: the policy in force, e.g. `lambda: holder.current().policy`;
     - `lock`: the lock the extender takes around decide-and-reserve, if it has one;
     - `fences`: the capacity holds the extender's filter consults;
-    - `recorder`, `registry`, `clock` (POSIX seconds).
+    - `recorder`, `registry`, `clock` (POSIX seconds);
+    - `active`: whether this replica is the decision-maker now (only the replica whose
+      kube-scheduler holds the Lease may plan: `gang_leader.LeaseFollower`).
     """
 
     def __init__(
@@ -224,6 +226,7 @@ class GangController:
         fences: Fences | None = None,
         settings: GangSettings | None = None,
         clock: Callable[[], float] = time.time,
+        active: Callable[[], bool] | None = None,
     ) -> None:
         self.api = api
         self.store = store
@@ -234,6 +237,8 @@ class GangController:
         self.fences = fences
         self.settings = settings or GangSettings()
         self.clock = clock
+        self.active = active
+        """Whether this replica decides now (`gang_leader.LeaseFollower`); None: always."""
         self.metrics = GangMetrics(registry)
         self.rounds = 0
         """Completed rounds (tests wait on it)."""
@@ -264,15 +269,21 @@ class GangController:
         await self.sync.ready.wait()
         while True:
             try:
-                await self.step()
+                if self.active is None or self.active():
+                    await self.step()
+                elif self.fences is not None and self.fences.release() is not None:
+                    self.metrics.fenced.set(0)
             except kube.ApiError as error:
                 log.warning(
                     "gang round failed, retrying",
                     extra={"status": error.status, "reason": error.reason},
                 )
             delay = min(self.settings.poll_seconds, max(self._next - self.clock(), 0.0))
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            # that races with the event, and the task would never stop
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
             self._wake.clear()
             await asyncio.sleep(self.settings.settle_seconds)
 
@@ -335,8 +346,11 @@ class GangController:
 
         return list(await asyncio.gather(*(one(item) for item in items), return_exceptions=True))
 
-    async def _settle(self, key: GangKey, plan_id: str) -> None:
-        """Roll a plan found in the API forward or back (rule in the module docstring)."""
+    async def _settle(
+        self, key: GangKey, plan_id: str, known: dict[str, dict[str, Any]] | None = None
+    ) -> None:
+        """Roll a plan found in the API forward or back (rule in the module docstring).
+        `known`: members' bodies just returned by our own writes (not read again)."""
         committed = self._committed.get(plan_id)
         if committed is not None:
             members = list(committed.members)
@@ -350,7 +364,10 @@ class GangController:
             if not members:
                 return
             size = max(pod.plan.members for pod in members if pod.plan is not None)
-        fresh = _raise_first(await self._each(members, self._fetch))
+        if known is not None and all(pod.uid in known for pod in members):
+            fresh: list[Any] = [known[pod.uid] for pod in members]
+        else:
+            fresh = _raise_first(await self._each(members, self._fetch))
         present = [
             (pod, body)
             for pod, body in zip(members, fresh, strict=True)
@@ -722,23 +739,27 @@ class GangController:
         at = datetime.fromtimestamp(self.clock(), UTC)
         inventory = self.sync.ledger.inventory
 
+        bodies: dict[str, dict[str, Any]] = {}
+
         async def annotate(pod: GangPod) -> bool:
             grant = by_uid[pod.uid]
             mark = PlanMark(plan_id, size, grant.node)
             annotations = assignments.annotations_for(grant, inventory.get(grant.node), at)
             annotations[keys.GANG_PLAN] = mark.encode()
             try:
-                body = await self.api.patch_pod(
-                    pod.namespace,
-                    pod.name,
-                    {"metadata": {"uid": pod.uid, "annotations": annotations}},
-                )
+                metadata = {
+                    "uid": pod.uid,
+                    "resourceVersion": pod.resource_version,
+                    "annotations": annotations,
+                }
+                body = await self.api.patch_pod(pod.namespace, pod.name, {"metadata": metadata})
             except kube.ApiError as error:
                 log.info(
                     "gang plan not written",
                     extra={"pod": str(pod), "status": error.status, "reason": error.reason},
                 )
                 return False
+            bodies[pod.uid] = body
             return gated(body) and plan_mark(body) == mark
 
         written = await self._each(wait.members, annotate)
@@ -765,7 +786,7 @@ class GangController:
                 "nodes": len(plan.nodes),
             },
         )
-        await self._settle(wait.key, plan_id)
+        await self._settle(wait.key, plan_id, bodies)
 
     async def _fetch_quietly(self, pod: GangPod) -> dict[str, Any] | None:
         try:

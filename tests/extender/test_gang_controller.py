@@ -414,3 +414,17 @@ async def test_a_starving_gang_gets_a_capacity_hold_that_other_gangs_respect(
         await r.quiet()
         assert not any(gated(pod) for pod in r.gang_pods("big"))
         assert r.fences.current is None
+
+
+async def test_only_the_leading_replica_plans(server: fakeapi.Server) -> None:
+    nodes(server.api, 2)
+    leading = [False]
+    async with rig(server, active=lambda: leading[0]) as r:
+        for i in range(2):
+            r.api.create(member(f"w{i}", "train", 2, count=1))
+        await asyncio.sleep(0.5)
+        assert all(gated(pod) and plan_mark(pod) is None for pod in r.gang_pods("train"))
+        assert not r.api.calls_to("PATCH", "/pods/")
+        leading[0] = True
+        await r.quiet()
+        assert not any(gated(pod) for pod in r.gang_pods("train"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,6 +145,7 @@ async def rig(
     *,
     clock: Clock | None = None,
     settings: GangSettings | None = None,
+    active: Callable[[], bool] | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Rig]:
     clock = clock or Clock()
@@ -163,6 +164,7 @@ async def rig(
             fences=fences,
             settings=settings or GangSettings(poll_seconds=0.2, settle_seconds=0.005),
             clock=clock,
+            active=active,
         )
         built = Rig(h, store, controller, fences, clock, registry)
         built.tasks = [
