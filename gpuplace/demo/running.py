@@ -1,0 +1,425 @@
+"""One demo run: certificates, the local API with the bundled nodes, the real `gpuplace
+serve` composition in this process, then every pod of the scenario through kube-apiserver's
+admission and kube-scheduler's cycle (both played here), and what came of it.
+
+Order of events, all on 127.0.0.1 with ephemeral ports:
+
+1. a fresh CA and serving certificate (`certs.renewal.issue`, written as `gpuplace certs`
+   writes files) into a temporary directory;
+2. `gpuplace.localapi` serves the nodes of `gpuplace/data/demo-nodes.json`; a kubeconfig
+   file points at it;
+3. `gpuplace.commands.serve.compose` builds the process exactly as `gpuplace serve
+   --kubeconfig …` does (webhook on TLS, extender sidecar with its informers, gang
+   controller, ops site); it runs until the end of the demo; `/readyz` is awaited, and
+   the sidecar's node status advertisements;
+4. each pod: admission (`admitting.ApiServer`), then, if it is schedulable, one
+   scheduling cycle (`scheduling.Scheduler`); a gang that just became complete is
+   given time for the gang controller to plan and ungate it, and its members are then
+   scheduled; every decision is the real webhook's and the real extender's;
+5. the pending and waiting pods are explained as `gpuplace explain` does (a fresh
+   ledger from the API, the pod's Events); the process is stopped (audit log flushed),
+   and the outcome returned for `reporting` and `plotting`.
+
+The process's settings ignore GPUPLACE_* environment variables: the demo never talks to
+anything but its own local API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import random
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from prometheus_client import CollectorRegistry
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+
+from certs import issuing, renewal
+from cluster import connecting, keys, kube, mirroring, nodes, pods
+from cluster.syncing import LedgerSync
+from extender import explaining
+from extender.workloads import PolicyHolder
+from gpuplace import certs_files, localapi
+from gpuplace.commands import serve
+from gpuplace.demo import scenario
+from gpuplace.demo.admitting import Admitted, ApiServer
+from gpuplace.demo.scheduling import Attempt, Scheduler
+from gpuplace.localapi import NODES, PODS, FakeApi
+from gpuplace.settings import Settings
+from placement.ledger import Ledger
+
+NAMESPACES = ("gpuplace", "research", "serving", "platform")
+READY_SECONDS = 15.0
+GANG_SECONDS = 15.0
+
+
+class DemoSettings(Settings):
+    """`gpuplace serve`'s settings from the given values and the defaults only: no
+    environment variables (a GPUPLACE_KUBECONFIG must not send the demo elsewhere)."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+def demo_nodes() -> list[dict[str, Any]]:
+    """The bundled cluster: `kubectl get nodes -o json` of 36 nodes."""
+    text = resources.files("gpuplace").joinpath("data/demo-nodes.json").read_text("utf-8")
+    items = json.loads(text)["items"]
+    assert isinstance(items, list)
+    return items
+
+
+@dataclass(slots=True)
+class PodResult:
+    submission: scenario.Submission
+    admitted: Admitted
+    attempts: list[Attempt] = field(default_factory=list)
+    final: dict[str, Any] | None = None
+    """The pod as the API holds it at the end (None when refused)."""
+    events: list[dict[str, Any]] = field(default_factory=list)
+    explanation: explaining.Explanation | None = None
+    """`gpuplace explain` of a pod left pending or waiting."""
+
+    @property
+    def key(self) -> str:
+        return self.submission.key
+
+    @property
+    def node(self) -> str | None:
+        if self.final is None:
+            return None
+        node = (self.final.get("spec") or {}).get("nodeName")
+        return str(node) if node else None
+
+    @property
+    def gated(self) -> bool:
+        return bool(self.final and (self.final.get("spec") or {}).get("schedulingGates"))
+
+
+@dataclass(slots=True)
+class Outcome:
+    results: list[PodResult]
+    ledger: Ledger
+    """The sidecar's ledger at the end (who holds which share of which GPU)."""
+    requests: list[Any]
+    """The GPU requests of the managed pods (the typical workload's source)."""
+    audit: list[dict[str, Any]]
+    policy: str
+    seed: int
+    timings: dict[str, float] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+
+
+Progress = Callable[[str], None]
+
+
+def _write_certificates(directory: Path) -> Path:
+    spec = issuing.Spec(
+        dns_names=issuing.service_names("gpuplace-webhook", "gpuplace"),
+        ip_addresses=(ipaddress.IPv4Address("127.0.0.1"),),
+    )
+    material = renewal.issue((), spec, datetime.now(UTC))
+    certs_files.write(directory, material)
+    return directory
+
+
+def _settings(workdir: Path, tls: Path, kubeconfig: Path, policy: str) -> DemoSettings:
+    return DemoSettings(
+        webhook_address="127.0.0.1",
+        webhook_port=0,
+        extender_address="127.0.0.1",
+        extender_port=0,
+        metrics_address="127.0.0.1",
+        metrics_port=0,
+        cert_file=tls / certs_files.TLS_CERT,
+        key_file=tls / certs_files.TLS_KEY,
+        audit_log=str(workdir / "audit.jsonl"),
+        audit_log_max_bytes=0,
+        kubeconfig=kubeconfig,
+        inventory=None,
+        policy=policy,
+        gangs=True,
+        log_level="WARNING",
+        workload_refresh_seconds=0.5,
+        node_status_min_interval_seconds=0.0,
+        gc_freeze_seconds=0.0,
+        watch_timeout_seconds=60,
+    )
+
+
+async def _until(check: Callable[[], bool], seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the demo gave up waiting for {what} after {seconds:g}s")
+        await asyncio.sleep(0.02)
+
+
+def _advertised(api: FakeApi) -> bool:
+    """The sidecar has written every gpuplace node's resources and NVLink label."""
+    for node in api.objects(NODES):
+        if not nodes.is_enabled(node):
+            continue
+        parsed = nodes.parse(node)
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        for key, value in nodes.advertisement(parsed).items():
+            if allocatable.get(key) != value:
+                return False
+        if keys.NVLINK_DOMAIN_SIZE not in (node["metadata"].get("labels") or {}):
+            return False
+    return True
+
+
+@contextlib.asynccontextmanager
+async def _running(process: serve.Process) -> AsyncIterator[None]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(process.server.run(stop), name="gpuplace-demo-serve")
+    started = asyncio.create_task(process.server.started.wait())
+    try:
+        done, _ = await asyncio.wait(
+            {task, started}, timeout=READY_SECONDS, return_when=asyncio.FIRST_COMPLETED
+        )
+        if task in done:
+            task.result()  # the start failed: raise why
+        if started not in done:
+            raise TimeoutError("gpuplace serve did not start")
+        yield
+    finally:
+        started.cancel()
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+
+
+async def _ready(session: aiohttp.ClientSession, ops_port: int) -> None:
+    url = f"http://127.0.0.1:{ops_port}/readyz"
+    deadline = time.monotonic() + READY_SECONDS
+    while True:
+        async with session.get(url) as response:
+            if response.status == 200:
+                return
+            reasons = await response.text()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gpuplace serve did not become ready: {reasons}")
+        await asyncio.sleep(0.05)
+
+
+def _gang_of(pod: dict[str, Any]) -> tuple[str, str, int] | None:
+    annotations = pod["metadata"].get("annotations") or {}
+    name = annotations.get(keys.GANG_NAME)
+    try:
+        size = int(annotations.get(keys.GANG_SIZE, "0"))
+    except ValueError:
+        return None
+    return (str(pod["metadata"]["namespace"]), str(name), size) if name else None
+
+
+def _gated(pod: dict[str, Any]) -> bool:
+    return bool((pod.get("spec") or {}).get("schedulingGates"))
+
+
+async def _explain(
+    kubeconfig: Path, policy: str, namespace: str, name: str
+) -> explaining.Explanation:
+    """What `gpuplace explain NAMESPACE/NAME` computes, from the API as it is now."""
+    client = await connecting.api_client(kubeconfig, in_cluster=False)
+    api = kube.Kube(client)
+    try:
+        pod = await api.get_pod(namespace, name)
+        sync = LedgerSync()
+        await mirroring.Mirror(api, sync).load()
+        events = await api.pod_events(namespace, name)
+    finally:
+        await api.close()
+    events.sort(key=lambda event: str(event.get("lastTimestamp") or event.get("eventTime") or ""))
+    holder = PolicyHolder(sync, policy, refresh_seconds=0.0)
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return explaining.explain(sync, holder, pods.record(pod), events=events, conditions=conditions)
+
+
+class Demo:
+    """The run; see the module docstring."""
+
+    def __init__(self, *, seed: int, policy: str, progress: Progress) -> None:
+        self.seed = seed
+        self.policy = policy
+        self.progress = progress
+        self.rng = random.Random(seed)
+        self.timings: dict[str, float] = {}
+
+    async def run(self) -> Outcome:
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="gpuplace-demo-") as temporary:
+            workdir = Path(temporary)
+            self.progress("generating a CA and the webhook's serving certificate")
+            tls = _write_certificates(workdir / "tls")
+            async with localapi.serve() as api_server:
+                api = api_server.api
+                for namespace in NAMESPACES:
+                    api.create(
+                        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+                    )
+                for node in demo_nodes():
+                    api.create(node)
+                kubeconfig = api_server.kubeconfig(workdir / "kubeconfig")
+                config = _settings(workdir, tls, kubeconfig, self.policy)
+                self.progress("starting gpuplace serve (webhook, extender, gang controller)")
+                registry = CollectorRegistry()
+                process = await serve.compose(config, registry, rng=random.Random(self.seed))
+                assert process.sidecar is not None
+                async with _running(process), aiohttp.ClientSession() as session:
+                    await _ready(session, process.server.port("ops"))
+                    await _until(lambda: _advertised(api), READY_SECONDS, "node advertisements")
+                    self.timings["start_seconds"] = time.perf_counter() - started
+                    results = await self._submit_all(api, session, process, tls)
+                    await self._settle(api, process)
+                    for result in results:
+                        await self._finish(api, result, kubeconfig)
+                    ports = {
+                        name: process.server.port(name) for name in ("webhook", "extender", "ops")
+                    }
+                    ledger = process.sidecar.sync.ledger
+                    requests = [
+                        r.request
+                        for r in process.sidecar.sync.pods.values()
+                        if r.request is not None
+                    ]
+            audit = _read_audit(workdir / "audit.jsonl")
+        self.timings["total_seconds"] = time.perf_counter() - started
+        return Outcome(
+            results, ledger, requests, audit, self.policy, self.seed, self.timings, ports
+        )
+
+    async def _submit_all(
+        self,
+        api: FakeApi,
+        session: aiohttp.ClientSession,
+        process: serve.Process,
+        tls: Path,
+    ) -> list[PodResult]:
+        server = process.server
+        apiserver = ApiServer(
+            api,
+            session,
+            f"https://127.0.0.1:{server.port('webhook')}",
+            str(tls / certs_files.CA_BUNDLE),
+        )
+        scheduler = Scheduler(api, session, f"http://127.0.0.1:{server.port('extender')}", self.rng)
+        submissions = scenario.submissions()
+        results: list[PodResult] = []
+        by_key: dict[str, PodResult] = {}
+        waiting: list[PodResult] = []
+        began = time.perf_counter()
+        for number, submission in enumerate(submissions, 1):
+            self.progress(f"[{number:2d}/{len(submissions)}] {submission.key}")
+            admitted = await apiserver.create(submission)
+            result = PodResult(submission, admitted)
+            results.append(result)
+            by_key[result.key] = result
+            stored = admitted.pod
+            if stored is None:
+                continue
+            if scheduler.schedulable(stored):
+                result.attempts.append(
+                    await scheduler.schedule(submission.namespace, submission.name)
+                )
+                continue
+            if not _gated(stored):
+                continue
+            waiting.append(result)
+            gang = _gang_of(stored)
+            if gang is None:
+                continue
+            members = [r for r in waiting if r.admitted.pod and _gang_of(r.admitted.pod) == gang]
+            if len(members) < gang[2]:
+                continue
+            self.progress(f"gang {gang[0]}/{gang[1]} complete: waiting for the gang controller")
+
+            def ungated(members: list[PodResult] = members) -> bool:
+                return not any(
+                    _gated(api.get(PODS, r.submission.name, r.submission.namespace))
+                    for r in members
+                )
+
+            gang_began = time.perf_counter()
+            await _until(ungated, GANG_SECONDS, f"gang {gang[1]} to be ungated")
+            self.timings["gang_ungate_seconds"] = time.perf_counter() - gang_began
+            for member in members:
+                waiting.remove(member)
+                current = api.get(PODS, member.submission.name, member.submission.namespace)
+                if scheduler.schedulable(current):
+                    self.progress(f"scheduling gang member {member.key}")
+                    member.attempts.append(
+                        await scheduler.schedule(
+                            member.submission.namespace, member.submission.name
+                        )
+                    )
+        self.timings["pods_seconds"] = time.perf_counter() - began
+        return results
+
+    async def _settle(self, api: FakeApi, process: serve.Process) -> None:
+        """Let the sidecar's informers catch up with the API and flush its Events."""
+        sidecar = process.sidecar
+        assert sidecar is not None
+        self.progress("letting the sidecar catch up with the API")
+
+        def caught_up() -> bool:
+            managed = {
+                pod["metadata"]["uid"]: pod["metadata"]["resourceVersion"]
+                for pod in api.objects(PODS)
+                if (pod["metadata"].get("labels") or {}).get(keys.MANAGED) == "true"
+            }
+            seen = {uid: record.resource_version for uid, record in sidecar.sync.pods.items()}
+            return managed == seen
+
+        await _until(caught_up, READY_SECONDS, "the sidecar's informers")
+        if sidecar.recorder is not None:
+            await asyncio.wait_for(sidecar.recorder.drain(), 5.0)
+
+    async def _finish(self, api: FakeApi, result: PodResult, kubeconfig: Path) -> None:
+        if result.admitted.refused:
+            return
+        sub = result.submission
+        result.final = api.get(PODS, sub.name, sub.namespace)
+        uid = result.final["metadata"]["uid"]
+        result.events = sorted(
+            (
+                event
+                for event in api.objects("events", sub.namespace)
+                if (event.get("involvedObject") or {}).get("uid") == uid
+            ),
+            key=lambda event: int(event["metadata"]["resourceVersion"]),
+        )
+        if result.node is None:
+            self.progress(f"explaining why {result.key} is not running")
+            result.explanation = await _explain(kubeconfig, self.policy, sub.namespace, sub.name)
+
+
+def _read_audit(path: Path) -> list[dict[str, Any]]:
+    lines: list[dict[str, Any]] = []
+    if not path.exists():
+        return lines
+    for line in path.read_text("utf-8").splitlines():
+        with contextlib.suppress(ValueError):
+            value = json.loads(line)
+            if isinstance(value, dict):
+                lines.append(value)
+    return lines
