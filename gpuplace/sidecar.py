@@ -1,7 +1,9 @@
 """The scheduler sidecar, composed: informers → ledger → extender verbs, plus the
 background work that keeps the API right (node status, Events, expired reservations)
 and, with `gangs`, the gang controller (`extender.gangs`: its own gang-pod informer,
-planning on the shared ledger, ungating members together).
+planning on the shared ledger, ungating members together), which plans only while this
+pod's kube-scheduler holds its leader-election Lease (`--scheduler-lease`,
+`extender.gang_leader`), so that one replica's ledger decides at a time.
 
 For `gpuplace serve` (see gpuplace.serving):
 
@@ -48,7 +50,7 @@ from cluster import (
 )
 from cluster.syncing import LedgerSync
 from extender import app as extender_app
-from extender import binding, deciding, gang_store, gangs, workloads
+from extender import binding, deciding, gang_leader, gang_store, gangs, workloads
 from extender.gang_api import KubePods
 from extender.gang_fences import Fences
 from extender.gang_members import GangPod
@@ -97,6 +99,11 @@ class SidecarConfig(Protocol):
     def gc_full_seconds(self) -> float: ...
     @property
     def gangs(self) -> bool: ...
+    @property
+    def scheduler_lease(self) -> str: ...
+
+
+LEASE_PATTERN = r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 
 class SidecarSettings(BaseSettings):
@@ -161,6 +168,13 @@ class SidecarSettings(BaseSettings):
         False,
         description="run the gang controller: plan complete gangs all at once, reserve "
         "their GPUs and remove their scheduling gates together",
+    )
+    scheduler_lease: str = Field(
+        f"{gang_leader.LEASE_NAMESPACE}/{gang_leader.LEASE_NAME}",
+        pattern=LEASE_PATTERN,
+        description="kube-scheduler's leader-election Lease (NAMESPACE/NAME): the gang "
+        "controller plans only while this pod's kube-scheduler holds it; empty = always "
+        "(a single replica)",
     )
 
 
@@ -237,7 +251,12 @@ class Sidecar:
         self.gang_informer: watching.Informer[GangPod] | None = None
         self.gangs: gangs.GangController | None = None
         """The gang controller (None with `gangs` off)."""
+        self.leader: gang_leader.LeaseFollower | None = None
+        """Whether this replica's kube-scheduler leads (None: always treated as leading)."""
         if settings.gangs:
+            if settings.scheduler_lease:
+                namespace, _, name = settings.scheduler_lease.partition("/")
+                self.leader = gang_leader.LeaseFollower(api, namespace=namespace, name=name)
             self.gang_store = gang_store.GangStore()
             self.gang_informer = gang_store.informer(
                 api,
@@ -253,6 +272,7 @@ class Sidecar:
                 recorder=self.recorder,
                 registry=registry,
                 fences=self.fences,
+                active=self.leader,
             )
 
     @classmethod
@@ -329,6 +349,8 @@ class Sidecar:
         if self.gangs is not None and self.gang_informer is not None:
             work.append(self.gang_informer.run())
             work.append(self.gangs.run())
+            if self.leader is not None:
+                work.append(self.leader.run())
         return work
 
     @contextlib.asynccontextmanager

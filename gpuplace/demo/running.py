@@ -51,7 +51,7 @@ from extender import explaining
 from extender.workloads import PolicyHolder
 from gpuplace import certs_files, localapi
 from gpuplace.commands import serve
-from gpuplace.demo import scenario
+from gpuplace.demo import scenario, scheduling
 from gpuplace.demo.admitting import Admitted, ApiServer
 from gpuplace.demo.scheduling import Attempt, Scheduler
 from gpuplace.localapi import NODES, PODS, FakeApi
@@ -281,11 +281,16 @@ class Demo:
                     api.create(node)
                 kubeconfig = api_server.kubeconfig(workdir / "kubeconfig")
                 config = _settings(workdir, tls, kubeconfig, self.policy)
+                lease_namespace, _, lease_name = config.scheduler_lease.partition("/")
                 self.progress("starting gpuplace serve (webhook, extender, gang controller)")
                 registry = CollectorRegistry()
                 process = await serve.compose(config, registry, rng=random.Random(self.seed))
                 assert process.sidecar is not None
-                async with _running(process), aiohttp.ClientSession() as session:
+                async with (
+                    scheduling.leading(api, lease_namespace, lease_name),
+                    _running(process),
+                    aiohttp.ClientSession() as session,
+                ):
                     await _ready(session, process.server.port("ops"))
                     await _until(lambda: _advertised(api), READY_SECONDS, "node advertisements")
                     self.timings["start_seconds"] = time.perf_counter() - started

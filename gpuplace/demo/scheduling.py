@@ -17,17 +17,26 @@ bind verbs, `nodeCacheCapable`, weight 100000, `percentageOfNodesToScore: 100`):
 5. no node: an Event `FailedScheduling` ("0/36 nodes are available: …") and the
    condition PodScheduled=False/Unschedulable, as `kubectl describe pod` shows them.
 
+Like kube-scheduler with `leaderElect: true`, it holds the Lease
+`gpuplace/gpuplace-scheduler` while it runs (`leading`): identity `<hostname>_<uuid>`,
+renewed every 2 s; the sidecar's gang controller plans only while it is held.
+
 Writes go straight into the local API's store (this process is the API server too).
 Never used against a real cluster.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 import secrets
+import socket
+import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -36,6 +45,7 @@ import aiohttp
 from cluster import quantities
 from extender import gang_affinity
 from gpuplace.localapi import PODS, FakeApi
+from gpuplace.localapi.resources import LEASES
 from gpuplace.localapi.store import now
 
 EXTENDER_WEIGHT = 100_000
@@ -44,6 +54,51 @@ SCORE_SCALE = 10
 AFFINITY = "node(s) didn't match Pod's node affinity/selector"
 UNSCHEDULABLE = "node(s) were unschedulable"
 TOO_MANY_PODS = "Too many pods"
+
+
+LEASE_SECONDS = 15
+RENEW_SECONDS = 2.0
+
+
+def _micro_time() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@contextlib.asynccontextmanager
+async def leading(api: FakeApi, namespace: str, name: str) -> AsyncIterator[str]:
+    """Hold kube-scheduler's leader-election Lease for the block (created or taken over at
+    once: nobody else competes here), renewing it as client-go's leader election does.
+    Yields the holder identity."""
+    identity = f"{socket.gethostname()}_{uuid.uuid4()}"
+    stamp = _micro_time()
+    spec = {
+        "holderIdentity": identity,
+        "leaseDurationSeconds": LEASE_SECONDS,
+        "acquireTime": stamp,
+        "renewTime": stamp,
+        "leaseTransitions": 0,
+    }
+    api.create(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": spec,
+        }
+    )
+
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(RENEW_SECONDS)
+            api.patch(LEASES, name, {"spec": {"renewTime": _micro_time()}}, namespace)
+
+    task = asyncio.create_task(renew(), name="gpuplace-demo-scheduler-lease")
+    try:
+        yield identity
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 @dataclass(slots=True)

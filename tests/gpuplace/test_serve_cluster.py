@@ -9,12 +9,14 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,27 @@ def member(name: str, gang: str, size: int) -> dict[str, Any]:
     )
 
 
+def scheduler_lease(holder: str) -> dict[str, Any]:
+    """kube-scheduler's leader-election Lease as it keeps it (identity `<hostname>_<uuid>`)."""
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "gpuplace-scheduler", "namespace": "gpuplace"},
+        "spec": {
+            "holderIdentity": f"{holder}_0a7c3e2d-5f1b-4c8e-9d6a-2b4f8e1c7a90",
+            "leaseDurationSeconds": 15,
+            "acquireTime": stamp,
+            "renewTime": stamp,
+            "leaseTransitions": 0,
+        },
+    }
+
+
+def gated(api: localapi.FakeApi) -> list[bool]:
+    return [bool(pod["spec"].get("schedulingGates")) for pod in api.objects("pods")]
+
+
 @contextlib.asynccontextmanager
 async def started(process: serve.Process) -> AsyncIterator[aiohttp.ClientSession]:
     stop = asyncio.Event()
@@ -94,6 +117,7 @@ async def test_serve_runs_the_gang_controller_which_ungates_a_complete_gang(
         api = api_server.api
         for i in range(2):
             api.create(objects.node(f"gpu-{i}", gpus=4))
+        api.create(scheduler_lease(socket.gethostname()))  # this pod's kube-scheduler leads
         kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig")
         process = await serve.compose(settings(tls, tmp_path, kubeconfig), CollectorRegistry())
         sidecar = process.sidecar
@@ -138,6 +162,7 @@ async def test_serve_runs_the_gang_controller_which_ungates_a_complete_gang(
 async def test_gangs_false_runs_no_gang_controller(tls: tuple[Path, Path], tmp_path: Path) -> None:
     async with localapi.serve() as api_server:
         api_server.api.create(objects.node("gpu-0", gpus=4))
+        api_server.api.create(scheduler_lease(socket.gethostname()))
         kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig")
         process = await serve.compose(
             settings(tls, tmp_path, kubeconfig, gangs=False), CollectorRegistry()
@@ -147,7 +172,44 @@ async def test_gangs_false_runs_no_gang_controller(tls: tuple[Path, Path], tmp_p
             api_server.api.create(member("w0", "pair", 2))
             api_server.api.create(member("w1", "pair", 2))
             await asyncio.sleep(0.5)
-            assert all(p["spec"].get("schedulingGates") for p in api_server.api.objects("pods"))
+            assert gated(api_server.api) == [True, True]
+
+
+@pytest.mark.parametrize("lease", ["another-pod", None])
+async def test_a_replica_whose_scheduler_does_not_lead_plans_no_gang(
+    tls: tuple[Path, Path], tmp_path: Path, lease: str | None
+) -> None:
+    async with localapi.serve() as api_server:
+        api = api_server.api
+        api.create(objects.node("gpu-0", gpus=4))
+        if lease is not None:
+            api.create(scheduler_lease(lease))
+        kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig")
+        process = await serve.compose(settings(tls, tmp_path, kubeconfig), CollectorRegistry())
+        async with started(process):
+            api.create(member("w0", "pair", 2))
+            api.create(member("w1", "pair", 2))
+            await asyncio.sleep(0.6)
+            assert gated(api) == [True, True]
+            assert process.sidecar is not None and len(process.sidecar.sync.ledger) == 0
+
+
+async def test_without_a_scheduler_lease_setting_a_single_replica_always_plans(
+    tls: tuple[Path, Path], tmp_path: Path
+) -> None:
+    async with localapi.serve() as api_server:
+        api = api_server.api
+        api.create(objects.node("gpu-0", gpus=4))
+        kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig")
+        config = settings(tls, tmp_path, kubeconfig, scheduler_lease="")
+        process = await serve.compose(config, CollectorRegistry())
+        async with started(process):
+            api.create(member("w0", "pair", 2))
+            api.create(member("w1", "pair", 2))
+            deadline = time.monotonic() + 10
+            while any(gated(api)):
+                assert time.monotonic() < deadline, "the gang was not ungated"
+                await asyncio.sleep(0.05)
 
 
 # --- as a process ----------------------------------------------------------------------------
@@ -160,8 +222,6 @@ def threaded_api() -> Iterator[localapi.ThreadedServer]:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
