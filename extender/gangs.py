@@ -14,10 +14,12 @@ ledger changes (pods and nodes coming and going) and timers:
    before any started, or the plan was never fully written) roll back (remove the
    mark and assignment from each, only while unbound). So after a crash at any point
    a gang ends up entirely ungated or entirely gated: never half.
-2. **Who waits**: per gang, the live members that are ungated or planned count as
-   started; the oldest gated unplanned members fill the gang up to its size N (a
-   replacement pod joins a started gang this way); members beyond N stay gated
-   (Event `GangFull`). A gang waits while fewer than N members exist.
+2. **Who waits**: per gang, the live ungated members count as started; the oldest
+   gated members fill the gang up to its size N (a replacement pod joins a started
+   gang this way); members beyond N stay gated (Event `GangFull`). A gang waits while
+   fewer than N members exist. A gang whose gated members still show a plan mark or a
+   reservation (our own writes not yet seen by the informers) is left for the next
+   round, so a half-seen plan is never mistaken for started members.
 3. **Order**: waiting gangs by pod priority (highest of their members), then age (the
    oldest member's creation), then name. Gangs are planned one at a time: plan all
    members at once on the current ledger (`placement.gangs.plan`, all or nothing) and
@@ -302,10 +304,18 @@ class GangController:
                 await self._incomplete(wait, now)
                 continue
             await self._attempt(wait, now)
+        self._forget_gone()
+        self.rounds += 1
+
+    def _forget_gone(self) -> None:
+        """Drop memos of pods and gangs the API no longer has (bounded memory)."""
         self._told.keep(self.store.pods)
         for uid in [uid for uid in self._conditions if uid not in self.store.pods]:
             del self._conditions[uid]
-        self.rounds += 1
+        known = self.store.gangs().keys()
+        for memo in (self._tried, self._shortfalls, self._timed_out):
+            for key in [key for key in memo if key not in known]:
+                del memo[key]
 
     def _alarm(self, at: float, now: float) -> None:
         """Wake up at `at` (only a future time counts)."""
