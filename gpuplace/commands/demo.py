@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    began = time.perf_counter()
     logs.configure("INFO" if args.verbose else "WARNING")
     progress = Progress(sys.stderr)
     demo = running.Demo(seed=args.seed, policy=args.policy, progress=progress)
@@ -120,8 +122,9 @@ def run(args: argparse.Namespace) -> int:
         reporting.summary(outcome),
         reporting.audit(outcome.audit, width),
         f"Plot: per-GPU occupancy written to {plot}",
-        f"Done in {outcome.timings.get('total_seconds', 0.0):.1f} s "
-        f"(gpuplace serve ready in {outcome.timings.get('start_seconds', 0.0):.1f} s); "
+        f"Done in {time.perf_counter() - began:.1f} s (gpuplace serve ready after "
+        f"{outcome.timings.get('start_seconds', 0.0):.1f} s, {len(outcome.results)} pods "
+        f"admitted and scheduled in {outcome.timings.get('pods_seconds', 0.0):.1f} s); "
         "everything it started has stopped.",
     ]
     print("\n\n".join(sections))

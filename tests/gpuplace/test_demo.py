@@ -3,6 +3,7 @@ gives the same placements; the played kube-scheduler's texts are kube-scheduler'
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -170,6 +171,9 @@ async def test_the_same_seed_gives_the_same_placements() -> None:
     second = await running.Demo(seed=11, policy="default", progress=lambda _: None).run()
     assert placements(first) == placements(second)
     assert first.timings["total_seconds"] < 15
+    # nothing it started is left running
+    await asyncio.sleep(0)
+    assert [task for task in asyncio.all_tasks() if task is not asyncio.current_task()] == []
 
 
 def test_failed_scheduling_text_is_kube_schedulers() -> None:
