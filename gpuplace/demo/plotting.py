@@ -2,8 +2,8 @@
 
 One bar per GPU, grouped by node (nodes grouped by GPU model, shaded), stacked by the
 pods holding a share of it (height = compute share, one colour per pod, gang members
-hatched), with a black tick at the GPU memory reserved on it. Drawn with matplotlib's
-Agg canvas (no display, no pyplot state).
+hatched), with a black tick at the GPU memory held on it (a whole GPU's: all of it).
+Drawn with matplotlib's Agg canvas (no display, no pyplot state).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ def plot(
         (state for state in ledger.states() if state.node.gpus),
         key=lambda state: (state.node.model, state.node.name),
     )
+    whole = {(g.node, index) for g in ledger if g.milli >= WHOLE for index in g.gpus}
     by_node: dict[str, list[tuple[str, tuple[int, ...], int]]] = {}
     order: list[str] = []
     for grant in sorted(ledger, key=lambda g: pod_names.get(g.pod_uid, g.pod_uid)):
@@ -72,7 +73,10 @@ def plot(
                 )
                 bottom += height
             if gpu.memory_mib:
-                reserved = 100.0 * (gpu.memory_mib - state.free_memory[gpu.index]) / gpu.memory_mib
+                taken = gpu.memory_mib - state.free_memory[gpu.index]
+                if (node.name, gpu.index) in whole:
+                    taken = gpu.memory_mib  # a whole GPU's memory is all its holder's
+                reserved = 100.0 * taken / gpu.memory_mib
                 axes.plot([x - 0.42, x + 0.42], [reserved, reserved], color="black", linewidth=1.2)
             x += 1.0
         ticks.append((start + x - 1.0) / 2)
