@@ -159,6 +159,8 @@ class DefaultPolicy(Ranked):
 
     name = "default"
     FGD_WEIGHT = 10.0
+    QUANTUM = 1000.0
+    PREFER_EXACT = True
 
     def __init__(self, workload: Workload, rank: Mapping[str, int] | None = None) -> None:
         super().__init__(rank)
@@ -180,8 +182,8 @@ class DefaultPolicy(Ranked):
         self._kept[state.node.name] = (state.version, value)
         return value
 
-    def score(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
-        """O(types × GPUs) on a memo miss, O(types) otherwise."""
+    def gradient(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+        """The blended gradient, exact. O(types × GPUs) on a memo miss, O(types) otherwise."""
         model = state.node.model
         lefts = _after(state, request, gpus)
         cpu = state.cpu - max(request.cpu_milli, MIN_CPU_MILLI)
@@ -190,8 +192,16 @@ class DefaultPolicy(Ranked):
         )
         return self._before(state) - after
 
+    def score(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+        """The gradient rounded to `QUANTUM`: nodes within it are equal, and the line
+        decides between them (packing)."""
+        if self.QUANTUM <= 0:
+            return self.gradient(state, request, gpus)
+        return math.floor(self.gradient(state, request, gpus) / self.QUANTUM + 0.5) * self.QUANTUM
+
     def prefer(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
-        return 0.0
+        """Within a node, the exact gradient picks the GPUs."""
+        return self.gradient(state, request, gpus) if self.PREFER_EXACT else 0.0
 
 
 NAMES = ("default", "fgd", "best-fit", "first-fit", "random")
