@@ -30,6 +30,7 @@ from cluster import annotations as grammar
 from cluster import pods
 from cluster.syncing import LedgerSync
 from extender import reasons
+from extender.gang_fences import Fences
 from extender.workloads import PolicyHolder
 from placement import choosing, fit
 from placement.ledger import Grant
@@ -77,9 +78,12 @@ class Decider:
         mode: reasons.Mode = "kind",
         cache_size: int = CACHE_SIZE,
         registry: CollectorRegistry | None = None,
+        fences: Fences | None = None,
     ) -> None:
         self.sync = sync
         self.holder = holder
+        self.fences = fences
+        """Capacity holds of a starving gang: filter does not offer their nodes to others."""
         self.mode: reasons.Mode = mode
         self.cache_size = cache_size
         self.reader = pods.Reader()
@@ -152,9 +156,14 @@ class Decider:
         if uid:
             self._remember(uid, request, evaluation)
         verdict = Verdict(passed=[], request=request)
+        fences = self.fences
         for name in names:
             if name in evaluation.choices:
-                verdict.passed.append(name)
+                held = fences.blocks(uid, name) if fences is not None else None
+                if held is None:
+                    verdict.passed.append(name)
+                else:
+                    verdict.failed[name] = held
                 continue
             misfit = evaluation.misfits.get(name) or choosing.UNKNOWN
             verdict.misfits[name] = misfit

@@ -101,6 +101,8 @@ class SidecarConfig(Protocol):
     def gangs(self) -> bool: ...
     @property
     def scheduler_lease(self) -> str: ...
+    @property
+    def gang_starve_after_seconds(self) -> float: ...
 
 
 LEASE_PATTERN = r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -176,6 +178,12 @@ class SidecarSettings(BaseSettings):
         "controller plans only while this pod's kube-scheduler holds it; empty = always "
         "(a single replica)",
     )
+    gang_starve_after_seconds: float = Field(
+        120.0,
+        gt=0,
+        description="a complete gang at the head of the queue that has not fit for this "
+        "long gets a capacity hold: its nodes are not offered to other pods",
+    )
 
 
 class Sidecar:
@@ -206,8 +214,14 @@ class Sidecar:
             refresh_seconds=settings.workload_refresh_seconds,
             rng=rng,
         )
+        self.fences = Fences()
+        """Capacity holds of a starving gang (written by the gang controller, read by filter)."""
         self.decider = deciding.Decider(
-            self.sync, self.holder, mode=settings.filter_reasons, registry=registry
+            self.sync,
+            self.holder,
+            mode=settings.filter_reasons,
+            registry=registry,
+            fences=self.fences,
         )
         self.recorder = recording.Recorder(api, registry=registry) if settings.pod_events else None
         self.binder = binding.Binder(
@@ -245,8 +259,6 @@ class Sidecar:
         )
         self.app = extender_app.create_app(self.service)
         """The extender's aiohttp app (/filter, /prioritize, /bind), for its own site."""
-        self.fences = Fences()
-        """Capacity holds of a starving gang (written by the gang controller)."""
         self.gang_store: gang_store.GangStore | None = None
         self.gang_informer: watching.Informer[GangPod] | None = None
         self.gangs: gangs.GangController | None = None
@@ -273,6 +285,10 @@ class Sidecar:
                 registry=registry,
                 fences=self.fences,
                 active=self.leader,
+                settings=gangs.GangSettings(
+                    starve_after_seconds=settings.gang_starve_after_seconds,
+                    hold_seconds=settings.reservation_timeout_seconds,
+                ),
             )
 
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from cluster import keys
+from extender.gang_fences import Fence
 from placement.ledger import GrantState
 from tests import fakeapi
 from tests.extender.conftest import harness
@@ -37,3 +38,35 @@ async def test_schedules_binds_and_annotates(server: fakeapi.Server) -> None:
         assert await h.schedule(second) == node
         notes2 = h.pod("default", "train-2")["metadata"]["annotations"]
         assert notes2[keys.ASSIGNED_GPUS] == notes[keys.ASSIGNED_GPUS]
+
+
+async def test_fenced_nodes_are_not_offered_to_other_pods(server: fakeapi.Server) -> None:
+    """A starving gang's capacity hold: filter keeps other pods off its nodes (a
+    resolvable reason), and offers them to the gang's own members."""
+
+    api = server.api
+    for index in range(3):
+        api.create(objects.node(f"gpu-{index}", gpus=2))
+    async with harness(server) as h:
+        await asyncio.wait_for(h.sidecar.sync.ready.wait(), 5)
+        member = api.create(objects.pod("member", percent=50))
+        other = api.create(objects.pod("other", percent=50))
+        h.sidecar.fences.hold(
+            Fence(
+                owner=("default", "big"),
+                nodes=frozenset({"gpu-0", "gpu-1"}),
+                members=frozenset({member["metadata"]["uid"]}),
+                since=0.0,
+            )
+        )
+        names = ["gpu-0", "gpu-1", "gpu-2"]
+        verdict = await h.filter(other, names)
+        assert verdict["NodeNames"] == ["gpu-2"]
+        assert set(verdict["FailedNodes"]) == {"gpu-0", "gpu-1"}
+        assert "held for gang default/big" in verdict["FailedNodes"]["gpu-0"]
+        assert not verdict["FailedAndUnresolvableNodes"]
+        assert (await h.filter(member, names))["NodeNames"] == names
+        assert await h.schedule(other) == "gpu-2"
+        h.sidecar.fences.release()
+        later = api.create(objects.pod("later", percent=50))
+        assert (await h.filter(later, names))["NodeNames"] == names
