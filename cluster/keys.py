@@ -48,7 +48,8 @@ ASSIGNED_MEMORY = PREFIX + "assigned-memory-mib"
 ASSIGNED_AT = PREFIX + "assigned-at"
 """RFC 3339 time of the grant."""
 GANG_PLAN = PREFIX + "gang-plan"
-"""Node a gang member was planned on (set by the gang controller before ungating)."""
+"""JSON plan mark `{"id", "members", "node"}` the gang controller writes with the assignment
+annotations before ungating (see docs/gangs.md)."""
 
 SYSTEM_ANNOTATIONS = (
     ASSIGNED_NODE,

@@ -41,6 +41,7 @@ INVENTORY_UNKNOWN = "inventory-unknown"
 NOT_MUTATED = "not-mutated"
 FORGED = "forged-system-annotation"
 CHANGED = "annotation-changed"
+UNMANAGED = "managed-label-removed"
 FOREIGN_RESOURCE = "foreign-resource"
 
 DENIAL_REASONS = (
@@ -225,6 +226,17 @@ class Reviewer:
                 if new_system.get(key) != old_system.get(key)
             )
             return _forbidden(FORGED, _forged_message(changed))
+        if (
+            pods.string_map(request.old_object or {}, "labels").get(keys.MANAGED) == "true"
+            and pods.string_map(_object(request), "labels").get(keys.MANAGED) != "true"
+            and request.user_info.username != self.config.sidecar_user
+        ):
+            return _forbidden(
+                UNMANAGED,
+                f"the label {keys.MANAGED}=true cannot be removed or changed while the pod "
+                "carries gpuplace annotations: gpuplace would stop seeing the pod and give its "
+                "GPUs to others while it still runs; delete the pod instead",
+            )
         new_user = _user_keys(new)
         old_user = _user_keys(old)
         if new_user != old_user:

@@ -233,3 +233,26 @@ def test_reinvocation_after_a_container_was_put_first(reviewer: admission.Review
     decision = reviewer.mutate(request(helpers.review(pod)))
     assert (decision.allowed, decision.ops) == (True, [])
     assert reviewer.validate(request(helpers.review(pod))).allowed
+
+
+def test_the_managed_label_cannot_be_dropped_from_a_gpuplace_pod(
+    reviewer: admission.Reviewer,
+) -> None:
+    """Without it the sidecar's informer would see the pod as gone and free its GPUs."""
+    old = mutated(reviewer, helpers.pod(SHARE))
+    old["metadata"]["annotations"][keys.ASSIGNED_GPUS] = "1"
+    assert old["metadata"]["labels"][keys.MANAGED] == "true"
+    for change in ("remove", "false"):
+        new = copy.deepcopy(old)
+        if change == "remove":
+            del new["metadata"]["labels"][keys.MANAGED]
+        else:
+            new["metadata"]["labels"][keys.MANAGED] = "false"
+        refused = reviewer.validate(request(_update(old, new)))
+        assert (refused.allowed, refused.reason, refused.code) == (
+            False,
+            admission.UNMANAGED,
+            403,
+        )
+        assert "gpuplace.io/managed=true cannot be removed" in refused.message
+        assert reviewer.validate(request(_update(old, new, SIDECAR))).allowed
