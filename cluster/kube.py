@@ -177,31 +177,36 @@ class Kube:
             response.close()
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        pod = await _call(
+        return await self._object(
             self.core.read_namespaced_pod(
                 name, namespace, _preload_content=False, _request_timeout=self.timeout
             )
         )
-        assert isinstance(pod, dict)
-        return pod
+
+    async def _object(self, request: Awaitable[Any]) -> dict[str, Any]:
+        """One API call whose answer is an object (a pod, a node, an event)."""
+        answer = await _call(request)
+        assert isinstance(answer, dict)
+        return answer
+
+    def _merge(self, method: Any, *names: str, patch: Mapping[str, Any]) -> Awaitable[Any]:
+        """A JSON merge patch through `method` (a generated `patch_*` call)."""
+        return method(  # type: ignore[no-any-return]
+            *names,
+            dict(patch),
+            _content_type=MERGE_PATCH,
+            _preload_content=False,
+            _request_timeout=self.timeout,
+        )
 
     async def patch_pod(
         self, namespace: str, name: str, patch: Mapping[str, Any]
     ) -> dict[str, Any]:
         """JSON merge patch of a pod (a `metadata.resourceVersion` in it is a precondition:
         409 when the pod changed since)."""
-        pod = await _call(
-            self.core.patch_namespaced_pod(
-                name,
-                namespace,
-                dict(patch),
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-                _request_timeout=self.timeout,
-            )
+        return await self._object(
+            self._merge(self.core.patch_namespaced_pod, name, namespace, patch=patch)
         )
-        assert isinstance(pod, dict)
-        return pod
 
     async def bind_pod(
         self,
@@ -233,71 +238,31 @@ class Kube:
         self, namespace: str, name: str, patch: Mapping[str, Any]
     ) -> dict[str, Any]:
         """JSON merge patch of pods/NAME/status (conditions)."""
-        pod = await _call(
-            self.core.patch_namespaced_pod_status(
-                name,
-                namespace,
-                dict(patch),
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-                _request_timeout=self.timeout,
-            )
+        return await self._object(
+            self._merge(self.core.patch_namespaced_pod_status, name, namespace, patch=patch)
         )
-        assert isinstance(pod, dict)
-        return pod
 
     async def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         """JSON merge patch of a node (its labels)."""
-        node = await _call(
-            self.core.patch_node(
-                name,
-                dict(patch),
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-                _request_timeout=self.timeout,
-            )
-        )
-        assert isinstance(node, dict)
-        return node
+        return await self._object(self._merge(self.core.patch_node, name, patch=patch))
 
     async def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         """JSON merge patch of nodes/NAME/status."""
-        node = await _call(
-            self.core.patch_node_status(
-                name,
-                dict(patch),
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-                _request_timeout=self.timeout,
-            )
-        )
-        assert isinstance(node, dict)
-        return node
+        return await self._object(self._merge(self.core.patch_node_status, name, patch=patch))
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> dict[str, Any]:
-        created = await _call(
+        return await self._object(
             self.core.create_namespaced_event(
                 namespace, dict(event), _preload_content=False, _request_timeout=self.timeout
             )
         )
-        assert isinstance(created, dict)
-        return created
 
     async def patch_event(
         self, namespace: str, name: str, patch: Mapping[str, Any]
     ) -> dict[str, Any]:
-        patched = await _call(
-            self.core.patch_namespaced_event(
-                name,
-                namespace,
-                dict(patch),
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-                _request_timeout=self.timeout,
-            )
+        return await self._object(
+            self._merge(self.core.patch_namespaced_event, name, namespace, patch=patch)
         )
-        assert isinstance(patched, dict)
-        return patched
 
     async def pod_events(self, namespace: str, name: str) -> list[dict[str, Any]]:
         """Events about one pod (for `gpuplace explain`)."""
