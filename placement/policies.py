@@ -166,6 +166,7 @@ class DefaultPolicy(Ranked):
         super().__init__(rank)
         self.workload = workload
         self._kept: dict[str, tuple[int, float]] = {}
+        self._last: tuple[object, float] = (None, 0.0)
 
     def _before(self, state: NodeState) -> float:
         """The node's own measure now, kept until its state changes. O(1) when kept."""
@@ -183,7 +184,18 @@ class DefaultPolicy(Ranked):
         return value
 
     def gradient(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
-        """The blended gradient, exact. O(types × GPUs) on a memo miss, O(types) otherwise."""
+        """The blended gradient, exact. O(types × GPUs) on a memo miss, O(types) otherwise.
+
+        `score` and `prefer` both need it for the same candidate, one after the other:
+        the last value is kept for that."""
+        key = (state.node.name, state.version, request, gpus)
+        if key == self._last[0]:
+            return self._last[1]
+        value = self._gradient(state, request, gpus)
+        self._last = (key, value)
+        return value
+
+    def _gradient(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
         model = state.node.model
         lefts = _after(state, request, gpus)
         cpu = state.cpu - max(request.cpu_milli, MIN_CPU_MILLI)
