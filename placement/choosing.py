@@ -1,11 +1,14 @@
 """Choosing a node and GPUs for a request across the cluster.
 
-`evaluate` scores every candidate node with a policy (for the extender's filter
-and prioritize); `choose` takes the best, breaking exact ties uniformly at random
-the way kube-scheduler's selectHost does. `extender_scores` maps policy scores onto
-kube-scheduler's 0-10 extender scale so that the policy's best nodes, and only
-they, get 10: the stock scheduler then picks among exactly the nodes the policy
-considers best.
+`evaluate` scores every node it is given with a policy (for the extender's filter
+and prioritize); `choose` takes the best over the whole cluster. Exact ties between
+nodes go to the node earliest in the policy's line (`Policy.place`: packing); only a
+policy without a line (random) leaves them to chance, drawn uniformly as
+kube-scheduler's selectHost would. `evaluate` folds the line into its scores, and
+`extender_scores` maps them onto kube-scheduler's 0-10 extender scale so that only the
+policy's best node gets 10: the stock scheduler then binds the node the policy chose.
+
+Never does I/O, reads a clock or logs (see the package docstring).
 """
 
 from __future__ import annotations
