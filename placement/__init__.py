@@ -4,9 +4,10 @@ Owns the model of the cluster's GPUs (`inventory`), what a pod asks for
 (`requests`), who holds which share of which GPU (`ledger`), whether and how a
 request fits a node (`fit`), how fragmented a node is against the typical
 workload (`fragmentation`), the scoring policies (`policies`), the choice of a
-node across the cluster (`choosing`), and trace replay (`trace`, `replay`).
+node across the cluster (`choosing`), all-or-nothing plans for gangs (`gangs`),
+and trace replay (`trace`, `replay`).
 
 It must never do I/O, read a clock, log, or import asyncio, aiohttp,
 kubernetes_asyncio, prometheus_client, pydantic or any other gpuplace room:
-the `.importlinter` contracts in pyproject.toml keep it so.
+the import-linter contracts in pyproject.toml keep it so.
 """
