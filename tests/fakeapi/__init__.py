@@ -2,34 +2,7 @@
 lives now (it also backs `gpuplace demo`). Tests keep importing `tests.fakeapi` and its
 modules (`from tests.fakeapi import objects`); see `gpuplace.localapi` for the usage."""
 
-from gpuplace.localapi import (
-    DEFAULT_RESOURCES,
-    EVENTS,
-    NODES,
-    PODS,
-    ApiStatusError,
-    Call,
-    FakeApi,
-    Resource,
-    Server,
-    ThreadedServer,
-    serve,
-    serve_in_subprocess,
-    serve_in_thread,
-)
+from gpuplace import localapi
+from gpuplace.localapi import *  # noqa: F403  (the same names, under the tests' old path)
 
-__all__ = [
-    "DEFAULT_RESOURCES",
-    "EVENTS",
-    "NODES",
-    "PODS",
-    "ApiStatusError",
-    "Call",
-    "FakeApi",
-    "Resource",
-    "Server",
-    "ThreadedServer",
-    "serve",
-    "serve_in_subprocess",
-    "serve_in_thread",
-]
+__all__ = localapi.__all__
