@@ -94,17 +94,7 @@ def new_ca(spec: Spec, now: datetime) -> pairs.Pair:
         .not_valid_after(now + spec.ca_validity)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(signs_certificates=True),
             critical=True,
         )
         .add_extension(ski, critical=False)
@@ -114,6 +104,22 @@ def new_ca(spec: Spec, now: datetime) -> pairs.Pair:
         .sign(key, hashes.SHA256())
     )
     return pairs.Pair(cert=cert, key=key)
+
+
+def _key_usage(*, signs_certificates: bool = False, encipherment: bool = False) -> x509.KeyUsage:
+    """Digital signature always; certificate and CRL signing for a CA; key encipherment
+    for an RSA serving key. Everything else off."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=encipherment,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=signs_certificates,
+        crl_sign=signs_certificates,
+        encipher_only=False,
+        decipher_only=False,
+    )
 
 
 def new_serving(ca: pairs.Pair, spec: Spec, now: datetime) -> pairs.Pair:
@@ -144,18 +150,8 @@ def new_serving(ca: pairs.Pair, spec: Spec, now: datetime) -> pairs.Pair:
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                # RSA key exchange needs keyEncipherment; ECDSA keys must not claim it.
-                key_encipherment=isinstance(key, rsa.RSAPrivateKey),
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            # RSA key exchange needs keyEncipherment; ECDSA keys must not claim it.
+            _key_usage(encipherment=isinstance(key, rsa.RSAPrivateKey)),
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
