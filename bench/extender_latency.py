@@ -6,7 +6,9 @@ synthetic cluster of the same shape) and a synthetic 10,000-node × 8-GPU one:
 1. a fake kube-apiserver (tests/fakeapi) is filled with the nodes and with bound pods
    holding `--prefill` of the GPUs (placed at random, so the cluster is fragmented),
    and served from a forked process (no shared GIL or event loop);
-2. the sidecar (informers, ledger, extender app) starts against it and syncs;
+2. the sidecar (informers, ledger, extender app) starts against it and syncs, and
+   scores its most common request shapes ahead (`extender.warming`; `--warm-shapes`,
+   0 = off); the time that takes is reported, and the stream starts after it;
 3. `--pods` pending GPU pods drawn from the openb default mix (or the bundled mix) go
    through the verbs one after another over HTTP on 127.0.0.1, as kube-scheduler
    sends them: filter with every node's name (`percentageOfNodesToScore: 100`, no
@@ -15,7 +17,8 @@ synthetic cluster of the same shape) and a synthetic 10,000-node × 8-GPU one:
    (the assignment PATCH and the Binding) go to the fake API server over HTTP.
 
 Prints one JSON document: p50/p99/max per verb, client-side (the HTTP round trip) and
-server-side (inside the handler), and the share of binds that succeeded.
+server-side (inside the handler), and the share of binds that succeeded; filter's
+server-side figures also split by whether the pod's request shape was scored ahead.
 
     .venv/bin/python -m bench.extender_latency [--quick] [--repeat 8]
 """
@@ -212,7 +215,11 @@ def quantiles(values: list[float]) -> dict[str, float]:
 
 
 async def drive(
-    url: str, nodes: list[Node], pending: list[dict[str, Any]], rng: random.Random
+    url: str,
+    nodes: list[Node],
+    pending: list[dict[str, Any]],
+    rng: random.Random,
+    warm_shapes: int = 64,
 ) -> dict[str, Any]:
     configuration = client.Configuration(host=url)
     api = kube.Kube(client.ApiClient(configuration), timeout=30)
@@ -221,6 +228,7 @@ async def drive(
         advertise_resources=False,
         workload_refresh_seconds=3600,
         sync_wait_seconds=60,
+        warm_shapes=warm_shapes,
     )
     registry = CollectorRegistry()
     sidecar = Sidecar(settings, registry, api, rng=random.Random(1))
@@ -248,11 +256,19 @@ async def drive(
 
     gc.callbacks.append(collector)
     outcomes = {"bound": 0, "unschedulable": 0, "refused": 0}
+    warm_filters: list[float] = []
+    cold_filters: list[float] = []
     names = [node.name for node in nodes]
     async with sidecar.running():
         started = time.perf_counter()
         await sidecar.sync.ready.wait()
         sync_seconds = time.perf_counter() - started
+        if warm_shapes:
+            await sidecar.warmer.warm.wait()
+        warm_seconds = time.perf_counter() - started - sync_seconds
+        warm = {
+            (r.milli, r.memory_mib, r.count, r.models, r.cpu_milli) for r in sidecar.warmer.counted
+        }
         runner = web.AppRunner(sidecar.app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -272,7 +288,13 @@ async def drive(
 
             for pod in pending:
                 began = time.perf_counter()
+                shape = sidecar.decider.request(pod)
+                known = shape is not None and (
+                    (shape.milli, shape.memory_mib, shape.count, shape.models, shape.cpu_milli)
+                    in warm
+                )
                 verdict = await post("filter", {"Pod": pod, "NodeNames": names, "Nodes": None})
+                (warm_filters if known else cold_filters).append(server_side["filter"][-1])
                 passed = verdict["NodeNames"]
                 if not passed:
                     outcomes["unschedulable"] += 1
@@ -297,6 +319,12 @@ async def drive(
     gc.callbacks.remove(collector)
     return {
         "sidecar_sync_seconds": round(sync_seconds, 2),
+        "scoring_ahead_seconds": round(warm_seconds, 2),
+        "request_shapes_scored_ahead": len(warm),
+        "filter_server_side_by_shape": {
+            "scored_ahead": quantiles(warm_filters),
+            "not_scored_ahead": quantiles(cold_filters),
+        },
         "client_side": {verb: quantiles(values) for verb, values in client_side.items()},
         "server_side": {verb: quantiles(values) for verb, values in server_side.items()},
         "outcomes": outcomes,
@@ -322,6 +350,7 @@ def scenario(
     fill: float,
     seed: int,
     repeat: int,
+    warm_shapes: int,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     api = fakeapi.FakeApi(record_calls=100)
@@ -338,7 +367,7 @@ def scenario(
     api.load("pods", pending)
     api.warm()
     with fakeapi.serve_in_subprocess(api) as server:
-        figures = asyncio.run(drive(server.url, nodes, pending, rng))
+        figures = asyncio.run(drive(server.url, nodes, pending, rng, warm_shapes))
     return {
         "cluster": label,
         "nodes": len(nodes),
@@ -349,6 +378,7 @@ def scenario(
         "prefilled_gpu_share": fill,
         "pods_scheduled": count,
         "pods_per_request_shape": repeat,
+        "warm_shapes_setting": warm_shapes,
         **figures,
     }
 
@@ -358,6 +388,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer pods")
     parser.add_argument("--prefill", type=float, default=0.5, help="share of GPUs held")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--cluster", choices=("both", "openb", "10k"), default="both")
+    parser.add_argument(
+        "--warm-shapes",
+        type=int,
+        default=64,
+        help="the sidecar's --warm-shapes (request shapes scored ahead; 0 = off)",
+    )
     parser.add_argument(
         "--repeat",
         type=int,
@@ -367,30 +404,37 @@ def main() -> None:
     args = parser.parse_args()
     mix, mix_name = pods_mix()
     openb, source = openb_nodes()
-    results = [
-        scenario(
-            "openb",
-            nodes=openb,
-            source=source,
-            mix=mix,
-            mix_name=mix_name,
-            count=200 if args.quick else 1000,
-            fill=args.prefill,
-            seed=args.seed,
-            repeat=args.repeat,
-        ),
-        scenario(
-            "10k x 8 GPUs",
-            nodes=big_nodes(10_000),
-            source="synthetic",
-            mix=mix,
-            mix_name=mix_name,
-            count=50 if args.quick else 300,
-            fill=args.prefill,
-            seed=args.seed,
-            repeat=args.repeat,
-        ),
-    ]
+    results = []
+    if args.cluster in ("both", "openb"):
+        results.append(
+            scenario(
+                "openb",
+                nodes=openb,
+                source=source,
+                mix=mix,
+                mix_name=mix_name,
+                count=200 if args.quick else 1000,
+                fill=args.prefill,
+                seed=args.seed,
+                repeat=args.repeat,
+                warm_shapes=args.warm_shapes,
+            )
+        )
+    if args.cluster in ("both", "10k"):
+        results.append(
+            scenario(
+                "10k x 8 GPUs",
+                nodes=big_nodes(10_000),
+                source="synthetic",
+                mix=mix,
+                mix_name=mix_name,
+                count=50 if args.quick else 300,
+                fill=args.prefill,
+                seed=args.seed,
+                repeat=args.repeat,
+                warm_shapes=args.warm_shapes,
+            )
+        )
     print(
         json.dumps(
             {

@@ -122,11 +122,12 @@ class Service:
                 message,
             )
 
-    async def prioritize(self, args: ExtenderArgs) -> tuple[list[tuple[str, int]], str]:
+    async def prioritize(self, args: ExtenderArgs) -> tuple[list[str], list[int], str]:
+        """The nodes named and their scores, in the same order."""
         names = args.names()
         if not await self.ready():
-            return [(name, 0) for name in names], "not-synced"
-        return self.decider.prioritize(args.pod, names), "ok"
+            return names, [0] * len(names), "not-synced"
+        return names, self.decider.prioritize(args.pod, names), "ok"
 
     async def bind(self, args: BindingArgs) -> tuple[BindingResult, str]:
         if not await self.ready():
@@ -212,8 +213,8 @@ async def _filter(service: Service, raw: bytes) -> tuple[bytes, str]:
 
 
 async def _prioritize(service: Service, raw: bytes) -> tuple[bytes, str]:
-    scores, outcome = await service.prioritize(ExtenderArgs.model_validate_json(raw))
-    return priorities_json(scores), outcome
+    names, scores, outcome = await service.prioritize(ExtenderArgs.model_validate_json(raw))
+    return priorities_json(names, scores), outcome
 
 
 async def _bind(service: Service, raw: bytes) -> tuple[bytes, str]:

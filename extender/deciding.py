@@ -126,7 +126,7 @@ class Decider:
                 and entry.request == request
             ):
                 evaluation = entry.evaluation
-                if all(name in evaluation.choices or name in evaluation.misfits for name in names):
+                if not set(names).difference(evaluation.choices, evaluation.misfits):
                     self.cache_lookups.labels("hit").inc()
                     return evaluation
             self.cache_lookups.labels("miss").inc()
@@ -187,27 +187,22 @@ class Decider:
             )
         return verdict
 
-    def prioritize(self, pod: Mapping[str, Any], names: Sequence[str]) -> list[tuple[str, int]]:
-        """(node, 0-10) for every node of `names`: 10 only for the policy's best."""
+    def prioritize(self, pod: Mapping[str, Any], names: Sequence[str]) -> list[int]:
+        """A 0-10 score per node of `names`, in their order: 10 only for the policy's best.
+        (Plain ints, no pair per node: 10,000 tuples per call would feed the collector.)"""
         metadata = pod.get("metadata") or {}
         uid = str(metadata.get("uid") or "")
         try:
             request = self.request(pod)
         except grammar.AnnotationError:
-            return [(name, 0) for name in names]
+            return [0] * len(names)
         if request is None:
-            return [(name, 0) for name in names]
+            return [0] * len(names)
         holding = self.sync.ledger.get(uid) if uid else None
         if holding is not None:
-            return [
-                (name, choosing.MAX_EXTENDER_SCORE if name == holding.node else 0) for name in names
-            ]
+            return [choosing.MAX_EXTENDER_SCORE if name == holding.node else 0 for name in names]
         evaluation = self._evaluate(uid, request, names, reuse=bool(uid))
-        offered = choosing.Evaluation(
-            choices={name: evaluation.choices[name] for name in names if name in evaluation.choices}
-        )
-        scores = choosing.extender_scores(offered)
-        return [(name, scores.get(name, 0)) for name in names]
+        return choosing.ranked(names, evaluation.choices)
 
     def best_on(self, node: str, request: GpuRequest) -> choosing.Choice | fit.Misfit:
         """The policy's GPUs for `request` on `node` now (bind). O(1) when cached."""

@@ -95,21 +95,26 @@ class HostPriorityList(RootModel[list[HostPriority]]):
         return self.model_dump_json(by_alias=True).encode()
 
 
-def priorities_json(scores: list[tuple[str, int]]) -> bytes:
-    """`[{"Host", "Score"}]` for scores we computed (ints 0-10 by construction): the same
-    JSON as `HostPriorityList.dump`, without a model object per node (10,000 nodes).
-    Node names are written as they are when JSON needs no escape for them (DNS names
-    never do), else through `json.dumps`."""
-    plain = _PLAIN.fullmatch("".join(host for host, _ in scores)) is not None
-    parts = [
-        f'{{"Host":"{host}","Score":{int(score)}}}'
-        if plain
-        else f'{{"Host":{json.dumps(host)},"Score":{int(score)}}}'
-        for host, score in scores
-    ]
+def priorities_json(hosts: list[str], scores: list[int]) -> bytes:
+    """`[{"Host", "Score"}]` for scores we computed (ints 0-10 by construction), host by
+    host: the same JSON as `HostPriorityList.dump`, without a model object per node
+    (10,000 nodes). Node names are written as they are when JSON needs no escape for
+    them (DNS names never do), else through `json.dumps`."""
+    plain = _PLAIN.fullmatch("".join(hosts)) is not None
+    if plain and all(0 <= score <= MAX_SCORE for score in scores):
+        tails = _TAILS
+        parts = [
+            '{"Host":"' + host + tails[score] for host, score in zip(hosts, scores, strict=True)
+        ]
+    else:
+        parts = [
+            f'{{"Host":{json.dumps(host)},"Score":{int(score)}}}'
+            for host, score in zip(hosts, scores, strict=True)
+        ]
     return ("[" + ",".join(parts) + "]").encode()
 
 
+_TAILS = tuple(f'","Score":{score}}}' for score in range(MAX_SCORE + 1))
 _PLAIN = re.compile(r"[A-Za-z0-9._:-]*")
 
 

@@ -16,6 +16,7 @@ keeps whole GPUs whole, which is what a binpacker should do before it knows bett
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -59,8 +60,12 @@ class PolicyHolder:
         self._built_from = -1
         self._built_at = -float("inf")
         self.version = 0
-        """Grows with every rebuild; cached evaluations key on it."""
-        self.workload: Workload | None = None
+        """Grows whenever the deciding Chooser changes; cached evaluations key on it."""
+        self.staged = False
+        """Keep a rebuilt Chooser aside until `promote` (set when a warmer runs)."""
+        self.staging: choosing.Chooser | None = None
+        self.staged_event = asyncio.Event()
+        """Set when a rebuilt Chooser is staged (the warmer waits on it)."""
         self.chooser = self._build()
 
     def _build(self) -> choosing.Chooser:
@@ -70,29 +75,69 @@ class PolicyHolder:
             workload = Workload.from_requests(requests) if requests else FALLBACK
             if not workload.types:
                 workload = FALLBACK
-        self.workload = workload
         self._built_from = self.sync.requests_version
         # A fallback is replaced as soon as real requests exist, not a refresh later.
         self._built_at = -float("inf") if workload is FALLBACK else self._clock()
-        self.version += 1
         policy = policies.make(self.name, workload=workload, rng=self._rng)
         return choosing.Chooser(self.sync.ledger, policy)
 
+    @property
+    def workload(self) -> Workload | None:
+        """The typical workload the deciding Chooser's policy scores against."""
+        workload = getattr(self.chooser.policy, "workload", None)
+        return workload if isinstance(workload, Workload) else None
+
     def current(self) -> choosing.Chooser:
-        """The Chooser to decide with, rebuilt first when the workload is due for it. O(1),
-        O(window) on a rebuild."""
-        if (
+        """The Chooser to decide with. O(1); O(window) on a rebuild.
+
+        When the workload is due for a rebuild, the new Chooser replaces the current one
+        at once, unless `staged` is set: then it is kept as `staging` (see `staged_chooser`)
+        and the current one keeps deciding until `promote` — so that a warmer can fill
+        the new Chooser's caches first, and no verb pays for scoring every node anew. A
+        replaced ledger (a relist) always swaps at once: the old Chooser reads the old one.
+        """
+        if self.chooser.ledger is not self.sync.ledger:
+            self.staging = None
+            self.staged_event.clear()
+            self._swap(self._build())
+        elif self._due() and self.staging is None:
+            built = self._build()
+            if self.staged:
+                self.staging = built
+                self.staged_event.set()
+            else:
+                self._swap(built)
+        return self.chooser
+
+    def _due(self) -> bool:
+        return (
             self.name in NEEDS_WORKLOAD
             and self.sync.requests_version != self._built_from
             and self._clock() - self._built_at >= self.refresh_seconds
-        ) or self.chooser.ledger is not self.sync.ledger:
-            self.chooser = self._build()
-            log.info(
-                "typical workload rebuilt",
-                extra={
-                    "policy": self.name,
-                    "types": len(self.workload.types) if self.workload else 0,
-                    "pods": len(self.sync.requests),
-                },
-            )
-        return self.chooser
+        )
+
+    def staged_chooser(self) -> choosing.Chooser | None:
+        """A rebuilt Chooser waiting for `promote` (only with `staged`), else None."""
+        if self.staging is not None and self.staging.ledger is not self.sync.ledger:
+            self.staging = None
+            self.staged_event.clear()
+        return self.staging
+
+    def promote(self, chooser: choosing.Chooser) -> None:
+        """Decide with `chooser` (the staged one) from now on. O(1)."""
+        if chooser is self.staging:
+            self.staging = None
+            self.staged_event.clear()
+            self._swap(chooser)
+
+    def _swap(self, chooser: choosing.Chooser) -> None:
+        self.chooser = chooser
+        self.version += 1
+        log.info(
+            "typical workload rebuilt",
+            extra={
+                "policy": self.name,
+                "types": len(self.workload.types) if self.workload else 0,
+                "pods": len(self.sync.requests),
+            },
+        )

@@ -50,11 +50,11 @@ from cluster import (
 )
 from cluster.syncing import LedgerSync
 from extender import app as extender_app
-from extender import binding, deciding, gang_leader, gang_store, gangs, workloads
+from extender import binding, deciding, gang_leader, gang_store, gangs, warming, workloads
 from extender.gang_api import KubePods
 from extender.gang_fences import Fences
 from extender.gang_members import GangPod
-from placement import policies
+from placement import choosing, policies
 from placement.inventory import Capabilities
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,10 @@ class SidecarConfig(Protocol):
     def pod_events(self) -> bool: ...
     @property
     def extender_max_body_bytes(self) -> int: ...
+    @property
+    def warm_shapes(self) -> int: ...
+    @property
+    def warm_interval_seconds(self) -> float: ...
     @property
     def gc_freeze_seconds(self) -> float: ...
     @property
@@ -158,6 +162,17 @@ class SidecarSettings(BaseSettings):
     extender_max_body_bytes: int = Field(
         32 * 1024 * 1024, ge=1024, description="larger extender requests get HTTP 413"
     )
+    warm_shapes: int = Field(
+        64,
+        ge=0,
+        le=choosing.EVALUATIONS_KEPT // 2,
+        description="score every node ahead for this many of the most common request "
+        "shapes, and fill a rebuilt policy before it decides (0 = off: a shape's first "
+        "filter scores every node)",
+    )
+    warm_interval_seconds: float = Field(
+        1.0, gt=0, description="bring the shapes scored ahead up to date this often"
+    )
     gc_freeze_seconds: float = Field(
         10.0,
         ge=0,
@@ -214,6 +229,14 @@ class Sidecar:
             refresh_seconds=settings.workload_refresh_seconds,
             rng=rng,
         )
+        self.warmer = warming.Warmer(
+            self.sync,
+            self.holder,
+            shapes=settings.warm_shapes,
+            interval=settings.warm_interval_seconds,
+            registry=registry,
+        )
+        """Scores the most common request shapes ahead (see extender.warming)."""
         self.fences = Fences()
         """Capacity holds of a starving gang (written by the gang controller, read by filter)."""
         self.decider = deciding.Decider(
@@ -356,6 +379,8 @@ class Sidecar:
 
     def _background(self) -> list[Coroutine[Any, Any, None]]:
         work: list[Coroutine[Any, Any, None]] = [self.mirror.run(), self.reaper.run()]
+        if self.settings.warm_shapes > 0:
+            work.append(self.warmer.run())
         if self.settings.gc_freeze_seconds > 0:
             work.append(self._collector_hygiene())
         if self.advertiser is not None:

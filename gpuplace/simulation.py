@@ -144,8 +144,12 @@ def via_extender(
         if not verdict.passed:
             return None
         scores = decider.prioritize(pod, verdict.passed)
-        top = max(score for _, score in scores) * factor
-        best = [name for name, score in scores if score * factor == top]
+        top = max(scores) * factor
+        best = [
+            name
+            for name, score in zip(verdict.passed, scores, strict=True)
+            if score * factor == top
+        ]
         node = best[rng.randrange(len(best))] if len(best) > 1 else best[0]
         outcome = decider.best_on(node, verdict.request or request)
         decider.forget(uid)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -95,12 +95,57 @@ Outcome = Choice | fit.Misfit
 UNKNOWN = fit.Misfit(fit.MisfitKind.UNKNOWN_NODE, "not a gpuplace node")
 ID_LIMIT = 1 << 14
 """Distinct requests remembered before the cache starts over (bounds a long-running sidecar)."""
-EVALUATIONS_KEPT = 64
-"""Requests whose last evaluation `evaluate` keeps for incremental reuse."""
+EVALUATIONS_KEPT = 128
+"""Scoring shapes whose evaluation `evaluate` keeps for incremental reuse."""
 TIE = 1e-6
 """Weight of a node's place in line in `evaluate`'s scores: far below any real difference."""
 
 GroupKey = tuple[object, ...]
+_BEFORE_MEMORY = fit.UNRESOLVABLE | {fit.MisfitKind.PODS, fit.MisfitKind.CPU, fit.MisfitKind.MEMORY}
+"""Misfit kinds `fit.misfit` reports before (or as) a lack of host memory."""
+
+
+class _Kept:
+    """An evaluation kept for a scoring shape, current as of (`epoch`, `cursor`) of the
+    ledger's change log."""
+
+    __slots__ = ("cursor", "epoch", "evaluation")
+
+    def __init__(self, epoch: int, cursor: int) -> None:
+        self.epoch = epoch
+        self.cursor = cursor
+        self.evaluation = Evaluation()
+
+
+class _MemoryIndex:
+    """Nodes sorted by free host memory, kept up to date from the ledger's change log:
+    which nodes have less than some amount free, in O(log nodes + their number)."""
+
+    __slots__ = ("_cursor", "_epoch", "_of", "_sorted")
+
+    def __init__(self) -> None:
+        self._epoch = -1
+        self._cursor = 0
+        self._of: dict[str, int] = {}
+        self._sorted: list[tuple[int, str]] = []
+
+    def below(self, ledger: Ledger, memory_mib: int) -> list[str]:
+        epoch, cursor, changed = ledger.changes(self._epoch, self._cursor)
+        if changed is None:
+            self._of = {state.node.name: state.memory for state in ledger.states()}
+            self._sorted = sorted((memory, name) for name, memory in self._of.items())
+        else:
+            for name in dict.fromkeys(changed):
+                old = self._of.pop(name, None)
+                if old is not None:
+                    del self._sorted[bisect.bisect_left(self._sorted, (old, name))]
+                state = ledger.state(name)
+                if state is not None:
+                    self._of[name] = state.memory
+                    bisect.insort(self._sorted, (state.memory, name))
+        self._epoch, self._cursor = epoch, cursor
+        end = bisect.bisect_left(self._sorted, (memory_mib, ""))
+        return [name for _, name in self._sorted[:end]]
 
 
 class _Group:
@@ -154,6 +199,7 @@ class Chooser:
         "_groups",
         "_ids",
         "_keys",
+        "_memory",
         "_shapes",
         "ledger",
         "policy",
@@ -172,9 +218,9 @@ class Chooser:
         self._shapes: dict[str, tuple[object, tuple[object, ...], bool]] = {}
         self._epoch = -1
         self._cursor = 0
-        self._evaluations: dict[
-            int, tuple[int, int, tuple[str, ...], Evaluation, frozenset[str]]
-        ] = {}
+        self._evaluations: dict[int, _Kept] = {}
+        """Per scoring shape, its evaluation so far (see `evaluate`)."""
+        self._memory = _MemoryIndex()
 
     def reset(self) -> None:
         self._ids.clear()
@@ -219,34 +265,105 @@ class Chooser:
         """Every node of `names` (default: the candidates): choice or misfit.
 
         A choice's score includes the policy's place in line (× `TIE`), so that
-        where the policy has one, exactly one node has the highest score. The last
-        evaluation per request is kept: asked again for the same names, only the nodes
-        changed since are looked at again — O(names) to compare the list plus
-        O(changed nodes), instead of O(names) cache lookups. Returns a fresh object.
+        where the policy has one, exactly one node has the highest score. Returns a
+        fresh object.
+
+        Incremental: per *scoring shape* (the request without its host memory, which
+        only decides fit, never a score or the GPUs) the evaluation of every node seen
+        so far is kept and brought up to date from the ledger's change log, so a call
+        costs O(names) set and dict operations plus O(changed or unseen nodes × GPU
+        sets × score). Nodes short of the request's host memory are then found in a
+        sorted index, O(log nodes + their number). `prepare` fills the kept
+        evaluation ahead of requests.
         """
-        rid = self._id(request)
-        listed = tuple(candidates(self.ledger, request) if names is None else names)
+        listed = list(candidates(self.ledger, request) if names is None else names)
+        shaped = replace(request, host_memory_mib=0) if request.host_memory_mib else request
+        kept = self._kept(shaped)
+        choices, misfits = kept.choices, kept.misfits
+        wanted = set(listed)
+        unseen = wanted.difference(choices, misfits)
+        if unseen:
+            rid = self._id(shaped)
+            for name in listed:
+                if name in unseen:
+                    self._record(kept, name, shaped, rid)
+        if len(wanted) == len(choices) + len(misfits) and len(wanted) == len(listed):
+            result = Evaluation(dict(choices), dict(misfits))
+        else:
+            result = Evaluation()
+            for name in listed:
+                found = choices.get(name)
+                if found is not None:
+                    result.choices[name] = found
+                else:
+                    result.misfits[name] = misfits[name]
+        if request.host_memory_mib:
+            self._short_of_memory(result, request)
+        return result
+
+    def prepare(self, request: GpuRequest, names: Iterable[str]) -> int:
+        """Evaluate `names` for `request`'s scoring shape ahead of `evaluate`, so that
+        its first call finds them done. Returns how many nodes were scored now (0: all
+        were current). O(names + scored × GPU sets × score)."""
+        shaped = replace(request, host_memory_mib=0) if request.host_memory_mib else request
+        kept = self._kept(shaped)
+        choices, misfits = kept.choices, kept.misfits
+        rid = self._id(shaped)
+        scored = 0
+        for name in names:
+            if name not in choices and name not in misfits:
+                self._record(kept, name, shaped, rid)
+                scored += 1
+        return scored
+
+    def unseen(self, request: GpuRequest, names: Iterable[str]) -> set[str]:
+        """The nodes of `names` that `evaluate` would still have to score for `request`
+        (what `prepare` would do). O(names) set operations."""
+        shaped = replace(request, host_memory_mib=0) if request.host_memory_mib else request
+        kept = self._kept(shaped)
+        wanted: set[str] | frozenset[str] = (
+            names if isinstance(names, set | frozenset) else set(names)
+        )
+        return set(wanted.difference(kept.choices, kept.misfits))
+
+    def _kept(self, shaped: GpuRequest) -> Evaluation:
+        """The kept evaluation of a scoring shape, brought up to date. O(changes)."""
+        rid = self._id(shaped)
         kept = self._evaluations.get(rid)
-        if kept is not None and kept[2] == listed:
-            epoch, cursor, changed = self.ledger.changes(kept[0], kept[1])
-            if changed is not None:
-                evaluation = kept[3]
-                members = kept[4]
-                for name in dict.fromkeys(changed):
-                    if name in members:
-                        evaluation.choices.pop(name, None)
-                        evaluation.misfits.pop(name, None)
-                        self._record(evaluation, name, request, rid)
-                self._evaluations[rid] = (epoch, cursor, listed, evaluation, members)
-                return Evaluation(dict(evaluation.choices), dict(evaluation.misfits))
-        epoch, cursor, _ = self.ledger.changes(-1, 0)
-        evaluation = Evaluation()
-        for name in listed:
-            self._record(evaluation, name, request, rid)
-        if len(self._evaluations) >= EVALUATIONS_KEPT:
-            self._evaluations.pop(next(iter(self._evaluations)))
-        self._evaluations[rid] = (epoch, cursor, listed, evaluation, frozenset(listed))
-        return Evaluation(dict(evaluation.choices), dict(evaluation.misfits))
+        if kept is None:
+            if len(self._evaluations) >= EVALUATIONS_KEPT:
+                self._evaluations.pop(next(iter(self._evaluations)))
+            epoch, cursor, _ = self.ledger.changes(-1, 0)
+            kept = self._evaluations[rid] = _Kept(epoch, cursor)
+        epoch, cursor, changed = self.ledger.changes(kept.epoch, kept.cursor)
+        if changed is None:
+            kept.evaluation = Evaluation()
+        else:
+            choices, misfits = kept.evaluation.choices, kept.evaluation.misfits
+            for name in dict.fromkeys(changed):
+                if name in choices or name in misfits:
+                    choices.pop(name, None)
+                    misfits.pop(name, None)
+                    if self.ledger.state(name) is not None:
+                        self._record(kept.evaluation, name, shaped, rid)
+        kept.epoch, kept.cursor = epoch, cursor
+        return kept.evaluation
+
+    def _short_of_memory(self, result: Evaluation, request: GpuRequest) -> None:
+        """Nodes of `result` with less memory free than the request's: a MEMORY misfit
+        unless a reason `fit.misfit` checks first applies (static, pods, CPU)."""
+        for name in self._memory.below(self.ledger, request.host_memory_mib):
+            found = result.choices.pop(name, None)
+            if found is None:
+                misfit = result.misfits.get(name)
+                if misfit is None or misfit.kind in _BEFORE_MEMORY:
+                    continue
+            state = self.ledger.state(name)
+            if state is None:
+                continue
+            reason = fit.host_misfit(state, request)
+            if reason is not None:
+                result.misfits[name] = reason
 
     def _record(self, evaluation: Evaluation, name: str, request: GpuRequest, rid: int) -> None:
         found = self._outcome(name, request, rid)
@@ -467,22 +584,32 @@ def extender_scores(evaluation: Evaluation) -> dict[str, int]:
     so that even with the scheduler's own scores added the policy's order among
     them survives as far as integers allow.
     """
-    choices = evaluation.choices
-    if not choices:
-        return {}
-    values = [choice.score for choice in choices.values()]
+    names = list(evaluation.choices)
+    return dict(zip(names, ranked(names, evaluation.choices), strict=True))
+
+
+def ranked(names: Sequence[str], choices: Mapping[str, Choice]) -> list[int]:
+    """The 0-10 score of each of `names`, in their order, as `extender_scores` scales
+    them; 0 for a name without a choice. One pass to find the range, one to scale. O(n)."""
+    get = choices.get
+    found = [get(name) for name in names]
+    values = [choice.score for choice in found if choice is not None]
+    if not values:
+        return [0] * len(names)
     top = max(values)
     low = min(values)
     span = top - low
     below = MAX_EXTENDER_SCORE - 1
-    scores: dict[str, int] = {}
-    for name, choice in choices.items():
-        score = choice.score
-        if score == top:
-            scores[name] = MAX_EXTENDER_SCORE
-        else:
-            scores[name] = min(below, int(below * (score - low) / span))
-    return scores
+    ten = MAX_EXTENDER_SCORE
+    # score < top makes (score - low) / span at most 1, so the int is at most `below`.
+    return [
+        0
+        if choice is None
+        else ten
+        if choice.score == top
+        else int(below * (choice.score - low) / span)
+        for choice in found
+    ]
 
 
 def grant_for(pod_uid: str, choice: Choice, request: GpuRequest) -> Grant:

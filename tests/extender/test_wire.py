@@ -15,10 +15,21 @@ from extender import wire
 
 @given(st.lists(st.tuples(st.text(max_size=12), st.integers(0, 10)), max_size=20))
 def test_priorities_json_equals_the_model_dump(scores: list[tuple[str, int]]) -> None:
-    fast = wire.priorities_json(scores)
+    fast = wire.priorities_json([h for h, _ in scores], [s for _, s in scores])
     model = wire.HostPriorityList([wire.HostPriority(host=h, score=s) for h, s in scores])
     assert json.loads(fast) == json.loads(model.dump())
     assert json.loads(fast) == [{"Host": h, "Score": s} for h, s in scores]
+
+
+PLAIN = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789.-", min_size=1, max_size=20)
+
+
+@given(st.lists(st.tuples(PLAIN, st.integers(0, 10)), max_size=20))
+def test_priorities_json_for_dns_names_is_byte_for_byte_the_model_dump(
+    scores: list[tuple[str, int]],
+) -> None:
+    model = wire.HostPriorityList([wire.HostPriority(host=h, score=s) for h, s in scores])
+    assert wire.priorities_json([h for h, _ in scores], [s for _, s in scores]) == model.dump()
 
 
 def test_go_and_lower_camel_keys_are_accepted() -> None:

@@ -1,0 +1,156 @@
+"""Scoring ahead: the evaluations of the request shapes the cluster runs most, kept
+current in the background so that kube-scheduler's filter rarely waits for a node to
+be scored.
+
+A filter for a request shape the engine has not evaluated yet must score every
+named node once (about 40 µs each in Python: 0.4 s on 10,000 nodes); later filters
+for the same shape only re-score the nodes that changed (`choosing.Chooser.evaluate`).
+The `Warmer` takes the `shapes` most common *scoring shapes* (a request without its
+host memory, which decides fit but never a score) among the recent managed pods
+(`LedgerSync.requests`, the same window the typical workload is built from) and has
+each one's every node scored (`Chooser.prepare`), most common first, in slices of
+about `slice_seconds` between which the event loop serves the verbs. It looks again
+every `interval` seconds; a warm shape then costs O(nodes changed since).
+
+It also makes the typical workload's refresh seamless: the `PolicyHolder` is told to
+stage a rebuilt Chooser instead of swapping it in, the warmer fills the staged one for
+the same shapes, then promotes it. Until then the previous policy keeps deciding.
+
+A shape never seen before is still scored in full by its first filter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import Counter as CounterMetric
+
+from cluster.syncing import LedgerSync
+from extender.workloads import PolicyHolder
+from placement import choosing
+from placement.requests import GpuRequest, Topology
+
+log = logging.getLogger(__name__)
+
+BATCH = 8
+"""Nodes scored between two looks at the clock."""
+COUNT_SLICE = 2000
+"""Recent requests counted between two yields to the event loop."""
+
+
+class Warmer:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        sync: LedgerSync,
+        holder: PolicyHolder,
+        *,
+        shapes: int = 64,
+        interval: float = 1.0,
+        recount_seconds: float = 10.0,
+        slice_seconds: float = 0.001,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.sync = sync
+        self.holder = holder
+        self.shapes = shapes
+        self.interval = interval
+        self.recount_seconds = recount_seconds
+        self.slice_seconds = slice_seconds
+        self._clock = clock
+        self._counted_at = -1
+        self._counted_when = -float("inf")
+        self._typical: list[GpuRequest] = []
+        self.warm = asyncio.Event()
+        """Set once every typical shape has been scored on every node (the first time)."""
+        holder.staged = shapes > 0
+        self.warm_shapes = Gauge(
+            "gpuplace_warm_request_shapes",
+            "Request shapes (without host memory) whose every node is scored ahead.",
+            registry=registry,
+        )
+        self.scored = CounterMetric(
+            "gpuplace_nodes_scored_ahead_total",
+            "Node evaluations done ahead of kube-scheduler's calls.",
+            registry=registry,
+        )
+
+    @property
+    def counted(self) -> list[GpuRequest]:
+        """The typical shapes as last counted (most common first)."""
+        return list(self._typical)
+
+    async def typical(self) -> list[GpuRequest]:
+        """The `shapes` most common scoring shapes among the recent GPU requests, most
+        common first. O(window) in slices, recounted at most every `recount_seconds` and
+        only when the window changed."""
+        now = time.monotonic()
+        if self._counted_at == self.sync.requests_version or (
+            now - self._counted_when < self.recount_seconds and self._typical
+        ):
+            return self._typical
+        self._counted_at = self.sync.requests_version
+        self._counted_when = now
+        recent = list(self.sync.requests)
+        counts: Counter[tuple[int, int, int, frozenset[str], int, Topology]] = Counter()
+        for start in range(0, len(recent), COUNT_SLICE):
+            counts.update(
+                (r.milli, r.memory_mib, r.count, r.models, r.cpu_milli, r.topology)
+                for r in recent[start : start + COUNT_SLICE]
+                if r.count > 0
+            )
+            await asyncio.sleep(0)
+        self._typical = [
+            GpuRequest(milli, memory, count, models, cpu, 0, topology)
+            for (milli, memory, count, models, cpu, topology), _ in counts.most_common(self.shapes)
+        ]
+        return self._typical
+
+    async def fill(self, chooser: choosing.Chooser) -> int:
+        """Score every node for every typical shape on `chooser`, yielding to the event
+        loop every `slice_seconds`. Returns the number of shapes now complete."""
+        complete = 0
+        names = frozenset(self.sync.ledger.inventory.names())
+        for shape in await self.typical():
+            if chooser.ledger is not self.sync.ledger:
+                break
+            missing = sorted(chooser.unseen(shape, names))
+            started = self._clock()
+            for start in range(0, len(missing), BATCH):
+                self.scored.inc(chooser.prepare(shape, missing[start : start + BATCH]))
+                if self._clock() - started >= self.slice_seconds:
+                    await asyncio.sleep(0)
+                    started = self._clock()
+            complete += 1
+            await asyncio.sleep(0)
+        return complete
+
+    async def run(self) -> None:
+        """Fill the deciding Chooser (or a staged one, then promote it) forever."""
+        if self.shapes <= 0:
+            return
+        await self.sync.ready.wait()
+        while True:
+            self.holder.current()  # stages a rebuild when one is due
+            staged = self.holder.staged_chooser()
+            if staged is not None:
+                began = time.monotonic()
+                await self.fill(staged)
+                self.holder.promote(staged)
+                log.info(
+                    "rebuilt policy scored ahead and promoted",
+                    extra={"seconds": round(time.monotonic() - began, 2)},
+                )
+            complete = await self.fill(self.holder.current())
+            self.warm_shapes.set(complete)
+            self.warm.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.holder.staged_event.wait(), self.interval)

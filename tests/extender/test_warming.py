@@ -1,0 +1,110 @@
+"""Scoring ahead (extender.warming): the most common request shapes get every node
+scored in the background, in slices that let the event loop run, and a rebuilt policy
+decides only once it is filled the same way."""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import CollectorRegistry
+
+from cluster.syncing import LedgerSync
+from extender.warming import Warmer
+from extender.workloads import PolicyHolder
+from placement.requests import GpuRequest
+from tests.cluster.test_syncing import node_record
+
+
+def cluster(nodes: int = 40) -> LedgerSync:
+    sync = LedgerSync()
+    sync.replace_nodes([node_record(f"n{i}", gpus=4) for i in range(nodes)])
+    return sync
+
+
+def arrive(sync: LedgerSync, *requests: GpuRequest) -> None:
+    for request in requests:
+        sync.requests.append(request)
+        sync.requests_version += 1
+
+
+HALF = GpuRequest(500, count=1, cpu_milli=1000, host_memory_mib=2048)
+QUARTER = GpuRequest(250, count=1, cpu_milli=1000, host_memory_mib=512)
+WHOLE = GpuRequest(1000, count=1, cpu_milli=4000)
+
+
+async def test_common_shapes_are_scored_on_every_node_most_common_first() -> None:
+    sync = cluster()
+    arrive(sync, HALF, HALF, QUARTER, QUARTER, QUARTER, WHOLE)
+    registry = CollectorRegistry()
+    holder = PolicyHolder(sync, "default")
+    warmer = Warmer(sync, holder, shapes=2, registry=registry)
+    typical = await warmer.typical()
+    assert [shape.milli for shape in typical] == [250, 500]
+    assert all(shape.host_memory_mib == 0 for shape in typical)
+    chooser = holder.current()
+    names = list(sync.ledger.inventory.names())
+    assert chooser.unseen(HALF, names) == set(names)
+    assert await warmer.fill(chooser) == 2
+    assert chooser.unseen(HALF, names) == set() and chooser.unseen(QUARTER, names) == set()
+    assert chooser.unseen(WHOLE, names) == set(names)  # not among the 2 most common
+    assert registry.get_sample_value("gpuplace_nodes_scored_ahead_total") == 80
+    assert await warmer.fill(chooser) == 2
+    assert registry.get_sample_value("gpuplace_nodes_scored_ahead_total") == 80  # nothing new
+
+
+async def test_filling_yields_to_the_event_loop() -> None:
+    sync = cluster(400)
+    arrive(sync, HALF)
+    holder = PolicyHolder(sync, "default")
+    warmer = Warmer(sync, holder, shapes=1, slice_seconds=0.0)
+    ticks = 0
+
+    async def other_work() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(other_work())
+    await warmer.fill(holder.current())
+    task.cancel()
+    assert ticks >= 400 // 8 - 1  # at least once per batch of nodes
+
+
+async def test_a_rebuilt_policy_decides_only_once_filled() -> None:
+    now = [0.0]
+    sync = cluster()
+    arrive(sync, HALF)
+    holder = PolicyHolder(sync, "default", refresh_seconds=10, clock=lambda: now[0])
+    warmer = Warmer(sync, holder, shapes=4, interval=0.01)
+    first = holder.current()
+    version = holder.version
+    arrive(sync, QUARTER, QUARTER)
+    now[0] = 11.0
+    assert holder.current() is first  # staged, not swapped
+    staged = holder.staged_chooser()
+    assert staged is not None and staged is not first
+    assert holder.version == version
+    sync.ready.set()
+    task = asyncio.create_task(warmer.run())
+    try:
+        await asyncio.wait_for(warmer.warm.wait(), 5)
+    finally:
+        task.cancel()
+    assert holder.current() is staged
+    assert holder.version == version + 1
+    assert holder.workload is not None and len(holder.workload.types) == 2
+    names = list(sync.ledger.inventory.names())
+    assert staged.unseen(QUARTER, names) == set() and staged.unseen(HALF, names) == set()
+
+
+def test_without_a_warmer_a_rebuild_swaps_at_once() -> None:
+    now = [0.0]
+    sync = cluster(2)
+    arrive(sync, HALF)
+    holder = PolicyHolder(sync, "default", refresh_seconds=10, clock=lambda: now[0])
+    first = holder.current()
+    arrive(sync, QUARTER)
+    now[0] = 11.0
+    assert holder.current() is not first
+    assert holder.staged_chooser() is None
