@@ -327,7 +327,8 @@ class Chooser:
         return set(wanted.difference(kept.choices, kept.misfits))
 
     def _kept(self, shaped: GpuRequest) -> Evaluation:
-        """The kept evaluation of a scoring shape, brought up to date. O(changes)."""
+        """The kept evaluation of a scoring shape, without the nodes changed since it was
+        last brought up to date. O(changes)."""
         rid = self._id(shaped)
         kept = self._evaluations.get(rid)
         if kept is None:
@@ -339,13 +340,12 @@ class Chooser:
         if changed is None:
             kept.evaluation = Evaluation()
         else:
+            # Changed nodes are dropped, not re-scored here: the caller scores what is
+            # missing (`evaluate` at once, the warmer in slices).
             choices, misfits = kept.evaluation.choices, kept.evaluation.misfits
-            for name in dict.fromkeys(changed):
-                if name in choices or name in misfits:
-                    choices.pop(name, None)
-                    misfits.pop(name, None)
-                    if self.ledger.state(name) is not None:
-                        self._record(kept.evaluation, name, shaped, rid)
+            for name in changed:
+                choices.pop(name, None)
+                misfits.pop(name, None)
         kept.epoch, kept.cursor = epoch, cursor
         return kept.evaluation
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from placement.requests import WHOLE as WHOLE_MILLI
 from placement.requests import GpuRequest
@@ -27,8 +28,49 @@ from placement.requests import GpuRequest
 POPULARITY = 0.95
 MIN_CPU_MILLI = 100
 """kube-scheduler's non-zero default for a pod that requests no CPU."""
-MEMO_LIMIT = 1 << 18
-"""Entries of the fragmentation memo before it is cleared (bounds a long-running sidecar)."""
+MEMO_LIMIT = 1 << 17
+"""Entries of a fragmentation memo's table before it retires (bounds a long-running
+sidecar; see `Memo`)."""
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Memo(Generic[K, V]):
+    """A memo of at most about 2 × `limit` entries that never empties all at once.
+
+    When its table is full it retires it: the retired table is still read, and two of
+    its entries are dropped on every insert, so it is empty before the next one
+    retires. Freeing a quarter of a million entries in one go stalls the process for
+    tens of milliseconds (in the middle of an extender verb); this spreads it out.
+    get and put are O(1).
+    """
+
+    __slots__ = ("_limit", "_new", "_old")
+
+    def __init__(self, limit: int = MEMO_LIMIT) -> None:
+        self._limit = limit
+        self._new: dict[K, V] = {}
+        self._old: dict[K, V] = {}
+
+    def get(self, key: K) -> V | None:
+        value = self._new.get(key)
+        if value is None and self._old:
+            value = self._old.get(key)
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        if len(self._new) >= self._limit:
+            self._old = self._new
+            self._new = {}
+        self._new[key] = value
+        old = self._old
+        if old:
+            old.popitem()
+            if old:
+                old.popitem()
+
+    def __len__(self) -> int:
+        return len(self._new) + len(self._old)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -68,10 +110,10 @@ class Workload:
         )
         self._units = tuple((p, task.milli * task.count) for task, p in self.types)
         self._per_model: dict[str, tuple[tuple[int, int, int, float], ...]] = {}
-        self._memo: dict[tuple[str, int, tuple[int, ...]], float] = {}
-        self._stranded_memo: dict[tuple[str, int, tuple[int, ...]], float] = {}
-        self._gpu_memo: dict[tuple[str, tuple[int, ...]], tuple[int, ...]] = {}
-        self._cpu_memo: dict[int, tuple[int, ...]] = {}
+        self._memo: Memo[tuple[str, int, tuple[int, ...]], float] = Memo()
+        self._stranded_memo: Memo[tuple[str, int, tuple[int, ...]], float] = Memo()
+        self._gpu_memo: Memo[tuple[str, tuple[int, ...]], tuple[int, ...]] = Memo()
+        self._cpu_memo: Memo[int, tuple[int, ...]] = Memo()
 
     @classmethod
     def from_requests(
@@ -139,9 +181,7 @@ class Workload:
                 elif left > 0:
                     fragment += left
             value += p * (idle if fitting < count else fragment)
-        if len(self._memo) >= MEMO_LIMIT:
-            self._memo.clear()
-        self._memo[key] = value
+        self._memo.put(key, value)
         return value
 
     def stranded(self, model: str, cpu_left: int, lefts: tuple[int, ...]) -> float:
@@ -172,9 +212,7 @@ class Workload:
                 pods = by_gpu if by_gpu < by_cpu else by_cpu
                 usable = pods * unit
                 value += p * (idle - usable if usable < idle else 0)
-        if len(self._stranded_memo) >= MEMO_LIMIT:
-            self._stranded_memo.clear()
-        self._stranded_memo[key] = value
+        self._stranded_memo.put(key, value)
         return value
 
     def _gpu_slots(self, model: str, lefts: tuple[int, ...]) -> tuple[int, ...]:
@@ -191,9 +229,7 @@ class Workload:
                 else:
                     counts.append(sum(1 for left in lefts if left >= WHOLE_MILLI) // count)
             slots = tuple(counts)
-            if len(self._gpu_memo) >= MEMO_LIMIT:
-                self._gpu_memo.clear()
-            self._gpu_memo[key] = slots
+            self._gpu_memo.put(key, slots)
         return slots
 
     def _cpu_slots(self, cpu_left: int) -> tuple[int, ...]:
@@ -203,7 +239,5 @@ class Workload:
             slots = tuple(
                 cpu_left // task.cpu_milli if cpu_left > 0 else 0 for task, _p in self.types
             )
-            if len(self._cpu_memo) >= MEMO_LIMIT:
-                self._cpu_memo.clear()
-            self._cpu_memo[cpu_left] = slots
+            self._cpu_memo.put(cpu_left, slots)
         return slots

@@ -115,7 +115,20 @@ def test_prepare_does_the_work_once() -> None:
     assert chooser.prepare(GpuRequest(500, count=1, host_memory_mib=4000), ["a", "b", "c"]) == 1
     assert chooser.prepare(request, ["a", "b", "c"]) == 0
     book.reserve(choosing.grant_for("p", chooser.outcome("a", request), request))  # type: ignore[arg-type]
-    assert chooser.prepare(request, ["a", "b", "c"]) == 0  # "a" was re-scored on the way
+    assert chooser.prepare(request, ["a", "b", "c"]) == 1  # "a" changed: scored again
     assert chooser.evaluate(GpuRequest(500, count=1, host_memory_mib=6000), ["b"]).misfits[
         "b"
     ].kind is (fit.MisfitKind.MEMORY)
+
+
+def test_the_fragmentation_memo_stays_bounded_and_never_empties_at_once() -> None:
+    from placement.fragmentation import Memo
+
+    memo: Memo[int, int] = Memo(limit=100)
+    for key in range(1000):
+        memo.put(key, key * 2)
+        assert len(memo) <= 200
+        assert memo.get(key) == key * 2
+        if key >= 100:
+            assert len(memo) >= 50  # a retired table is emptied gradually, not at once
+    assert memo.get(999) == 1998 and memo.get(0) is None
