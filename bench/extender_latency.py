@@ -266,9 +266,7 @@ async def drive(
         if warm_shapes:
             await sidecar.warmer.warm.wait()
         warm_seconds = time.perf_counter() - started - sync_seconds
-        warm = {
-            (r.milli, r.memory_mib, r.count, r.models, r.cpu_milli) for r in sidecar.warmer.counted
-        }
+        warm = set(sidecar.warmer.counted)
         runner = web.AppRunner(sidecar.app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -289,10 +287,7 @@ async def drive(
             for pod in pending:
                 began = time.perf_counter()
                 shape = sidecar.decider.request(pod)
-                known = shape is not None and (
-                    (shape.milli, shape.memory_mib, shape.count, shape.models, shape.cpu_milli)
-                    in warm
-                )
+                known = shape is not None and choosing.scoring_shape(shape) in warm
                 verdict = await post("filter", {"Pod": pod, "NodeNames": names, "Nodes": None})
                 (warm_filters if known else cold_filters).append(server_side["filter"][-1])
                 passed = verdict["NodeNames"]

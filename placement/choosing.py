@@ -81,6 +81,12 @@ def best_on(state: NodeState, request: GpuRequest, policy: Policy) -> Choice | f
     return Choice(state.node.name, best[2], best[0])
 
 
+def scoring_shape(request: GpuRequest) -> GpuRequest:
+    """The request without its host memory: that only decides whether a node fits,
+    never a score or the GPUs, so requests differing only in it share their scores. O(1)."""
+    return replace(request, host_memory_mib=0) if request.host_memory_mib else request
+
+
 def candidates(ledger: Ledger, request: GpuRequest) -> Iterable[str]:
     """Node names worth trying: with an allowed model when models are named. O(1)."""
     if request.count and request.models:
@@ -277,16 +283,13 @@ class Chooser:
         evaluation ahead of requests.
         """
         listed = list(candidates(self.ledger, request) if names is None else names)
-        shaped = replace(request, host_memory_mib=0) if request.host_memory_mib else request
+        shaped = scoring_shape(request)
         kept = self._kept(shaped)
         choices, misfits = kept.choices, kept.misfits
         wanted = set(listed)
         unseen = wanted.difference(choices, misfits)
         if unseen:
-            rid = self._id(shaped)
-            for name in listed:
-                if name in unseen:
-                    self._record(kept, name, shaped, rid)
+            self.prepare(shaped, [name for name in listed if name in unseen])
         if len(wanted) == len(choices) + len(misfits) and len(wanted) == len(listed):
             result = Evaluation(dict(choices), dict(misfits))
         else:
@@ -305,7 +308,7 @@ class Chooser:
         """Evaluate `names` for `request`'s scoring shape ahead of `evaluate`, so that
         its first call finds them done. Returns how many nodes were scored now (0: all
         were current). O(names + scored × GPU sets × score)."""
-        shaped = replace(request, host_memory_mib=0) if request.host_memory_mib else request
+        shaped = scoring_shape(request)
         kept = self._kept(shaped)
         choices, misfits = kept.choices, kept.misfits
         rid = self._id(shaped)
@@ -319,7 +322,7 @@ class Chooser:
     def unseen(self, request: GpuRequest, names: Iterable[str]) -> set[str]:
         """The nodes of `names` that `evaluate` would still have to score for `request`
         (what `prepare` would do). O(names) set operations."""
-        shaped = replace(request, host_memory_mib=0) if request.host_memory_mib else request
+        shaped = scoring_shape(request)
         kept = self._kept(shaped)
         wanted: set[str] | frozenset[str] = (
             names if isinstance(names, set | frozenset) else set(names)
@@ -511,7 +514,7 @@ class Chooser:
         self._sync()
         # Host memory only decides whether a node fits (`may_fit` checks it), never the
         # score or the GPUs: requests differing only in it share their scores.
-        shaped = replace(request, host_memory_mib=0) if request.host_memory_mib else request
+        shaped = scoring_shape(request)
         shape = self._id(shaped)
         models = request.models if request.count else frozenset()
         best_score = 0.0
