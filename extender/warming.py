@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections import Counter
@@ -42,6 +43,21 @@ BATCH = 8
 """Nodes scored between two looks at the clock."""
 COUNT_SLICE = 2000
 """Recent requests counted between two yields to the event loop."""
+
+
+def collect_young() -> None:
+    """Collect the young generations now, while they are small (O(objects allocated
+    since the last call that are still alive)).
+
+    CPython (3.11) counts container allocations *minus deallocations* towards its
+    automatic young collections. Scoring ahead replaces old outcomes with new ones,
+    so the count barely moves while the young generation grows to hundreds of
+    thousands of objects; the collection that finally comes then traverses all of
+    them in the middle of a verb (40-270 ms at 10,000 nodes). The warmer calls this
+    between its slices instead: the middle generation is collected when it is due by
+    the collector's own threshold, else the youngest."""
+    middle_due = gc.get_count()[1] >= gc.get_threshold()[1]
+    gc.collect(1 if middle_due else 0)
 
 
 class Warmer:
@@ -129,6 +145,7 @@ class Warmer:
             for start in range(0, len(missing), BATCH):
                 self.scored.inc(chooser.prepare(shape, missing[start : start + BATCH]))
                 if self._clock() - started >= self.slice_seconds:
+                    collect_young()
                     await asyncio.sleep(0)
                     started = self._clock()
             complete += 1

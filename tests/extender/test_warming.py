@@ -5,11 +5,12 @@ decides only once it is filled the same way."""
 from __future__ import annotations
 
 import asyncio
+import gc
 
 from prometheus_client import CollectorRegistry
 
 from cluster.syncing import LedgerSync
-from extender.warming import Warmer
+from extender.warming import Warmer, collect_young
 from extender.workloads import PolicyHolder
 from placement.requests import GpuRequest
 from tests.cluster.test_syncing import node_record
@@ -69,6 +70,38 @@ async def test_filling_yields_to_the_event_loop() -> None:
     await warmer.fill(holder.current())
     task.cancel()
     assert ticks >= 400 // 8 - 1  # at least once per batch of nodes
+
+
+async def test_filling_keeps_the_young_generations_collected() -> None:
+    """Between slices the young generations are collected, so the collector never
+    meets a young generation grown by allocation-for-deallocation churn."""
+    sync = cluster(400)
+    arrive(sync, HALF)
+    holder = PolicyHolder(sync, "default")
+    warmer = Warmer(sync, holder, shapes=1, slice_seconds=0.0)
+    passes: list[int] = []
+
+    def collected(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop":
+            passes.append(info["generation"])
+
+    gc.callbacks.append(collected)
+    try:
+        await warmer.fill(holder.current())
+    finally:
+        gc.callbacks.remove(collected)
+    assert len(passes) >= 400 // 8 - 1  # one per slice at least
+    assert 1 in passes  # the middle generation when its threshold came
+
+
+def test_collect_young_collects_the_middle_generation_when_due() -> None:
+    middle = gc.get_threshold()[1]
+    gc.collect()
+    for _ in range(middle):
+        collect_young()
+    assert gc.get_count()[1] == middle  # youngest collected, each counted towards the middle
+    collect_young()
+    assert gc.get_count()[1] == 0  # the middle one was due and collected
 
 
 async def test_a_rebuilt_policy_decides_only_once_filled() -> None:
