@@ -42,7 +42,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
-from cluster import assignments, kube
+from cluster import assignments, connecting, kube
 from gpuplace import simulation
 from gpuplace.sidecar import Sidecar, SidecarSettings
 from placement import choosing, trace
@@ -222,7 +222,7 @@ async def drive(
     warm_shapes: int = 64,
 ) -> dict[str, Any]:
     configuration = client.Configuration(host=url)
-    api = kube.Kube(client.ApiClient(configuration), timeout=30)
+    api = kube.Kube(connecting.client_for(configuration), timeout=30)
     settings = SidecarSettings(
         pod_events=False,
         advertise_resources=False,

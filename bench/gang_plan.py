@@ -25,10 +25,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
-from cluster import keys, kube
+from cluster import connecting, keys, kube
 from cluster.syncing import LedgerSync
 from extender import workloads
 from extender.gang_api import KubePods
@@ -101,7 +100,7 @@ async def run_case(
     size: int,
     repeat: int,
 ) -> dict[str, Any]:
-    api = kube.Kube(client.ApiClient(server.configuration()), timeout=60.0)
+    api = kube.Kube(connecting.client_for(server.configuration()), timeout=60.0)
     policy = policies.make("default", workload=workloads.FALLBACK)
     rounds: list[float] = []
     plans: list[float] = []

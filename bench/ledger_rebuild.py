@@ -28,7 +28,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from cluster import assignments, keys, kube, mirroring, pods
+from cluster import assignments, connecting, keys, kube, mirroring, pods
 from cluster.syncing import LedgerSync
 from placement.ledger import Grant, GrantState
 from tests import fakeapi
@@ -215,7 +215,7 @@ def build(pod_count: int, node_count: int, gpus: int) -> tuple[fakeapi.FakeApi, 
 
 async def rebuild(url: str, page_size: int) -> tuple[float, float, LedgerSync]:
     configuration = client.Configuration(host=url)
-    api = kube.Kube(client.ApiClient(configuration), timeout=120)
+    api = kube.Kube(connecting.client_for(configuration), timeout=120)
     sync = LedgerSync()
     mirror = mirroring.Mirror(api, sync, page_size=page_size)
     started = time.perf_counter()

@@ -6,9 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-from kubernetes_asyncio import client
 
-from cluster import kube
+from cluster import connecting, kube
 from tests import fakeapi
 
 
@@ -20,7 +19,7 @@ async def server() -> AsyncIterator[fakeapi.Server]:
 
 @pytest.fixture
 async def api(server: fakeapi.Server) -> AsyncIterator[kube.Kube]:
-    connection = kube.Kube(client.ApiClient(server.configuration()), timeout=5.0)
+    connection = kube.Kube(connecting.client_for(server.configuration()), timeout=5.0)
     try:
         yield connection
     finally:

@@ -11,10 +11,9 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
-from cluster import kube
+from cluster import connecting, kube
 from gpuplace.sidecar import Sidecar, SidecarSettings
 from tests import fakeapi
 from tests.cluster.conftest import eventually
@@ -113,7 +112,7 @@ class Harness:
 
 @contextlib.asynccontextmanager
 async def harness(server: fakeapi.Server, **overrides: Any) -> AsyncIterator[Harness]:
-    api = kube.Kube(client.ApiClient(server.configuration()), timeout=5.0)
+    api = kube.Kube(connecting.client_for(server.configuration()), timeout=5.0)
     sidecar = Sidecar(settings(**overrides), CollectorRegistry(), api, rng=random.Random(7))
     async with sidecar.running():
         runner = web.AppRunner(sidecar.app, access_log=None)
