@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from cluster import recording
 from cluster.syncing import LedgerSync
 from extender import binding, deciding, reasons
+from extender.activity import Activity
 from extender.wire import (
     BindingArgs,
     BindingResult,
@@ -66,6 +67,8 @@ class Service:
     metrics: Metrics
     ready_timeout: float = 5.0
     max_body_bytes: int = 32 * 1024 * 1024
+    activity: Activity = field(default_factory=Activity)
+    """Verbs in flight (background work gives way to them)."""
 
     async def ready(self) -> bool:
         if self.sync.ready.is_set():
@@ -176,25 +179,27 @@ def _verb(verb: str, answer: Callable[[Service, bytes], Awaitable[tuple[bytes, s
         service = request.app[SERVICE]
         started = time.perf_counter()
         result = "bad-request"
-        try:
-            if (
-                request.content_length is not None
-                and request.content_length > service.max_body_bytes
-            ):
-                result = "too-large"
-                return web.Response(status=413, text="request body too large")
+        with service.activity:
             try:
-                raw = await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                result = "too-large"
-                return web.Response(status=413, text="request body too large")
-            try:
-                body, result = await answer(service, raw)
-            except ValidationError as error:
-                return _bad_request(f"not a kube-scheduler {verb} request: {_errors(error)}")
-            return web.Response(body=body, content_type="application/json")
-        finally:
-            service.metrics.duration.labels(verb, result).observe(time.perf_counter() - started)
+                if (
+                    request.content_length is not None
+                    and request.content_length > service.max_body_bytes
+                ):
+                    result = "too-large"
+                    return web.Response(status=413, text="request body too large")
+                try:
+                    raw = await request.read()
+                except web.HTTPRequestEntityTooLarge:
+                    result = "too-large"
+                    return web.Response(status=413, text="request body too large")
+                try:
+                    body, result = await answer(service, raw)
+                except ValidationError as error:
+                    return _bad_request(f"not a kube-scheduler {verb} request: {_errors(error)}")
+                return web.Response(body=body, content_type="application/json")
+            finally:
+                elapsed = time.perf_counter() - started
+                service.metrics.duration.labels(verb, result).observe(elapsed)
 
     return handle
 

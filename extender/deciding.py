@@ -59,6 +59,15 @@ class Verdict:
         return self.request is not None and self.request.count > 0
 
 
+def _covers(evaluation: choosing.Evaluation, names: Sequence[str]) -> bool:
+    """Whether every one of `names` has a choice or a misfit in `evaluation` (the two are
+    disjoint, so counting the hits suffices). O(names) lookups in C, no set built."""
+    chosen = sum(map(evaluation.choices.__contains__, names))
+    return chosen == len(names) or chosen + sum(map(evaluation.misfits.__contains__, names)) == len(
+        names
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Entry:
     generation: int
@@ -126,7 +135,7 @@ class Decider:
                 and entry.request == request
             ):
                 evaluation = entry.evaluation
-                if not set(names).difference(evaluation.choices, evaluation.misfits):
+                if _covers(evaluation, names):
                     self.cache_lookups.labels("hit").inc()
                     return evaluation
             self.cache_lookups.labels("miss").inc()
@@ -155,20 +164,26 @@ class Decider:
         evaluation = self._evaluate(uid, request, names, reuse=False)
         if uid:
             self._remember(uid, request, evaluation)
-        verdict = Verdict(passed=[], request=request)
+        # Comprehensions rather than one loop with branches: on 10,000 names the
+        # per-name cost is most of filter's time.
+        choices, misfits = evaluation.choices, evaluation.misfits
+        verdict = Verdict(passed=[name for name in names if name in choices], request=request)
         fences = self.fences
-        for name in names:
-            if name in evaluation.choices:
-                held = fences.blocks(uid, name) if fences is not None else None
+        if fences is not None and fences.current is not None:
+            offered = []
+            for name in verdict.passed:
+                held = fences.blocks(uid, name)
                 if held is None:
-                    verdict.passed.append(name)
+                    offered.append(name)
                 else:
                     verdict.failed[name] = held
-                continue
-            misfit = evaluation.misfits.get(name) or choosing.UNKNOWN
+            verdict.passed = offered
+        mode = self.mode
+        for name in [name for name in names if name not in choices]:
+            misfit = misfits.get(name) or choosing.UNKNOWN
             verdict.misfits[name] = misfit
             target = verdict.failed if misfit.resolvable else verdict.unresolvable
-            target[name] = reasons.for_node(misfit, self.mode)
+            target[name] = reasons.for_node(misfit, mode)
         return verdict
 
     def _reserved(self, names: Sequence[str], request: GpuRequest, holding: Grant) -> Verdict:

@@ -26,8 +26,8 @@ PREFIX = "gpuplace: "
 def for_node(misfit: fit.Misfit, mode: Mode = "kind") -> str:
     """The reason kube-scheduler gets for one node."""
     if mode == "detail":
-        return f"{PREFIX}{misfit.kind.value} ({misfit.message})"
-    return PREFIX + misfit.kind.value
+        return f"{PREFIX}{misfit.summary} ({misfit.message})"
+    return PREFIX + misfit.summary
 
 
 def summary(total: int, misfits: Mapping[str, fit.Misfit]) -> str:

@@ -9,7 +9,8 @@ The `Warmer` takes the `shapes` most common *scoring shapes* (a request without 
 host memory, which decides fit but never a score) among the recent managed pods
 (`LedgerSync.requests`, the same window the typical workload is built from) and has
 each one's every node scored (`Chooser.prepare`), most common first, in slices of
-about `slice_seconds` between which the event loop serves the verbs. It looks again
+about `slice_seconds` between which the event loop serves the verbs; a slice starts
+only while no verb is in flight (`extender.activity`). It looks again
 every `interval` seconds; a warm shape then costs O(nodes changed since).
 
 It also makes the typical workload's refresh seamless: the `PolicyHolder` is told to
@@ -33,6 +34,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as CounterMetric
 
 from cluster.syncing import LedgerSync
+from extender.activity import Activity
 from extender.workloads import PolicyHolder
 from placement import choosing
 from placement.requests import GpuRequest, Topology
@@ -45,7 +47,7 @@ COUNT_SLICE = 2000
 """Recent requests counted between two yields to the event loop."""
 
 
-def collect_young() -> None:
+def collect_young(freeze_above: int | None = None) -> None:
     """Collect the young generations now, while they are small (O(objects allocated
     since the last call that are still alive)).
 
@@ -55,9 +57,23 @@ def collect_young() -> None:
     thousands of objects; the collection that finally comes then traverses all of
     them in the middle of a verb (40-270 ms at 10,000 nodes). The warmer calls this
     between its slices instead: the middle generation is collected when it is due by
-    the collector's own threshold, else the youngest."""
+    the collector's own threshold, else the youngest.
+
+    With `freeze_above`, a young generation larger than that (a filter that scored
+    every node for a new request shape leaves ~40,000 live objects, 15-40 ms to
+    traverse) is frozen instead (`gc.freeze`, O(1); counting it is ~30 times cheaper
+    than collecting it): the objects are long-lived evaluations, and whatever cyclic
+    garbage is among them waits for the next full unfrozen pass. Only for callers
+    that run such passes (`gpuplace.sidecar`, `--gc-full-seconds`)."""
+    if freeze_above is not None and len(gc.get_objects(0)) > freeze_above:
+        gc.freeze()
+        return
     middle_due = gc.get_count()[1] >= gc.get_threshold()[1]
     gc.collect(1 if middle_due else 0)
+
+
+YOUNG_FREEZE = 20_000
+"""Young objects above which `collect_young` freezes rather than collects (see there)."""
 
 
 class Warmer:
@@ -74,9 +90,15 @@ class Warmer:
         slice_seconds: float = 0.001,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        activity: Activity | None = None,
+        freeze_young_above: int | None = None,
     ) -> None:
         self.sync = sync
         self.holder = holder
+        self.activity = activity
+        """When given, slices start only while no verb is in flight."""
+        self.freeze_young_above = freeze_young_above
+        """Passed to `collect_young` between slices."""
         self.shapes = shapes
         self.interval = interval
         self.recount_seconds = recount_seconds
@@ -136,20 +158,26 @@ class Warmer:
         """Score every node for every typical shape on `chooser`, yielding to the event
         loop every `slice_seconds`. Returns the number of shapes now complete."""
         complete = 0
-        names = frozenset(self.sync.ledger.inventory.names())
+        began = [self._clock()]
+
+        async def pause_when_due() -> None:
+            if self._clock() - began[0] >= self.slice_seconds:
+                collect_young(self.freeze_young_above)
+                await asyncio.sleep(0)
+                if self.activity is not None:
+                    await self.activity.idle.wait()
+                began[0] = self._clock()
+
         for shape in await self.typical():
             if chooser.ledger is not self.sync.ledger:
                 break
-            missing = sorted(chooser.unseen(shape, names))
-            started = self._clock()
+            missing = chooser.missing(shape)
             for start in range(0, len(missing), BATCH):
                 self.scored.inc(chooser.prepare(shape, missing[start : start + BATCH]))
-                if self._clock() - started >= self.slice_seconds:
-                    collect_young()
-                    await asyncio.sleep(0)
-                    started = self._clock()
+                await pause_when_due()
             complete += 1
-            await asyncio.sleep(0)
+            await pause_when_due()
+        collect_young(self.freeze_young_above)
         return complete
 
     async def run(self) -> None:

@@ -10,6 +10,7 @@ a full `Nodes` list, and the answer must then be a `Nodes` list too (both handle
 from __future__ import annotations
 
 import json
+import operator
 import re
 from typing import Any
 
@@ -100,21 +101,30 @@ def priorities_json(hosts: list[str], scores: list[int]) -> bytes:
     host: the same JSON as `HostPriorityList.dump`, without a model object per node
     (10,000 nodes). Node names are written as they are when JSON needs no escape for
     them (DNS names never do), else through `json.dumps`."""
-    plain = _PLAIN.fullmatch("".join(hosts)) is not None
-    if plain and all(0 <= score <= MAX_SCORE for score in scores):
-        tails = _TAILS
-        parts = [
-            '{"Host":"' + host + tails[score] for host, score in zip(hosts, scores, strict=True)
-        ]
-    else:
-        parts = [
-            f'{{"Host":{json.dumps(host)},"Score":{int(score)}}}'
-            for host, score in zip(hosts, scores, strict=True)
-        ]
+    if len(hosts) != len(scores):
+        raise ValueError(f"{len(hosts)} hosts but {len(scores)} scores")
+    if not hosts:
+        return b"[]"
+    if len(hosts) > 1 and _PLAIN.fullmatch("".join(hosts)) and min(scores) >= 0:
+        try:  # each score's tail, picked in C (an int 0-10 or nothing)
+            tails = operator.itemgetter(*scores)(_TAILS)
+        except (IndexError, TypeError):
+            tails = None
+        if tails is not None:
+            out = [""] * (2 * len(hosts))
+            out[::2] = hosts
+            out[1::2] = tails
+            return ('[{"Host":"' + "".join(out)[: -len(_NEXT)] + "]").encode()
+    parts = [
+        f'{{"Host":{json.dumps(host)},"Score":{int(score)}}}'
+        for host, score in zip(hosts, scores, strict=True)
+    ]
     return ("[" + ",".join(parts) + "]").encode()
 
 
-_TAILS = tuple(f'","Score":{score}}}' for score in range(MAX_SCORE + 1))
+_NEXT = ',{"Host":"'
+_TAILS = tuple(f'","Score":{score}}}{_NEXT}' for score in range(MAX_SCORE + 1))
+"""After a host: its score, the end of its entry and the start of the next one."""
 _PLAIN = re.compile(r"[A-Za-z0-9._:-]*")
 
 

@@ -51,6 +51,7 @@ from cluster import (
 from cluster.syncing import LedgerSync
 from extender import app as extender_app
 from extender import binding, deciding, gang_leader, gang_store, gangs, warming, workloads
+from extender.activity import Activity
 from extender.gang_api import KubePods
 from extender.gang_fences import Fences
 from extender.gang_members import GangPod
@@ -97,6 +98,8 @@ class SidecarConfig(Protocol):
     def warm_shapes(self) -> int: ...
     @property
     def warm_interval_seconds(self) -> float: ...
+    @property
+    def gc_young_seconds(self) -> float: ...
     @property
     def gc_freeze_seconds(self) -> float: ...
     @property
@@ -173,6 +176,12 @@ class SidecarSettings(BaseSettings):
     warm_interval_seconds: float = Field(
         1.0, gt=0, description="bring the shapes scored ahead up to date this often"
     )
+    gc_young_seconds: float = Field(
+        0.1,
+        ge=0,
+        description="collect the young generations this often, while they are small "
+        "(0 = only when CPython decides)",
+    )
     gc_freeze_seconds: float = Field(
         10.0,
         ge=0,
@@ -229,12 +238,16 @@ class Sidecar:
             refresh_seconds=settings.workload_refresh_seconds,
             rng=rng,
         )
+        self.activity = Activity()
+        """Extender verbs in flight: the warmer gives way to them."""
         self.warmer = warming.Warmer(
             self.sync,
             self.holder,
             shapes=settings.warm_shapes,
             interval=settings.warm_interval_seconds,
             registry=registry,
+            activity=self.activity,
+            freeze_young_above=self._freeze_young_above(),
         )
         """Scores the most common request shapes ahead (see extender.warming)."""
         self.fences = Fences()
@@ -279,6 +292,7 @@ class Sidecar:
             metrics=extender_app.Metrics(registry),
             ready_timeout=settings.sync_wait_seconds,
             max_body_bytes=settings.extender_max_body_bytes,
+            activity=self.activity,
         )
         self.app = extender_app.create_app(self.service)
         """The extender's aiohttp app (/filter, /prioritize, /bind), for its own site."""
@@ -346,7 +360,7 @@ class Sidecar:
     # --- running -----------------------------------------------------------------------
 
     async def _collector_hygiene(self) -> None:
-        """Keep the cyclic collector's full passes short.
+        """Keep the cyclic collector's passes short.
 
         The ledger, ~1 KB of records per pod and the engine's per-node caches are long
         lived; a full collection traverses all of them (on 10,000 nodes, 0.1-0.5 s in the
@@ -356,32 +370,59 @@ class Sidecar:
         and automatic full passes are turned off (they would run every few decisions,
         each over everything allocated since the last freeze). Frozen objects are still
         freed by reference counting; cyclic garbage that outlived a freeze is reclaimed
-        by a full unfreeze + collect every `gc_full_seconds`, between verbs."""
+        by a full unfreeze + collect every `gc_full_seconds`, between verbs.
+
+        Every `gc_young_seconds` the young generations are collected
+        (`warming.collect_young`): CPython counts allocations minus deallocations
+        towards its own young passes, and the engine's caches replace objects as fast
+        as they make them, so left alone the young generation grows to hundreds of
+        thousands of objects and its pass takes tens of milliseconds inside a verb."""
+        settings = self.settings
+        freezing = settings.gc_freeze_seconds > 0
+        full_every = settings.gc_full_seconds if freezing else 0.0
+        periods = [
+            every for every in (settings.gc_young_seconds, settings.gc_freeze_seconds) if every
+        ]
+        if not periods:
+            return
         await self.sync.ready.wait()
-        gc.collect(1)  # short; older cyclic garbage waits for the first full pass
-        gc.freeze()
-        young, middle, _ = gc.get_threshold()
-        gc.set_threshold(young, middle, FULL_PASS_NEVER)
-        log.info("initial state frozen for the collector", extra={"objects": gc.get_freeze_count()})
-        every = self.settings.gc_freeze_seconds
-        full_every = self.settings.gc_full_seconds
+        if freezing:
+            gc.collect(1)  # short; older cyclic garbage waits for the first full pass
+            gc.freeze()
+            young, middle, _ = gc.get_threshold()
+            gc.set_threshold(young, middle, FULL_PASS_NEVER)
+            log.info(
+                "initial state frozen for the collector", extra={"objects": gc.get_freeze_count()}
+            )
         loop = asyncio.get_running_loop()
-        last_full = loop.time()
+        last_freeze = last_full = loop.time()
         while True:
-            await asyncio.sleep(every)
-            if full_every and loop.time() - last_full >= full_every:
+            await asyncio.sleep(min(periods))
+            now = loop.time()
+            if full_every and now - last_full >= full_every:
                 gc.unfreeze()
                 gc.collect()
-                last_full = loop.time()
-            else:
+                gc.freeze()
+                last_full = last_freeze = now
+            elif freezing and now - last_freeze >= settings.gc_freeze_seconds:
                 gc.collect(1)
-            gc.freeze()
+                gc.freeze()
+                last_freeze = now
+            elif settings.gc_young_seconds:
+                warming.collect_young(self._freeze_young_above())
+
+    def _freeze_young_above(self) -> int | None:
+        """Large young generations are frozen only when full unfrozen passes will come."""
+        settings = self.settings
+        if settings.gc_freeze_seconds > 0 and settings.gc_full_seconds > 0:
+            return warming.YOUNG_FREEZE
+        return None
 
     def _background(self) -> list[Coroutine[Any, Any, None]]:
         work: list[Coroutine[Any, Any, None]] = [self.mirror.run(), self.reaper.run()]
         if self.settings.warm_shapes > 0:
             work.append(self.warmer.run())
-        if self.settings.gc_freeze_seconds > 0:
+        if self.settings.gc_freeze_seconds > 0 or self.settings.gc_young_seconds > 0:
             work.append(self._collector_hygiene())
         if self.advertiser is not None:
             work.append(self.advertiser.run())

@@ -113,14 +113,16 @@ _BEFORE_MEMORY = fit.UNRESOLVABLE | {fit.MisfitKind.PODS, fit.MisfitKind.CPU, fi
 
 class _Kept:
     """An evaluation kept for a scoring shape, current as of (`epoch`, `cursor`) of the
-    ledger's change log."""
+    ledger's change log, and the cluster's nodes it lacks (`missing`: every node not
+    scored since it was last changed, perhaps with nodes since removed)."""
 
-    __slots__ = ("cursor", "epoch", "evaluation")
+    __slots__ = ("cursor", "epoch", "evaluation", "missing")
 
-    def __init__(self, epoch: int, cursor: int) -> None:
+    def __init__(self, epoch: int, cursor: int, nodes: Iterable[str]) -> None:
         self.epoch = epoch
         self.cursor = cursor
         self.evaluation = Evaluation()
+        self.missing = set(nodes)
 
 
 class _MemoryIndex:
@@ -284,7 +286,7 @@ class Chooser:
         """
         listed = list(candidates(self.ledger, request) if names is None else names)
         shaped = scoring_shape(request)
-        kept = self._kept(shaped)
+        kept = self._kept(shaped).evaluation
         choices, misfits = kept.choices, kept.misfits
         wanted = set(listed)
         unseen = wanted.difference(choices, misfits)
@@ -310,26 +312,34 @@ class Chooser:
         were current). O(names + scored × GPU sets × score)."""
         shaped = scoring_shape(request)
         kept = self._kept(shaped)
-        choices, misfits = kept.choices, kept.misfits
+        evaluation, missing = kept.evaluation, kept.missing
+        choices, misfits = evaluation.choices, evaluation.misfits
         rid = self._id(shaped)
         scored = 0
         for name in names:
             if name not in choices and name not in misfits:
-                self._record(kept, name, shaped, rid)
+                self._record(evaluation, name, shaped, rid)
+                missing.discard(name)
                 scored += 1
         return scored
+
+    def missing(self, request: GpuRequest) -> list[str]:
+        """The cluster's nodes that `evaluate` would still have to score for `request`'s
+        scoring shape (what the warmer `prepare`s), sorted. O(changes since the last
+        look + missing × log missing): no pass over every node."""
+        return sorted(self._kept(scoring_shape(request)).missing)
 
     def unseen(self, request: GpuRequest, names: Iterable[str]) -> set[str]:
         """The nodes of `names` that `evaluate` would still have to score for `request`
         (what `prepare` would do). O(names) set operations."""
         shaped = scoring_shape(request)
-        kept = self._kept(shaped)
+        kept = self._kept(shaped).evaluation
         wanted: set[str] | frozenset[str] = (
             names if isinstance(names, set | frozenset) else set(names)
         )
         return set(wanted.difference(kept.choices, kept.misfits))
 
-    def _kept(self, shaped: GpuRequest) -> Evaluation:
+    def _kept(self, shaped: GpuRequest) -> _Kept:
         """The kept evaluation of a scoring shape, without the nodes changed since it was
         last brought up to date. O(changes)."""
         rid = self._id(shaped)
@@ -338,10 +348,11 @@ class Chooser:
             if len(self._evaluations) >= EVALUATIONS_KEPT:
                 self._evaluations.pop(next(iter(self._evaluations)))
             epoch, cursor, _ = self.ledger.changes(-1, 0)
-            kept = self._evaluations[rid] = _Kept(epoch, cursor)
+            kept = self._evaluations[rid] = _Kept(epoch, cursor, self.ledger.inventory.names())
         epoch, cursor, changed = self.ledger.changes(kept.epoch, kept.cursor)
         if changed is None:
             kept.evaluation = Evaluation()
+            kept.missing = set(self.ledger.inventory.names())
         else:
             # Changed nodes are dropped, not re-scored here: the caller scores what is
             # missing (`evaluate` at once, the warmer in slices).
@@ -349,8 +360,9 @@ class Chooser:
             for name in changed:
                 choices.pop(name, None)
                 misfits.pop(name, None)
+            kept.missing.update(changed)
         kept.epoch, kept.cursor = epoch, cursor
-        return kept.evaluation
+        return kept
 
     def _short_of_memory(self, result: Evaluation, request: GpuRequest) -> None:
         """Nodes of `result` with less memory free than the request's: a MEMORY misfit
@@ -594,23 +606,17 @@ def extender_scores(evaluation: Evaluation) -> dict[str, int]:
 def ranked(names: Sequence[str], choices: Mapping[str, Choice]) -> list[int]:
     """The 0-10 score of each of `names`, in their order, as `extender_scores` scales
     them; 0 for a name without a choice. One pass to find the range, one to scale. O(n)."""
-    get = choices.get
-    found = [get(name) for name in names]
+    found = list(map(choices.get, names))
     values = [choice.score for choice in found if choice is not None]
     if not values:
         return [0] * len(names)
     top = max(values)
     low = min(values)
-    span = top - low
-    below = MAX_EXTENDER_SCORE - 1
+    # score < top makes (score - low) / span at most 1, so the int is at most 9.
+    scale = (MAX_EXTENDER_SCORE - 1) / (top - low) if top > low else 0.0
     ten = MAX_EXTENDER_SCORE
-    # score < top makes (score - low) / span at most 1, so the int is at most `below`.
     return [
-        0
-        if choice is None
-        else ten
-        if choice.score == top
-        else int(below * (choice.score - low) / span)
+        0 if choice is None else ten if choice.score == top else int(scale * (choice.score - low))
         for choice in found
     ]
 

@@ -9,7 +9,7 @@ never will, and the scheduler should not try to preempt for them.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from placement.inventory import NO_NVLINK
 from placement.ledger import NodeState
@@ -48,11 +48,16 @@ UNRESOLVABLE = frozenset(
 class Misfit:
     kind: MisfitKind
     message: str
+    resolvable: bool = field(init=False, compare=False, repr=False)
+    """False when no change of load on the node could ever make the request fit."""
+    summary: str = field(init=False, compare=False, repr=False)
+    """The kind's phrase (`kind.value`)."""
 
-    @property
-    def resolvable(self) -> bool:
-        """False when no change of load on the node could ever make the request fit."""
-        return self.kind not in UNRESOLVABLE
+    def __post_init__(self) -> None:
+        # Read per failed node on every filter (10,000 nodes): plain slots, not an enum
+        # lookup and a set test each time.
+        object.__setattr__(self, "resolvable", self.kind not in UNRESOLVABLE)
+        object.__setattr__(self, "summary", self.kind.value)
 
 
 def _allowed(state: NodeState, request: GpuRequest) -> list[int]:

@@ -10,6 +10,7 @@ import gc
 from prometheus_client import CollectorRegistry
 
 from cluster.syncing import LedgerSync
+from extender.activity import Activity
 from extender.warming import Warmer, collect_young
 from extender.workloads import PolicyHolder
 from placement.requests import GpuRequest
@@ -102,6 +103,42 @@ def test_collect_young_collects_the_middle_generation_when_due() -> None:
     assert gc.get_count()[1] == middle  # youngest collected, each counted towards the middle
     collect_young()
     assert gc.get_count()[1] == 0  # the middle one was due and collected
+
+
+async def test_slices_wait_while_a_verb_is_in_flight() -> None:
+    sync = cluster(400)
+    arrive(sync, HALF)
+    holder = PolicyHolder(sync, "default")
+    activity = Activity()
+    warmer = Warmer(sync, holder, shapes=1, slice_seconds=0.0, activity=activity)
+    chooser = holder.current()
+    names = list(sync.ledger.inventory.names())
+    with activity:
+        filling = asyncio.create_task(warmer.fill(chooser))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not filling.done()
+        assert len(chooser.unseen(HALF, names)) == 400 - 8  # one batch, then it waited
+    assert await filling == 1
+    assert chooser.unseen(HALF, names) == set()
+
+
+def test_collect_young_freezes_a_large_young_generation() -> None:
+    gc.collect()
+    frozen = gc.get_freeze_count()
+    kept = [[index] for index in range(50)]  # young, alive
+    collect_young(freeze_above=1_000)
+    assert gc.get_freeze_count() == frozen  # small: collected, not frozen
+    gc.disable()  # as churn does: no automatic pass while the young generation grows
+    kept += [[index] for index in range(5_000)]
+    gc.enable()
+    try:
+        collect_young(freeze_above=1_000)
+        assert gc.get_freeze_count() >= frozen + 5_000
+        assert len(gc.get_objects(0)) < 1_000
+    finally:
+        gc.unfreeze()
+    assert len(kept) == 5_050
 
 
 async def test_a_rebuilt_policy_decides_only_once_filled() -> None:

@@ -32,6 +32,16 @@ def test_priorities_json_for_dns_names_is_byte_for_byte_the_model_dump(
     assert wire.priorities_json([h for h, _ in scores], [s for _, s in scores]) == model.dump()
 
 
+def test_priorities_json_outside_the_fast_path_and_misaligned() -> None:
+    hosts = ["a", "b", "c"]
+    for scores in ([0, 11, 3], [-1, 2, 3], [1, 2, 3]):
+        assert json.loads(wire.priorities_json(hosts, scores)) == [
+            {"Host": h, "Score": s} for h, s in zip(hosts, scores, strict=True)
+        ]
+    with pytest.raises(ValueError, match="3 hosts but 2 scores"):
+        wire.priorities_json(hosts, [1, 2])
+
+
 def test_go_and_lower_camel_keys_are_accepted() -> None:
     go = wire.ExtenderArgs.model_validate_json(
         b'{"Pod": {"metadata": {"name": "p"}}, "NodeNames": ["a"], "Nodes": null}'

@@ -102,6 +102,8 @@ def test_incremental_evaluation_equals_scoring_afresh(
             want = afresh(book, request, policy, names)
             assert got.choices == want.choices
             assert got.misfits == want.misfits
+        everyone = list(book.inventory.names())
+        assert chooser.missing(request) == sorted(chooser.unseen(request, everyone))
     last = GpuRequest(250, count=1, host_memory_mib=3000)
     everything = chooser.evaluate(last)
     assert everything.choices == afresh(book, last, policy, ["a", "b", "c", "d"]).choices
@@ -115,7 +117,9 @@ def test_prepare_does_the_work_once() -> None:
     assert chooser.prepare(GpuRequest(500, count=1, host_memory_mib=4000), ["a", "b", "c"]) == 1
     assert chooser.prepare(request, ["a", "b", "c"]) == 0
     book.reserve(choosing.grant_for("p", chooser.outcome("a", request), request))  # type: ignore[arg-type]
+    assert chooser.missing(request) == ["a", "d"]  # "a" changed, "d" never scored
     assert chooser.prepare(request, ["a", "b", "c"]) == 1  # "a" changed: scored again
+    assert chooser.missing(request) == ["d"]
     assert chooser.evaluate(GpuRequest(500, count=1, host_memory_mib=6000), ["b"]).misfits[
         "b"
     ].kind is (fit.MisfitKind.MEMORY)
