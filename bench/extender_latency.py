@@ -32,6 +32,7 @@ import asyncio
 import gc
 import json
 import multiprocessing
+import os
 import random
 import statistics
 import time
@@ -218,6 +219,15 @@ def quantiles(values: list[float]) -> dict[str, float]:
     }
 
 
+def resident_mib() -> float:
+    """This process's resident memory (Linux /proc; 0 elsewhere)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 async def schedule(
     base: str, names: list[str], pending: list[dict[str, Any]], seed: int
 ) -> dict[str, Any]:
@@ -320,6 +330,8 @@ async def drive(
     scheduler.start()
     theirs.close()  # the child's end: a child that dies makes `recv` fail, not hang
     names = [node.name for node in nodes]
+    gc.collect()
+    before = resident_mib()
     async with sidecar.running():
         started = time.perf_counter()
         await sidecar.sync.ready.wait()
@@ -327,6 +339,8 @@ async def drive(
         if warm_shapes:
             await sidecar.warmer.warm.wait()
         warm_seconds = time.perf_counter() - started - sync_seconds
+        gc.collect()
+        sidecar_mib = resident_mib() - before
         warm = set(sidecar.warmer.counted)
         known = []
         for pod in pending:
@@ -349,6 +363,7 @@ async def drive(
         "sidecar_sync_seconds": round(sync_seconds, 2),
         "scoring_ahead_seconds": round(warm_seconds, 2),
         "request_shapes_scored_ahead": len(warm),
+        "sidecar_memory_mib_after_scoring_ahead": round(sidecar_mib),
         "filter_server_side_by_shape": {
             "scored_ahead": quantiles(warm_filters),
             "not_scored_ahead": quantiles(cold_filters),

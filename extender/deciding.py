@@ -178,12 +178,10 @@ class Decider:
                 else:
                     verdict.failed[name] = held
             verdict.passed = offered
-        mode = self.mode
-        for name in [name for name in names if name not in choices]:
-            misfit = misfits.get(name) or choosing.UNKNOWN
-            verdict.misfits[name] = misfit
-            target = verdict.failed if misfit.resolvable else verdict.unresolvable
-            target[name] = reasons.for_node(misfit, mode)
+        get, unknown = misfits.get, choosing.UNKNOWN
+        verdict.misfits = {name: get(name) or unknown for name in names if name not in choices}
+        failed, verdict.unresolvable = reasons.for_nodes(verdict.misfits, self.mode)
+        verdict.failed.update(failed)
         return verdict
 
     def _reserved(self, names: Sequence[str], request: GpuRequest, holding: Grant) -> Verdict:

@@ -72,7 +72,7 @@ def collect_young(freeze_above: int | None = None) -> None:
     gc.collect(1 if middle_due else 0)
 
 
-YOUNG_FREEZE = 20_000
+YOUNG_FREEZE = 5_000
 """Young objects above which `collect_young` freezes rather than collects (see there)."""
 
 

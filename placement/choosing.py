@@ -288,11 +288,13 @@ class Chooser:
         shaped = scoring_shape(request)
         kept = self._kept(shaped).evaluation
         choices, misfits = kept.choices, kept.misfits
-        wanted = set(listed)
-        unseen = wanted.difference(choices, misfits)
-        if unseen:
-            self.prepare(shaped, [name for name in listed if name in unseen])
-        if len(wanted) == len(choices) + len(misfits) and len(wanted) == len(listed):
+        # Counting hits (C loops, no set of 10,000 names): choices and misfits are
+        # disjoint, so every name is known iff the counts add up to the names.
+        known = sum(map(choices.__contains__, listed)) + sum(map(misfits.__contains__, listed))
+        if known < len(listed):
+            self.prepare(shaped, listed)  # scores only the names it lacks
+            known = len(listed)
+        if known == len(choices) + len(misfits):  # (names are unique, as the scheduler's)
             result = Evaluation(dict(choices), dict(misfits))
         else:
             result = Evaluation()
