@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import gc
 import json
 import multiprocessing
@@ -426,6 +427,11 @@ def scenario(
     }
 
 
+def _scenario(run: dict[str, Any]) -> dict[str, Any]:
+    label = run.pop("label")
+    return scenario(label, **run)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer pods")
@@ -447,37 +453,33 @@ def main() -> None:
     args = parser.parse_args()
     mix, mix_name = pods_mix()
     openb, source = openb_nodes()
-    results = []
+    runs: list[dict[str, Any]] = []
+    common = {
+        "mix": mix,
+        "mix_name": mix_name,
+        "fill": args.prefill,
+        "seed": args.seed,
+        "repeat": args.repeat,
+        "warm_shapes": args.warm_shapes,
+    }
     if args.cluster in ("both", "openb"):
-        results.append(
-            scenario(
-                "openb",
-                nodes=openb,
-                source=source,
-                mix=mix,
-                mix_name=mix_name,
-                count=200 if args.quick else 1000,
-                fill=args.prefill,
-                seed=args.seed,
-                repeat=args.repeat,
-                warm_shapes=args.warm_shapes,
-            )
+        runs.append(
+            {"label": "openb", "nodes": openb, "source": source, **common}
+            | {"count": 200 if args.quick else 1000}
         )
     if args.cluster in ("both", "10k"):
-        results.append(
-            scenario(
-                "10k x 8 GPUs",
-                nodes=big_nodes(10_000),
-                source="synthetic",
-                mix=mix,
-                mix_name=mix_name,
-                count=50 if args.quick else 1000,
-                fill=args.prefill,
-                seed=args.seed,
-                repeat=args.repeat,
-                warm_shapes=args.warm_shapes,
-            )
+        runs.append(
+            {"label": "10k x 8 GPUs", "nodes": big_nodes(10_000), "source": "synthetic"}
+            | common
+            | {"count": 50 if args.quick else 1000}
         )
+    results = []
+    for run in runs:
+        # Each cluster in a fresh process: the second would otherwise inherit the first
+        # sidecar's heap (and its frozen objects) and measure that too.
+        spawn = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
+            results.append(pool.submit(_scenario, run).result())
     print(
         json.dumps(
             {
