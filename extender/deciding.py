@@ -167,7 +167,12 @@ class Decider:
         # Comprehensions rather than one loop with branches: on 10,000 names the
         # per-name cost is most of filter's time.
         choices, misfits = evaluation.choices, evaluation.misfits
-        verdict = Verdict(passed=[name for name in names if name in choices], request=request)
+        # Names (unique, as kube-scheduler sends them) that all have an outcome in the
+        # evaluation and are as many as its nodes are exactly its nodes: then the
+        # answer is read off the evaluation, with no pass over the names.
+        whole = len(names) == len(choices) + len(misfits)
+        passed = list(choices) if whole else [name for name in names if name in choices]
+        verdict = Verdict(passed=passed, request=request)
         fences = self.fences
         if fences is not None and fences.current is not None:
             offered = []
@@ -178,8 +183,11 @@ class Decider:
                 else:
                     verdict.failed[name] = held
             verdict.passed = offered
-        get, unknown = misfits.get, choosing.UNKNOWN
-        verdict.misfits = {name: get(name) or unknown for name in names if name not in choices}
+        if whole:
+            verdict.misfits = misfits
+        else:
+            get, unknown = misfits.get, choosing.UNKNOWN
+            verdict.misfits = {name: get(name) or unknown for name in names if name not in choices}
         failed, verdict.unresolvable = reasons.for_nodes(verdict.misfits, self.mode)
         verdict.failed.update(failed)
         return verdict

@@ -85,7 +85,7 @@ class Warmer:
         holder: PolicyHolder,
         *,
         shapes: int = 64,
-        interval: float = 1.0,
+        interval: float = 0.2,
         recount_seconds: float = 10.0,
         slice_seconds: float = 0.001,
         registry: CollectorRegistry | None = None,

@@ -174,7 +174,10 @@ class SidecarSettings(BaseSettings):
         "filter scores every node)",
     )
     warm_interval_seconds: float = Field(
-        1.0, gt=0, description="bring the shapes scored ahead up to date this often"
+        0.2,
+        gt=0,
+        description="bring the shapes scored ahead up to date this often (a filter re-scores "
+        "the nodes changed since itself)",
     )
     gc_young_seconds: float = Field(
         0.1,
