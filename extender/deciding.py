@@ -164,11 +164,12 @@ class Decider:
         evaluation = self._evaluate(uid, request, names, reuse=False)
         if uid:
             self._remember(uid, request, evaluation)
-        # On 10,000 names the per-name Python work is most of filter's time. Names
-        # (unique, as kube-scheduler sends them) as many as the evaluation's nodes are
-        # exactly its nodes: the answer is then read off the evaluation; otherwise it
-        # is built in comprehensions, not one loop with branches.
+        # Comprehensions rather than one loop with branches: on 10,000 names the
+        # per-name cost is most of filter's time.
         choices, misfits = evaluation.choices, evaluation.misfits
+        # Names (unique, as kube-scheduler sends them) that all have an outcome in the
+        # evaluation and are as many as its nodes are exactly its nodes: then the
+        # answer is read off the evaluation, with no pass over the names.
         whole = len(names) == len(choices) + len(misfits)
         passed = list(choices) if whole else [name for name in names if name in choices]
         verdict = Verdict(passed=passed, request=request)
@@ -223,35 +224,6 @@ class Decider:
             return [choosing.MAX_EXTENDER_SCORE if name == holding.node else 0 for name in names]
         evaluation = self._evaluate(uid, request, names, reuse=bool(uid))
         return choosing.ranked(names, evaluation.choices)
-
-    def ranked_ahead(self, uid: str, names: Sequence[str]) -> list[int] | None:
-        """What prioritize would answer for pod `uid` and `names` (the nodes its filter
-        passed), while the evaluation filter made is current; else None. O(names)."""
-        entry = self._cache.get(uid)
-        if (
-            entry is None
-            or entry.generation != self.sync.ledger.generation
-            or entry.version != self.holder.version
-        ):
-            return None
-        return choosing.ranked(names, entry.evaluation.choices)
-
-    def still_current(self, pod: Mapping[str, Any], uid: str, generation: int) -> bool:
-        """Whether prioritize for `pod` would use the evaluation filter made for it at
-        ledger `generation`: same ledger, policy and request, and no grant since. O(1)."""
-        entry = self._cache.get(uid)
-        if (
-            entry is None
-            or entry.generation != generation
-            or generation != self.sync.ledger.generation
-            or entry.version != self.holder.version
-            or self.sync.ledger.get(uid) is not None
-        ):
-            return False
-        try:
-            return self.request(pod) == entry.request
-        except grammar.AnnotationError:
-            return False
 
     def best_on(self, node: str, request: GpuRequest) -> choosing.Choice | fit.Misfit:
         """The policy's GPUs for `request` on `node` now (bind). O(1) when cached."""
