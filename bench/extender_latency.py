@@ -380,6 +380,10 @@ async def drive(
             result: registry.get_sample_value("gpuplace_evaluation_cache_total", {"result": result})
             for result in ("hit", "miss")
         },
+        "prioritize_answered_ahead": {
+            result: registry.get_sample_value("gpuplace_prioritize_ahead_total", {"result": result})
+            for result in ("used", "stale")
+        },
     }
 
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import ValidationError
 
 from cluster import recording
@@ -54,6 +55,26 @@ class Metrics:
             buckets=BUCKETS,
             registry=registry,
         )
+        self.ahead = Counter(
+            "gpuplace_prioritize_ahead_total",
+            "prioritize answers prepared right after filter: used, or stale (nodes or "
+            "state changed in between, scored again).",
+            ["result"],
+            registry=registry,
+        )
+
+
+AHEAD_KEPT = 16
+"""prioritize answers prepared ahead and not yet asked for, kept at most."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ahead:
+    """A prioritize answer prepared after filter: for `passed` at ledger `generation`."""
+
+    generation: int
+    passed: list[str]
+    answer: bytes
 
 
 @dataclass(slots=True)
@@ -69,6 +90,8 @@ class Service:
     max_body_bytes: int = 32 * 1024 * 1024
     activity: Activity = field(default_factory=Activity)
     """Verbs in flight (background work gives way to them)."""
+    ahead: OrderedDict[str, Ahead] = field(default_factory=OrderedDict)
+    """prioritize answers prepared right after filter, by pod UID (`AHEAD_KEPT` at most)."""
 
     async def ready(self) -> bool:
         if self.sync.ready.is_set():
@@ -96,7 +119,24 @@ class Service:
         if not verdict.passed and (verdict.gpu_pod or verdict.problem):
             self._placement_failed(args, names, verdict)
             return result, "none-fit"
+        uid = str((args.pod.get("metadata") or {}).get("uid") or "")
+        if uid and verdict.gpu_pod and verdict.holding is None and objects is None:
+            # A callback: it runs once the handler's task has written this answer
+            # (unless the socket makes the write wait). kube-scheduler's prioritize for
+            # the same pod and these nodes comes next, while it reads this answer.
+            asyncio.get_running_loop().call_soon(self._answer_ahead, uid, verdict.passed)
         return result, "ok"
+
+    def _answer_ahead(self, uid: str, passed: list[str]) -> None:
+        """Prepare prioritize's answer for the nodes filter passed (see `prioritize`)."""
+        generation = self.sync.ledger.generation
+        scores = self.decider.ranked_ahead(uid, passed)
+        if scores is None:
+            return
+        self.ahead[uid] = Ahead(generation, passed, priorities_json(passed, scores))
+        self.ahead.move_to_end(uid)
+        while len(self.ahead) > AHEAD_KEPT:
+            self.ahead.popitem(last=False)
 
     def _placement_failed(
         self, args: ExtenderArgs, names: list[str], verdict: deciding.Verdict
@@ -125,12 +165,23 @@ class Service:
                 message,
             )
 
-    async def prioritize(self, args: ExtenderArgs) -> tuple[list[str], list[int], str]:
-        """The nodes named and their scores, in the same order."""
+    async def prioritize(self, args: ExtenderArgs) -> tuple[bytes, str]:
+        """The nodes named and their scores, as JSON. The answer prepared ahead after
+        this pod's filter is used when the nodes are those it passed and nothing the
+        scores depend on changed since (O(names) to compare); else scored now."""
         names = args.names()
         if not await self.ready():
-            return names, [0] * len(names), "not-synced"
-        return names, self.decider.prioritize(args.pod, names), "ok"
+            return priorities_json(names, [0] * len(names)), "not-synced"
+        uid = str((args.pod.get("metadata") or {}).get("uid") or "")
+        ahead = self.ahead.pop(uid, None) if uid else None
+        if ahead is not None:
+            used = ahead.passed == names and self.decider.still_current(
+                args.pod, uid, ahead.generation
+            )
+            self.metrics.ahead.labels("used" if used else "stale").inc()
+            if used:
+                return ahead.answer, "ok"
+        return priorities_json(names, self.decider.prioritize(args.pod, names)), "ok"
 
     async def bind(self, args: BindingArgs) -> tuple[BindingResult, str]:
         if not await self.ready():
@@ -218,8 +269,7 @@ async def _filter(service: Service, raw: bytes) -> tuple[bytes, str]:
 
 
 async def _prioritize(service: Service, raw: bytes) -> tuple[bytes, str]:
-    names, scores, outcome = await service.prioritize(ExtenderArgs.model_validate_json(raw))
-    return priorities_json(names, scores), outcome
+    return await service.prioritize(ExtenderArgs.model_validate_json(raw))
 
 
 async def _bind(service: Service, raw: bytes) -> tuple[bytes, str]:

@@ -224,6 +224,35 @@ class Decider:
         evaluation = self._evaluate(uid, request, names, reuse=bool(uid))
         return choosing.ranked(names, evaluation.choices)
 
+    def ranked_ahead(self, uid: str, names: Sequence[str]) -> list[int] | None:
+        """What prioritize would answer for pod `uid` and `names` (the nodes its filter
+        passed), while the evaluation filter made is current; else None. O(names)."""
+        entry = self._cache.get(uid)
+        if (
+            entry is None
+            or entry.generation != self.sync.ledger.generation
+            or entry.version != self.holder.version
+        ):
+            return None
+        return choosing.ranked(names, entry.evaluation.choices)
+
+    def still_current(self, pod: Mapping[str, Any], uid: str, generation: int) -> bool:
+        """Whether prioritize for `pod` would use the evaluation filter made for it at
+        ledger `generation`: same ledger, policy and request, and no grant since. O(1)."""
+        entry = self._cache.get(uid)
+        if (
+            entry is None
+            or entry.generation != generation
+            or generation != self.sync.ledger.generation
+            or entry.version != self.holder.version
+            or self.sync.ledger.get(uid) is not None
+        ):
+            return False
+        try:
+            return self.request(pod) == entry.request
+        except grammar.AnnotationError:
+            return False
+
     def best_on(self, node: str, request: GpuRequest) -> choosing.Choice | fit.Misfit:
         """The policy's GPUs for `request` on `node` now (bind). O(1) when cached."""
         return self.holder.current().outcome(node, request)

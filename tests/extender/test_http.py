@@ -192,6 +192,44 @@ async def test_prioritize_gives_ten_only_to_the_policys_best(server: fakeapi.Ser
         assert all(0 <= score < 10 for name, score in scores.items() if name != seed_node)
 
 
+async def test_prioritize_answered_ahead_only_while_nothing_changed(
+    server: fakeapi.Server,
+) -> None:
+    api = server.api
+    for index in range(4):
+        api.create(objects.node(f"n{index}", gpus=2))
+    async with harness(server, workload_refresh_seconds=3600.0) as h:
+        await ready(h)
+        registry = h.sidecar.registry
+
+        def ahead(result: str) -> float:
+            value = registry.get_sample_value("gpuplace_prioritize_ahead_total", {"result": result})
+            return value or 0.0
+
+        # The first managed pod replaces the fallback workload (a new policy version).
+        await h.schedule(api.create(objects.pod("seed", percent=30)), random.Random(1))
+        await h.sidecar.warmer.warm.wait()
+        used, stale = ahead("used"), ahead("stale")
+        names = ["n0", "n1", "n2", "n3"]
+        pod = api.create(objects.pod("next", percent=30))
+        passed = (await h.filter(pod, names))["NodeNames"]
+        await asyncio.sleep(0)
+        fresh = h.sidecar.decider.prioritize(pod, passed)
+        assert await h.prioritize(pod, passed) == dict(zip(passed, fresh, strict=True))
+        assert (ahead("used"), ahead("stale")) == (used + 1, stale)
+        # Another pod is placed between this pod's filter and prioritize: scored again.
+        passed = (await h.filter(pod, names))["NodeNames"]
+        await h.schedule(api.create(objects.pod("other", percent=60)), random.Random(2))
+        scores = await h.prioritize(pod, passed)
+        assert (ahead("used"), ahead("stale")) == (used + 2, stale + 1)  # "other" used its own
+        fresh = h.sidecar.decider.prioritize(pod, passed)
+        assert scores == dict(zip(passed, fresh, strict=True))
+        # Fewer nodes than filter passed (another extender removed some): scored again.
+        await h.filter(pod, names)
+        assert len(await h.prioritize(pod, passed[:2])) == 2
+        assert ahead("stale") == stale + 2
+
+
 async def test_non_gpu_pods_pass_through_and_bind_plainly(server: fakeapi.Server) -> None:
     server.api.create(objects.node("n0", gpus=1))
     async with harness(server) as h:
