@@ -48,11 +48,12 @@ from aiohttp import web
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
+from bench import engine_latency
 from cluster import assignments, connecting, kube
 from gpuplace import simulation
 from gpuplace.sidecar import Sidecar, SidecarSettings
 from placement import choosing, trace
-from placement.inventory import Gpu, Inventory, Node
+from placement.inventory import Inventory, Node
 from placement.ledger import Grant, GrantState, Ledger
 from tests import fakeapi
 from tests.fakeapi import objects
@@ -61,44 +62,6 @@ REPO = Path(__file__).resolve().parents[1]
 OPENB = REPO.parent / "shared" / "data" / "openb"
 GPU_MEMORY = {"T4": 15360, "P100": 16384, "V100M16": 16384, "V100M32": 32768, "A10": 24576}
 AT = datetime(2026, 11, 21, tzinfo=UTC)
-
-
-def openb_nodes() -> tuple[list[Node], str]:
-    path = OPENB / "openb_node_list_gpu_node.csv"
-    if path.exists():
-        return simulation.read_nodes(path), path.name
-    shapes = [
-        ("G2", 8, 96_000, 393_216, 549),
-        ("T4", 2, 104_000, 524_288, 387),
-        ("P100", 2, 16_000, 122_880, 107),
-        ("V100M16", 4, 32_000, 131_072, 170),
-    ]
-    nodes: list[Node] = []
-    for model, gpus, cpu, memory, count in shapes:
-        for _ in range(count):
-            nodes.append(
-                Node(
-                    f"synthetic-{len(nodes):05d}",
-                    cpu,
-                    memory,
-                    tuple(Gpu(i, model, 0) for i in range(gpus)),
-                )
-            )
-    return nodes, "synthetic, openb-shaped"
-
-
-def big_nodes(count: int) -> list[Node]:
-    models = ("A100", "H100", "L40S", "A10")
-    return [
-        Node(
-            f"node-{i:05d}",
-            128_000,
-            1_048_576,
-            tuple(Gpu(g, models[i % len(models)], 81_920, nvlink=g // 4) for g in range(8)),
-            max_pods=250,
-        )
-        for i in range(count)
-    ]
 
 
 def pods_mix() -> tuple[list[trace.TracePod], str]:
@@ -456,7 +419,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     mix, mix_name = pods_mix()
-    openb, source = openb_nodes()
+    openb, source = engine_latency.openb_nodes()
     runs: list[dict[str, Any]] = []
     common = {
         "mix": mix,
@@ -473,7 +436,11 @@ def main() -> None:
         )
     if args.cluster in ("both", "10k"):
         runs.append(
-            {"label": "10k x 8 GPUs", "nodes": big_nodes(10_000), "source": "synthetic"}
+            {
+                "label": "10k x 8 GPUs",
+                "nodes": engine_latency.big_cluster(10_000),
+                "source": "synthetic",
+            }
             | common
             | {"count": 50 if args.quick else 1000}
         )

@@ -59,15 +59,6 @@ class Verdict:
         return self.request is not None and self.request.count > 0
 
 
-def _covers(evaluation: choosing.Evaluation, names: Sequence[str]) -> bool:
-    """Whether every one of `names` has a choice or a misfit in `evaluation` (the two are
-    disjoint, so counting the hits suffices). O(names) lookups in C, no set built."""
-    chosen = sum(map(evaluation.choices.__contains__, names))
-    return chosen == len(names) or chosen + sum(map(evaluation.misfits.__contains__, names)) == len(
-        names
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class _Entry:
     generation: int
@@ -135,7 +126,7 @@ class Decider:
                 and entry.request == request
             ):
                 evaluation = entry.evaluation
-                if _covers(evaluation, names):
+                if evaluation.known(names) == len(names):
                     self.cache_lookups.labels("hit").inc()
                     return evaluation
             self.cache_lookups.labels("miss").inc()
