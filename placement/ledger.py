@@ -91,15 +91,19 @@ class NodeState:
 class Ledger:
     """Grants by pod UID over an inventory, with per-node free state."""
 
-    __slots__ = ("_changes", "_clock", "_epoch", "_grants", "_states", "inventory")
+    __slots__ = ("_base", "_changes", "_clock", "_epoch", "_grants", "_states", "inventory")
 
     CHANGE_LOG_LIMIT = 1 << 16
+    """Changes the log holds at most; when full it drops its older half, so a reader
+    that looks at least every `CHANGE_LOG_LIMIT // 2` changes never has to start over."""
 
     def __init__(self, inventory: Inventory) -> None:
         self.inventory = inventory
         self._grants: dict[str, Grant] = {}
         self._clock = 0
         self._epoch = 0
+        self._base = 0
+        """Position (since the epoch began) of the log's first entry."""
         self._changes: list[str] = []
         self._states: dict[str, NodeState] = {}
         for node in inventory:
@@ -113,20 +117,29 @@ class Ledger:
         return state
 
     def _changed(self, name: str) -> None:
+        """Log a change of `name`. O(1) amortised: a full log drops its older half
+        (O(`CHANGE_LOG_LIMIT`) every `CHANGE_LOG_LIMIT // 2` changes)."""
         if len(self._changes) >= self.CHANGE_LOG_LIMIT:
-            self._changes.clear()
-            self._epoch += 1
+            dropped = self.CHANGE_LOG_LIMIT // 2
+            del self._changes[:dropped]
+            self._base += dropped
         self._changes.append(name)
 
     def changes(self, epoch: int, cursor: int) -> tuple[int, int, list[str] | None]:
         """Names of nodes changed since (`epoch`, `cursor`), and the new position.
 
-        None instead of names when the log was trimmed since: the caller must look
-        at every node again. O(changes).
+        None instead of names when those changes are no longer all in the log (the
+        reader is more than `CHANGE_LOG_LIMIT // 2` changes behind, or the ledger was
+        restored): the caller must look at every node again. O(changes).
+
+        Dropping only the older half matters at scale: readers (a kept evaluation per
+        request shape, each worth a pass over every node) that keep up never start
+        over, where emptying the whole log would send them all back to the start at once.
         """
-        if epoch != self._epoch:
-            return self._epoch, len(self._changes), None
-        return epoch, len(self._changes), self._changes[cursor:]
+        end = self._base + len(self._changes)
+        if epoch != self._epoch or cursor < self._base:
+            return self._epoch, end, None
+        return epoch, end, self._changes[cursor - self._base :]
 
     @property
     def generation(self) -> int:
@@ -234,6 +247,7 @@ class Ledger:
         """Replace all grants by `grants` (overcommitting where reality did). O(g)."""
         self._grants.clear()
         self._changes.clear()
+        self._base = 0
         self._epoch += 1
         self._states = {node.name: self._new_state(node) for node in self.inventory}
         for grant in grants:

@@ -175,3 +175,30 @@ def test_node_versions_never_repeat_after_remove_and_add() -> None:
     book.remove_node("b")
     book.put_node(removed)
     assert book.state("b").version > before  # type: ignore[union-attr]
+
+
+def test_change_log_keeps_readers_that_keep_up_and_restarts_those_that_lag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full change log drops its older half only: a reader that looks every few
+    changes never has to rescan every node; one further behind than half the log does."""
+    monkeypatch.setattr(Ledger, "CHANGE_LOG_LIMIT", 8)
+    book = fresh()
+    keeping_up = book.changes(-1, 0)[:2]
+    lagging = keeping_up
+    seen: list[str] = []
+    expected: list[str] = []
+    for round_ in range(20):
+        uid = f"p{round_}"
+        book.reserve(Grant(uid, "a", (round_ % 4,), 100, 0))
+        book.release(uid)
+        expected += ["a", "a"]
+        epoch, cursor, changed = book.changes(*keeping_up)
+        assert changed is not None, f"a reader two changes behind restarted at round {round_}"
+        seen += changed
+        keeping_up = (epoch, cursor)
+    assert seen == expected
+    assert book.changes(*lagging)[2] is None  # 40 changes behind an 8-entry log
+    before_restore = keeping_up
+    book.restore([])
+    assert book.changes(*before_restore)[2] is None
