@@ -177,6 +177,8 @@ class Warmer:
                 await pause_when_due()
             complete += 1
             await pause_when_due()
+        if chooser.ledger is self.sync.ledger:
+            chooser.prepare_memory()
         collect_young(self.freeze_young_above)
         return complete
 

@@ -18,6 +18,7 @@ import heapq
 import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import filterfalse
 from typing import Protocol
 
 from placement import fit
@@ -146,6 +147,13 @@ class _MemoryIndex:
         self._sorted: list[tuple[int, str]] = []
 
     def below(self, ledger: Ledger, memory_mib: int) -> list[str]:
+        self.update(ledger)
+        end = bisect.bisect_left(self._sorted, (memory_mib, ""))
+        return [name for _, name in self._sorted[:end]]
+
+    def update(self, ledger: Ledger) -> None:
+        """Catch up with the ledger: O(changed × nodes) memmoves, O(nodes log nodes)
+        when built (first use, or too far behind the change log)."""
         epoch, cursor, changed = ledger.changes(self._epoch, self._cursor)
         if changed is None:
             self._of = {state.node.name: state.memory for state in ledger.states()}
@@ -160,8 +168,6 @@ class _MemoryIndex:
                     self._of[name] = state.memory
                     bisect.insort(self._sorted, (state.memory, name))
         self._epoch, self._cursor = epoch, cursor
-        end = bisect.bisect_left(self._sorted, (memory_mib, ""))
-        return [name for _, name in self._sorted[:end]]
 
 
 class _Group:
@@ -296,11 +302,12 @@ class Chooser:
         shaped = scoring_shape(request)
         kept = self._kept(shaped).evaluation
         choices, misfits = kept.choices, kept.misfits
-        known = kept.known(listed)
-        if known < len(listed):
-            self.prepare(shaped, listed)  # scores only the names it lacks
-            known = len(listed)
-        if known == len(choices) + len(misfits):  # (names are unique, as the scheduler's)
+        # The names it lacks, found in C (a Python loop over 10,000 names costs more
+        # than scoring the few nodes that changed since the last call).
+        lacking = list(filterfalse(misfits.__contains__, filterfalse(choices.__contains__, listed)))
+        if lacking:
+            self.prepare(shaped, lacking)
+        if len(listed) == len(choices) + len(misfits):  # (names are unique, as the scheduler's)
             result = Evaluation(dict(choices), dict(misfits))
         else:
             result = Evaluation()
@@ -330,6 +337,12 @@ class Chooser:
                 missing.discard(name)
                 scored += 1
         return scored
+
+    def prepare_memory(self) -> None:
+        """Bring the index of free host memory up to date ahead of `evaluate` (built on
+        first use otherwise: ~8 ms at 10,000 nodes, inside a filter). O(changes), or
+        O(nodes log nodes) the first time."""
+        self._memory.update(self.ledger)
 
     def missing(self, request: GpuRequest) -> list[str]:
         """The cluster's nodes that `evaluate` would still have to score for `request`'s

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import Iterable
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from cluster.syncing import LedgerSync
 from extender.activity import Activity
 from extender.warming import Warmer, collect_young
 from extender.workloads import PolicyHolder
+from placement.ledger import Grant, Ledger, NodeState
 from placement.requests import GpuRequest
 from tests.cluster.test_syncing import node_record
 
@@ -178,3 +181,23 @@ def test_without_a_warmer_a_rebuild_swaps_at_once() -> None:
     now[0] = 11.0
     assert holder.current() is not first
     assert holder.staged_chooser() is None
+
+
+async def test_filling_brings_the_host_memory_index_up_to_date(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A filter for a request with host memory finds the index of free memory built
+    (a pass over every node, ~8 ms at 10,000 nodes) and current."""
+    sync = cluster()
+    arrive(sync, HALF)
+    holder = PolicyHolder(sync, "default")
+    chooser = holder.current()
+    await Warmer(sync, holder, shapes=1).fill(chooser)
+    sync.ledger.reserve(Grant("p", "n3", (0,), 500, 0, host_memory_mib=2048))
+
+    def every_node(self: Ledger) -> Iterable[NodeState]:
+        raise AssertionError("evaluate rebuilt the memory index from every node")
+
+    monkeypatch.setattr(Ledger, "states", every_node)
+    evaluation = chooser.evaluate(HALF)
+    assert len(evaluation.choices) == 40
