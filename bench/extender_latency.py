@@ -7,8 +7,12 @@ synthetic cluster of the same shape) and a synthetic 10,000-node × 8-GPU one:
    holding `--prefill` of the GPUs (placed at random, so the cluster is fragmented),
    and served from a forked process (no shared GIL or event loop);
 2. the sidecar (informers, ledger, extender app) starts against it and syncs, and
-   scores its most common request shapes ahead (`extender.warming`; `--warm-shapes`,
-   0 = off); the time that takes is reported, and the stream starts after it;
+   scores ahead its most common request shapes and those the pending pods wait for
+   (`extender.warming`; `--warm-shapes`, 0 = off; `--warm-pending-shapes`); the time
+   that takes is reported, and the stream starts after it. Every pending pod exists
+   before the stream starts (a backlog), so with `--warm-pending-shapes` above the
+   number of rare shapes no filter meets a shape not scored ahead; run with
+   `--warm-pending-shapes 0` to see what a shape's first filter costs;
 3. `--pods` pending GPU pods drawn from the openb default mix (or the bundled mix) go
    through the verbs one after another over HTTP on 127.0.0.1, from a spawned process
    standing in for kube-scheduler (its JSON work shares neither the sidecar's GIL nor
@@ -20,7 +24,8 @@ synthetic cluster of the same shape) and a synthetic 10,000-node × 8-GPU one:
 
 Prints one JSON document: p50/p99/max per verb, client-side (the HTTP round trip) and
 server-side (inside the handler), and the share of binds that succeeded; filter's
-server-side figures also split by whether the pod's request shape was scored ahead.
+server-side figures also split by whether the pod's request shape was scored ahead as
+a common one, as one pods wait for, or not at all.
 
     .venv/bin/python -m bench.extender_latency [--quick] [--repeat 8]
 """
@@ -251,7 +256,9 @@ async def drive(
     nodes: list[Node],
     pending: list[dict[str, Any]],
     seed: int,
+    *,
     warm_shapes: int = 64,
+    warm_pending_shapes: int = 16,
 ) -> dict[str, Any]:
     configuration = client.Configuration(host=url)
     api = kube.Kube(connecting.client_for(configuration), timeout=30)
@@ -261,6 +268,7 @@ async def drive(
         workload_refresh_seconds=3600,
         sync_wait_seconds=60,
         warm_shapes=warm_shapes,
+        warm_pending_shapes=warm_pending_shapes,
     )
     registry = CollectorRegistry()
     sidecar = Sidecar(settings, registry, api, rng=random.Random(1))
@@ -305,11 +313,15 @@ async def drive(
         warm_seconds = time.perf_counter() - started - sync_seconds
         gc.collect()
         sidecar_mib = resident_mib() - before
-        warm = set(sidecar.warmer.counted)
-        known = []
+        common = set(sidecar.warmer.counted) if warm_shapes else set()
+        waiting = set(sidecar.warmer.ahead) - common if warm_shapes else set()
+        kinds = []
         for pod in pending:
             shape = sidecar.decider.request(pod)
-            known.append(shape is not None and choosing.scoring_shape(shape) in warm)
+            scoring = choosing.scoring_shape(shape) if shape is not None else None
+            kinds.append(
+                "common" if scoring in common else "waiting" if scoring in waiting else "neither"
+            )
         runner = web.AppRunner(sidecar.app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -321,16 +333,20 @@ async def drive(
         gc.callbacks.remove(collector)
         await runner.cleanup()
     scheduler.join(10)
-    warm_filters = [t for t, hit in zip(server_side["filter"], known, strict=False) if hit]
-    cold_filters = [t for t, hit in zip(server_side["filter"], known, strict=False) if not hit]
+    filters = list(zip(server_side["filter"], kinds, strict=False))
+    by_kind = {
+        kind: quantiles([seconds for seconds, k in filters if k == kind])
+        for kind in ("common", "waiting", "neither")
+    }
     return {
         "sidecar_sync_seconds": round(sync_seconds, 2),
         "scoring_ahead_seconds": round(warm_seconds, 2),
-        "request_shapes_scored_ahead": len(warm),
+        "request_shapes_scored_ahead": {"common": len(common), "waiting": len(waiting)},
         "sidecar_memory_mib_after_scoring_ahead": round(sidecar_mib),
         "filter_server_side_by_shape": {
-            "scored_ahead": quantiles(warm_filters),
-            "not_scored_ahead": quantiles(cold_filters),
+            "scored_ahead_as_common": by_kind["common"],
+            "scored_ahead_as_waiting": by_kind["waiting"],
+            "not_scored_ahead": by_kind["neither"],
         },
         "client_side": {verb: quantiles(values) for verb, values in figures["client_side"].items()},
         "server_side": {verb: quantiles(values) for verb, values in server_side.items()},
@@ -362,6 +378,7 @@ def scenario(
     seed: int,
     repeat: int,
     warm_shapes: int,
+    warm_pending_shapes: int,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     api = fakeapi.FakeApi(record_calls=100)
@@ -378,7 +395,16 @@ def scenario(
     api.load("pods", pending)
     api.warm()
     with fakeapi.serve_in_subprocess(api) as server:
-        figures = asyncio.run(drive(server.url, nodes, pending, seed, warm_shapes))
+        figures = asyncio.run(
+            drive(
+                server.url,
+                nodes,
+                pending,
+                seed,
+                warm_shapes=warm_shapes,
+                warm_pending_shapes=warm_pending_shapes,
+            )
+        )
     return {
         "cluster": label,
         "nodes": len(nodes),
@@ -390,6 +416,7 @@ def scenario(
         "pods_scheduled": count,
         "pods_per_request_shape": repeat,
         "warm_shapes_setting": warm_shapes,
+        "warm_pending_shapes_setting": warm_pending_shapes,
         **figures,
     }
 
@@ -412,6 +439,12 @@ def main() -> None:
         help="the sidecar's --warm-shapes (request shapes scored ahead; 0 = off)",
     )
     parser.add_argument(
+        "--warm-pending-shapes",
+        type=int,
+        default=16,
+        help="the sidecar's --warm-pending-shapes (other shapes pending pods wait for)",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
         default=1,
@@ -428,6 +461,7 @@ def main() -> None:
         "seed": args.seed,
         "repeat": args.repeat,
         "warm_shapes": args.warm_shapes,
+        "warm_pending_shapes": args.warm_pending_shapes,
     }
     if args.cluster in ("both", "openb"):
         runs.append(

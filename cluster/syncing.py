@@ -18,7 +18,8 @@ await in between.
 
 Also collected here, because only the pod stream sees them: the GPU requests of the
 managed pods that arrived most recently (`requests`), from which the extender builds
-the typical workload.
+the typical workload, and the request shapes of the pods waiting for a node
+(`pending`), which the extender scores ahead of kube-scheduler's calls for them.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from cluster.nodes import NodeRecord
 from cluster.pods import PodRecord
+from placement.choosing import scoring_shape
 from placement.inventory import Inventory
 from placement.ledger import Grant, GrantState, Ledger
 from placement.requests import GpuRequest
@@ -69,6 +71,12 @@ class LedgerSync:
         """GPU requests of the most recently arrived managed pods (the typical workload)."""
         self.requests_version = 0
         """Grows whenever `requests` changes."""
+        self.pending: Counter[GpuRequest] = Counter()
+        """Per scoring shape (`placement.choosing.scoring_shape`), how many managed pods
+        ask for it and wait for a node: as of each pod's last event, not bound, not
+        finished, not being deleted, and holding no grant."""
+        self._waiting: dict[str, GpuRequest] = {}
+        """The scoring shape of each waiting pod, by UID (what `pending` counts)."""
         self.ready = asyncio.Event()
         """Set by the composition once both informers have synced."""
         self.node_listeners: list[Callable[[NodeRecord], None]] = []
@@ -168,6 +176,25 @@ class LedgerSync:
             self.requests.append(record.request)
             self.requests_version += 1
 
+    def _track_waiting(self, uid: str, record: PodRecord | None) -> None:
+        """Keep `pending` equal to the waiting pods' shapes after `uid` changed to
+        `record` (None: gone). O(1)."""
+        shape = self._waiting.pop(uid, None)
+        if shape is not None:
+            left = self.pending[shape] - 1
+            if left > 0:
+                self.pending[shape] = left
+            else:
+                del self.pending[shape]
+        if record is None or record.node_name or record.terminal or record.deleting:
+            return
+        request = record.request
+        if request is None or not request.count or self.ledger.get(uid) is not None:
+            return
+        shape = scoring_shape(request)
+        self._waiting[uid] = shape
+        self.pending[shape] += 1
+
     def upsert_pod(self, record: PodRecord) -> None:
         old = self.pods.get(record.uid)
         if old is None:
@@ -175,6 +202,7 @@ class LedgerSync:
         self.pods[record.uid] = record
         self._names[record.key] = record.uid
         self._reconcile(record)
+        self._track_waiting(record.uid, record)
         for listener in self.pod_listeners:
             listener(old, record)
 
@@ -184,6 +212,7 @@ class LedgerSync:
             del self._names[record.key]
         self._holds.pop(record.uid, None)
         self.ledger.release(record.uid)
+        self._track_waiting(record.uid, None)
         for listener in self.pod_listeners:
             listener(old or record, None)
 
@@ -229,8 +258,11 @@ class LedgerSync:
         grants.extend(hold.grant for hold in self._holds.values())
         self.ledger.restore(grants)
         self.requests.clear()
+        self.pending.clear()
+        self._waiting.clear()
         for record in fresh.values():
             self._arrived(record)
+            self._track_waiting(record.uid, record)
         for listener in self.pod_listeners:
             for uid, record in fresh.items():
                 listener(old.get(uid), record)

@@ -7,17 +7,21 @@ named node once (about 40 µs each in Python: 0.4 s on 10,000 nodes); later filt
 for the same shape only re-score the nodes that changed (`choosing.Chooser.evaluate`).
 The `Warmer` takes the `shapes` most common *scoring shapes* (a request without its
 host memory, which decides fit but never a score) among the recent managed pods
-(`LedgerSync.requests`, the same window the typical workload is built from) and has
-each one's every node scored (`Chooser.prepare`), most common first, in slices of
-about `slice_seconds` between which the event loop serves the verbs; a slice starts
-only while no verb is in flight (`extender.activity`). It looks again
+(`LedgerSync.requests`, the same window the typical workload is built from), then up
+to `pending_shapes` other shapes of pods waiting for a node (`LedgerSync.pending`,
+most waiting first: a backlog's rare shapes, an unschedulable pod kube-scheduler
+retries), and has each one's every node scored (`Chooser.prepare`), in that order, in
+slices of about `slice_seconds` between which the event loop serves the verbs; a
+slice starts only while no verb is in flight (`extender.activity`). It looks again
 every `interval` seconds; a warm shape then costs O(nodes changed since).
 
 It also makes the typical workload's refresh seamless: the `PolicyHolder` is told to
 stage a rebuilt Chooser instead of swapping it in, the warmer fills the staged one for
 the same shapes, then promotes it. Until then the previous policy keeps deciding.
 
-A shape never seen before is still scored in full by its first filter.
+A shape never seen before whose filter comes before the warmer got to it (a pod of a
+new shape in an idle cluster: kube-scheduler calls filter milliseconds after the pod
+is created) is still scored in full by that filter.
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ class Warmer:
         holder: PolicyHolder,
         *,
         shapes: int = 64,
+        pending_shapes: int = 16,
         interval: float = 0.2,
         recount_seconds: float = 10.0,
         slice_seconds: float = 0.001,
@@ -100,6 +105,7 @@ class Warmer:
         self.freeze_young_above = freeze_young_above
         """Passed to `collect_young` between slices."""
         self.shapes = shapes
+        self.pending_shapes = pending_shapes
         self.interval = interval
         self.recount_seconds = recount_seconds
         self.slice_seconds = slice_seconds
@@ -107,6 +113,7 @@ class Warmer:
         self._counted_at = -1
         self._counted_when = -float("inf")
         self._typical: list[GpuRequest] = []
+        self._ahead: list[GpuRequest] = []
         self.warm = asyncio.Event()
         """Set once every typical shape has been scored on every node (the first time)."""
         holder.staged = shapes > 0
@@ -125,6 +132,27 @@ class Warmer:
     def counted(self) -> list[GpuRequest]:
         """The typical shapes as last counted (most common first)."""
         return list(self._typical)
+
+    @property
+    def ahead(self) -> list[GpuRequest]:
+        """Every shape the last fill scored ahead: the typical ones, then those of
+        waiting pods (`wanted`)."""
+        return list(self._ahead)
+
+    async def wanted(self) -> list[GpuRequest]:
+        """The shapes to score ahead: the typical ones (`typical`), then up to
+        `pending_shapes` others that pods wait for, most waiting pods first.
+        O(window) when the typical ones are recounted, else O(waiting shapes)."""
+        typical = await self.typical()
+        if self.pending_shapes <= 0 or not self.sync.pending:
+            return typical
+        known = set(typical)
+        extra = [
+            shape
+            for shape, _ in self.sync.pending.most_common(len(typical) + self.pending_shapes)
+            if shape not in known
+        ]
+        return typical + extra[: self.pending_shapes]
 
     async def typical(self) -> list[GpuRequest]:
         """The `shapes` most common scoring shapes among the recent GPU requests, most
@@ -155,7 +183,7 @@ class Warmer:
         return self._typical
 
     async def fill(self, chooser: choosing.Chooser) -> int:
-        """Score every node for every typical shape on `chooser`, yielding to the event
+        """Score every node for every wanted shape on `chooser`, yielding to the event
         loop every `slice_seconds`. Returns the number of shapes now complete."""
         complete = 0
         began = [self._clock()]
@@ -168,7 +196,8 @@ class Warmer:
                     await self.activity.idle.wait()
                 began[0] = self._clock()
 
-        for shape in await self.typical():
+        self._ahead = await self.wanted()
+        for shape in self._ahead:
             if chooser.ledger is not self.sync.ledger:
                 break
             missing = chooser.missing(shape)

@@ -97,6 +97,8 @@ class SidecarConfig(Protocol):
     @property
     def warm_shapes(self) -> int: ...
     @property
+    def warm_pending_shapes(self) -> int: ...
+    @property
     def warm_interval_seconds(self) -> float: ...
     @property
     def gc_young_seconds(self) -> float: ...
@@ -173,6 +175,13 @@ class SidecarSettings(BaseSettings):
         "shapes, and fill a rebuilt policy before it decides (0 = off: a shape's first "
         "filter scores every node)",
     )
+    warm_pending_shapes: int = Field(
+        16,
+        ge=0,
+        le=choosing.EVALUATIONS_KEPT // 4,
+        description="also score ahead this many other request shapes of pods waiting for "
+        "a node, most waiting first (a backlog's rare shapes; needs --warm-shapes > 0)",
+    )
     warm_interval_seconds: float = Field(
         0.2,
         gt=0,
@@ -247,6 +256,7 @@ class Sidecar:
             self.sync,
             self.holder,
             shapes=settings.warm_shapes,
+            pending_shapes=settings.warm_pending_shapes,
             interval=settings.warm_interval_seconds,
             registry=registry,
             activity=self.activity,

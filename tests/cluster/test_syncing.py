@@ -3,14 +3,19 @@ pod, survive events without annotations and give way to the annotations."""
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cluster import assignments, nodes, pods
 from cluster.syncing import LedgerSync
+from placement.choosing import scoring_shape
 from placement.ledger import Grant, GrantState, Oversubscribed
+from placement.requests import GpuRequest
 from tests.fakeapi import objects
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
@@ -165,3 +170,61 @@ def test_relist_keeps_the_hold_of_a_bind_in_flight_for_a_pod_it_did_not_list(
     sync.replace_pods([])
     assert sync.hold_of("uid-new") is not None
     assert "uid-new" in sync.ledger
+
+
+def waiting_from_scratch(synced: LedgerSync) -> Counter[GpuRequest]:
+    """What `LedgerSync.pending` must equal: the shapes of the pods waiting for a node."""
+    return Counter(
+        scoring_shape(record.request)
+        for uid, record in synced.pods.items()
+        if record.request is not None
+        and record.request.count
+        and not record.node_name
+        and not record.terminal
+        and not record.deleting
+        and synced.ledger.get(uid) is None
+    )
+
+
+EVENTS = st.lists(
+    st.tuples(
+        st.sampled_from(["upsert", "upsert", "upsert", "delete", "relist"]),
+        st.sampled_from(["a", "b", "c", "d"]),
+        st.sampled_from(["waiting", "assigned", "bound", "Succeeded", "Failed"]),
+        st.sampled_from([25, 50, 100]),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(EVENTS)
+def test_pending_counts_the_shapes_of_the_pods_waiting_for_a_node(
+    events: list[tuple[str, str, str, int]],
+) -> None:
+    """After any sequence of pod events and relists, `pending` counts exactly the waiting
+    pods' scoring shapes (what the warmer scores ahead)."""
+    synced = LedgerSync()
+    synced.replace_nodes([node_record("n0", gpus=4), node_record("n1", gpus=4)])
+    for action, name, state, percent in events:
+        if action == "delete":
+            record = synced.pod("default", name)
+            if record is not None:
+                synced.delete_pod(record)
+        elif action == "relist":
+            synced.replace_pods(list(synced.pods.values()))
+        else:
+            given_grant = None
+            if state != "waiting":
+                given_grant = Grant(f"uid-{name}", "n0", (ord(name) % 4,), percent * 10, 0)
+            phase = state if state in ("Succeeded", "Failed") else "Pending"
+            synced.upsert_pod(
+                pod_record(
+                    name,
+                    grant=given_grant,
+                    bound=state not in {"waiting", "assigned"},
+                    phase=phase,
+                    percent=percent,
+                )
+            )
+        assert synced.pending == waiting_from_scratch(synced)

@@ -15,6 +15,7 @@ from cluster.syncing import LedgerSync
 from extender.activity import Activity
 from extender.warming import Warmer, collect_young
 from extender.workloads import PolicyHolder
+from placement.choosing import scoring_shape
 from placement.ledger import Grant, Ledger, NodeState
 from placement.requests import GpuRequest
 from tests.cluster.test_syncing import node_record
@@ -201,3 +202,26 @@ async def test_filling_brings_the_host_memory_index_up_to_date(
     monkeypatch.setattr(Ledger, "states", every_node)
     evaluation = chooser.evaluate(HALF)
     assert len(evaluation.choices) == 40
+
+
+async def test_shapes_pods_wait_for_are_scored_ahead_after_the_common_ones() -> None:
+    """A rare shape is not among the common ones, but once pods of it wait for a node
+    the warmer scores it too (most waiting first, at most `pending_shapes`)."""
+    sync = cluster()
+    arrive(sync, HALF, HALF, QUARTER)
+    rare = GpuRequest(300, count=1, cpu_milli=500, host_memory_mib=128)
+    rarer = GpuRequest(1000, count=2, cpu_milli=500)
+    sync.pending.update({scoring_shape(rare): 3, scoring_shape(rarer): 1, HALF_SHAPE: 5})
+    holder = PolicyHolder(sync, "default")
+    chooser = holder.current()
+    names = list(sync.ledger.inventory.names())
+    warmer = Warmer(sync, holder, shapes=2, pending_shapes=1)
+    assert await warmer.wanted() == [HALF_SHAPE, scoring_shape(QUARTER), scoring_shape(rare)]
+    assert await warmer.fill(chooser) == 3
+    assert warmer.ahead == [HALF_SHAPE, scoring_shape(QUARTER), scoring_shape(rare)]
+    assert chooser.unseen(rare, names) == set()
+    assert chooser.unseen(rarer, names) == set(names)  # beyond pending_shapes
+    assert await Warmer(sync, holder, shapes=2, pending_shapes=0).wanted() == warmer.counted
+
+
+HALF_SHAPE = scoring_shape(HALF)
