@@ -331,6 +331,8 @@ async def drive(
         ours.send((base, names, pending, seed))
         figures: dict[str, Any] = await asyncio.to_thread(ours.recv)
         gc.callbacks.remove(collector)
+        gc.collect()
+        scheduled_mib = resident_mib() - before
         await runner.cleanup()
     scheduler.join(10)
     filters = list(zip(server_side["filter"], kinds, strict=False))
@@ -343,6 +345,7 @@ async def drive(
         "scoring_ahead_seconds": round(warm_seconds, 2),
         "request_shapes_scored_ahead": {"common": len(common), "waiting": len(waiting)},
         "sidecar_memory_mib_after_scoring_ahead": round(sidecar_mib),
+        "sidecar_memory_mib_after_scheduling": round(scheduled_mib),
         "filter_server_side_by_shape": {
             "scored_ahead_as_common": by_kind["common"],
             "scored_ahead_as_waiting": by_kind["waiting"],

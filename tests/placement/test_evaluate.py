@@ -87,6 +87,7 @@ def test_incremental_evaluation_equals_scoring_afresh(
     policy = policies.make(policy_name, workload=workload)
     chooser = choosing.Chooser(book, policy)
     rng = random.Random(0)
+    shared: list[tuple[int, list[str], choosing.Evaluation, choosing.Evaluation]] = []
     for kind, request, names, uid in ops:
         if kind == "grant":
             choice = chooser.choose(request, rng)
@@ -102,6 +103,12 @@ def test_incremental_evaluation_equals_scoring_afresh(
             want = afresh(book, request, policy, names)
             assert got.choices == want.choices
             assert got.misfits == want.misfits
+            view = chooser.evaluate(request, names, shared=True)
+            shared.append((book.generation, names, view, want))
+        for generation, named, view, want in shared:
+            if generation == book.generation:  # a shared result holds while nothing changed
+                assert {n: view.choices[n] for n in named if n in view.choices} == want.choices
+                assert {n: view.misfits[n] for n in named if n in view.misfits} == want.misfits
         everyone = list(book.inventory.names())
         assert chooser.missing(request) == sorted(chooser.unseen(request, everyone))
     last = GpuRequest(250, count=1, host_memory_mib=3000)
