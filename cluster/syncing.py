@@ -73,8 +73,9 @@ class LedgerSync:
         """Grows whenever `requests` changes."""
         self.pending: Counter[GpuRequest] = Counter()
         """Per scoring shape (`placement.choosing.scoring_shape`), how many managed pods
-        ask for it and wait for a node: as of each pod's last event, not bound, not
-        finished, not being deleted, and holding no grant."""
+        ask for it and wait for kube-scheduler to place them: not bound, not finished,
+        not being deleted, not gated (a gang's pods get their grants before their gates
+        go), and holding no grant."""
         self._waiting: dict[str, GpuRequest] = {}
         """The scoring shape of each waiting pod, by UID (what `pending` counts)."""
         self.ready = asyncio.Event()
@@ -106,13 +107,16 @@ class LedgerSync:
         taken = self.ledger.reserve(grant)
         if taken or grant.pod_uid in self._holds:
             self._holds[grant.pod_uid] = Hold(grant, self._clock() + seconds, owner)
+        self._track_waiting(grant.pod_uid, self.pods.get(grant.pod_uid))
         return taken
 
     def unhold(self, uid: str) -> Grant | None:
         """Drop a hold that the API does not back yet; returns the released grant."""
         if self._holds.pop(uid, None) is None:
             return None
-        return self.ledger.release(uid)
+        released = self.ledger.release(uid)
+        self._track_waiting(uid, self.pods.get(uid))
+        return released
 
     def confirm(self, uid: str) -> None:
         """The pod is bound: its grant is CONFIRMED (before the informer says so)."""
@@ -186,7 +190,7 @@ class LedgerSync:
                 self.pending[shape] = left
             else:
                 del self.pending[shape]
-        if record is None or record.node_name or record.terminal or record.deleting:
+        if record is None or record.node_name or record.terminal or record.deleting or record.gated:
             return
         request = record.request
         if request is None or not request.count or self.ledger.get(uid) is not None:

@@ -98,6 +98,11 @@ class Warmer:
         activity: Activity | None = None,
         freeze_young_above: int | None = None,
     ) -> None:
+        if shapes + pending_shapes > choosing.EVALUATIONS_KEPT:
+            raise ValueError(
+                f"{shapes} + {pending_shapes} shapes to score ahead: the engine keeps "
+                f"{choosing.EVALUATIONS_KEPT} at most"
+            )
         self.sync = sync
         self.holder = holder
         self.activity = activity

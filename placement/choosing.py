@@ -111,7 +111,8 @@ UNKNOWN = fit.Misfit(fit.MisfitKind.UNKNOWN_NODE, "not a gpuplace node")
 ID_LIMIT = 1 << 14
 """Distinct requests remembered before the cache starts over (bounds a long-running sidecar)."""
 EVALUATIONS_KEPT = 128
-"""Scoring shapes whose evaluation `evaluate` keeps for incremental reuse."""
+"""Scoring shapes whose evaluation `evaluate` keeps for incremental reuse (the least
+recently used is dropped first)."""
 TIE = 1e-6
 """Weight of a node's place in line in `evaluate`'s scores: far below any real difference."""
 
@@ -296,7 +297,7 @@ class Chooser:
         fresh object, exactly `names`' nodes.
 
         With `shared`, the result may instead hold the kept evaluation's own dicts
-        (no copy: O(1), where a copy is O(nodes) and, at 10,000 nodes, ~0.3 MB per
+        (no copy: O(1), where a copy is O(nodes) and, at 10,000 nodes, ~0.2 MB per
         result kept): read only, valid while the ledger's `generation` is unchanged,
         and possibly with entries for nodes not named. A request whose host memory
         some node lacks gets a fresh object as without `shared`.
@@ -376,14 +377,20 @@ class Chooser:
 
     def _kept(self, shaped: GpuRequest) -> _Kept:
         """The kept evaluation of a scoring shape, without the nodes changed since it was
-        last brought up to date. O(changes)."""
+        last brought up to date. O(changes).
+
+        At most `EVALUATIONS_KEPT` are kept; the least recently used goes first, so
+        shapes seen once never push out the ones the warmer keeps current (each worth a
+        pass over every node)."""
         rid = self._id(shaped)
-        kept = self._evaluations.get(rid)
+        evaluations = self._evaluations
+        kept = evaluations.pop(rid, None)
         if kept is None:
-            if len(self._evaluations) >= EVALUATIONS_KEPT:
-                self._evaluations.pop(next(iter(self._evaluations)))
+            if len(evaluations) >= EVALUATIONS_KEPT:
+                evaluations.pop(next(iter(evaluations)))
             epoch, cursor, _ = self.ledger.changes(-1, 0)
-            kept = self._evaluations[rid] = _Kept(epoch, cursor, self.ledger.inventory.names())
+            kept = _Kept(epoch, cursor, self.ledger.inventory.names())
+        evaluations[rid] = kept  # the most recently used last
         epoch, cursor, changed = self.ledger.changes(kept.epoch, kept.cursor)
         if changed is None:
             kept.evaluation = Evaluation()

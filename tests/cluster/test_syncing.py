@@ -3,6 +3,7 @@ pod, survive events without annotations and give way to the annotations."""
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from cluster import assignments, nodes, pods
 from cluster.syncing import LedgerSync
 from placement.choosing import scoring_shape
-from placement.ledger import Grant, GrantState, Oversubscribed
+from placement.ledger import Grant, GrantState, LedgerError, Oversubscribed
 from placement.requests import GpuRequest
 from tests.fakeapi import objects
 
@@ -34,8 +35,11 @@ def pod_record(
     bound: bool = False,
     phase: str = "Pending",
     percent: int = 50,
+    gated: bool = False,
 ) -> pods.PodRecord:
     body = objects.pod(name, percent=percent)
+    if gated:
+        body["spec"]["schedulingGates"] = [{"name": "gpuplace.io/gang"}]
     body["metadata"]["uid"] = f"uid-{name}"
     body["metadata"]["resourceVersion"] = "1"
     body["status"] = {"phase": phase}
@@ -182,15 +186,16 @@ def waiting_from_scratch(synced: LedgerSync) -> Counter[GpuRequest]:
         and not record.node_name
         and not record.terminal
         and not record.deleting
+        and not record.gated
         and synced.ledger.get(uid) is None
     )
 
 
 EVENTS = st.lists(
     st.tuples(
-        st.sampled_from(["upsert", "upsert", "upsert", "delete", "relist"]),
+        st.sampled_from(["upsert", "upsert", "upsert", "delete", "relist", "hold", "unhold"]),
         st.sampled_from(["a", "b", "c", "d"]),
-        st.sampled_from(["waiting", "assigned", "bound", "Succeeded", "Failed"]),
+        st.sampled_from(["waiting", "gated", "assigned", "bound", "Succeeded", "Failed"]),
         st.sampled_from([25, 50, 100]),
     ),
     max_size=30,
@@ -213,18 +218,38 @@ def test_pending_counts_the_shapes_of_the_pods_waiting_for_a_node(
                 synced.delete_pod(record)
         elif action == "relist":
             synced.replace_pods(list(synced.pods.values()))
+        elif action == "hold":  # a bind in flight: reserved before any pod event says so
+            with contextlib.suppress(LedgerError):
+                synced.hold(Grant(f"uid-{name}", "n1", (ord(name) % 4,), 100, 0), seconds=60)
+        elif action == "unhold":  # the bind failed: the pod waits again
+            synced.unhold(f"uid-{name}")
         else:
             given_grant = None
-            if state != "waiting":
+            if state not in {"waiting", "gated"}:
                 given_grant = Grant(f"uid-{name}", "n0", (ord(name) % 4,), percent * 10, 0)
             phase = state if state in ("Succeeded", "Failed") else "Pending"
             synced.upsert_pod(
                 pod_record(
                     name,
                     grant=given_grant,
-                    bound=state not in {"waiting", "assigned"},
+                    bound=state not in {"waiting", "gated", "assigned"},
                     phase=phase,
                     percent=percent,
+                    gated=state == "gated",
                 )
             )
         assert synced.pending == waiting_from_scratch(synced)
+
+
+def test_a_failed_bind_puts_its_pod_back_among_the_waiting(sync: LedgerSync) -> None:
+    """A hold (bind in flight) takes the pod out of `pending` at once; its release, with
+    no pod event after it, puts the pod back."""
+    sync.upsert_pod(pod_record("a"))
+    assert sum(sync.pending.values()) == 1
+    assert sync.hold(grant("a"), seconds=60)
+    assert not sync.pending
+    sync.upsert_pod(pod_record("a"))  # an event while the bind is in flight
+    assert not sync.pending
+    sync.unhold("uid-a")
+    assert sync.pending == waiting_from_scratch(sync)
+    assert sum(sync.pending.values()) == 1

@@ -225,3 +225,9 @@ async def test_shapes_pods_wait_for_are_scored_ahead_after_the_common_ones() -> 
 
 
 HALF_SHAPE = scoring_shape(HALF)
+
+
+def test_more_shapes_than_the_engine_keeps_are_refused() -> None:
+    sync = cluster(2)
+    with pytest.raises(ValueError, match="keeps"):
+        Warmer(sync, PolicyHolder(sync, "default"), shapes=100, pending_shapes=40)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -143,3 +144,17 @@ def test_the_fragmentation_memo_stays_bounded_and_never_empties_at_once() -> Non
         if key >= 100:
             assert len(memo) >= 50  # a retired table is emptied gradually, not at once
     assert memo.get(999) == 1998 and memo.get(0) is None
+
+
+def test_shapes_in_use_outlive_shapes_seen_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kept evaluations go least recently used first: a stream of shapes seen once
+    does not push out one that is used between them (the warmer's, worth a pass over
+    every node each)."""
+    monkeypatch.setattr(choosing, "EVALUATIONS_KEPT", 3)
+    chooser = choosing.Chooser(cluster(), policies.make("best-fit"))
+    names = ["a", "b", "c", "d"]
+    kept = GpuRequest(500, count=1)
+    assert chooser.prepare(kept, names) == 4
+    for milli in (100, 200, 300, 400, 600, 700):
+        chooser.evaluate(GpuRequest(milli, count=1), names)
+        assert chooser.prepare(kept, names) == 0, f"pushed out after a {milli} shape"
