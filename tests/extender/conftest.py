@@ -38,6 +38,11 @@ class Unschedulable(AssertionError):
     """No node passed filter."""
 
 
+class NoLongerFits(AssertionError):
+    """bind refused the node filter had passed: something took its GPUs in between (a
+    race kube-scheduler answers by trying the pod again later)."""
+
+
 @dataclass
 class Harness:
     """A fake API server, a sidecar running against it and an HTTP session to its verbs."""
@@ -103,7 +108,7 @@ class Harness:
         node = str(rng.choice([name for name, total in totals.items() if total == top]))
         error = await self.bind(pod, node)
         if error:
-            raise AssertionError(error)
+            raise NoLongerFits(error) if "no longer fits" in error else AssertionError(error)
         return node
 
     async def synced(self, check: Callable[[], bool], timeout: float = 5.0) -> None:

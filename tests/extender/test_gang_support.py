@@ -24,7 +24,7 @@ from placement.inventory import Inventory
 from placement.ledger import Ledger
 from placement.requests import WHOLE
 from tests import fakeapi
-from tests.extender.conftest import Harness, Unschedulable, harness
+from tests.extender.conftest import Harness, NoLongerFits, Unschedulable, harness
 from tests.fakeapi import objects
 
 
@@ -127,7 +127,11 @@ class Rig:
                 continue
             try:
                 node = await self.h.schedule(pod)
-            except Unschedulable:
+            except (Unschedulable, NoLongerFits):
+                # NoLongerFits: the gang controller reserved the node's GPUs between this
+                # pod's filter and its bind (it reacts to the binds before it); the bind
+                # is refused and kube-scheduler would try the pod again, as the next
+                # schedule_ungated does.
                 left.append(pod["metadata"]["name"])
                 continue
             assert _affinity_allows(self.api, pod, node), f"{node} violates a pod's affinity"
