@@ -312,13 +312,13 @@ class Chooser:
         """
         listed = list(candidates(self.ledger, request) if names is None else names)
         shaped = scoring_shape(request)
-        kept = self._kept(shaped).evaluation
-        choices, misfits = kept.choices, kept.misfits
+        kept = self._kept(shaped)
+        choices, misfits = kept.evaluation.choices, kept.evaluation.misfits
         # The names it lacks, found in C (a Python loop over 10,000 names costs more
         # than scoring the few nodes that changed since the last call).
         lacking = list(filterfalse(misfits.__contains__, filterfalse(choices.__contains__, listed)))
         if lacking:
-            self.prepare(shaped, lacking)
+            self._fill(kept, shaped, lacking)
         short = self._memory.below(self.ledger, request.host_memory_mib)
         if shared and not short:
             return Evaluation(choices, misfits)
@@ -341,7 +341,10 @@ class Chooser:
         its first call finds them done. Returns how many nodes were scored now (0: all
         were current). O(names + scored × GPU sets × score)."""
         shaped = scoring_shape(request)
-        kept = self._kept(shaped)
+        return self._fill(self._kept(shaped), shaped, names)
+
+    def _fill(self, kept: _Kept, shaped: GpuRequest, names: Iterable[str]) -> int:
+        """Score the nodes of `names` that `kept` (current) lacks; how many it scored."""
         evaluation, missing = kept.evaluation, kept.missing
         choices, misfits = evaluation.choices, evaluation.misfits
         rid = self._id(shaped)
