@@ -78,6 +78,9 @@ class LedgerSync:
         go), and holding no grant."""
         self._waiting: dict[str, GpuRequest] = {}
         """The scoring shape of each waiting pod, by UID (what `pending` counts)."""
+        self._unbound: set[str] = set()
+        """UIDs of the pods annotated with a grant and neither bound nor finished (what
+        `stale` looks among: a handful, where `pods` can hold 100,000)."""
         self.ready = asyncio.Event()
         """Set by the composition once both informers have synced."""
         self.node_listeners: list[Callable[[NodeRecord], None]] = []
@@ -135,14 +138,12 @@ class LedgerSync:
     def stale(self, before: float) -> list[PodRecord]:
         """Annotated pods still unbound whose assignment is older than `before` (POSIX
         seconds) and that no bind is working on: the reaper's candidates. Gated pods
-        belong to the gang controller and are left out. O(pods)."""
+        belong to the gang controller and are left out. O(annotated unbound pods)."""
+        found = (self.pods[uid] for uid in self._unbound)
         return [
             record
-            for record in self.pods.values()
-            if record.grant is not None
-            and not record.bound
-            and not record.terminal
-            and not record.gated
+            for record in found
+            if not record.gated
             and record.uid not in self.busy
             and (record.assigned_at is None or record.assigned_at < before)
         ]
@@ -199,6 +200,13 @@ class LedgerSync:
         self._waiting[uid] = shape
         self.pending[shape] += 1
 
+    def _track_unbound(self, record: PodRecord) -> None:
+        """Keep `_unbound` right after `record` changed. O(1)."""
+        if record.grant is not None and not record.bound and not record.terminal:
+            self._unbound.add(record.uid)
+        else:
+            self._unbound.discard(record.uid)
+
     def upsert_pod(self, record: PodRecord) -> None:
         old = self.pods.get(record.uid)
         if old is None:
@@ -207,6 +215,7 @@ class LedgerSync:
         self._names[record.key] = record.uid
         self._reconcile(record)
         self._track_waiting(record.uid, record)
+        self._track_unbound(record)
         for listener in self.pod_listeners:
             listener(old, record)
 
@@ -217,6 +226,7 @@ class LedgerSync:
         self._holds.pop(record.uid, None)
         self.ledger.release(record.uid)
         self._track_waiting(record.uid, None)
+        self._unbound.discard(record.uid)
         for listener in self.pod_listeners:
             listener(old or record, None)
 
@@ -264,9 +274,11 @@ class LedgerSync:
         self.requests.clear()
         self.pending.clear()
         self._waiting.clear()
+        self._unbound.clear()
         for record in fresh.values():
             self._arrived(record)
             self._track_waiting(record.uid, record)
+            self._track_unbound(record)
         for listener in self.pod_listeners:
             for uid, record in fresh.items():
                 listener(old.get(uid), record)

@@ -208,7 +208,8 @@ def test_pending_counts_the_shapes_of_the_pods_waiting_for_a_node(
     events: list[tuple[str, str, str, int]],
 ) -> None:
     """After any sequence of pod events and relists, `pending` counts exactly the waiting
-    pods' scoring shapes (what the warmer scores ahead)."""
+    pods' scoring shapes (what the warmer scores ahead), and `stale` finds exactly the
+    annotated, unbound pods (what the reaper releases) without a pass over every pod."""
     synced = LedgerSync()
     synced.replace_nodes([node_record("n0", gpus=4), node_record("n1", gpus=4)])
     for action, name, state, percent in events:
@@ -239,6 +240,15 @@ def test_pending_counts_the_shapes_of_the_pods_waiting_for_a_node(
                 )
             )
         assert synced.pending == waiting_from_scratch(synced)
+        assert {record.uid for record in synced.stale(float("inf"))} == {
+            uid
+            for uid, record in synced.pods.items()
+            if record.grant is not None
+            and not record.bound
+            and not record.terminal
+            and not record.gated
+            and uid not in synced.busy
+        }
 
 
 def test_a_failed_bind_puts_its_pod_back_among_the_waiting(sync: LedgerSync) -> None:
