@@ -14,6 +14,7 @@ import operator
 import re
 from typing import Any
 
+import pydantic_core
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, RootModel, field_validator
 
 MAX_SCORE = 10
@@ -82,8 +83,17 @@ class FilterResult(_Out):
     error: str = Field(default="", alias="Error")
 
     def dump(self) -> bytes:
-        exclude = {"nodes"} if self.nodes is None else {"node_names"}
-        return self.model_dump_json(exclude=exclude).encode()
+        """The JSON kube-scheduler reads: `Nodes` when full nodes were sent, else
+        `NodeNames`. Written from the fields as they are (str-to-str maps and lists of
+        str, by construction), by pydantic-core's encoder: the model's own
+        `model_dump_json` takes twice as long on 10,000 nodes. O(nodes)."""
+        body: dict[str, Any] = (
+            {"NodeNames": self.node_names} if self.nodes is None else {"Nodes": self.nodes}
+        )
+        body["FailedNodes"] = self.failed_nodes
+        body["FailedAndUnresolvableNodes"] = self.failed_and_unresolvable
+        body["Error"] = self.error
+        return pydantic_core.to_json(body)
 
 
 class HostPriority(_Out):

@@ -4,6 +4,7 @@ exactly what the model would."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -72,3 +73,30 @@ def test_answers_use_go_field_names() -> None:
         "Error": "",
     }
     assert json.loads(wire.BindingResult(error="x").dump()) == {"Error": "x"}
+
+
+@given(
+    st.one_of(st.none(), st.lists(st.text(max_size=8), max_size=5)),
+    st.one_of(st.none(), st.just({"items": [{"metadata": {"name": "n"}}]})),
+    st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=5),
+    st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=5),
+    st.text(max_size=8),
+)
+def test_filter_answer_is_the_models_own_json(
+    names: list[str] | None,
+    nodes: dict[str, Any] | None,
+    failed: dict[str, str],
+    unresolvable: dict[str, str],
+    error: str,
+) -> None:
+    """The hand-built answer is byte for byte what the model writes (any text: quotes,
+    control characters, non-ASCII), with `Nodes` or `NodeNames` as kube-scheduler sent."""
+    result = wire.FilterResult.model_construct(
+        nodes=nodes,
+        node_names=names,
+        failed_nodes=failed,
+        failed_and_unresolvable=unresolvable,
+        error=error,
+    )
+    exclude = {"nodes"} if nodes is None else {"node_names"}
+    assert result.dump() == result.model_dump_json(exclude=exclude).encode()
