@@ -69,6 +69,9 @@ class _Entry:
     version: int
     request: GpuRequest
     evaluation: choosing.Evaluation
+    every_choice: list[str] | None = None
+    """filter's `passed` when it was every node of the evaluation's `choices`, in their
+    order (`ranked_ahead` then reads the choices in order, with no lookup per name)."""
 
 
 class Decider:
@@ -106,9 +109,15 @@ class Decider:
         request = self.reader.request(pod)
         return request if request is not None and request.count > 0 else None
 
-    def _remember(self, uid: str, request: GpuRequest, evaluation: choosing.Evaluation) -> None:
+    def _remember(
+        self,
+        uid: str,
+        request: GpuRequest,
+        evaluation: choosing.Evaluation,
+        every_choice: list[str] | None = None,
+    ) -> None:
         self._cache[uid] = _Entry(
-            self.sync.ledger.generation, self.holder.version, request, evaluation
+            self.sync.ledger.generation, self.holder.version, request, evaluation, every_choice
         )
         self._cache.move_to_end(uid)
         while len(self._cache) > self.cache_size:
@@ -157,8 +166,6 @@ class Decider:
         if holding is not None:
             return self._reserved(names, request, holding)
         evaluation = self._evaluate(uid, request, names, reuse=False)
-        if uid:
-            self._remember(uid, request, evaluation)
         # On 10,000 names the per-name Python work is most of filter's time. Names
         # (unique, as kube-scheduler sends them) as many as the evaluation's nodes are
         # exactly its nodes: the answer is then read off the evaluation; otherwise it
@@ -177,6 +184,9 @@ class Decider:
                 else:
                     verdict.failed[name] = held
             verdict.passed = offered
+        if uid:
+            every = verdict.passed if whole and len(verdict.passed) == len(choices) else None
+            self._remember(uid, request, evaluation, every)
         if whole:
             verdict.misfits = misfits
         else:
@@ -229,7 +239,12 @@ class Decider:
             or entry.version != self.holder.version
         ):
             return None
-        return choosing.ranked(names, entry.evaluation.choices)
+        choices = entry.evaluation.choices
+        if entry.every_choice is names and len(choices) == len(names):
+            # Same generation: a kept evaluation only gains nodes since (scored ahead,
+            # appended), so with no more choices than then they are `names`, in order.
+            return choosing.ranked_choices(choices.values())
+        return choosing.ranked(names, choices)
 
     def still_current(self, pod: Mapping[str, Any], uid: str, generation: int) -> bool:
         """Whether prioritize for `pod` would use the evaluation filter made for it at

@@ -19,6 +19,7 @@ import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import filterfalse
+from operator import attrgetter
 from typing import Protocol
 
 from placement import fit
@@ -665,6 +666,23 @@ def ranked(names: Sequence[str], choices: Mapping[str, Choice]) -> list[int]:
         0 if choice is None else ten if choice.score == top else int(scale * (choice.score - low))
         for choice in found
     ]
+
+
+def ranked_choices(chosen: Iterable[Choice]) -> list[int]:
+    """`ranked` for nodes that all have a choice, given their choices in order (such as
+    an evaluation's `choices.values()` for the names `list(choices)`): no lookup by name,
+    and each choice read once, in C. O(n)."""
+    values = list(map(_SCORE, chosen))
+    if not values:
+        return []
+    top = max(values)
+    low = min(values)
+    scale = (MAX_EXTENDER_SCORE - 1) / (top - low) if top > low else 0.0
+    ten = MAX_EXTENDER_SCORE
+    return [ten if score == top else int(scale * (score - low)) for score in values]
+
+
+_SCORE = attrgetter("score")
 
 
 def grant_for(pod_uid: str, choice: Choice, request: GpuRequest) -> Grant:
