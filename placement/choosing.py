@@ -657,10 +657,7 @@ def ranked(names: Sequence[str], choices: Mapping[str, Choice]) -> list[int]:
     values = [choice.score for choice in found if choice is not None]
     if not values:
         return [0] * len(names)
-    top = max(values)
-    low = min(values)
-    # score < top makes (score - low) / span at most 1, so the int is at most 9.
-    scale = (MAX_EXTENDER_SCORE - 1) / (top - low) if top > low else 0.0
+    top, low, scale = _scale(values)
     ten = MAX_EXTENDER_SCORE
     return [
         0 if choice is None else ten if choice.score == top else int(scale * (choice.score - low))
@@ -675,11 +672,17 @@ def ranked_choices(chosen: Iterable[Choice]) -> list[int]:
     values = list(map(_SCORE, chosen))
     if not values:
         return []
-    top = max(values)
-    low = min(values)
-    scale = (MAX_EXTENDER_SCORE - 1) / (top - low) if top > low else 0.0
+    top, low, scale = _scale(values)
     ten = MAX_EXTENDER_SCORE
     return [ten if score == top else int(scale * (score - low)) for score in values]
+
+
+def _scale(values: list[float]) -> tuple[float, float, float]:
+    """(top, low, scale) of non-empty scores: a score below the top maps to
+    int(scale × (score - low)), at most 9 since (score - low) / span < 1. O(n)."""
+    top = max(values)
+    low = min(values)
+    return top, low, (MAX_EXTENDER_SCORE - 1) / (top - low) if top > low else 0.0
 
 
 _SCORE = attrgetter("score")
