@@ -3,7 +3,9 @@
 The event loop runs one thing at a time. A bind awaits the API twice, and every await
 resumes only after whatever else is ready has run; if the warmer's slices are among
 it, each resumption waits up to a slice. So the warmer scores only while no verb is
-in flight (`idle`), and a verb waits at most for the one slice it arrived during.
+in flight (`idle`), and a verb waits at most for the one slice it arrived during (the
+warmer yields the loop turns a request needs to reach its handler before it looks:
+`warming.HANDOFF_TURNS`).
 """
 
 from __future__ import annotations

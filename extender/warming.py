@@ -12,7 +12,9 @@ to `pending_shapes` other shapes of pods waiting for a node (`LedgerSync.pending
 most waiting first: a backlog's rare shapes, an unschedulable pod kube-scheduler
 retries), and has each one's every node scored (`Chooser.prepare`), in that order, in
 slices of about `slice_seconds` between which the event loop serves the verbs; a
-slice starts only while no verb is in flight (`extender.activity`). It looks again
+slice starts only while no verb is in flight (`extender.activity`), looked at once a
+request that arrived during the last slice has had the loop turns it needs to reach
+its handler (`HANDOFF_TURNS`). It looks again
 every `interval` seconds; a warm shape then costs O(nodes changed since).
 
 It also makes the typical workload's refresh seamless: the `PolicyHolder` is told to
@@ -49,6 +51,14 @@ BATCH = 8
 """Nodes scored between two looks at the clock."""
 COUNT_SLICE = 2000
 """Recent requests counted between two yields to the event loop."""
+HANDOFF_TURNS = 4
+"""Event-loop turns the warmer yields after a slice before it looks for a verb in
+flight. A request whose bytes arrive during a slice reaches its handler (which marks
+it in flight) only some turns later: four with aiohttp 3.14 on an open connection
+(kube-scheduler keeps its connection to the extender alive), as
+tests/extender/test_warming.py measures over a real socket. Looking after one turn,
+the warmer ran three more slices (~1 ms each) ahead of that verb. Each extra turn
+costs microseconds when nothing is waiting."""
 
 
 def collect_young(freeze_above: int | None = None) -> None:
@@ -196,7 +206,8 @@ class Warmer:
         async def pause_when_due() -> None:
             if self._clock() - began[0] >= self.slice_seconds:
                 collect_young(self.freeze_young_above)
-                await asyncio.sleep(0)
+                for _ in range(HANDOFF_TURNS):
+                    await asyncio.sleep(0)
                 if self.activity is not None:
                     await self.activity.idle.wait()
                 began[0] = self._clock()

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import socket
+import threading
+import time
 from collections.abc import Iterable
 
 import pytest
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from cluster.syncing import LedgerSync
@@ -125,6 +129,68 @@ async def test_slices_wait_while_a_verb_is_in_flight() -> None:
         assert len(chooser.unseen(HALF, names)) == 400 - 8  # one batch, then it waited
     assert await filling == 1
     assert chooser.unseen(HALF, names) == set()
+
+
+async def test_a_request_arriving_during_a_slice_is_served_before_the_next_slice() -> None:
+    """Over a real socket: bytes that arrive while a slice runs reach their handler (which
+    marks itself in flight) before the warmer starts another slice."""
+    sync = cluster(400)
+    arrive(sync, HALF)
+    holder = PolicyHolder(sync, "default")
+    activity = Activity()
+    warmer = Warmer(sync, holder, shapes=1, slice_seconds=0.0, activity=activity)
+    chooser = holder.current()
+    slices: list[int] = []
+    sending = threading.Event()
+    served_after: list[int] = []
+
+    class Batches:
+        """Stands in for the warmer's counter, bumped once per batch (one slice here)."""
+
+        def inc(self, amount: float = 1) -> None:
+            slices.append(1)
+            if len(slices) == 5:
+                sending.set()  # the client sends now, while this slice holds the loop
+                time.sleep(0.05)
+
+    warmer.scored = Batches()  # type: ignore[assignment]
+
+    async def handle(request: web.Request) -> web.Response:
+        with activity:
+            served_after.append(len(slices))
+            await request.read()
+            return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/filter", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    replies: list[bytes] = []
+
+    connected = threading.Event()
+
+    def client() -> None:
+        with socket.create_connection(("127.0.0.1", port)) as connection:
+            connected.set()
+            sending.wait(10)
+            connection.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            replies.append(connection.recv(1024))
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        assert await asyncio.to_thread(connected.wait, 10)
+        await asyncio.sleep(0.05)  # the server accepts the connection before the slices
+        assert await warmer.fill(chooser) == 1
+    finally:
+        thread.join(10)
+        await runner.cleanup()
+    assert replies and replies[0].startswith(b"HTTP/1.1 200")
+    # No slice ran between the bytes and the handler (looking after one turn: [8]).
+    assert served_after == [5]
 
 
 def test_collect_young_freezes_a_large_young_generation() -> None:
