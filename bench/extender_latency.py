@@ -208,7 +208,9 @@ async def schedule(
     async with aiohttp.ClientSession() as session:
 
         async def post(verb: str, body: Any) -> Any:
-            data = json.dumps(body).encode()
+            # As Go's encoding/json writes kube-scheduler's ExtenderArgs: fields in
+            # declaration order (Pod, Nodes, NodeNames), no spaces.
+            data = json.dumps(body, separators=(",", ":")).encode()
             began = time.perf_counter()
             async with session.post(
                 f"{base}/{verb}", data=data, headers={"Content-Type": "application/json"}
@@ -219,12 +221,12 @@ async def schedule(
 
         for pod in pending:
             began = time.perf_counter()
-            verdict = await post("filter", {"Pod": pod, "NodeNames": names, "Nodes": None})
+            verdict = await post("filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
             passed = verdict["NodeNames"]
             if not passed:
                 outcomes["unschedulable"] += 1
                 continue
-            scores = await post("prioritize", {"Pod": pod, "NodeNames": passed})
+            scores = await post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": passed})
             totals = {e["Host"]: e["Score"] * 100_000 + rng.randrange(300) for e in scores}
             top = max(totals.values())
             node = rng.choice([name for name, total in totals.items() if total == top])

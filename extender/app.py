@@ -75,6 +75,8 @@ class Ahead:
     generation: int
     passed: list[str]
     answer: bytes
+    names_json: bytes
+    """`passed` as filter's answer encoded them (see `ExtenderArgs.with_names`)."""
 
 
 @dataclass(slots=True)
@@ -102,9 +104,24 @@ class Service:
             return False
         return True
 
-    async def filter(self, args: ExtenderArgs) -> tuple[FilterResult, str]:
+    async def filter(self, args: ExtenderArgs) -> tuple[bytes, str]:
+        """filter's answer as JSON, and its outcome. When prioritize for the same pod can
+        be answered ahead, that is prepared in a callback: it runs once the handler's
+        task has written this answer (unless the socket makes the write wait), while
+        kube-scheduler reads it before it calls prioritize for these nodes."""
+        result, outcome, ahead_for = await self._filter(args)
+        body, names_json = result.dump_with_names()
+        if ahead_for and result.node_names is not None and names_json is not None:
+            asyncio.get_running_loop().call_soon(
+                self._answer_ahead, ahead_for, result.node_names, names_json
+            )
+        return body, outcome
+
+    async def _filter(self, args: ExtenderArgs) -> tuple[FilterResult, str, str]:
+        """The answer, its outcome, and the UID of the pod to answer prioritize ahead
+        for ("" for none)."""
         if not await self.ready():
-            return FilterResult(error=NOT_SYNCED), "not-synced"
+            return FilterResult(error=NOT_SYNCED), "not-synced", ""
         names = args.names()
         verdict = self.decider.filter(args.pod, names)
         # model_construct: built from our own values, validating 10,000 entries is waste
@@ -118,22 +135,19 @@ class Service:
             result.nodes = {"items": [objects[name] for name in verdict.passed if name in objects]}
         if not verdict.passed and (verdict.gpu_pod or verdict.problem):
             self._placement_failed(args, names, verdict)
-            return result, "none-fit"
+            return result, "none-fit", ""
         uid = str((args.pod.get("metadata") or {}).get("uid") or "")
-        if uid and verdict.gpu_pod and verdict.holding is None and objects is None:
-            # A callback: it runs once the handler's task has written this answer
-            # (unless the socket makes the write wait). kube-scheduler's prioritize for
-            # the same pod and these nodes comes next, while it reads this answer.
-            asyncio.get_running_loop().call_soon(self._answer_ahead, uid, verdict.passed)
-        return result, "ok"
+        ahead = uid and verdict.gpu_pod and verdict.holding is None and objects is None
+        return result, "ok", uid if ahead else ""
 
-    def _answer_ahead(self, uid: str, passed: list[str]) -> None:
+    def _answer_ahead(self, uid: str, passed: list[str], names_json: bytes) -> None:
         """Prepare prioritize's answer for the nodes filter passed (see `prioritize`)."""
         generation = self.sync.ledger.generation
         scores = self.decider.ranked_ahead(uid, passed)
         if scores is None:
             return
-        self.ahead[uid] = Ahead(generation, passed, priorities_json(passed, scores))
+        answer = priorities_json(passed, scores)
+        self.ahead[uid] = Ahead(generation, passed, answer, names_json)
         self.ahead.move_to_end(uid)
         while len(self.ahead) > AHEAD_KEPT:
             self.ahead.popitem(last=False)
@@ -164,6 +178,19 @@ class Service:
                 "FailedGpuPlacement",
                 message,
             )
+
+    def prioritize_args(self, raw: bytes) -> ExtenderArgs:
+        """prioritize's arguments. When its nodes are those of the answer prepared last
+        (kube-scheduler's prioritize follows the pod's filter), byte for byte as filter
+        wrote them, they are that answer's list as it is, not parsed again
+        (`ExtenderArgs.with_names`; `prioritize`'s comparison of the lists then finds
+        the very same strings)."""
+        if self.ahead:
+            latest = self.ahead[next(reversed(self.ahead))]
+            args = ExtenderArgs.with_names(raw, latest.passed, latest.names_json)
+            if args is not None:
+                return args
+        return ExtenderArgs.model_validate_json(raw)
 
     async def prioritize(self, args: ExtenderArgs) -> tuple[bytes, str]:
         """The nodes named and their scores, as JSON. The answer prepared ahead after
@@ -264,12 +291,11 @@ def _errors(error: ValidationError) -> str:
 
 
 async def _filter(service: Service, raw: bytes) -> tuple[bytes, str]:
-    result, outcome = await service.filter(ExtenderArgs.model_validate_json(raw))
-    return result.dump(), outcome
+    return await service.filter(ExtenderArgs.model_validate_json(raw))
 
 
 async def _prioritize(service: Service, raw: bytes) -> tuple[bytes, str]:
-    return await service.prioritize(ExtenderArgs.model_validate_json(raw))
+    return await service.prioritize(service.prioritize_args(raw))
 
 
 async def _bind(service: Service, raw: bytes) -> tuple[bytes, str]:

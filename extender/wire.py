@@ -39,6 +39,9 @@ class NodeList(_In):
         return [str((item.get("metadata") or {}).get("name") or "") for item in self.items]
 
 
+_NAMES_KEY = b'"NodeNames":'
+
+
 class ExtenderArgs(_In):
     """What `filter` and `prioritize` receive."""
 
@@ -53,6 +56,41 @@ class ExtenderArgs(_In):
         if not isinstance(metadata, dict) or not metadata.get("name"):
             raise ValueError("Pod.metadata.name is required")
         return pod
+
+    @classmethod
+    def with_names(cls, raw: bytes, names: list[str], names_json: bytes) -> ExtenderArgs | None:
+        """`model_validate_json(raw)` without parsing `NodeNames` when the body ends with
+        it and it is `names_json` byte for byte (the encoding of `names`, which become
+        the arguments' `node_names` as they are); None otherwise (parse it whole).
+
+        kube-scheduler encodes ExtenderArgs in Go's field order (Pod, Nodes, NodeNames)
+        and sends prioritize the nodes filter answered, in their order: the very list
+        we encoded (DNS names encode alike in Go and here). One comparison of bytes
+        then stands for a parse of ~10,000 strings and a comparison of lists.
+
+        Sound for any input: the bytes matched are a complete JSON array (ours) right
+        before the final `}`, and `"NodeNames":` right before them follows a `,` or `{`
+        (so its quote opens a key: inside a string a quote is escaped). The rest, with
+        `null` for the array, is parsed and validated as usual, so in valid JSON this is
+        the outermost object's last `NodeNames` (the one a parse keeps). O(len(raw))
+        byte comparisons plus the parse of the rest."""
+        body = raw.rstrip()
+        end = len(body) - 1
+        start = end - len(names_json)
+        key = start - len(_NAMES_KEY)
+        if (
+            key <= 0
+            or not body.endswith(b"}")
+            or not body.startswith(names_json, start)
+            or not body.startswith(_NAMES_KEY, key)
+            or not body[:key].rstrip().endswith((b",", b"{"))
+        ):
+            return None
+        try:
+            rest = cls.model_validate_json(body[:start] + b"null}")
+        except ValueError:
+            return None
+        return rest.model_copy(update={"node_names": names})
 
     def names(self) -> list[str]:
         """The candidate node names, from NodeNames or else from Nodes."""
@@ -87,13 +125,22 @@ class FilterResult(_Out):
         `NodeNames`. Written from the fields as they are (str-to-str maps and lists of
         str, by construction), by pydantic-core's encoder: the model's own
         `model_dump_json` takes twice as long on 10,000 nodes. O(nodes)."""
-        body: dict[str, Any] = (
-            {"NodeNames": self.node_names} if self.nodes is None else {"Nodes": self.nodes}
+        return self.dump_with_names()[0]
+
+    def dump_with_names(self) -> tuple[bytes, bytes | None]:
+        """`dump`, and the encoding of `NodeNames` within it (None when it has `Nodes`)
+        for `ExtenderArgs.with_names`: each part encoded once. O(nodes)."""
+        rest = pydantic_core.to_json(
+            {
+                "FailedNodes": self.failed_nodes,
+                "FailedAndUnresolvableNodes": self.failed_and_unresolvable,
+                "Error": self.error,
+            }
         )
-        body["FailedNodes"] = self.failed_nodes
-        body["FailedAndUnresolvableNodes"] = self.failed_and_unresolvable
-        body["Error"] = self.error
-        return pydantic_core.to_json(body)
+        if self.nodes is not None:
+            return b'{"Nodes":' + pydantic_core.to_json(self.nodes) + b"," + rest[1:], None
+        names = pydantic_core.to_json(self.node_names)
+        return b"{" + _NAMES_KEY + names + b"," + rest[1:], names
 
 
 class HostPriority(_Out):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -228,6 +229,41 @@ async def test_prioritize_answered_ahead_only_while_nothing_changed(
         await h.filter(pod, names)
         assert len(await h.prioritize(pod, passed[:2])) == 2
         assert ahead("stale") == stale + 2
+
+
+async def test_prioritize_takes_filters_list_back_without_parsing_it(
+    server: fakeapi.Server,
+) -> None:
+    """kube-scheduler sends prioritize the nodes filter answered, encoded as Go does
+    (Pod, Nodes, NodeNames; no spaces): the list prepared ahead is taken as it is, and
+    the answer is the one scoring now gives."""
+    api = server.api
+    for index in range(4):
+        api.create(objects.node(f"n{index}", gpus=2))
+    async with harness(server, workload_refresh_seconds=3600.0) as h:
+        await ready(h)
+        await h.schedule(api.create(objects.pod("seed", percent=30)), random.Random(1))
+        await h.sidecar.warmer.warm.wait()
+        pod = api.create(objects.pod("next", percent=30))
+        passed = (await h.filter(pod, ["n0", "n1", "n2", "n3"]))["NodeNames"]
+        await asyncio.sleep(0)  # the answer ahead
+        service = h.sidecar.service
+        prepared = service.ahead[pod["metadata"]["uid"]]
+        go = {"Pod": pod, "Nodes": None, "NodeNames": passed}
+        raw = json.dumps(go, separators=(",", ":")).encode()
+        assert service.prioritize_args(raw).node_names is prepared.passed
+        spaced = service.prioritize_args(json.dumps(go).encode())  # another client: parsed
+        assert spaced.node_names == passed and spaced.node_names is not prepared.passed
+        fewer = json.dumps({**go, "NodeNames": passed[:-1]}, separators=(",", ":")).encode()
+        assert service.prioritize_args(fewer).node_names == passed[:-1]
+        fresh = h.sidecar.decider.prioritize(pod, passed)
+        async with h.session.post(f"{h.url}/prioritize", data=raw) as response:
+            answer = await response.json(content_type=None)
+        assert {e["Host"]: e["Score"] for e in answer} == dict(zip(passed, fresh, strict=True))
+        used = h.sidecar.registry.get_sample_value(
+            "gpuplace_prioritize_ahead_total", {"result": "used"}
+        )
+        assert used is not None and used >= 1
 
 
 async def test_non_gpu_pods_pass_through_and_bind_plainly(server: fakeapi.Server) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pydantic_core
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -100,3 +101,66 @@ def test_filter_answer_is_the_models_own_json(
     )
     exclude = {"nodes"} if nodes is None else {"node_names"}
     assert result.dump() == result.model_dump_json(exclude=exclude).encode()
+
+
+_TEXT = st.text(alphabet=st.sampled_from('ab"\\{}[],: \nNodeNames'), max_size=12)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | _TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def _go(body: dict[str, Any]) -> bytes:
+    """As Go's encoding/json writes it: no spaces."""
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+@given(
+    st.dictionaries(_TEXT, _JSON, max_size=3),
+    st.lists(_TEXT, max_size=4),
+    st.one_of(st.none(), st.lists(_TEXT, max_size=4)),
+    st.permutations(["Pod", "Nodes", "NodeNames", "extra"]),
+    st.sampled_from([_go, lambda body: json.dumps(body).encode(), lambda b: _go(b) + b"\n"]),
+)
+def test_with_names_is_the_full_parse_or_declines(
+    pod: dict[str, Any],
+    sent: list[str],
+    other: list[str] | None,
+    order: list[str],
+    encode: Any,
+) -> None:
+    """For any body (any key order, spacing, and text full of quotes, brackets and the
+    key's own name), `with_names` either declines or gives what parsing it whole does,
+    with the known list itself when it gives one."""
+    known = list(sent) if other is None else other  # equal but not the same list, or another
+    pod = {**pod, "metadata": {"name": "p", "annotations": {'"NodeNames":': json.dumps(sent)}}}
+    values = {"Pod": pod, "Nodes": None, "NodeNames": sent, "extra": {"NodeNames": known}}
+    raw = encode({key: values[key] for key in order})
+    full = wire.ExtenderArgs.model_validate_json(raw)
+    fast = wire.ExtenderArgs.with_names(raw, known, pydantic_core.to_json(known))
+    if fast is not None:
+        assert fast.node_names is known
+        assert fast.model_dump() == full.model_dump()
+    if encode is _go and order[-1] == "NodeNames" and sent == known:
+        assert fast is not None  # kube-scheduler's shape: always taken
+
+
+def test_with_names_declines_what_is_not_a_top_level_last_key() -> None:
+    known = ["n0", "n1"]
+    names = pydantic_core.to_json(known)
+    pod = {"metadata": {"name": "p"}}
+    nested = _go({"Pod": {**pod, "x": {"NodeNames": known}}, "NodeNames": ["other"]})
+    assert wire.ExtenderArgs.with_names(nested, known, names) is None
+    inside = _go({"Pod": pod, "NodeNames": ["other"], "s": 'a,"NodeNames":["n0","n1"]'})
+    assert wire.ExtenderArgs.with_names(inside, known, names) is None
+    for key in ("NodeNamez", 'x"NodeNames'):  # another key: one alike, one ending alike
+        other = _go({"Pod": pod, "NodeNames": ["other"], key: known})
+        assert wire.ExtenderArgs.model_validate_json(other).node_names == ["other"]
+        assert wire.ExtenderArgs.with_names(other, known, names) is None
+    broken = b'{"Pod":{"metadata":{"name":"p"}},"NodeNames":' + names + b"]}"
+    assert wire.ExtenderArgs.with_names(broken, known, names) is None
+    unnamed = b'{"Pod":{"metadata":{}},"NodeNames":' + names + b"}"
+    assert wire.ExtenderArgs.with_names(unnamed, known, names) is None  # invalid: declined
+    with pytest.raises(ValidationError):
+        wire.ExtenderArgs.model_validate_json(unnamed)
