@@ -193,23 +193,31 @@ async def test_prioritize_gives_ten_only_to_the_policys_best(server: fakeapi.Ser
         assert all(0 <= score < 10 for name, score in scores.items() if name != seed_node)
 
 
-async def test_prioritize_answered_ahead_only_while_nothing_changed(
-    server: fakeapi.Server,
-) -> None:
+@contextlib.asynccontextmanager
+async def seeded(server: fakeapi.Server) -> AsyncIterator[Harness]:
+    """Four 2-GPU nodes, one pod placed (it replaces the fallback workload: a new policy
+    version), and the warmer done: what prioritize answered ahead needs."""
     api = server.api
     for index in range(4):
         api.create(objects.node(f"n{index}", gpus=2))
     async with harness(server, workload_refresh_seconds=3600.0) as h:
         await ready(h)
+        await h.schedule(api.create(objects.pod("seed", percent=30)), random.Random(1))
+        await h.sidecar.warmer.warm.wait()
+        yield h
+
+
+async def test_prioritize_answered_ahead_only_while_nothing_changed(
+    server: fakeapi.Server,
+) -> None:
+    api = server.api
+    async with seeded(server) as h:
         registry = h.sidecar.registry
 
         def ahead(result: str) -> float:
             value = registry.get_sample_value("gpuplace_prioritize_ahead_total", {"result": result})
             return value or 0.0
 
-        # The first managed pod replaces the fallback workload (a new policy version).
-        await h.schedule(api.create(objects.pod("seed", percent=30)), random.Random(1))
-        await h.sidecar.warmer.warm.wait()
         used, stale = ahead("used"), ahead("stale")
         names = ["n0", "n1", "n2", "n3"]
         pod = api.create(objects.pod("next", percent=30))
@@ -237,14 +245,8 @@ async def test_prioritize_takes_filters_list_back_without_parsing_it(
     """kube-scheduler sends prioritize the nodes filter answered, encoded as Go does
     (Pod, Nodes, NodeNames; no spaces): the list prepared ahead is taken as it is, and
     the answer is the one scoring now gives."""
-    api = server.api
-    for index in range(4):
-        api.create(objects.node(f"n{index}", gpus=2))
-    async with harness(server, workload_refresh_seconds=3600.0) as h:
-        await ready(h)
-        await h.schedule(api.create(objects.pod("seed", percent=30)), random.Random(1))
-        await h.sidecar.warmer.warm.wait()
-        pod = api.create(objects.pod("next", percent=30))
+    async with seeded(server) as h:
+        pod = server.api.create(objects.pod("next", percent=30))
         passed = (await h.filter(pod, ["n0", "n1", "n2", "n3"]))["NodeNames"]
         await asyncio.sleep(0)  # the answer ahead
         service = h.sidecar.service

@@ -19,6 +19,7 @@ from cluster.syncing import LedgerSync
 from extender.activity import Activity
 from extender.warming import Warmer, collect_young
 from extender.workloads import PolicyHolder
+from placement import choosing
 from placement.choosing import scoring_shape
 from placement.ledger import Grant, Ledger, NodeState
 from placement.requests import GpuRequest
@@ -113,14 +114,20 @@ def test_collect_young_collects_the_middle_generation_when_due() -> None:
     assert gc.get_count()[1] == 0  # the middle one was due and collected
 
 
-async def test_slices_wait_while_a_verb_is_in_flight() -> None:
-    sync = cluster(400)
+def sliced(nodes: int) -> tuple[Warmer, Activity, choosing.Chooser]:
+    """A warmer for one shape (HALF) on `nodes` nodes, a slice per batch, that gives way
+    to the returned activity."""
+    sync = cluster(nodes)
     arrive(sync, HALF)
     holder = PolicyHolder(sync, "default")
     activity = Activity()
     warmer = Warmer(sync, holder, shapes=1, slice_seconds=0.0, activity=activity)
-    chooser = holder.current()
-    names = list(sync.ledger.inventory.names())
+    return warmer, activity, holder.current()
+
+
+async def test_slices_wait_while_a_verb_is_in_flight() -> None:
+    warmer, activity, chooser = sliced(400)
+    names = list(chooser.ledger.inventory.names())
     with activity:
         filling = asyncio.create_task(warmer.fill(chooser))
         for _ in range(20):
@@ -134,12 +141,7 @@ async def test_slices_wait_while_a_verb_is_in_flight() -> None:
 async def test_a_request_arriving_during_a_slice_is_served_before_the_next_slice() -> None:
     """Over a real socket: bytes that arrive while a slice runs reach their handler (which
     marks itself in flight) before the warmer starts another slice."""
-    sync = cluster(400)
-    arrive(sync, HALF)
-    holder = PolicyHolder(sync, "default")
-    activity = Activity()
-    warmer = Warmer(sync, holder, shapes=1, slice_seconds=0.0, activity=activity)
-    chooser = holder.current()
+    warmer, activity, chooser = sliced(400)
     slices: list[int] = []
     sending = threading.Event()
     served_after: list[int] = []
