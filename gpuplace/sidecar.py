@@ -132,7 +132,10 @@ class SidecarSettings(BaseSettings):
         10_000, ge=1, description="recent managed pods whose requests form the typical workload"
     )
     workload_refresh_seconds: float = Field(
-        60.0, gt=0, description="rebuild the typical workload at most this often"
+        60.0,
+        ge=0,
+        description="rebuild the typical workload at most this often (0: whenever a pod "
+        "arrived; every node is then scored anew for each new pod)",
     )
     reservation_timeout_seconds: float = Field(
         300.0,

@@ -22,6 +22,13 @@ Order of events, all on 127.0.0.1 with ephemeral ports:
 
 The process's settings ignore GPUPLACE_* environment variables: the demo never talks to
 anything but its own local API.
+
+The same seed gives the same placements on any machine, loaded or not: nothing a decision
+depends on may hang on timing. So the typical workload is rebuilt whenever a pod arrived
+(`workload_refresh_seconds=0`; production rebuilds at most every 60 s, on a clock), no
+warmer scores ahead (on 36 nodes it saves nothing, and its staged rebuilds would reach
+the verbs at a time that depends on the machine's speed), and each scheduling cycle
+starts once the sidecar's informers hold every managed pod as the API does.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from gpuplace.demo.admitting import Admitted, ApiServer
 from gpuplace.demo.scheduling import Attempt, Scheduler
 from gpuplace.localapi import NODES, PODS, FakeApi
 from gpuplace.settings import Settings
+from gpuplace.sidecar import Sidecar
 from placement.ledger import Ledger
 
 NAMESPACES = ("gpuplace", "research", "serving", "platform")
@@ -158,19 +166,33 @@ def _settings(workdir: Path, tls: Path, kubeconfig: Path, policy: str) -> DemoSe
         policy=policy,
         gangs=True,
         log_level="WARNING",
-        workload_refresh_seconds=0.5,
+        workload_refresh_seconds=0.0,
+        warm_shapes=0,
         node_status_min_interval_seconds=0.0,
         gc_freeze_seconds=0.0,
         watch_timeout_seconds=60,
     )
 
 
-async def _until(check: Callable[[], bool], seconds: float, what: str) -> None:
+async def _until(
+    check: Callable[[], bool], seconds: float, what: str, *, poll: float = 0.02
+) -> None:
     deadline = time.monotonic() + seconds
     while not check():
         if time.monotonic() > deadline:
             raise TimeoutError(f"the demo gave up waiting for {what} after {seconds:g}s")
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(poll)
+
+
+def _caught_up(api: FakeApi, sidecar: Sidecar) -> bool:
+    """The sidecar's informers hold every managed pod at its current resourceVersion."""
+    managed = {
+        pod["metadata"]["uid"]: pod["metadata"]["resourceVersion"]
+        for pod in api.objects(PODS)
+        if (pod["metadata"].get("labels") or {}).get(keys.MANAGED) == "true"
+    }
+    seen = {uid: record.resource_version for uid, record in sidecar.sync.pods.items()}
+    return managed == seen
 
 
 def _advertised(api: FakeApi) -> bool:
@@ -328,6 +350,22 @@ class Demo:
             str(tls / certs_files.CA_BUNDLE),
         )
         scheduler = Scheduler(api, session, f"http://127.0.0.1:{server.port('extender')}", self.rng)
+        sidecar = process.sidecar
+        assert sidecar is not None
+
+        async def cycle(submission: scenario.Submission) -> Attempt:
+            # kube-scheduler calls filter as soon as the pod is in its queue, whether or
+            # not the sidecar's watch has delivered it yet; the demo waits for that first,
+            # so that the typical workload each decision scores against is the same on a
+            # fast machine and a loaded one (see the module docstring).
+            await _until(
+                lambda: _caught_up(api, sidecar),
+                READY_SECONDS,
+                "the sidecar's informers",
+                poll=0.002,
+            )
+            return await scheduler.schedule(submission.namespace, submission.name)
+
         submissions = scenario.submissions()
         results: list[PodResult] = []
         by_key: dict[str, PodResult] = {}
@@ -343,9 +381,7 @@ class Demo:
             if stored is None:
                 continue
             if scheduler.schedulable(stored):
-                result.attempts.append(
-                    await scheduler.schedule(submission.namespace, submission.name)
-                )
+                result.attempts.append(await cycle(submission))
                 continue
             if not _gated(stored):
                 continue
@@ -372,11 +408,7 @@ class Demo:
                 current = api.get(PODS, member.submission.name, member.submission.namespace)
                 if scheduler.schedulable(current):
                     self.progress(f"scheduling gang member {member.key}")
-                    member.attempts.append(
-                        await scheduler.schedule(
-                            member.submission.namespace, member.submission.name
-                        )
-                    )
+                    member.attempts.append(await cycle(member.submission))
         self.timings["pods_seconds"] = time.perf_counter() - began
         return results
 
@@ -385,17 +417,7 @@ class Demo:
         sidecar = process.sidecar
         assert sidecar is not None
         self.progress("letting the sidecar catch up with the API")
-
-        def caught_up() -> bool:
-            managed = {
-                pod["metadata"]["uid"]: pod["metadata"]["resourceVersion"]
-                for pod in api.objects(PODS)
-                if (pod["metadata"].get("labels") or {}).get(keys.MANAGED) == "true"
-            }
-            seen = {uid: record.resource_version for uid, record in sidecar.sync.pods.items()}
-            return managed == seen
-
-        await _until(caught_up, READY_SECONDS, "the sidecar's informers")
+        await _until(lambda: _caught_up(api, sidecar), READY_SECONDS, "the sidecar's informers")
         if sidecar.recorder is not None:
             await asyncio.wait_for(sidecar.recorder.drain(), 5.0)
 

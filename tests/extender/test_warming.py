@@ -252,6 +252,20 @@ def test_without_a_warmer_a_rebuild_swaps_at_once() -> None:
     assert holder.staged_chooser() is None
 
 
+def test_a_zero_refresh_rebuilds_whenever_a_pod_arrived_and_only_then() -> None:
+    """`--workload-refresh-seconds 0` (the demo): no clock involved, the window alone."""
+    sync = cluster(2)
+    arrive(sync, HALF)
+    holder = PolicyHolder(sync, "default", refresh_seconds=0, clock=lambda: 0.0)
+    first = holder.current()
+    assert holder.current() is first
+    arrive(sync, QUARTER)
+    second = holder.current()
+    assert second is not first
+    assert holder.current() is second
+    assert holder.workload is not None and len(holder.workload.types) == 2
+
+
 async def test_filling_brings_the_host_memory_index_up_to_date(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
