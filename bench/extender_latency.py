@@ -14,12 +14,14 @@ synthetic cluster of the same shape) and a synthetic 10,000-node × 8-GPU one:
    number of rare shapes no filter meets a shape not scored ahead; run with
    `--warm-pending-shapes 0` to see what a shape's first filter costs;
 3. `--pods` pending GPU pods drawn from the openb default mix (or the bundled mix) go
-   through the verbs one after another over HTTP on 127.0.0.1, from a spawned process
-   standing in for kube-scheduler (its JSON work shares neither the sidecar's GIL nor
-   its event loop), as kube-scheduler sends them: filter with every node's name
-   (`percentageOfNodesToScore: 100`, no node affinity narrowing: the worst case),
-   prioritize with the nodes that passed,
-   the top score chosen (plugin scores added at random), then bind. bind's writes
+   through the verbs one after another over HTTP on 127.0.0.1, from a process of its
+   own standing in for kube-scheduler (`--client`: by default a Go program,
+   bench/kube_scheduler_client, that encodes, sends and reads as kube-scheduler's
+   HTTP extender does with encoding/json and net/http, when `go` is on PATH; else
+   Python's aiohttp in a spawned process), as kube-scheduler sends them: filter with
+   every node's name (`percentageOfNodesToScore: 100`, no node affinity narrowing: the
+   worst case), prioritize with the nodes that passed, the top score chosen (plugin
+   scores added at random), then bind. bind's writes
    (the assignment PATCH and the Binding) go to the fake API server over HTTP.
 
 Prints one JSON document: p50/p99/max per verb, client-side (the HTTP round trip) and
@@ -27,7 +29,7 @@ server-side (inside the handler), and the share of binds that succeeded; filter'
 server-side figures also split by whether the pod's request shape was scored ahead as
 a common one, as one pods wait for, or not at all.
 
-    .venv/bin/python -m bench.extender_latency [--quick] [--repeat 8]
+    .venv/bin/python -m bench.extender_latency [--quick] [--repeat 8] [--client go|python]
 """
 
 from __future__ import annotations
@@ -40,7 +42,10 @@ import json
 import multiprocessing
 import os
 import random
+import shutil
 import statistics
+import subprocess
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -245,6 +250,32 @@ async def schedule(
     return {"client_side": client_side, "outcomes": outcomes}
 
 
+GO_CLIENT = REPO / "bench" / "kube_scheduler_client" / "main.go"
+
+
+def build_go_client(directory: Path) -> Path | None:
+    """kube-scheduler's side in Go (bench/kube_scheduler_client), built into `directory`;
+    None when no Go toolchain is on PATH."""
+    go = shutil.which("go")
+    if go is None:
+        return None
+    binary = directory / "kube-scheduler-client"
+    subprocess.run([go, "build", "-o", str(binary), str(GO_CLIENT)], check=True, cwd=directory)
+    return binary
+
+
+def _go_schedule(
+    binary: Path, base: str, names: list[str], pending: list[dict[str, Any]], seed: int
+) -> dict[str, Any]:
+    """`schedule`, by the Go stand-in: the work on its stdin, the figures on its stdout."""
+    work = json.dumps({"base": base, "names": names, "pods": pending, "seed": seed}).encode()
+    done = subprocess.run([str(binary)], input=work, capture_output=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the Go client failed: {done.stderr.decode(errors='replace')}")
+    figures: dict[str, Any] = json.loads(done.stdout)
+    return figures
+
+
 def _scheduler_process(connection: Connection) -> None:
     """The child process standing in for kube-scheduler: receives the work, sends the
     figures back."""
@@ -261,6 +292,7 @@ async def drive(
     *,
     warm_shapes: int = 64,
     warm_pending_shapes: int = 16,
+    go_client: Path | None = None,
 ) -> dict[str, Any]:
     configuration = client.Configuration(host=url)
     api = kube.Kube(connecting.client_for(configuration), timeout=30)
@@ -297,11 +329,13 @@ async def drive(
 
     # kube-scheduler in a process of its own (spawned before anything runs here): its
     # JSON work neither shares this event loop nor adds to the sidecar's figures.
+    # (The Go stand-in is a program of its own, started when the stream starts.)
     ours, theirs = multiprocessing.get_context("spawn").Pipe()
     scheduler = multiprocessing.get_context("spawn").Process(
         target=_scheduler_process, args=(theirs,), daemon=True
     )
-    scheduler.start()
+    if go_client is None:
+        scheduler.start()
     theirs.close()  # the child's end: a child that dies makes `recv` fail, not hang
     names = [node.name for node in nodes]
     gc.collect()
@@ -330,13 +364,18 @@ async def drive(
         await site.start()
         base = f"http://127.0.0.1:{runner.addresses[0][1]}"
         gc.callbacks.append(collector)
-        ours.send((base, names, pending, seed))
-        figures: dict[str, Any] = await asyncio.to_thread(ours.recv)
+        figures: dict[str, Any]
+        if go_client is None:
+            ours.send((base, names, pending, seed))
+            figures = await asyncio.to_thread(ours.recv)
+        else:
+            figures = await asyncio.to_thread(_go_schedule, go_client, base, names, pending, seed)
         gc.callbacks.remove(collector)
         gc.collect()
         scheduled_mib = resident_mib() - before
         await runner.cleanup()
-    scheduler.join(10)
+    if go_client is None:
+        scheduler.join(10)
     filters = list(zip(server_side["filter"], kinds, strict=False))
     by_kind = {
         kind: quantiles([seconds for seconds, k in filters if k == kind])
@@ -384,6 +423,7 @@ def scenario(
     repeat: int,
     warm_shapes: int,
     warm_pending_shapes: int,
+    client: str = "python",
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     api = fakeapi.FakeApi(record_calls=100)
@@ -399,7 +439,13 @@ def scenario(
         pending.append(body)
     api.load("pods", pending)
     api.warm()
-    with fakeapi.serve_in_subprocess(api) as server:
+    with (
+        tempfile.TemporaryDirectory(prefix="gpuplace-bench-") as temporary,
+        fakeapi.serve_in_subprocess(api) as server,
+    ):
+        go_client = build_go_client(Path(temporary)) if client == "go" else None
+        if client == "go" and go_client is None:
+            raise SystemExit("--client go: no Go toolchain (`go`) on PATH")
         figures = asyncio.run(
             drive(
                 server.url,
@@ -408,6 +454,7 @@ def scenario(
                 seed,
                 warm_shapes=warm_shapes,
                 warm_pending_shapes=warm_pending_shapes,
+                go_client=go_client,
             )
         )
     return {
@@ -422,6 +469,7 @@ def scenario(
         "pods_per_request_shape": repeat,
         "warm_shapes_setting": warm_shapes,
         "warm_pending_shapes_setting": warm_pending_shapes,
+        "kube_scheduler_stand_in": client,
         **figures,
     }
 
@@ -455,7 +503,17 @@ def main() -> None:
         default=1,
         help="consecutive pods with the same request (a Job's replicas); 1 = every pod drawn",
     )
+    parser.add_argument(
+        "--client",
+        choices=("auto", "go", "python"),
+        default="auto",
+        help="kube-scheduler's stand-in: Go's encoding/json and net/http as kube-scheduler "
+        "uses them (bench/kube_scheduler_client; needs `go`), or Python's aiohttp; "
+        "auto = go when `go` is on PATH",
+    )
     args = parser.parse_args()
+    if args.client == "auto":
+        args.client = "go" if shutil.which("go") else "python"
     mix, mix_name = pods_mix()
     openb, source = engine_latency.openb_nodes()
     runs: list[dict[str, Any]] = []
@@ -467,6 +525,7 @@ def main() -> None:
         "repeat": args.repeat,
         "warm_shapes": args.warm_shapes,
         "warm_pending_shapes": args.warm_pending_shapes,
+        "client": args.client,
     }
     if args.cluster in ("both", "openb"):
         runs.append(
