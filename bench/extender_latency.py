@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import functools
 import gc
 import json
 import multiprocessing
@@ -50,6 +51,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +286,28 @@ def _scheduler_process(connection: Connection) -> None:
     connection.close()
 
 
+StandIn = Callable[[str, list[str], list[dict[str, Any]], int], dict[str, Any]]
+"""Runs kube-scheduler's side (base URL, node names, pending pods, seed) to the end and
+returns its figures, as `schedule` does."""
+
+
+def _python_stand_in() -> tuple[StandIn, BaseProcess]:
+    """`schedule` in a process spawned now (before the sidecar's heap grows: its JSON
+    work then shares neither this event loop nor the GIL), and the process."""
+    ours, theirs = multiprocessing.get_context("spawn").Pipe()
+    process = multiprocessing.get_context("spawn").Process(
+        target=_scheduler_process, args=(theirs,), daemon=True
+    )
+    process.start()
+    theirs.close()  # the child's end: a child that dies makes `recv` fail, not hang
+
+    def run(base: str, names: list[str], pending: list[dict[str, Any]], seed: int) -> Any:
+        ours.send((base, names, pending, seed))
+        return ours.recv()
+
+    return run, process
+
+
 async def drive(
     url: str,
     nodes: list[Node],
@@ -327,16 +351,14 @@ async def drive(
         else:
             pauses.append((info["generation"], time.perf_counter() - began_gc[0]))
 
-    # kube-scheduler in a process of its own (spawned before anything runs here): its
-    # JSON work neither shares this event loop nor adds to the sidecar's figures.
-    # (The Go stand-in is a program of its own, started when the stream starts.)
-    ours, theirs = multiprocessing.get_context("spawn").Pipe()
-    scheduler = multiprocessing.get_context("spawn").Process(
-        target=_scheduler_process, args=(theirs,), daemon=True
-    )
+    # kube-scheduler in a process of its own: its work neither shares this event loop
+    # nor adds to the sidecar's figures (the Go program is started when the stream does).
+    stand_in: StandIn
+    scheduler: BaseProcess | None = None
     if go_client is None:
-        scheduler.start()
-    theirs.close()  # the child's end: a child that dies makes `recv` fail, not hang
+        stand_in, scheduler = _python_stand_in()
+    else:
+        stand_in = functools.partial(_go_schedule, go_client)
     names = [node.name for node in nodes]
     gc.collect()
     before = resident_mib()
@@ -364,17 +386,12 @@ async def drive(
         await site.start()
         base = f"http://127.0.0.1:{runner.addresses[0][1]}"
         gc.callbacks.append(collector)
-        figures: dict[str, Any]
-        if go_client is None:
-            ours.send((base, names, pending, seed))
-            figures = await asyncio.to_thread(ours.recv)
-        else:
-            figures = await asyncio.to_thread(_go_schedule, go_client, base, names, pending, seed)
+        figures = await asyncio.to_thread(stand_in, base, names, pending, seed)
         gc.callbacks.remove(collector)
         gc.collect()
         scheduled_mib = resident_mib() - before
         await runner.cleanup()
-    if go_client is None:
+    if scheduler is not None:
         scheduler.join(10)
     filters = list(zip(server_side["filter"], kinds, strict=False))
     by_kind = {
