@@ -158,3 +158,29 @@ def test_shapes_in_use_outlive_shapes_seen_once(monkeypatch: pytest.MonkeyPatch)
     for milli in (100, 200, 300, 400, 600, 700):
         chooser.evaluate(GpuRequest(milli, count=1), names)
         assert chooser.prepare(kept, names) == 0, f"pushed out after a {milli} shape"
+
+
+def test_kept_evaluations_are_keyed_by_the_choosers_own_copies_of_node_names() -> None:
+    """Kept evaluations (what filter's lookups read and its answer is written from) key
+    each node by one copy of its name made by the chooser, shared by every shape: equal
+    to the inventory's name, another object. A node added later gets its copy when
+    first scored; a name no node has is not kept as one."""
+    book = cluster()
+    chooser = choosing.Chooser(book, policies.make("best-fit"))
+    small, large = GpuRequest(250, count=1), GpuRequest(1000, count=2)
+    given = {name: name for name in book.inventory.names()}
+
+    def keys(request: GpuRequest, names: list[str]) -> dict[str, str]:
+        view = chooser.evaluate(request, names, shared=True)
+        return {key: key for key in (*view.choices, *view.misfits)}
+
+    first = keys(small, ["a", "b", "c", "d", "gone"])
+    second = keys(large, ["d", "c", "b", "a"])
+    for name, inventory_name in given.items():
+        assert first[name] == inventory_name and first[name] is not inventory_name
+        assert second[name] is first[name]
+    book.put_node(node("e", 2))
+    later = keys(small, [*given, "e"])
+    assert later["e"] == "e" and later["e"] is not book.state("e").node.name  # type: ignore[union-attr]
+    assert all(later[name] is first[name] for name in given)
+    assert "gone" not in chooser._names
