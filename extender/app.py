@@ -179,6 +179,18 @@ class Service:
                 message,
             )
 
+    def filter_args(self, raw: bytes) -> ExtenderArgs:
+        """filter's arguments. When `NodeNames` are every node, as kube-scheduler usually
+        sends them, they are compared as bytes with the set of every node's name rather
+        than parsed (`ExtenderArgs.with_every_name`): ~3 ms less at 10,000 nodes, and
+        the engine then knows them for every node by identity, with no lookup per name."""
+        every = self.decider.every_node()
+        if every is not None:
+            args = ExtenderArgs.with_every_name(raw, every)
+            if args is not None:
+                return args
+        return ExtenderArgs.model_validate_json(raw)
+
     def prioritize_args(self, raw: bytes) -> ExtenderArgs:
         """prioritize's arguments. When its nodes are those of the answer prepared last
         (kube-scheduler's prioritize follows the pod's filter), byte for byte as filter
@@ -291,7 +303,7 @@ def _errors(error: ValidationError) -> str:
 
 
 async def _filter(service: Service, raw: bytes) -> tuple[bytes, str]:
-    return await service.filter(ExtenderArgs.model_validate_json(raw))
+    return await service.filter(service.filter_args(raw))
 
 
 async def _prioritize(service: Service, raw: bytes) -> tuple[bytes, str]:

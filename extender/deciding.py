@@ -35,6 +35,7 @@ from extender import reasons
 from extender.gang_fences import Fences
 from extender.workloads import PolicyHolder
 from placement import choosing, fit
+from placement import names as node_names
 from placement.ledger import Grant
 from placement.requests import GpuRequest
 
@@ -262,6 +263,12 @@ class Decider:
             return self.request(pod) == entry.request
         except grammar.AnnotationError:
             return False
+
+    def every_node(self) -> node_names.EveryNode | None:
+        """Every node's name as the policy's chooser holds them (`Chooser.every_node`):
+        filter's arguments naming exactly these are not parsed. O(1) while no node was
+        added or removed."""
+        return self.holder.current().every_node()
 
     def best_on(self, node: str, request: GpuRequest) -> choosing.Choice | fit.Misfit:
         """The policy's GPUs for `request` on `node` now (bind). O(1) when cached."""

@@ -23,6 +23,7 @@ from operator import attrgetter
 from typing import Protocol
 
 from placement import fit
+from placement import names as node_names
 from placement.ledger import Grant, Ledger, NodeState
 from placement.requests import WHOLE, GpuRequest
 
@@ -222,6 +223,7 @@ class Chooser:
         "_cursor",
         "_epoch",
         "_evaluations",
+        "_every",
         "_free_values",
         "_groups",
         "_ids",
@@ -252,6 +254,7 @@ class Chooser:
         self._names: dict[str, str] = {}
         """Each known node's name as a str object of the chooser's own, the key of its
         entries in every kept evaluation (see `_own_names`)."""
+        self._every: node_names.EveryNode | None = None
 
     def reset(self) -> None:
         self._ids.clear()
@@ -314,14 +317,33 @@ class Chooser:
         sets × score). Nodes short of the request's host memory are then found in a
         sorted index, O(log nodes + their number). `prepare` fills the kept
         evaluation ahead of requests.
+
+        `names` may be `every_node().names` itself (kube-scheduler sent every node):
+        the nodes the kept evaluation lacks are then those it misses, with no lookup
+        per name: O(changed or unseen nodes) before scoring them.
         """
-        listed = list(candidates(self.ledger, request) if names is None else names)
+        inventory = self.ledger.inventory
+        every = self._every
+        if every is not None and (
+            names is not every.names or every.membership != inventory.membership
+        ):
+            every = None
+        if every is not None:
+            listed = every.names
+        else:
+            listed = list(candidates(self.ledger, request) if names is None else names)
         shaped = scoring_shape(request)
         kept = self._kept(shaped)
         choices, misfits = kept.evaluation.choices, kept.evaluation.misfits
-        # The names it lacks, found in C (a Python loop over 10,000 names costs more
-        # than scoring the few nodes that changed since the last call).
-        lacking = list(filterfalse(misfits.__contains__, filterfalse(choices.__contains__, listed)))
+        if every is not None:
+            # Every node is in the kept evaluation or among its missing ones (`_kept`).
+            lacking = sorted(name for name in kept.missing if name in inventory)
+        else:
+            # The names it lacks, found in C (a Python loop over 10,000 names costs
+            # more than scoring the few nodes that changed since the last call).
+            lacking = list(
+                filterfalse(misfits.__contains__, filterfalse(choices.__contains__, listed))
+            )
         if lacking:
             self._fill(kept, shaped, lacking)
         short = self._memory.below(self.ledger, request.host_memory_mib)
@@ -430,6 +452,18 @@ class Chooser:
             reason = fit.host_misfit(state, request)
             if reason is not None:
                 result.misfits[name] = reason
+
+    def every_node(self) -> node_names.EveryNode | None:
+        """Every node's name, as the chooser's own copies in a list and as one set that
+        a JSON array of names is compared with (`node_names.EveryNode`); None without the C
+        helper. O(1) while no node was added or removed, else O(nodes) to build."""
+        if not node_names.NATIVE:
+            return None
+        membership = self.ledger.inventory.membership
+        every = self._every
+        if every is None or every.membership != membership:
+            every = self._every = node_names.EveryNode.of(membership, self._own_names())
+        return every
 
     def _own_names(self) -> list[str]:
         """Every node's name as the chooser's own str object (`_names`). O(nodes); the

@@ -74,11 +74,13 @@ class Inventory:
     `put` and `remove` are O(1) amortised; lookups by name or model are O(1).
     """
 
-    __slots__ = ("_by_model", "_nodes")
+    __slots__ = ("_by_model", "_nodes", "membership")
 
     def __init__(self, nodes: Iterable[Node] = ()) -> None:
         self._nodes: dict[str, Node] = {}
         self._by_model: dict[str, dict[str, None]] = {}
+        self.membership = 0
+        """Counts every node added or removed (not replaced): equal counts, same names."""
         for node in nodes:
             self.put(node)
 
@@ -87,6 +89,8 @@ class Inventory:
         old = self._nodes.get(node.name)
         if old is not None:
             self._unindex(old)
+        else:
+            self.membership += 1
         self._nodes[node.name] = node
         for model in {gpu.model for gpu in node.gpus}:
             self._by_model.setdefault(model, {})[node.name] = None
@@ -97,6 +101,7 @@ class Inventory:
         old = self._nodes.pop(name, None)
         if old is not None:
             self._unindex(old)
+            self.membership += 1
         return old
 
     def _unindex(self, node: Node) -> None:

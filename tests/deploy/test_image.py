@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,7 +159,9 @@ def test_wheel_installs_in_a_clean_venv_and_runs(stages: list[Stage], tmp_path: 
     for source in copied_sources(stages[0]):
         path = ROOT / source
         if path.is_dir():
-            shutil.copytree(path, context / source, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(
+                path, context / source, ignore=shutil.ignore_patterns("__pycache__", "*.so")
+            )
         else:
             shutil.copy2(path, context / source)
     wheels = tmp_path / "wheels"
@@ -168,6 +171,8 @@ def test_wheel_installs_in_a_clean_venv_and_runs(stages: list[Stage], tmp_path: 
         pytest.skip("package index unreachable: cannot fetch the build backend (setuptools)")
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = wheels.glob("gpuplace-*.whl")
+    with zipfile.ZipFile(wheel) as archive:  # the C helper, which the Dockerfile checks too
+        assert any(re.fullmatch(r"placement/_names\..*\.so", n) for n in archive.namelist())
     deps = run(
         [*pip, "wheel", "--only-binary=:all:", "--wheel-dir", str(wheels), "--constraint",
          str(context / "constraints.txt"), str(wheel)],
@@ -191,6 +196,8 @@ def test_wheel_installs_in_a_clean_venv_and_runs(stages: list[Stage], tmp_path: 
     names = {p["name"].lower() for p in json.loads(freeze.stdout)}
     assert "gpuplace" in names and not names & {"pip", "setuptools", "mypy", "pytest", "ruff"}
 
+    native = run([str(python), "-c", "import placement.names as n; assert n.NATIVE"], tmp_path)
+    assert native.returncode == 0, native.stderr[-2000:]
     gpuplace = venv / "bin" / "gpuplace"
     for argv in (["--help"], ["serve", "--help"], ["certs", "--help"]):
         result = run([str(gpuplace), *argv], tmp_path, timeout=60)

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from cluster import kube
 from gpuplace.sidecar import Sidecar
+from placement import names as node_names
 from tests import fakeapi
 from tests.extender import conftest
 from tests.extender.conftest import Harness, harness
@@ -266,6 +267,37 @@ async def test_prioritize_takes_filters_list_back_without_parsing_it(
             "gpuplace_prioritize_ahead_total", {"result": "used"}
         )
         assert used is not None and used >= 1
+
+
+async def test_filter_takes_every_node_as_bytes_and_answers_as_parsing_them(
+    server: fakeapi.Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kube-scheduler's filter usually names every node (Go's encoding: NodeNames last, in
+    its own order): they are compared as bytes, not parsed, and stand for every node by
+    identity. The answer is the one parsing them gives (the C helper off); a list that
+    is not every node once is parsed."""
+    async with seeded(server) as h:
+        pod = server.api.create(objects.pod("next", percent=30))
+        service, every = h.sidecar.service, h.sidecar.decider.every_node()
+        assert every is not None
+        go = {"Pod": pod, "Nodes": None, "NodeNames": ["n2", "n0", "n3", "n1"]}
+        raw = json.dumps(go, separators=(",", ":")).encode()
+        assert service.filter_args(raw).node_names is every.names
+        for names in (["n2", "n0", "n3"], ["n2", "n0", "n3", "n1", "n1"], ["n2", "n0", "x", "n1"]):
+            other = json.dumps({**go, "NodeNames": names}, separators=(",", ":")).encode()
+            assert service.filter_args(other).node_names == names
+
+        async def answer() -> Any:
+            async with h.session.post(f"{h.url}/filter", data=raw) as response:
+                assert response.status == 200
+                return await response.json(content_type=None)
+
+        taken = await answer()
+        monkeypatch.setattr(node_names, "NATIVE", False)
+        assert h.sidecar.decider.every_node() is None
+        assert service.filter_args(raw).node_names == go["NodeNames"]
+        assert await answer() == taken
+        assert sorted(taken["NodeNames"]) == ["n0", "n1", "n2", "n3"]
 
 
 async def test_non_gpu_pods_pass_through_and_bind_plainly(server: fakeapi.Server) -> None:

@@ -4,6 +4,7 @@ exactly what the model would."""
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pydantic_core
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from extender import wire
+from placement.names import EveryNode
 
 
 @given(st.lists(st.tuples(st.text(max_size=12), st.integers(0, 10)), max_size=20))
@@ -116,28 +118,36 @@ def _go(body: dict[str, Any]) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-@given(
-    st.dictionaries(_TEXT, _JSON, max_size=3),
-    st.lists(_TEXT, max_size=4),
-    st.one_of(st.none(), st.lists(_TEXT, max_size=4)),
-    st.permutations(["Pod", "Nodes", "NodeNames", "extra"]),
+Parts = tuple[dict[str, Any], list[str], list[str] | None, list[str], Any]
+_BODIES = st.tuples(
+    st.dictionaries(_TEXT, _JSON, max_size=3),  # the pod
+    st.lists(_TEXT, max_size=4),  # NodeNames sent
+    st.one_of(st.none(), st.lists(_TEXT, max_size=4)),  # the names known, if not those
+    st.permutations(["Pod", "Nodes", "NodeNames", "extra"]),  # the keys' order
     st.sampled_from([_go, lambda body: json.dumps(body).encode(), lambda b: _go(b) + b"\n"]),
 )
-def test_with_names_is_the_full_parse_or_declines(
-    pod: dict[str, Any],
-    sent: list[str],
-    other: list[str] | None,
-    order: list[str],
-    encode: Any,
-) -> None:
-    """For any body (any key order, spacing, and text full of quotes, brackets and the
-    key's own name), `with_names` either declines or gives what parsing it whole does,
-    with the known list itself when it gives one."""
-    known = list(sent) if other is None else other  # equal but not the same list, or another
+"""ExtenderArgs bodies in parts: (pod, sent, other, order, encode)."""
+
+
+def _body(
+    pod: dict[str, Any], sent: list[str], known: list[str], order: list[str], encode: Any
+) -> tuple[bytes, wire.ExtenderArgs]:
+    """The body (the names `sent`, and `known` and the key's own name elsewhere in it, as
+    decoys), and what parsing it whole gives."""
     pod = {**pod, "metadata": {"name": "p", "annotations": {'"NodeNames":': json.dumps(sent)}}}
     values = {"Pod": pod, "Nodes": None, "NodeNames": sent, "extra": {"NodeNames": known}}
     raw = encode({key: values[key] for key in order})
-    full = wire.ExtenderArgs.model_validate_json(raw)
+    return raw, wire.ExtenderArgs.model_validate_json(raw)
+
+
+@given(_BODIES)
+def test_with_names_is_the_full_parse_or_declines(parts: Parts) -> None:
+    """For any body (any key order, spacing, and text full of quotes, brackets and the
+    key's own name), `with_names` either declines or gives what parsing it whole does,
+    with the known list itself when it gives one."""
+    pod, sent, other, order, encode = parts
+    known = list(sent) if other is None else other  # equal but not the same list, or another
+    raw, full = _body(pod, sent, known, order, encode)
     fast = wire.ExtenderArgs.with_names(raw, known, pydantic_core.to_json(known))
     if fast is not None:
         assert fast.node_names is known
@@ -164,3 +174,45 @@ def test_with_names_declines_what_is_not_a_top_level_last_key() -> None:
     assert wire.ExtenderArgs.with_names(unnamed, known, names) is None  # invalid: declined
     with pytest.raises(ValidationError):
         wire.ExtenderArgs.model_validate_json(unnamed)
+
+
+@given(_BODIES)
+def test_with_every_name_is_the_full_parse_or_declines(parts: Parts) -> None:
+    """For any body (any key order, spacing, and text full of quotes, brackets and the
+    key's own name), `with_every_name` either declines or gives what parsing it whole
+    does, with every node's list itself for `NodeNames` (the names sent, in any order)."""
+    pod, sent, other, order, encode = parts
+    known = list(dict.fromkeys(sent if other is None else other))
+    random.Random(repr(sent)).shuffle(known)  # every node, in another order
+    every = EveryNode.of(0, known)
+    assert every is not None
+    raw, full = _body(pod, sent, known, order, encode)
+    fast = wire.ExtenderArgs.with_every_name(raw, every)
+    if fast is not None:
+        assert fast.node_names is every.names
+        assert full.node_names is not None
+        assert sorted(full.node_names) == sorted(known)
+        assert len(full.node_names) == len(known)
+        assert fast.model_dump(exclude={"node_names"}) == full.model_dump(exclude={"node_names"})
+    plain = all(name and '"' not in name and "\\" not in name and "\n" not in name for name in sent)
+    once = len(set(sent)) == len(sent)
+    if encode is _go and order[-1] == "NodeNames" and other is None and plain and once:
+        assert fast is not None  # kube-scheduler's shape: always taken
+
+
+def test_with_every_name_declines_what_is_not_every_node_once() -> None:
+    every = EveryNode.of(0, ["n0", "n1"])
+    assert every is not None
+    pod = {"metadata": {"name": "p"}}
+    taken = wire.ExtenderArgs.with_every_name(_go({"Pod": pod, "NodeNames": ["n1", "n0"]}), every)
+    assert taken is not None and taken.node_names is every.names
+    for sent in (["n0"], ["n0", "n1", "n2"], ["n0", "n1", "n1"], ["n0", "n\\u0031"], []):
+        raw = _go({"Pod": pod, "NodeNames": sent}).replace(b"\\\\", b"\\")
+        assert wire.ExtenderArgs.with_every_name(raw, every) is None
+    nested = _go({"Pod": {**pod, "x": {"NodeNames": ["n0", "n1"]}}, "NodeNames": ["other"]})
+    assert wire.ExtenderArgs.with_every_name(nested, every) is None
+    inside = _go({"Pod": pod, "NodeNames": ["other"], "s": 'a,"NodeNames":["n0","n1"]'})
+    assert wire.ExtenderArgs.with_every_name(inside, every) is None
+    unnamed = b'{"Pod":{"metadata":{}},"NodeNames":["n0","n1"]}'
+    assert wire.ExtenderArgs.with_every_name(unnamed, every) is None  # invalid: declined
+    assert wire.ExtenderArgs.with_every_name(b'"NodeNames":["n0","n1"]}', every) is None

@@ -78,6 +78,28 @@ steps = st.lists(
 )
 
 
+def _change(
+    book: Ledger,
+    chooser: choosing.Chooser,
+    rng: random.Random,
+    op: tuple[str, GpuRequest, list[str], int],
+) -> bool:
+    """Apply a grant, release or prepare step; False for any other kind."""
+    kind, request, names, uid = op
+    if kind == "grant":
+        choice = chooser.choose(request, rng)
+        if choice is not None:
+            with contextlib.suppress(Conflict):
+                book.reserve(choosing.grant_for(f"p{uid}", choice, request))
+    elif kind == "release":
+        book.release(f"p{uid}")
+    elif kind == "prepare":
+        chooser.prepare(request, names)
+    else:
+        return False
+    return True
+
+
 @settings(max_examples=120, deadline=None)
 @given(steps, st.sampled_from(["default", "fgd", "best-fit", "first-fit"]))
 def test_incremental_evaluation_equals_scoring_afresh(
@@ -90,16 +112,7 @@ def test_incremental_evaluation_equals_scoring_afresh(
     rng = random.Random(0)
     shared: list[tuple[int, list[str], choosing.Evaluation, choosing.Evaluation]] = []
     for kind, request, names, uid in ops:
-        if kind == "grant":
-            choice = chooser.choose(request, rng)
-            if choice is not None:
-                with contextlib.suppress(Conflict):
-                    book.reserve(choosing.grant_for(f"p{uid}", choice, request))
-        elif kind == "release":
-            book.release(f"p{uid}")
-        elif kind == "prepare":
-            chooser.prepare(request, names)
-        else:
+        if not _change(book, chooser, rng, (kind, request, names, uid)):
             got = chooser.evaluate(request, names)
             want = afresh(book, request, policy, names)
             assert got.choices == want.choices
@@ -184,3 +197,48 @@ def test_kept_evaluations_are_keyed_by_the_choosers_own_copies_of_node_names() -
     assert later["e"] == "e" and later["e"] is not book.state("e").node.name  # type: ignore[union-attr]
     assert all(later[name] is first[name] for name in given)
     assert "gone" not in chooser._names
+
+
+every_steps = st.lists(
+    st.tuples(
+        st.sampled_from(["grant", "release", "evaluate", "prepare", "add", "remove", "stale"]),
+        requests,
+        st.lists(st.sampled_from(NAMES), unique=True, min_size=1),
+        st.integers(0, 12),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(every_steps)
+def test_every_nodes_own_list_evaluates_as_any_list_of_them(
+    ops: list[tuple[str, GpuRequest, list[str], int]],
+) -> None:
+    """`evaluate(request, every_node().names)` (filter when kube-scheduler sent every
+    node) skips the lookup per name; whatever happened before (nodes added, removed,
+    granted, prepared, or a list of every node from before a change), it answers as
+    for an equal list that is not that one, and as scoring those nodes afresh."""
+    book = cluster()
+    policy = policies.make("default", workload=Workload.from_requests([GpuRequest()]))
+    chooser = choosing.Chooser(book, policy)
+    rng = random.Random(0)
+    stale: list[str] | None = None
+    for kind, request, names, uid in ops:
+        if _change(book, chooser, rng, (kind, request, names, uid)):
+            pass
+        elif kind == "add":
+            book.put_node(node(f"new{uid}", 1 + uid % 3))
+        elif kind == "remove" and len(book.inventory) > 1:
+            book.remove_node(names[0])
+        every = chooser.every_node()
+        assert every is not None
+        assert sorted(every.names) == sorted(book.inventory.names())
+        listed = stale if kind == "stale" and stale is not None else every.names
+        stale = every.names
+        got = chooser.evaluate(request, listed, shared=True)
+        want = afresh(book, request, policy, list(listed))
+        assert {n: got.choices[n] for n in listed if n in got.choices} == want.choices
+        assert {n: got.misfits[n] for n in listed if n in got.misfits} == want.misfits
+        whole = len(listed) == len(got.choices) + len(got.misfits)
+        assert whole == (set(got.choices) | set(got.misfits) == set(listed))
