@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from cluster import kube
 from gpuplace.sidecar import Sidecar
 from placement import names as node_names
+from placement.names import EveryNode
 from tests import fakeapi
 from tests.extender import conftest
 from tests.extender.conftest import Harness, harness
@@ -126,15 +127,26 @@ async def unsynced(server: fakeapi.Server) -> AsyncIterator[Harness]:
         await api.close()
 
 
-async def test_no_decision_before_the_first_sync(server: fakeapi.Server) -> None:
+async def test_no_decision_before_the_first_sync(
+    server: fakeapi.Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pod = server.api.create(objects.pod("p"))
     async with unsynced(server) as h:
+        looked: list[bool] = []
+        every_node = h.sidecar.decider.every_node
+
+        def spy() -> EveryNode | None:
+            looked.append(True)
+            return every_node()
+
+        monkeypatch.setattr(h.sidecar.decider, "every_node", spy)
         status, body = await h.post("filter", {"Pod": pod, "NodeNames": ["n0"]})
         assert status == 200
         assert "syncing" in body["Error"]
         assert "syncing" in await h.bind(pod, "n0")
         assert h.sidecar.not_ready_reason() is not None
         assert h.sidecar.capabilities() is None
+        assert not looked  # no set of every node's name built while nodes still arrive
 
 
 async def test_no_fit_becomes_one_event_with_a_line_per_reason_kind(
