@@ -36,7 +36,7 @@ from extender.wire import (
     BindingResult,
     ExtenderArgs,
     FilterResult,
-    priorities_json,
+    ranked_priorities_json,
 )
 from placement.requests import WHOLE, GpuRequest
 
@@ -104,18 +104,17 @@ class Service:
             return False
         return True
 
-    async def filter(self, args: ExtenderArgs) -> tuple[bytes, str]:
-        """filter's answer as JSON, and its outcome. When prioritize for the same pod can
-        be answered ahead, that is prepared in a callback: it runs once the handler's
-        task has written this answer (unless the socket makes the write wait), while
-        kube-scheduler reads it before it calls prioritize for these nodes."""
+    async def filter(self, args: ExtenderArgs) -> tuple[bytes, str, Then]:
+        """filter's answer as JSON, its outcome, and, when prioritize for the same pod
+        can be answered ahead, the preparation of that answer: the handler runs it once
+        this answer is in the socket (`_send`), while kube-scheduler reads it before it
+        calls prioritize for these nodes."""
         result, outcome, ahead_for = await self._filter(args)
         body, names_json = result.dump_with_names()
         if ahead_for and result.node_names is not None and names_json is not None:
-            asyncio.get_running_loop().call_soon(
-                self._answer_ahead, ahead_for, result.node_names, names_json
-            )
-        return body, outcome
+            passed = result.node_names
+            return body, outcome, lambda: self._answer_ahead(ahead_for, passed, names_json)
+        return body, outcome, None
 
     async def _filter(self, args: ExtenderArgs) -> tuple[FilterResult, str, str]:
         """The answer, its outcome, and the UID of the pod to answer prioritize ahead
@@ -143,10 +142,10 @@ class Service:
     def _answer_ahead(self, uid: str, passed: list[str], names_json: bytes) -> None:
         """Prepare prioritize's answer for the nodes filter passed (see `prioritize`)."""
         generation = self.sync.ledger.generation
-        scores = self.decider.ranked_ahead(uid, passed)
-        if scores is None:
+        chosen = self.decider.chosen_ahead(uid, passed)
+        if chosen is None:
             return
-        answer = priorities_json(passed, scores)
+        answer = ranked_priorities_json(passed, chosen)
         self.ahead[uid] = Ahead(generation, passed, answer, names_json)
         self.ahead.move_to_end(uid)
         while len(self.ahead) > AHEAD_KEPT:
@@ -212,7 +211,7 @@ class Service:
         scores depend on changed since (O(names) to compare); else scored now."""
         names = args.names()
         if not await self.ready():
-            return priorities_json(names, [0] * len(names)), "not-synced"
+            return b"[]", "not-synced"  # no scores: every node counts as 0
         uid = str((args.pod.get("metadata") or {}).get("uid") or "")
         ahead = self.ahead.pop(uid, None) if uid else None
         if ahead is not None:
@@ -222,7 +221,7 @@ class Service:
             self.metrics.ahead.labels("used" if used else "stale").inc()
             if used:
                 return ahead.answer, "ok"
-        return priorities_json(names, self.decider.prioritize(args.pod, names)), "ok"
+        return ranked_priorities_json(names, self.decider.chosen(args.pod, names)), "ok"
 
     async def bind(self, args: BindingArgs) -> tuple[BindingResult, str]:
         if not await self.ready():
@@ -264,36 +263,71 @@ def _bad_request(message: str) -> web.Response:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Then = Callable[[], None] | None
+"""Work a verb leaves for after its answer is in the socket (see `_send`)."""
 
 
-def _verb(verb: str, answer: Callable[[Service, bytes], Awaitable[tuple[bytes, str]]]) -> Handler:
+def _verb(
+    verb: str, answer: Callable[[Service, bytes], Awaitable[tuple[bytes, str, Then]]]
+) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         service = request.app[SERVICE]
-        started = time.perf_counter()
-        result = "bad-request"
         with service.activity:
-            try:
-                if (
-                    request.content_length is not None
-                    and request.content_length > service.max_body_bytes
-                ):
-                    result = "too-large"
-                    return web.Response(status=413, text="request body too large")
+            response, then = await _answered(verb, answer, service, request)
+            await _send(request, response)
+            if then is not None:
                 try:
-                    raw = await request.read()
-                except web.HTTPRequestEntityTooLarge:
-                    result = "too-large"
-                    return web.Response(status=413, text="request body too large")
-                try:
-                    body, result = await answer(service, raw)
-                except ValidationError as error:
-                    return _bad_request(f"not a kube-scheduler {verb} request: {_errors(error)}")
-                return web.Response(body=body, content_type="application/json")
-            finally:
-                elapsed = time.perf_counter() - started
-                service.metrics.duration.labels(verb, result).observe(elapsed)
+                    then()
+                except Exception:  # the answer is sent; only the work ahead is lost
+                    log.exception("preparing ahead after %s failed", verb)
+        return response
 
     return handle
+
+
+async def _answered(
+    verb: str,
+    answer: Callable[[Service, bytes], Awaitable[tuple[bytes, str, Then]]],
+    service: Service,
+    request: web.Request,
+) -> tuple[web.Response, Then]:
+    """The response to `request`, timed into the duration histogram (the answer's
+    writing is not: the socket's pace is not ours)."""
+    started = time.perf_counter()
+    result = "bad-request"
+    try:
+        if request.content_length is not None and request.content_length > service.max_body_bytes:
+            result = "too-large"
+            return web.Response(status=413, text="request body too large"), None
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            result = "too-large"
+            return web.Response(status=413, text="request body too large"), None
+        try:
+            body, result, then = await answer(service, raw)
+        except ValidationError as error:
+            message = f"not a kube-scheduler {verb} request: {_errors(error)}"
+            return _bad_request(message), None
+        return web.Response(body=body, content_type="application/json"), then
+    finally:
+        service.metrics.duration.labels(verb, result).observe(time.perf_counter() - started)
+
+
+async def _send(request: web.Request, response: web.Response) -> None:
+    """Write `response` and return once the kernel holds every byte of it, with this
+    verb still in flight (`Activity`). filter's and prioritize's answers at 10,000
+    nodes (~200-300 KB) often do not fit the socket at once: the rest goes out when
+    the socket is writable again, and whatever the event loop runs first (the next
+    verb's preparation, a warmer slice, a watch event) would hold back kube-scheduler's
+    read of it. A transport without a high-water mark pauses the writer until its
+    buffer is empty, so `write_eof` returns only then. aiohttp sees the response
+    already sent when the handler returns it."""
+    transport = request.transport
+    if transport is not None and transport.get_write_buffer_limits() != (0, 0):
+        transport.set_write_buffer_limits(high=0)
+    await response.prepare(request)
+    await response.write_eof()
 
 
 def _errors(error: ValidationError) -> str:
@@ -304,17 +338,18 @@ def _errors(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-async def _filter(service: Service, raw: bytes) -> tuple[bytes, str]:
+async def _filter(service: Service, raw: bytes) -> tuple[bytes, str, Then]:
     return await service.filter(service.filter_args(raw))
 
 
-async def _prioritize(service: Service, raw: bytes) -> tuple[bytes, str]:
-    return await service.prioritize(service.prioritize_args(raw))
+async def _prioritize(service: Service, raw: bytes) -> tuple[bytes, str, Then]:
+    body, outcome = await service.prioritize(service.prioritize_args(raw))
+    return body, outcome, None
 
 
-async def _bind(service: Service, raw: bytes) -> tuple[bytes, str]:
+async def _bind(service: Service, raw: bytes) -> tuple[bytes, str, Then]:
     result, outcome = await service.bind(BindingArgs.model_validate_json(raw))
-    return result.dump(), outcome
+    return result.dump(), outcome, None
 
 
 def create_app(service: Service) -> web.Application:

@@ -36,6 +36,7 @@ from extender.gang_fences import Fences
 from extender.workloads import PolicyHolder
 from placement import choosing, fit
 from placement import names as node_names
+from placement.choosing import Choice
 from placement.ledger import Grant
 from placement.requests import GpuRequest
 
@@ -72,7 +73,7 @@ class _Entry:
     evaluation: choosing.Evaluation
     every_choice: list[str] | None = None
     """filter's `passed` when it was every node of the evaluation's `choices`, in their
-    order (`ranked_ahead` then reads the choices in order, with no lookup per name)."""
+    order (`chosen_ahead` then reads the choices in order, with no lookup per name)."""
 
 
 class Decider:
@@ -216,23 +217,31 @@ class Decider:
     def prioritize(self, pod: Mapping[str, Any], names: Sequence[str]) -> list[int]:
         """A 0-10 score per node of `names`, in their order: 10 only for the policy's best.
         (Plain ints, no pair per node: 10,000 tuples per call would feed the collector.)"""
+        return choosing.ranked_found(self.chosen(pod, names))
+
+    def chosen(self, pod: Mapping[str, Any], names: Sequence[str]) -> list[Choice | None]:
+        """Each of `names`' choice for the pod, in their order: the policy's, None where
+        the request does not fit (or the pod asks for no GPU); for a pod holding a grant,
+        the grant alone, on its node. prioritize ranks them (`choosing.ranked_found`,
+        `wire.ranked_priorities_json`). O(names) with the evaluation cached."""
         metadata = pod.get("metadata") or {}
         uid = str(metadata.get("uid") or "")
         try:
             request = self.request(pod)
         except grammar.AnnotationError:
-            return [0] * len(names)
+            return [None] * len(names)
         if request is None:
-            return [0] * len(names)
+            return [None] * len(names)
         holding = self.sync.ledger.get(uid) if uid else None
         if holding is not None:
-            return [choosing.MAX_EXTENDER_SCORE if name == holding.node else 0 for name in names]
+            held = Choice(holding.node, holding.gpus, 1.0)
+            return [held if name == holding.node else None for name in names]
         evaluation = self._evaluate(uid, request, names, reuse=bool(uid))
-        return choosing.ranked(names, evaluation.choices)
+        return list(map(evaluation.choices.get, names))
 
-    def ranked_ahead(self, uid: str, names: Sequence[str]) -> list[int] | None:
-        """What prioritize would answer for pod `uid` and `names` (the nodes its filter
-        passed), while the evaluation filter made is current; else None. O(names)."""
+    def chosen_ahead(self, uid: str, names: Sequence[str]) -> list[Choice] | None:
+        """`chosen` for pod `uid` and the nodes its filter passed (each has a choice),
+        while the evaluation filter made is current; else None. O(names)."""
         entry = self._cache.get(uid)
         if (
             entry is None
@@ -244,8 +253,10 @@ class Decider:
         if entry.every_choice is names and len(choices) == len(names):
             # Same generation: a kept evaluation only gains nodes since (scored ahead,
             # appended), so with no more choices than then they are `names`, in order.
-            return choosing.ranked_choices(choices.values())
-        return choosing.ranked(names, choices)
+            return list(choices.values())
+        if not all(map(choices.__contains__, names)):
+            return None
+        return list(map(choices.__getitem__, names))
 
     def still_current(self, pod: Mapping[str, Any], uid: str, generation: int) -> bool:
         """Whether prioritize for `pod` would use the evaluation filter made for it at

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import filterfalse
-from operator import attrgetter
 from typing import Protocol
 
 from placement import fit
@@ -719,40 +719,36 @@ def extender_scores(evaluation: Evaluation) -> dict[str, int]:
 
 def ranked(names: Sequence[str], choices: Mapping[str, Choice]) -> list[int]:
     """The 0-10 score of each of `names`, in their order, as `extender_scores` scales
-    them; 0 for a name without a choice. One pass to find the range, one to scale. O(n)."""
-    found = list(map(choices.get, names))
+    them; 0 for a name without a choice. O(n)."""
+    return ranked_found(list(map(choices.get, names)))
+
+
+def ranked_found(found: Sequence[Choice | None]) -> list[int]:
+    """The 0-10 score of each node given its choice, in order (None: no choice, 0), as
+    `extender_scores` scales them. One pass to find the range, one to scale. O(n)."""
     values = [choice.score for choice in found if choice is not None]
     if not values:
-        return [0] * len(names)
+        return [0] * len(found)
     top, low, scale = _scale(values)
     ten = MAX_EXTENDER_SCORE
+    if not scale:  # all ties, or a span that cannot be scaled: the best alone scores
+        return [ten if choice is not None and choice.score == top else 0 for choice in found]
     return [
         0 if choice is None else ten if choice.score == top else int(scale * (choice.score - low))
         for choice in found
     ]
 
 
-def ranked_choices(chosen: Iterable[Choice]) -> list[int]:
-    """`ranked` for nodes that all have a choice, given their choices in order (such as
-    an evaluation's `choices.values()` for the names `list(choices)`): no lookup by name,
-    and each choice read once, in C. O(n)."""
-    values = list(map(_SCORE, chosen))
-    if not values:
-        return []
-    top, low, scale = _scale(values)
-    ten = MAX_EXTENDER_SCORE
-    return [ten if score == top else int(scale * (score - low)) for score in values]
-
-
 def _scale(values: list[float]) -> tuple[float, float, float]:
     """(top, low, scale) of non-empty scores: a score below the top maps to
-    int(scale × (score - low)), at most 9 since (score - low) / span < 1. O(n)."""
+    int(scale × (score - low)), at most 9 since (score - low) / span < 1. 0 when every
+    score is the top, or the span cannot be scaled (too small to divide by, or beyond
+    the floats): only the top scores then. O(n)."""
     top = max(values)
     low = min(values)
-    return top, low, (MAX_EXTENDER_SCORE - 1) / (top - low) if top > low else 0.0
-
-
-_SCORE = attrgetter("score")
+    span = top - low
+    scale = (MAX_EXTENDER_SCORE - 1) / span if top > low else 0.0
+    return top, low, scale if math.isfinite(span) and math.isfinite(scale) else 0.0
 
 
 def grant_for(pod_uid: str, choice: Choice, request: GpuRequest) -> Grant:

@@ -129,16 +129,22 @@ func run(in input) (map[string]interface{}, error) {
 		if err := c.send("prioritize", extenderArgs{Pod: pod, NodeNames: verdict.NodeNames}, &scores); err != nil {
 			return nil, err
 		}
-		// The extender's weight outweighs the plugins' scores (at most a few hundred).
+		// As prioritizeNodes: each listed host's score is added to that node's total, a
+		// node the answer leaves out adds 0. The extender's weight outweighs the
+		// plugins' scores (at most a few hundred).
+		combined := make(map[string]int64, len(scores))
+		for _, entry := range scores {
+			combined[entry.Host] += entry.Score
+		}
 		best := int64(-1)
 		var top []string
-		for _, entry := range scores {
-			total := entry.Score*100_000 + rng.Int63n(300)
+		for _, node := range *verdict.NodeNames {
+			total := combined[node]*100_000 + rng.Int63n(300)
 			if total > best {
 				best, top = total, top[:0]
 			}
 			if total == best {
-				top = append(top, entry.Host)
+				top = append(top, node)
 			}
 		}
 		var meta podMeta

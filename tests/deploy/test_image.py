@@ -171,8 +171,9 @@ def test_wheel_installs_in_a_clean_venv_and_runs(stages: list[Stage], tmp_path: 
         pytest.skip("package index unreachable: cannot fetch the build backend (setuptools)")
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = wheels.glob("gpuplace-*.whl")
-    with zipfile.ZipFile(wheel) as archive:  # the C helper, which the Dockerfile checks too
-        assert any(re.fullmatch(r"placement/_names\..*\.so", n) for n in archive.namelist())
+    with zipfile.ZipFile(wheel) as archive:  # the C helpers, which the Dockerfile checks too
+        for helper in (r"placement/_names", r"extender/_priorities"):
+            assert any(re.fullmatch(helper + r"\..*\.so", n) for n in archive.namelist())
     deps = run(
         [*pip, "wheel", "--only-binary=:all:", "--wheel-dir", str(wheels), "--constraint",
          str(context / "constraints.txt"), str(wheel)],
@@ -196,7 +197,8 @@ def test_wheel_installs_in_a_clean_venv_and_runs(stages: list[Stage], tmp_path: 
     names = {p["name"].lower() for p in json.loads(freeze.stdout)}
     assert "gpuplace" in names and not names & {"pip", "setuptools", "mypy", "pytest", "ruff"}
 
-    native = run([str(python), "-c", "import placement.names as n; assert n.NATIVE"], tmp_path)
+    check = "import placement.names as n, extender.wire as w; assert n.NATIVE and w.NATIVE"
+    native = run([str(python), "-c", check], tmp_path)
     assert native.returncode == 0, native.stderr[-2000:]
     gpuplace = venv / "bin" / "gpuplace"
     for argv in (["--help"], ["serve", "--help"], ["certs", "--help"]):

@@ -74,9 +74,11 @@ class Harness:
         return body
 
     async def prioritize(self, pod: dict[str, Any], names: list[str]) -> dict[str, int]:
+        """Each of `names` with the score kube-scheduler adds to it: the answer's, or 0
+        for a node the answer leaves out."""
         status, body = await self.post("prioritize", {"Pod": pod, "NodeNames": names})
         assert status == 200, body
-        return {entry["Host"]: entry["Score"] for entry in body}
+        return scored(body, names)
 
     async def bind(self, pod: dict[str, Any], node: str) -> str:
         metadata = pod["metadata"]
@@ -136,3 +138,14 @@ async def harness(server: fakeapi.Server, **overrides: Any) -> AsyncIterator[Har
 async def server() -> AsyncIterator[fakeapi.Server]:
     async with fakeapi.serve(fakeapi.FakeApi(bookmark_interval=0.2)) as running:
         yield running
+
+
+def scored(answer: Any, names: list[str]) -> dict[str, int]:
+    """prioritize's `answer` as kube-scheduler reads it for `names`: each listed host's
+    score (1-10: zeros are left out), 0 for the others. Asserts the answer lists only
+    those nodes, each at most once."""
+    assert isinstance(answer, list), answer
+    listed = {entry["Host"]: entry["Score"] for entry in answer}
+    assert len(listed) == len(answer) and listed.keys() <= set(names), answer
+    assert all(1 <= score <= 10 for score in listed.values()), answer
+    return {name: listed.get(name, 0) for name in names}

@@ -1,12 +1,8 @@
 """filter and prioritize's shared work (extender.deciding): prioritize's answer prepared
-right after filter reads filter's evaluation in order while it is exactly the nodes
-filter passed, and looks names up otherwise."""
+right after filter reads filter's evaluation (in order while it is exactly the nodes
+filter passed, looking names up otherwise) while it is current."""
 
 from __future__ import annotations
-
-from collections.abc import Iterable, Sequence
-
-import pytest
 
 from cluster.syncing import LedgerSync
 from extender.deciding import Decider
@@ -16,9 +12,7 @@ from tests.cluster.test_syncing import node_record
 from tests.fakeapi import objects
 
 
-def test_prioritize_ahead_reads_filters_choices_in_order_only_while_they_are_its_nodes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_prioritize_ahead_reads_filters_choices_while_they_are_current() -> None:
     sync = LedgerSync()
     sync.replace_nodes([node_record(f"n{index}", gpus=4) for index in range(6)])
     holder = PolicyHolder(sync, "default")
@@ -33,28 +27,27 @@ def test_prioritize_ahead_reads_filters_choices_in_order_only_while_they_are_its
     want = choosing.ranked(verdict.passed, evaluation.choices)
     assert choosing.MAX_EXTENDER_SCORE in want
 
-    def no_lookup(names: Sequence[str], choices: object) -> list[int]:
-        raise AssertionError("looked the names up")
+    def ahead(names: list[str]) -> list[choosing.Choice]:
+        chosen = decider.chosen_ahead("uid-p", names)
+        assert chosen is not None
+        assert chosen == [evaluation.choices[name] for name in names]
+        return chosen
 
-    with monkeypatch.context() as patched:
-        patched.setattr(choosing, "ranked", no_lookup)
-        assert decider.ranked_ahead("uid-p", verdict.passed) == want
-
+    # Filter's nodes are the kept evaluation's: its choices, read in order.
+    assert choosing.ranked_found(ahead(verdict.passed)) == want
     # The warmer scores the other nodes for the same shape, in the same generation: the
     # kept choices are no longer filter's nodes alone, so the names are looked up.
     assert holder.current().prepare(request, ["n3", "n4", "n5"]) == 3
-    looked: list[Iterable[str]] = []
-    ranked = choosing.ranked
-
-    def counted(names: Sequence[str], choices: dict[str, choosing.Choice]) -> list[int]:
-        looked.append(names)
-        return ranked(names, choices)
-
-    monkeypatch.setattr(choosing, "ranked", counted)
-    assert decider.ranked_ahead("uid-p", verdict.passed) == want
-    assert looked == [verdict.passed]
+    assert choosing.ranked_found(ahead(verdict.passed)) == want
     # Other names than filter passed (in another order): looked up too.
     again = decider.filter(pod, ["n0", "n1", "n2"])
-    assert decider.ranked_ahead("uid-p", list(reversed(again.passed))) == list(
-        reversed(ranked(again.passed, evaluation.choices))
+    assert choosing.ranked_found(ahead(list(reversed(again.passed)))) == list(
+        reversed(choosing.ranked(again.passed, evaluation.choices))
     )
+    # A name without a choice (filter did not pass it): nothing ahead.
+    assert decider.chosen_ahead("uid-p", [*again.passed, "n9"]) is None
+    # A newer ledger (a node added): nothing ahead either.
+    before = sync.ledger.generation
+    sync.replace_nodes([node_record(f"n{index}", gpus=4) for index in range(7)])
+    assert sync.ledger.generation != before
+    assert decider.chosen_ahead("uid-p", again.passed) is None

@@ -7,11 +7,14 @@ import asyncio
 import contextlib
 import json
 import random
+import re
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
+import yarl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes_asyncio import client
@@ -22,8 +25,9 @@ from gpuplace.sidecar import Sidecar
 from placement import names as node_names
 from placement.names import EveryNode
 from tests import fakeapi
+from tests.cluster.conftest import eventually
 from tests.extender import conftest
-from tests.extender.conftest import Harness, harness
+from tests.extender.conftest import Harness, harness, scored
 from tests.fakeapi import objects
 
 
@@ -274,11 +278,66 @@ async def test_prioritize_takes_filters_list_back_without_parsing_it(
         fresh = h.sidecar.decider.prioritize(pod, passed)
         async with h.session.post(f"{h.url}/prioritize", data=raw) as response:
             answer = await response.json(content_type=None)
-        assert {e["Host"]: e["Score"] for e in answer} == dict(zip(passed, fresh, strict=True))
+        assert scored(answer, passed) == dict(zip(passed, fresh, strict=True))
         used = h.sidecar.registry.get_sample_value(
             "gpuplace_prioritize_ahead_total", {"result": "used"}
         )
         assert used is not None and used >= 1
+
+
+DURATION = "gpuplace_extender_request_duration_seconds"
+
+
+async def test_work_after_filter_waits_until_its_answer_is_in_the_socket(
+    server: fakeapi.Server,
+) -> None:
+    """An answer too large for the socket at once goes out as kube-scheduler reads it.
+    Until its last byte is in the kernel the verb stays in flight (the warmer does not
+    start) and prioritize's answer is not prepared ahead: either would hold back the
+    rest of the answer kube-scheduler is reading."""
+    async with seeded(server) as h:
+        pod = server.api.create(objects.pod("slow-reader", percent=30))
+        uid = pod["metadata"]["uid"]
+        service = h.sidecar.service
+        # Four real nodes and 24,000 that are not gpuplace's: ~8 MB of reasons, more
+        # than the kernel's send buffer takes (4 MB at most, net.ipv4.tcp_wmem).
+        names = ["n0", "n1", "n2", "n3"] + [
+            f"absent-{index:05d}-{'x' * 240}" for index in range(24_000)
+        ]
+        body = json.dumps({"Pod": pod, "NodeNames": names}).encode()
+        url = yarl.URL(h.url)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, (url.host, url.port))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=2**16)
+        registry = h.sidecar.registry
+
+        def answered() -> float:
+            key = {"verb": "filter", "result": "ok"}
+            return registry.get_sample_value(f"{DURATION}_count", key) or 0.0
+
+        before = answered()
+        try:
+            writer.write(
+                b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+            await eventually(lambda: answered() > before, 10)
+            await asyncio.sleep(0.3)  # not reading: the answer waits in the socket
+            assert service.activity.in_flight == 1 and not service.activity.idle.is_set()
+            assert uid not in service.ahead
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(re.search(rb"Content-Length: (\d+)", head, re.I)[1])  # type: ignore[index]
+            answer = json.loads(await reader.readexactly(length))
+        finally:
+            writer.close()
+        assert length > 6_000_000 and answer["NodeNames"]
+        await eventually(lambda: uid in service.ahead, 5)
+        assert service.ahead[uid].passed == answer["NodeNames"]
+        await eventually(service.activity.idle.is_set, 5)
 
 
 async def test_filter_takes_every_node_as_bytes_and_answers_as_parsing_them(

@@ -4,25 +4,32 @@ exactly what the model would."""
 from __future__ import annotations
 
 import json
+import math
 import random
 from typing import Any
 
 import pydantic_core
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from extender import wire
+from extender import _priorities, wire
+from placement import choosing
+from placement.choosing import Choice
 from placement.names import EveryNode
+
+
+def _model(scores: list[tuple[str, int]]) -> wire.HostPriorityList:
+    """The model of the answer: every host that scores above 0."""
+    return wire.HostPriorityList([wire.HostPriority(host=h, score=s) for h, s in scores if s])
 
 
 @given(st.lists(st.tuples(st.text(max_size=12), st.integers(0, 10)), max_size=20))
 def test_priorities_json_equals_the_model_dump(scores: list[tuple[str, int]]) -> None:
     fast = wire.priorities_json([h for h, _ in scores], [s for _, s in scores])
-    model = wire.HostPriorityList([wire.HostPriority(host=h, score=s) for h, s in scores])
-    assert json.loads(fast) == json.loads(model.dump())
-    assert json.loads(fast) == [{"Host": h, "Score": s} for h, s in scores]
+    assert json.loads(fast) == json.loads(_model(scores).dump())
+    assert json.loads(fast) == [{"Host": h, "Score": s} for h, s in scores if s]
 
 
 PLAIN = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789.-", min_size=1, max_size=20)
@@ -32,18 +39,102 @@ PLAIN = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789.-", min_size=1, m
 def test_priorities_json_for_dns_names_is_byte_for_byte_the_model_dump(
     scores: list[tuple[str, int]],
 ) -> None:
-    model = wire.HostPriorityList([wire.HostPriority(host=h, score=s) for h, s in scores])
-    assert wire.priorities_json([h for h, _ in scores], [s for _, s in scores]) == model.dump()
+    assert wire.priorities_json([h for h, _ in scores], [s for _, s in scores]) == (
+        _model(scores).dump()
+    )
+
+
+@given(st.lists(st.tuples(PLAIN, st.integers(0, 10)), unique_by=lambda e: e[0], max_size=30))
+def test_priorities_json_gives_kube_scheduler_the_same_totals(
+    scores: list[tuple[str, int]],
+) -> None:
+    """What kube-scheduler does with the answer (prioritizeNodes): each listed host's
+    score is added to that node's total, a node not listed adds nothing. Leaving out
+    the zeros changes no node's total."""
+    totals = dict.fromkeys((h for h, _ in scores), 0)
+    for entry in json.loads(wire.priorities_json([h for h, _ in scores], [s for _, s in scores])):
+        assert entry["Score"] > 0
+        totals[entry["Host"]] += entry["Score"]
+    assert totals == dict(scores)
 
 
 def test_priorities_json_outside_the_fast_path_and_misaligned() -> None:
     hosts = ["a", "b", "c"]
     for scores in ([0, 11, 3], [-1, 2, 3], [1, 2, 3]):
         assert json.loads(wire.priorities_json(hosts, scores)) == [
-            {"Host": h, "Score": s} for h, s in zip(hosts, scores, strict=True)
+            {"Host": h, "Score": s} for h, s in zip(hosts, scores, strict=True) if s
         ]
+    assert wire.priorities_json(hosts, [0, 0, 0]) == b"[]"
     with pytest.raises(ValueError, match="3 hosts but 2 scores"):
         wire.priorities_json(hosts, [1, 2])
+
+
+def test_the_c_encoder_is_built() -> None:
+    """Without a C compiler the package installs without it (prioritize's answers are
+    then ranked and encoded in Python); where CI builds it, its absence is a failure."""
+    assert wire.NATIVE, "extender._priorities was not built: install gcc and python3-dev"
+
+
+_SCORES = st.one_of(
+    st.floats(-1e6, 1e6),
+    st.floats(allow_nan=False, allow_infinity=False),  # spans beyond the floats too
+    st.sampled_from([0.0, -0.0, 0.5, 1.0, 1.0 + 2**-52, 5e-324]),  # ties, tiny spans
+)
+_CHOSEN = st.lists(st.tuples(PLAIN, st.none() | _SCORES), unique_by=lambda e: e[0], max_size=40)
+
+
+def _choices(entries: list[tuple[str, float | None]]) -> tuple[list[str], list[Choice | None]]:
+    hosts = [host for host, _ in entries]
+    return hosts, [None if v is None else Choice(h, (0,), v) for h, v in entries]
+
+
+@settings(max_examples=500)
+@given(_CHOSEN)
+def test_ranked_answer_in_c_is_byte_for_byte_pythons(
+    entries: list[tuple[str, float | None]],
+) -> None:
+    """The C encoder writes exactly what ranking in Python and encoding does: the same
+    0-10 per node (10 for the best, the rest spread over 0-9), zeros left out."""
+    hosts, chosen = _choices(entries)
+    python = wire.priorities_json(hosts, choosing.ranked_found(chosen))
+    assert _priorities.ranked_json(hosts, chosen, choosing.MAX_EXTENDER_SCORE) == python
+    assert wire.ranked_priorities_json(hosts, chosen) == python
+
+
+@given(_CHOSEN, st.sampled_from(['nod"e', "nöde", "a b", "x\\y", "\u2028"]), st.data())
+def test_ranked_answer_hands_what_c_does_not_write_to_python(
+    entries: list[tuple[str, float | None]], odd: str, data: st.DataObject
+) -> None:
+    """A host JSON must escape, or a score that is not a finite float: C declines (None)
+    and the answer is Python's, the same as ever."""
+    hosts, chosen = _choices(entries)
+    at = data.draw(st.integers(0, len(hosts)))
+    kind = data.draw(st.sampled_from(["host", "nan", "inf", "int"]))
+    if kind == "host":
+        hosts.insert(at, odd)
+        chosen.insert(at, Choice(odd, (0,), 1.0))
+    else:
+        value: Any = {"nan": math.nan, "inf": math.inf, "int": 3}[kind]
+        hosts.insert(at, "odd")
+        chosen.insert(at, Choice("odd", (0,), value))
+    assert _priorities.ranked_json(hosts, chosen, choosing.MAX_EXTENDER_SCORE) is None
+    if kind in ("host", "int"):
+        python = wire.priorities_json(hosts, choosing.ranked_found(chosen))
+        assert wire.ranked_priorities_json(hosts, chosen) == python
+        assert json.loads(python)  # the odd host's score, at least, is in it
+
+
+def test_ranked_answer_edges() -> None:
+    one = [Choice("a", (0,), 0.25)]
+    assert wire.ranked_priorities_json(["a"], one) == b'[{"Host":"a","Score":10}]'
+    assert wire.ranked_priorities_json(["a", "b"], [None, None]) == b"[]"
+    assert wire.ranked_priorities_json([], []) == b"[]"
+    with pytest.raises(ValueError, match="2 hosts but 1 choices"):
+        _priorities.ranked_json(["a", "b"], one, 10)
+    with pytest.raises(ValueError, match="1-99"):
+        _priorities.ranked_json(["a"], one, 100)
+    with pytest.raises(AttributeError):
+        _priorities.ranked_json(["a"], [object()], 10)
 
 
 def test_go_and_lower_camel_keys_are_accepted() -> None:
