@@ -113,6 +113,7 @@ class Service:
         body, names_json = result.dump_with_names()
         if ahead_for and result.node_names is not None and names_json is not None:
             passed = result.node_names
+            self.activity.expect_next()  # prioritize (or bind, for one node)
             return body, outcome, lambda: self._answer_ahead(ahead_for, passed, names_json)
         return body, outcome, None
 
@@ -220,8 +221,11 @@ class Service:
             )
             self.metrics.ahead.labels("used" if used else "stale").inc()
             if used:
+                self.activity.expect_next()  # bind
                 return ahead.answer, "ok"
-        return ranked_priorities_json(names, self.decider.chosen(args.pod, names)), "ok"
+        answer = ranked_priorities_json(names, self.decider.chosen(args.pod, names))
+        self.activity.expect_next()  # bind
+        return answer, "ok"
 
     async def bind(self, args: BindingArgs) -> tuple[BindingResult, str]:
         if not await self.ready():

@@ -285,6 +285,26 @@ async def test_prioritize_takes_filters_list_back_without_parsing_it(
         assert used is not None and used >= 1
 
 
+async def test_background_work_waits_for_the_verb_that_follows(server: fakeapi.Server) -> None:
+    """kube-scheduler's prioritize follows a filter that passed nodes, and bind follows
+    prioritize: until it comes (or the expectation lapses) nothing starts in the
+    background. After bind, nothing is expected."""
+    async with seeded(server) as h:
+        activity = h.sidecar.service.activity
+        activity.expect_seconds = 30.0
+        pod = server.api.create(objects.pod("next", percent=30))
+        passed = (await h.filter(pod, ["n0", "n1", "n2", "n3"]))["NodeNames"]
+        assert passed and activity.in_flight == 0 and not activity.idle.is_set()
+        scores = await h.prioritize(pod, passed)
+        assert activity.in_flight == 0 and not activity.idle.is_set()
+        assert await h.bind(pod, max(scores, key=scores.__getitem__)) == ""
+        assert activity.idle.is_set()
+        # A filter that passes no node: kube-scheduler stops there.
+        big = server.api.create(objects.pod("too-big", percent=100, count=8))
+        assert not (await h.filter(big, ["n0", "n1", "n2", "n3"]))["NodeNames"]
+        assert activity.idle.is_set()
+
+
 DURATION = "gpuplace_extender_request_duration_seconds"
 
 

@@ -138,6 +138,36 @@ async def test_slices_wait_while_a_verb_is_in_flight() -> None:
     assert chooser.unseen(HALF, names) == set()
 
 
+async def test_slices_wait_for_the_verb_a_verb_says_is_next() -> None:
+    """After filter (prioritize follows) or prioritize (bind follows) the warmer waits
+    for that verb, or until the expectation lapses when it does not come."""
+    warmer, _, chooser = sliced(400)
+    activity = Activity(expect_seconds=0.2)
+    warmer.activity = activity
+    names = list(chooser.ledger.inventory.names())
+    with activity:
+        filling = asyncio.create_task(warmer.fill(chooser))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        activity.expect_next()
+    for _ in range(20):  # filter's answer sent; prioritize is expected
+        await asyncio.sleep(0)
+    assert not activity.idle.is_set()
+    assert len(chooser.unseen(HALF, names)) == 400 - 8  # still the one batch
+    with activity:  # prioritize came: the expectation is met
+        activity.expect_next()  # and bind is expected next
+    with activity:  # bind came, and expects nothing
+        pass
+    assert activity.idle.is_set()
+    assert await filling == 1
+    # Expected but never coming: the warmer waits only so long.
+    with activity:
+        activity.expect_next()
+    began = time.monotonic()
+    await asyncio.wait_for(activity.idle.wait(), 2)
+    assert time.monotonic() - began >= 0.15
+
+
 async def test_a_request_arriving_during_a_slice_is_served_before_the_next_slice() -> None:
     """Over a real socket: bytes that arrive while a slice runs reach their handler (which
     marks itself in flight) before the warmer starts another slice."""
