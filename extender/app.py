@@ -215,15 +215,15 @@ class Service:
             return b"[]", "not-synced"  # no scores: every node counts as 0
         uid = str((args.pod.get("metadata") or {}).get("uid") or "")
         ahead = self.ahead.pop(uid, None) if uid else None
+        answer = None
         if ahead is not None:
             used = ahead.passed == names and self.decider.still_current(
                 args.pod, uid, ahead.generation
             )
             self.metrics.ahead.labels("used" if used else "stale").inc()
-            if used:
-                self.activity.expect_next()  # bind
-                return ahead.answer, "ok"
-        answer = ranked_priorities_json(names, self.decider.chosen(args.pod, names))
+            answer = ahead.answer if used else None
+        if answer is None:
+            answer = ranked_priorities_json(names, self.decider.chosen(args.pod, names))
         self.activity.expect_next()  # bind
         return answer, "ok"
 

@@ -30,7 +30,8 @@ except ImportError:  # built without a C compiler
 NATIVE = _priorities is not None
 """Whether prioritize's answers are ranked and encoded in C (`ranked_priorities_json`)."""
 
-MAX_SCORE = 10
+MAX_SCORE = choosing.MAX_EXTENDER_SCORE
+"""kube-scheduler's extender scores are 0-10 (MaxExtenderPriority)."""
 
 
 def _alias(name: str) -> AliasChoices:
