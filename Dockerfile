@@ -15,14 +15,14 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md constraints.txt ./
+COPY pyproject.toml setup.py README.md constraints.txt ./
 COPY placement/ placement/
 COPY webhook/ webhook/
 COPY extender/ extender/
 COPY cluster/ cluster/
 COPY certs/ certs/
 COPY gpuplace/ gpuplace/
-# The C helpers are optional in pyproject.toml (installs without a compiler); the image
+# The C helpers are optional in setup.py (installs without a compiler); the image
 # must have them, so the build fails here if the wheel lacks one.
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && python -c "import sys, zipfile, glob; names = zipfile.ZipFile(glob.glob('/wheels/gpuplace-*.whl')[0]).namelist(); sys.exit(not all(any(n.startswith(m) and n.endswith('.so') for n in names) for m in ('placement/_names.', 'extender/_priorities.')))" \
