@@ -6,8 +6,10 @@ A refusal is an answer that says gpuplace *lacks* something, not that the world 
 - 403 Forbidden: RBAC (or an admission policy) does not allow the call;
 - 404 Not Found, only where the call names something that must exist (`missing=True`
   in `cluster.kube`): a collection (the resource is not served) or the scheduler's Lease
-  (wrong namespace or name, or no kube-scheduler elected). A 404 on a pod or node that
-  was deleted is ordinary and not counted.
+  (wrong namespace or name, or no kube-scheduler running), and only once it has lasted
+  `missing_grace` seconds (kube-scheduler creates its Lease within seconds of its first
+  start: a sidecar that reads first must not cry wolf). A 404 on a pod or node that was
+  deleted is ordinary and not counted.
 
 `Refusals` keeps, per (verb, resource), the refusal in force. The first refusal of a
 (verb, resource) — or a change of its code — is logged once at ERROR with verb, resource,
@@ -71,10 +73,14 @@ class Refusal:
 class Refusals(Collector):
     """The refusals in force and their counts; see the module docstring."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, *, missing_grace: float = 30.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.missing_grace = missing_grace
         self._clock = clock
         self._now: dict[tuple[str, str], Refusal] = {}
         self._counts: dict[tuple[str, str, int], int] = {}
+        self._missing_since: dict[tuple[str, str], float] = {}
 
     def answered(
         self,
@@ -91,10 +97,15 @@ class Refusals(Collector):
         """The API answered `verb` on `resource` with HTTP `code` (0: not reached).
         `missing`: a 404 means something gpuplace needs does not exist."""
         key = (verb, resource)
+        now = self._clock()
+        if code == 404 and missing:
+            since = self._missing_since.setdefault(key, now)
+            if now - since < self.missing_grace:
+                return
+        else:
+            self._missing_since.pop(key, None)
         if code in REFUSED or (code == 404 and missing):
-            self._refused(
-                Refusal(verb, resource, code, reason, message, namespace, name, self._clock())
-            )
+            self._refused(Refusal(verb, resource, code, reason, message, namespace, name, now))
         elif 200 <= code < 400 or code in (404, 409, 410, 422):
             # an answer the caller handles: the call itself is allowed
             self._allowed(key)

@@ -73,27 +73,26 @@ class LeaseFollower:
         self.interval = interval
         self._clock = clock
         self._lease: Mapping[str, Any] = {}
-        self._refused: kube.ApiError | None = None
 
     def __call__(self) -> bool:
         return leads(self._lease, self.identity, self._clock())
 
     def blocked_reason(self) -> str | None:
-        """Why this replica cannot know whether it leads (the API refused the read of the
-        Lease: 401, 403, or 404), with the RBAC rule it needs; None when the last read
-        was answered."""
-        error = self._refused
+        """Why this replica cannot know whether it leads: the API refuses the read of the
+        Lease (401, 403, or a lasting 404; `cluster.refusals`), with what to fix; None
+        otherwise."""
+        error = self.api.refusals.current("get", refusals.LEASES)
         if error is None:
             return None
         lease = f"{self.namespace}/{self.name}"
-        if error.status == 404:
+        if error.code == 404:
             return (
                 f"gpuplace cannot find kube-scheduler's Lease {lease} (404 NotFound): "
                 "check --scheduler-lease against the scheduler's leaderElection, and that "
                 "the gpuplace kube-scheduler runs"
             )
         return (
-            f"gpuplace cannot read kube-scheduler's Lease {lease} ({error.status} "
+            f"gpuplace cannot read kube-scheduler's Lease {lease} ({error.code} "
             f"{error.reason}), so it never leads and no gang starts: the ServiceAccount "
             f"gpuplace needs get on {refusals.LEASES} {self.name} in namespace "
             f"{self.namespace} (Role gpuplace-read-scheduler-lease in deploy/)"
@@ -104,12 +103,9 @@ class LeaseFollower:
         lease: Mapping[str, Any] = {}
         try:
             lease = await self.api.read_lease(self.namespace, self.name)
-            self._refused = None
         except kube.ApiError as error:
-            # a refusal is logged at ERROR by cluster.refusals; others are transient
-            refused = error.status in refusals.REFUSED or error.not_found
-            self._refused = error if refused else None
-            if not refused:
+            # refusals are logged at ERROR by cluster.refusals (via kube); this is the rest
+            if error.status not in refusals.REFUSED:
                 log.info(
                     "scheduler lease not read",
                     extra={"status": error.status, "reason": error.reason},

@@ -12,6 +12,7 @@ import yaml
 from kubernetes_asyncio import client
 
 from cluster import kube
+from gpuplace.localapi import access
 from gpuplace.sidecar import SidecarSettings
 from tests.deploy import rendering
 from tests.deploy.rendering import Obj, named, one, render
@@ -294,3 +295,19 @@ def test_rbac_covers_every_call_the_certs_job_makes(objects: list[Obj]) -> None:
     assert ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "patch") in wanted
     granted = granted_to(objects, "gpuplace-certs")
     assert wanted - granted == set()
+
+
+def test_the_local_api_enforces_the_rbac_kustomize_renders(objects: list[Obj]) -> None:
+    """gpuplace.localapi reads deploy/ without kustomize: its RBAC objects must be exactly
+    the rendered ones (labels aside)."""
+
+    def rbac(found: list[Obj]) -> list[Obj]:
+        kept = []
+        for obj in found:
+            if obj["kind"] in access.RBAC_KINDS:
+                metadata = {k: v for k, v in obj["metadata"].items() if k != "labels"}
+                kept.append({**obj, "metadata": metadata})
+        return sorted(kept, key=lambda o: (o["kind"], o["metadata"]["name"]))
+
+    assert rbac(access.shipped_objects()) == rbac(objects)
+    assert len(rbac(objects)) == 13
