@@ -97,6 +97,18 @@ def without_lease_rule(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [o for o in objects if o["metadata"]["name"] != "gpuplace-read-scheduler-lease"]
 
 
+async def two_nodes_led_here(
+    api_server: localapi.Server, tls: tuple[Path, Path], tmp_path: Path
+) -> serve.Process:
+    """Two 4-GPU nodes, this pod's kube-scheduler holding the Lease, and `gpuplace serve`
+    composed with the gpuplace ServiceAccount's kubeconfig."""
+    for i in range(2):
+        api_server.api.create(objects.node(f"gpu-{i}", gpus=4))
+    api_server.api.create(scheduler_lease(socket.gethostname()))
+    kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig", localapi.GPUPLACE)
+    return await serve.compose(settings(tls, tmp_path, kubeconfig), CollectorRegistry())
+
+
 def gated(api: localapi.FakeApi) -> list[bool]:
     return [bool(pod["spec"].get("schedulingGates")) for pod in api.objects("pods")]
 
@@ -127,11 +139,7 @@ async def test_serve_runs_the_gang_controller_which_ungates_a_complete_gang(
 ) -> None:
     async with localapi.serve(enforcing()) as api_server:
         api = api_server.api
-        for i in range(2):
-            api.create(objects.node(f"gpu-{i}", gpus=4))
-        api.create(scheduler_lease(socket.gethostname()))  # this pod's kube-scheduler leads
-        kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig", localapi.GPUPLACE)
-        process = await serve.compose(settings(tls, tmp_path, kubeconfig), CollectorRegistry())
+        process = await two_nodes_led_here(api_server, tls, tmp_path)
         sidecar = process.sidecar
         assert sidecar is not None and sidecar.gangs is not None
         async with started(process) as session:
@@ -183,11 +191,7 @@ async def test_without_the_lease_rule_no_gang_starts_and_gpuplace_says_why(
     Event on each waiting member that names the missing rule."""
     async with localapi.serve(enforcing(without_lease_rule)) as api_server:
         api = api_server.api
-        for i in range(2):
-            api.create(objects.node(f"gpu-{i}", gpus=4))
-        api.create(scheduler_lease(socket.gethostname()))  # this pod's kube-scheduler leads
-        kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig", localapi.GPUPLACE)
-        process = await serve.compose(settings(tls, tmp_path, kubeconfig), CollectorRegistry())
+        process = await two_nodes_led_here(api_server, tls, tmp_path)
         stop = asyncio.Event()
         with caplog.at_level(logging.INFO):
             task = asyncio.create_task(process.server.run(stop))
