@@ -12,7 +12,7 @@ own hostname + "_" and `renewTime + leaseDurationSeconds` has not passed.
 (RBAC: `get` on that Lease, Role `gpuplace-read-scheduler-lease`); `LeaseFollower()`
 answers from the last read. A failed read counts as not leading (the safe side: a gang
 waits a little longer, it is never planned twice). A read the API *refuses* (401, 403,
-or 404: no such Lease) is not quiet: `cluster.refusals` logs it at ERROR, counts it and
+or a 404 that lasts: no such Lease) is not quiet: `cluster.refusals` logs it at ERROR, counts it and
 fails /readyz, and `blocked_reason` says why no gang can start, for the gang
 controller's Events on the members that wait.
 """
@@ -90,6 +90,12 @@ class LeaseFollower:
                 f"gpuplace cannot find kube-scheduler's Lease {lease} (404 NotFound): "
                 "check --scheduler-lease against the scheduler's leaderElection, and that "
                 "the gpuplace kube-scheduler runs"
+            )
+        if error.code == 401:
+            return (
+                f"gpuplace cannot read kube-scheduler's Lease {lease} (401 Unauthorized): "
+                "the API server does not accept the gpuplace container's token, so no gang "
+                "starts"
             )
         return (
             f"gpuplace cannot read kube-scheduler's Lease {lease} ({error.code} "
