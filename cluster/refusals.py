@@ -3,7 +3,9 @@
 A refusal is an answer that says gpuplace *lacks* something, not that the world moved on:
 
 - 401 Unauthorized: the credentials are not accepted (expired or wrong token);
-- 403 Forbidden: RBAC (or an admission policy) does not allow the call;
+- 403 Forbidden: RBAC does not allow the call (an admission webhook's denial, whose
+  message starts `admission webhook "..." denied the request`, is an answer about that
+  object, not a missing permission, and is not counted);
 - 404 Not Found, only where the call names something that must exist (`missing=True`
   in `cluster.kube`): a collection (the resource is not served) or the scheduler's Lease
   (wrong namespace or name, or no kube-scheduler running), and only once it has lasted
@@ -54,6 +56,9 @@ BLOCKING: frozenset[tuple[str, str]] = frozenset(
 )
 """(verb, resource) whose refusal makes the sidecar useless; see the module docstring."""
 
+ADMISSION_DENIAL = "admission webhook "
+"""How kube-apiserver begins the message of a webhook's denial (also a 403)."""
+
 REFUSED = frozenset({401, 403})
 """Codes that are always a refusal; 404 only where the call says the object must exist."""
 
@@ -98,6 +103,8 @@ class Refusals(Collector):
         `missing`: a 404 means something gpuplace needs does not exist."""
         key = (verb, resource)
         now = self._clock()
+        if code == 403 and message.startswith(ADMISSION_DENIAL):
+            return
         if code == 404 and missing:
             since = self._missing_since.setdefault(key, now)
             if now - since < self.missing_grace:

@@ -370,26 +370,3 @@ async def test_a_refused_lease_read_is_loud(caplog: pytest.LogCaptureFixture) ->
             assert [r.levelno for r in caplog.records] == [logging.INFO]
         finally:
             await api.close()
-
-
-def test_a_missing_lease_is_a_refusal_only_once_it_lasts() -> None:
-    """kube-scheduler creates its Lease just after it starts: a 404 at first is no alarm."""
-    now = [0.0]
-    found = refusals.Refusals(missing_grace=30.0, clock=lambda: now[0])
-    lease = ("get", refusals.LEASES)
-    found.answered(*lease, 404, "NotFound", missing=True)
-    now[0] = 29.0
-    found.answered(*lease, 404, "NotFound", missing=True)
-    assert found.current(*lease) is None and found.not_ready_reason() is None
-    now[0] = 31.0
-    found.answered(*lease, 404, "NotFound", missing=True)
-    assert found.current(*lease) is not None
-    assert "get leases.coordination.k8s.io: 404 NotFound" in str(found.not_ready_reason())
-    found.answered(*lease, 200)
-    assert found.current(*lease) is None
-    # a 404 of a pod that was deleted is no refusal at all; a 403 is one at once
-    found.answered("get", "pods", 404, "NotFound")
-    found.answered("patch", "nodes/status", 403, "Forbidden")
-    assert found.current("get", "pods") is None
-    assert found.current("patch", "nodes/status") is not None
-    assert found.not_ready_reason() is None  # Events and capacity only: not blocking
