@@ -1,13 +1,19 @@
 """The Kubernetes API calls gpuplace makes, as raw JSON, through kubernetes-asyncio.
 
-Every call goes through the generated `CoreV1Api` with `_preload_content=False` and is
-decoded here with `json.loads`: pods and nodes stay the dicts the API server sent (the
+Every API call of the sidecar goes through here (a test fails when a generated `*Api`
+is used anywhere else, and reads the calls here to check the shipped RBAC): the generated
+`CoreV1Api` and `CoordinationV1Api` with `_preload_content=False`, decoded here with
+`json.loads`: pods and nodes stay the dicts the API server sent (the
 informers and the extender read them as such, and a model round trip costs more than
 the decision). A failure becomes one exception type, `ApiError`, carrying the parsed
 `Status` (code, reason, message), so callers branch on `conflict` / `gone` /
 `not_found` and never on strings.
 
-This module owns no state and never retries: retry policy belongs to the callers
+Each answer is reported to `self.refusals` (`cluster.refusals`): a 401/403 — or a 404 of
+something that must exist — is logged loudly, counted and, where it blocks the sidecar,
+shown in /readyz.
+
+This module owns no state beyond that and never retries: retry policy belongs to the callers
 (informers back off and resume, bind answers the scheduler, which retries).
 """
 
@@ -21,6 +27,8 @@ from typing import Any, Literal
 import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+
+from cluster import refusals as refusing
 
 log = logging.getLogger(__name__)
 
@@ -98,13 +106,51 @@ async def _call(request: Awaitable[Any]) -> Any:
 class Kube:
     """The API calls of the sidecar and `gpuplace explain`. Raises `ApiError`."""
 
-    def __init__(self, api_client: client.ApiClient, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        timeout: float = 10.0,
+        refusals: refusing.Refusals | None = None,
+    ) -> None:
         self.api_client = api_client
         # Any: the generated signatures omit `_content_type` and want model objects where
         # the client accepts (and we send) plain dicts.
         self.core: Any = client.CoreV1Api(api_client)
+        self.coordination: Any = client.CoordinationV1Api(api_client)
         self.timeout = timeout
         """Seconds for one request (watches use their own, longer, read timeout)."""
+        self.refusals = refusals or refusing.Refusals()
+        """Refusals of the calls made here (logged, counted, for /readyz)."""
+
+    async def _ask(
+        self,
+        verb: str,
+        resource: str,
+        request: Awaitable[Any],
+        *,
+        namespace: str | None = None,
+        name: str | None = None,
+        missing: bool = False,
+    ) -> Any:
+        """`_call`, with its answer reported to `refusals` (`missing`: a 404 means
+        something gpuplace needs does not exist)."""
+        try:
+            answer = await _call(request)
+        except ApiError as error:
+            self.refusals.answered(
+                verb,
+                resource,
+                error.status,
+                error.reason,
+                error.message,
+                namespace=namespace,
+                name=name,
+                missing=missing,
+            )
+            raise
+        self.refusals.answered(verb, resource, 200)
+        return answer
 
     def _lister(self, kind: Kind) -> Any:
         return self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
@@ -119,10 +165,7 @@ class Kube:
         if token:
             kwargs["_continue"] = token
         kwargs["_request_timeout"] = max(self.timeout, 60.0)
-        page = await _call(self._lister(kind)(**kwargs))
-        if not isinstance(page, dict):
-            raise ApiError(200, "Undecodable", "a list is not a JSON object")
-        return page
+        return await self._object("list", kind, self._lister(kind)(**kwargs), missing=True)
 
     async def watch(
         self,
@@ -151,12 +194,17 @@ class Kube:
         try:
             response = await self._lister(kind)(**kwargs)
         except ApiException as error:
-            raise ApiError.from_status(error.status or 0, error.body or b"") from error
+            refused = ApiError.from_status(error.status or 0, error.body or b"")
+            self._report("watch", kind, refused)
+            raise refused from error
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             raise ApiError(0, "Unreachable", str(error) or type(error).__name__) from error
         try:
             if response.status >= 400:
-                raise ApiError.from_status(response.status, await response.read())
+                refused = ApiError.from_status(response.status, await response.read())
+                self._report("watch", kind, refused)
+                raise refused
+            self.refusals.answered("watch", kind, response.status)
             buffer = b""
             async for chunk in response.content.iter_any():
                 buffer += chunk
@@ -176,17 +224,52 @@ class Kube:
         finally:
             response.close()
 
-    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        return await self._object(
-            self.core.read_namespaced_pod(
-                name, namespace, _preload_content=False, _request_timeout=self.timeout
-            )
+    def _report(self, verb: str, resource: str, error: ApiError) -> None:
+        self.refusals.answered(
+            verb, resource, error.status, error.reason, error.message, missing=True
         )
 
-    async def _object(self, request: Awaitable[Any]) -> dict[str, Any]:
-        """One API call whose answer is an object (a pod, a node, an event)."""
-        answer = await _call(request)
-        assert isinstance(answer, dict)
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self._object(
+            "get",
+            "pods",
+            self.core.read_namespaced_pod(
+                name, namespace, _preload_content=False, _request_timeout=self.timeout
+            ),
+            namespace,
+            name,
+        )
+
+    async def read_lease(self, namespace: str, name: str) -> dict[str, Any]:
+        """A coordination.k8s.io Lease (kube-scheduler's leader election). A 404 counts
+        as a refusal: the Lease the configuration names must exist."""
+        return await self._object(
+            "get",
+            refusing.LEASES,
+            self.coordination.read_namespaced_lease(
+                name, namespace, _preload_content=False, _request_timeout=self.timeout
+            ),
+            namespace,
+            name,
+            missing=True,
+        )
+
+    async def _object(
+        self,
+        verb: str,
+        resource: str,
+        request: Awaitable[Any],
+        namespace: str | None = None,
+        name: str | None = None,
+        *,
+        missing: bool = False,
+    ) -> dict[str, Any]:
+        """One API call whose answer is an object (a pod, a node, an event, a Lease)."""
+        answer = await self._ask(
+            verb, resource, request, namespace=namespace, name=name, missing=missing
+        )
+        if not isinstance(answer, dict):
+            raise ApiError(200, "Undecodable", "the answer is not a JSON object")
         return answer
 
     def _merge(self, method: Any, *names: str, patch: Mapping[str, Any]) -> Awaitable[Any]:
@@ -205,7 +288,11 @@ class Kube:
         """JSON merge patch of a pod (a `metadata.resourceVersion` in it is a precondition:
         409 when the pod changed since)."""
         return await self._object(
-            self._merge(self.core.patch_namespaced_pod, name, namespace, patch=patch)
+            "patch",
+            "pods",
+            self._merge(self.core.patch_namespaced_pod, name, namespace, patch=patch),
+            namespace,
+            name,
         )
 
     async def bind_pod(
@@ -228,10 +315,14 @@ class Kube:
             "metadata": metadata,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        await _call(
+        await self._ask(
+            "create",
+            "pods/binding",
             self.core.create_namespaced_pod_binding(
                 name, namespace, body, _preload_content=False, _request_timeout=self.timeout
-            )
+            ),
+            namespace=namespace,
+            name=name,
         )
 
     async def patch_pod_status(
@@ -239,40 +330,62 @@ class Kube:
     ) -> dict[str, Any]:
         """JSON merge patch of pods/NAME/status (conditions)."""
         return await self._object(
-            self._merge(self.core.patch_namespaced_pod_status, name, namespace, patch=patch)
+            "patch",
+            "pods/status",
+            self._merge(self.core.patch_namespaced_pod_status, name, namespace, patch=patch),
+            namespace,
+            name,
         )
 
     async def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         """JSON merge patch of a node (its labels)."""
-        return await self._object(self._merge(self.core.patch_node, name, patch=patch))
+        return await self._object(
+            "patch", "nodes", self._merge(self.core.patch_node, name, patch=patch), None, name
+        )
 
     async def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         """JSON merge patch of nodes/NAME/status."""
-        return await self._object(self._merge(self.core.patch_node_status, name, patch=patch))
+        return await self._object(
+            "patch",
+            "nodes/status",
+            self._merge(self.core.patch_node_status, name, patch=patch),
+            None,
+            name,
+        )
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> dict[str, Any]:
         return await self._object(
+            "create",
+            "events",
             self.core.create_namespaced_event(
                 namespace, dict(event), _preload_content=False, _request_timeout=self.timeout
-            )
+            ),
+            namespace,
         )
 
     async def patch_event(
         self, namespace: str, name: str, patch: Mapping[str, Any]
     ) -> dict[str, Any]:
         return await self._object(
-            self._merge(self.core.patch_namespaced_event, name, namespace, patch=patch)
+            "patch",
+            "events",
+            self._merge(self.core.patch_namespaced_event, name, namespace, patch=patch),
+            namespace,
+            name,
         )
 
     async def pod_events(self, namespace: str, name: str) -> list[dict[str, Any]]:
         """Events about one pod (for `gpuplace explain`)."""
-        listed = await _call(
+        listed = await self._ask(
+            "list",
+            "events",
             self.core.list_namespaced_event(
                 namespace,
                 field_selector=f"involvedObject.name={name}",
                 _preload_content=False,
                 _request_timeout=self.timeout,
-            )
+            ),
+            namespace=namespace,
         )
         items = listed.get("items") if isinstance(listed, dict) else None
         return [item for item in items or [] if isinstance(item, dict)]

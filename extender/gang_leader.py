@@ -8,16 +8,18 @@ identity is `<hostname>_<uuid>`, and both containers of the pod share the hostna
 pod name), so this replica leads while the Lease's `holderIdentity` starts with its
 own hostname + "_" and `renewTime + leaseDurationSeconds` has not passed.
 
-`LeaseFollower.run` reads the Lease every `interval` seconds (RBAC: `get` on that
-Lease, which the sidecar's Role already grants); `LeaseFollower()` answers from the
-last read. A failed read counts as not leading (the safe side: a gang waits a little
-longer, it is never planned twice).
+`LeaseFollower.run` reads the Lease every `interval` seconds through `cluster.kube`
+(RBAC: `get` on that Lease, Role `gpuplace-read-scheduler-lease`); `LeaseFollower()`
+answers from the last read. A failed read counts as not leading (the safe side: a gang
+waits a little longer, it is never planned twice). A read the API *refuses* (401, 403,
+or a 404 that lasts: no such Lease) is not quiet: `cluster.refusals` logs it at ERROR, counts it and
+fails /readyz, and `blocked_reason` says why no gang can start, for the gang
+controller's Events on the members that wait.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import socket
 import time
@@ -25,11 +27,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-import aiohttp
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
-
-from cluster import kube
+from cluster import kube, refusals
 
 log = logging.getLogger(__name__)
 
@@ -74,31 +72,52 @@ class LeaseFollower:
         self.identity = identity or socket.gethostname()
         self.interval = interval
         self._clock = clock
-        self._coordination: Any = client.CoordinationV1Api(api.api_client)
         self._lease: Mapping[str, Any] = {}
 
     def __call__(self) -> bool:
         return leads(self._lease, self.identity, self._clock())
 
+    def blocked_reason(self) -> str | None:
+        """Why this replica cannot know whether it leads: the API refuses the read of the
+        Lease (401, 403, or a lasting 404; `cluster.refusals`), with what to fix; None
+        otherwise."""
+        error = self.api.refusals.current("get", refusals.LEASES)
+        if error is None:
+            return None
+        lease = f"{self.namespace}/{self.name}"
+        if error.code == 404:
+            return (
+                f"gpuplace cannot find kube-scheduler's Lease {lease} (404 NotFound): "
+                "check --scheduler-lease against the scheduler's leaderElection, and that "
+                "the gpuplace kube-scheduler runs"
+            )
+        if error.code == 401:
+            return (
+                f"gpuplace cannot read kube-scheduler's Lease {lease} (401 Unauthorized): "
+                "the API server does not accept the gpuplace container's token, so no gang "
+                "starts"
+            )
+        return (
+            f"gpuplace cannot read kube-scheduler's Lease {lease} ({error.code} "
+            f"{error.reason}), so it never leads and no gang starts: the ServiceAccount "
+            f"gpuplace needs get on {refusals.LEASES} {self.name} in namespace "
+            f"{self.namespace} (Role gpuplace-read-scheduler-lease in deploy/)"
+        )
+
     async def read(self) -> None:
         """Read the Lease once; on failure forget it (not leading)."""
+        lease: Mapping[str, Any] = {}
         try:
-            response = await self._coordination.read_namespaced_lease(
-                self.name,
-                self.namespace,
-                _preload_content=False,
-                _request_timeout=self.api.timeout,
-            )
-            try:
-                body = await response.read()
-            finally:
-                response.release()
-            lease = json.loads(body) if response.status < 400 else {}
-        except (ApiException, aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
-            log.info("scheduler lease not read", extra={"error": type(error).__name__})
-            lease = {}
+            lease = await self.api.read_lease(self.namespace, self.name)
+        except kube.ApiError as error:
+            # refusals are logged at ERROR by cluster.refusals (via kube); this is the rest
+            if error.status not in refusals.REFUSED:
+                log.info(
+                    "scheduler lease not read",
+                    extra={"status": error.status, "reason": error.reason},
+                )
         was = self()
-        self._lease = lease if isinstance(lease, dict) else {}
+        self._lease = lease
         if self() != was:
             log.info("gang controller leadership changed", extra={"leading": self()})
 

@@ -81,6 +81,7 @@ FULL = "GangFull"
 ROLLED_BACK = "GangPlanRolledBack"
 HELD = "GangCapacityHeld"
 INVALID = "GangMemberInvalid"
+BLOCKED = "GangControllerBlocked"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +106,20 @@ class GangMetrics:
     def __init__(self, registry: CollectorRegistry | None) -> None:
         self.waiting = Gauge(
             "gpuplace_gangs_waiting",
-            "Gangs with gated members not yet placed (incomplete or waiting for room).",
+            "Gangs with gated members not yet placed (incomplete or waiting for room), "
+            "whether or not this replica leads.",
+            registry=registry,
+        )
+        self.gated = Gauge(
+            "gpuplace_gang_members_gated",
+            "Live gang members still held by gpuplace's scheduling gate, whether or not "
+            "this replica leads.",
+            registry=registry,
+        )
+        self.leading = Gauge(
+            "gpuplace_gang_controller_leading",
+            "1 while this replica's gang controller decides (its kube-scheduler holds "
+            "the Lease), else 0.",
             registry=registry,
         )
         self.wait = Histogram(
@@ -229,6 +243,7 @@ class GangController:
         settings: GangSettings | None = None,
         clock: Callable[[], float] = time.time,
         active: Callable[[], bool] | None = None,
+        blocked: Callable[[], str | None] | None = None,
     ) -> None:
         self.api = api
         self.store = store
@@ -241,6 +256,9 @@ class GangController:
         self.clock = clock
         self.active = active
         """Whether this replica decides now (`gang_leader.LeaseFollower`); None: always."""
+        self.blocked = blocked
+        """Why this replica cannot tell whether it decides (the API refused the Lease
+        read), e.g. `LeaseFollower.blocked_reason`: said in an Event on waiting members."""
         self.metrics = GangMetrics(registry)
         self.rounds = 0
         """Completed rounds (tests wait on it)."""
@@ -271,10 +289,13 @@ class GangController:
         await self.sync.ready.wait()
         while True:
             try:
-                if self.active is None or self.active():
+                leading = self.active is None or self.active()
+                self.metrics.leading.set(1 if leading else 0)
+                self._count_gated()
+                if leading:
                     await self.step()
-                elif self.fences is not None and self.fences.release() is not None:
-                    self.metrics.fenced.set(0)
+                else:
+                    self._follow()
             except kube.ApiError as error:
                 log.warning(
                     "gang round failed, retrying",
@@ -288,6 +309,27 @@ class GangController:
                     await self._wake.wait()
             self._wake.clear()
             await asyncio.sleep(self.settings.settle_seconds)
+
+    def _count_gated(self) -> None:
+        """The gated-member gauge, from the store (any replica). O(gang pods)."""
+        self.metrics.gated.set(len(self._held()))
+
+    def _held(self) -> list[GangPod]:
+        return [pod for pod in self.store.pods.values() if pod.gang and pod.live and pod.gated]
+
+    def _follow(self) -> None:
+        """A round while another replica decides (or none can): drop our capacity hold,
+        count the waiting gangs anyway, and tell their members if gpuplace is blocked."""
+        if self.fences is not None and self.fences.release() is not None:
+            self.metrics.fenced.set(0)
+        held = self._held()
+        self.metrics.waiting.set(len({pod.key for pod in held}))
+        reason = self.blocked() if self.blocked is not None else None
+        if reason is not None:
+            for pod in held:
+                if self._told.first(pod.uid, reason):
+                    self._emit(pod, recording.WARNING, BLOCKED, reason)
+        self._forget_gone()
 
     async def step(self) -> None:
         """One round: settle plans in the API, then try waiting gangs in order."""

@@ -301,6 +301,7 @@ class Sidecar:
         self._capabilities: Capabilities | None = None
         self.sync.node_listeners.append(self._nodes_changed)
         registry.register(metering.LedgerCollector(self.sync))
+        registry.register(api.refusals)  # gpuplace_api_refusals_total
         self.service = extender_app.Service(
             sync=self.sync,
             decider=self.decider,
@@ -339,6 +340,7 @@ class Sidecar:
                 registry=registry,
                 fences=self.fences,
                 active=self.leader,
+                blocked=self.leader.blocked_reason if self.leader is not None else None,
                 settings=gangs.GangSettings(
                     starve_after_seconds=settings.gang_starve_after_seconds,
                     hold_seconds=settings.reservation_timeout_seconds,
@@ -359,7 +361,11 @@ class Sidecar:
     # --- readiness and the webhook's inventory ---------------------------------------
 
     def not_ready_reason(self) -> str | None:
-        """None once nodes and managed pods are synced (for /readyz)."""
+        """None once nodes and managed pods are synced and the API refuses none of the
+        calls the sidecar cannot work without (`cluster.refusals.BLOCKING`; for /readyz)."""
+        refused = self.api.refusals.not_ready_reason()
+        if refused is not None:
+            return f"the API refuses calls gpuplace needs (check its RBAC): {refused}"
         return self.mirror.not_ready_reason()
 
     def _nodes_changed(self, _: object) -> None:

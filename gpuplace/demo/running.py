@@ -6,8 +6,10 @@ Order of events, all on 127.0.0.1 with ephemeral ports:
 
 1. a fresh CA and serving certificate (`certs.renewal.issue`, written as `gpuplace certs`
    writes files) into a temporary directory;
-2. `gpuplace.localapi` serves the nodes of `gpuplace/data/demo-nodes.json`; a kubeconfig
-   file points at it;
+2. `gpuplace.localapi` serves the nodes of `gpuplace/data/demo-nodes.json`, enforcing
+   the RBAC that deploy/ ships (bearer tokens; skipped, with a warning, where deploy/ is
+   not next to the package: an installed wheel); the sidecar's kubeconfig presents the
+   gpuplace ServiceAccount, the explanations' an admin (they are a user's command);
 3. `gpuplace.commands.serve.compose` builds the process exactly as `gpuplace serve
    --kubeconfig …` does (webhook on TLS, extender sidecar with its informers, gang
    controller, ops site); it runs until the end of the demo; `/readyz` is awaited, and
@@ -37,6 +39,7 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+import logging
 import random
 import tempfile
 import time
@@ -65,6 +68,8 @@ from gpuplace.localapi import NODES, PODS, FakeApi
 from gpuplace.settings import Settings
 from gpuplace.sidecar import Sidecar
 from placement.ledger import Ledger
+
+log = logging.getLogger(__name__)
 
 NAMESPACES = ("gpuplace", "research", "serving", "platform")
 READY_SECONDS = 15.0
@@ -277,6 +282,15 @@ async def _explain(
     return explaining.explain(sync, holder, pods.record(pod), events=events, conditions=conditions)
 
 
+def _access() -> localapi.Access | None:
+    """The shipped RBAC for the local API, or None (with a warning) without deploy/."""
+    try:
+        return localapi.Access.shipped()
+    except localapi.ManifestsMissing as error:
+        log.warning("the local API enforces no RBAC", extra={"why": str(error)})
+        return None
+
+
 class Demo:
     """The run; see the module docstring."""
 
@@ -293,7 +307,7 @@ class Demo:
             workdir = Path(temporary)
             self.progress("generating a CA and the webhook's serving certificate")
             tls = _write_certificates(workdir / "tls")
-            async with localapi.serve() as api_server:
+            async with localapi.serve(FakeApi(access=_access())) as api_server:
                 api = api_server.api
                 for namespace in NAMESPACES:
                     api.create(
@@ -301,7 +315,8 @@ class Demo:
                     )
                 for node in demo_nodes():
                     api.create(node)
-                kubeconfig = api_server.kubeconfig(workdir / "kubeconfig")
+                kubeconfig = api_server.kubeconfig(workdir / "kubeconfig", localapi.GPUPLACE)
+                user = api_server.kubeconfig(workdir / "user-kubeconfig", localapi.ADMIN)
                 config = _settings(workdir, tls, kubeconfig, self.policy)
                 lease_namespace, _, lease_name = config.scheduler_lease.partition("/")
                 self.progress("starting gpuplace serve (webhook, extender, gang controller)")
@@ -319,7 +334,7 @@ class Demo:
                     results = await self._submit_all(api, session, process, tls)
                     await self._settle(api, process)
                     for result in results:
-                        await self._finish(api, result, kubeconfig)
+                        await self._finish(api, result, user)
                     ports = {
                         name: process.server.port(name) for name in ("webhook", "extender", "ops")
                     }

@@ -8,7 +8,9 @@ and field selectors and `limit`/`continue`; watch with ADDED/MODIFIED/DELETED, B
 and 410 ERROR events; create/get/put/delete, the three PATCH content types, `/status`
 subresources and `pods/NAME/binding`; resourceVersion, uid and creationTimestamp set by
 the server; optimistic concurrency (409), immutable pod fields (422), gate removal and
-gated-pod affinity rules. No authentication, no admission, no persistence.
+gated-pod affinity rules. With `FakeApi(access=Access.shipped())`, bearer-token
+authentication and the RBAC that deploy/ ships (module `access`), so a missing rule
+fails as on a cluster; without it, no authentication. No admission, no persistence.
 
 Usage::
 
@@ -19,6 +21,11 @@ Usage::
         server.api.create(objects.node("gpu-0"))   # set-up without HTTP
         configuration = server.configuration()     # kubernetes_asyncio Configuration
         server.kubeconfig(tmp_path / "kubeconfig") # or a kubeconfig file
+
+    api = localapi.FakeApi(access=localapi.Access.shipped())   # RBAC from deploy/
+    async with localapi.serve(api) as server:
+        sidecar = server.configuration(localapi.GPUPLACE)  # as the ServiceAccount
+        admin = server.configuration()                     # system:masters (default)
         ...
         server.api.calls_to("PATCH", "/pods/")     # what clients sent
         server.api.fail("POST", "/binding$", 500)  # the next binding fails (tests)
@@ -33,9 +40,20 @@ default ones are added with `FakeApi(resources=[*DEFAULT_RESOURCES, Resource(...
 Modules: `resources` (what is served where), `store` (state, resourceVersions,
 history, watchers and the server's rules), `server` (HTTP), `patching` (merge,
 strategic-merge, JSON patch), `selectors` (label/field selectors), `statuses` (Status
-bodies), `objects` (gpuplace Node/Pod builders). Tests import it as `tests.fakeapi`.
+bodies), `objects` (gpuplace Node/Pod builders), `access` (authentication and RBAC).
+Tests import it as `tests.fakeapi`.
 """
 
+from gpuplace.localapi.access import (
+    ADMIN,
+    CERTS,
+    GPUPLACE,
+    SCHEDULER,
+    Access,
+    ManifestsMissing,
+    Rbac,
+    User,
+)
 from gpuplace.localapi.resources import DEFAULT_RESOURCES, EVENTS, NODES, PODS, Resource
 from gpuplace.localapi.server import (
     Call,
@@ -49,16 +67,24 @@ from gpuplace.localapi.server import (
 from gpuplace.localapi.statuses import ApiStatusError
 
 __all__ = [
+    "ADMIN",
+    "CERTS",
     "DEFAULT_RESOURCES",
     "EVENTS",
+    "GPUPLACE",
     "NODES",
     "PODS",
+    "SCHEDULER",
+    "Access",
     "ApiStatusError",
     "Call",
     "FakeApi",
+    "ManifestsMissing",
+    "Rbac",
     "Resource",
     "Server",
     "ThreadedServer",
+    "User",
     "serve",
     "serve_in_subprocess",
     "serve_in_thread",

@@ -11,7 +11,11 @@ Routes (core group under /api/v1, other groups under /apis/GROUP/VERSION):
 - `GET`/`PUT`/`PATCH`/`DELETE` object and `/status`; `POST` collection (create,
   `generateName`); `POST pods/NAME/binding` (201);
 - failures are `Status` bodies with the real codes and reasons (400, 404, 409
-  Conflict/AlreadyExists, 410 Expired, 415, 422 Invalid).
+  Conflict/AlreadyExists, 410 Expired, 415, 422 Invalid);
+- with `access` (`localapi.access.Access`), every request is authenticated by its bearer
+  token (401 without one) and authorized by RBAC (403 Forbidden) before it is routed, as
+  kube-apiserver does; `Server.configuration(user)` / `kubeconfig(path, user)` present
+  that user's token. Without `access`, anyone may do anything.
 
 `FakeApi` is the state plus fault injection (`fail`), the call log (`calls`) and
 synchronous helpers for test set-up; `serve` runs it on an ephemeral port of 127.0.0.1
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import json
 import multiprocessing
@@ -40,6 +45,7 @@ import yaml
 from aiohttp import web
 from kubernetes_asyncio import client
 
+from gpuplace.localapi import access as accessing
 from gpuplace.localapi import patching, statuses
 from gpuplace.localapi.resources import DEFAULT_RESOURCES, PODS, Resource
 from gpuplace.localapi.store import BOOKMARK, ERROR, Obj, Store
@@ -59,6 +65,8 @@ class Call:
     query: Mapping[str, str]
     content_type: str
     body: Any
+    user: str = ""
+    """Who sent it (with `access`): e.g. system:serviceaccount:gpuplace:gpuplace."""
 
 
 @dataclass(slots=True)
@@ -96,8 +104,12 @@ class FakeApi:
         max_watch_seconds: float = 1800.0,
         gone_as_http: bool = False,
         record_calls: int = 10_000,
+        access: accessing.Access | None = None,
     ) -> None:
         self.store = Store(resources, history)
+        self.access = access
+        """Authentication and RBAC (None: every request is allowed, with or without a
+        token). `Access.shipped()` enforces what deploy/ grants."""
         self.bookmark_interval = bookmark_interval
         self.max_watch_seconds = max_watch_seconds
         self.gone_as_http = gone_as_http
@@ -255,15 +267,22 @@ class FakeApi:
         try:
             writes = request.method in ("POST", "PUT", "PATCH", "DELETE")
             body = await self._body(request) if writes else None
-            self.calls.append(
-                Call(
-                    request.method,
-                    request.path,
-                    dict(request.query),
-                    request.headers.get("Content-Type", ""),
-                    body,
-                )
+            call = Call(
+                request.method,
+                request.path,
+                dict(request.query),
+                request.headers.get("Content-Type", ""),
+                body,
             )
+            if self.access is not None:
+                try:
+                    user = self.access.user(request.headers.get("Authorization"))
+                    call = dataclasses.replace(call, user=user.name)
+                finally:
+                    self.calls.append(call)
+                self.access.authorize(user, request.method, request.path, request.query)
+            else:
+                self.calls.append(call)
             for fault in self._faults:
                 if (
                     fault.times > 0
@@ -444,19 +463,25 @@ class Server:
     api: FakeApi
     url: str
 
-    def configuration(self) -> client.Configuration:
-        """A kubernetes-asyncio Configuration for this server (no TLS, no auth)."""
+    def token(self, user: accessing.User) -> str:
+        """The bearer token of `user` (any token when the server does not authenticate)."""
+        return "fake-token" if self.api.access is None else self.api.access.token(user)
+
+    def configuration(self, user: accessing.User = accessing.ADMIN) -> client.Configuration:
+        """A kubernetes-asyncio Configuration for this server (no TLS) that authenticates
+        as `user` (default: an admin in system:masters, for set-up and users' commands)."""
         configuration = client.Configuration(host=self.url)
         configuration.verify_ssl = False
+        configuration.api_key = {"BearerToken": f"Bearer {self.token(user)}"}
         return configuration
 
-    def kubeconfig(self, path: Path) -> Path:
-        """Write a kubeconfig file whose current context is this server."""
+    def kubeconfig(self, path: Path, user: accessing.User = accessing.ADMIN) -> Path:
+        """Write a kubeconfig file whose current context is this server, as `user`."""
         document = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+            "users": [{"name": "fake", "user": {"token": self.token(user)}}],
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
             "current-context": "fake",
         }
@@ -497,8 +522,8 @@ class ThreadedServer:
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result()
 
-    def configuration(self) -> client.Configuration:
-        return self.server.configuration()
+    def configuration(self, user: accessing.User = accessing.ADMIN) -> client.Configuration:
+        return self.server.configuration(user)
 
 
 @contextlib.contextmanager

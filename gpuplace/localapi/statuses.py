@@ -6,6 +6,8 @@ from typing import Any
 
 REASONS = {
     400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
     404: "NotFound",
     405: "MethodNotAllowed",
     409: "Conflict",

@@ -13,13 +13,17 @@ from tests import fakeapi
 
 @pytest.fixture
 async def server() -> AsyncIterator[fakeapi.Server]:
-    async with fakeapi.serve(fakeapi.FakeApi(bookmark_interval=0.05)) as running:
+    async with fakeapi.serve(
+        fakeapi.FakeApi(bookmark_interval=0.05, access=fakeapi.Access.shipped())
+    ) as running:
         yield running
 
 
 @pytest.fixture
 async def api(server: fakeapi.Server) -> AsyncIterator[kube.Kube]:
-    connection = kube.Kube(connecting.client_for(server.configuration()), timeout=5.0)
+    connection = kube.Kube(
+        connecting.client_for(server.configuration(fakeapi.GPUPLACE)), timeout=5.0
+    )
     try:
         yield connection
     finally:

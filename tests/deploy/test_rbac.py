@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kubernetes_asyncio import client
 
+from cluster import kube
+from gpuplace.localapi import access
+from gpuplace.sidecar import SidecarSettings
 from tests.deploy import rendering
 from tests.deploy.rendering import Obj, named, one, render
 
@@ -31,6 +35,7 @@ GPUPLACE_CLUSTER: set[Grant] = {
     ("", "events", "create", ()),
     ("", "events", "patch", ()),
 }
+GPUPLACE_LEASE: set[Grant] = {("coordination.k8s.io", "leases", "get", (LEASE,))}
 SCHEDULER_LEASE: set[Grant] = {
     ("coordination.k8s.io", "leases", "create", ()),
     ("coordination.k8s.io", "leases", "get", (LEASE,)),
@@ -49,7 +54,10 @@ CERTS_WEBHOOKS: set[Grant] = {
 
 # identity -> {(binding kind, role kind, role name, binding namespace)}
 BINDINGS = {
-    "gpuplace": {("ClusterRoleBinding", "ClusterRole", "gpuplace", None)},
+    "gpuplace": {
+        ("ClusterRoleBinding", "ClusterRole", "gpuplace", None),
+        ("RoleBinding", "Role", "gpuplace-read-scheduler-lease", "gpuplace"),
+    },
     "gpuplace-scheduler": {
         ("ClusterRoleBinding", "ClusterRole", "system:kube-scheduler", None),
         ("ClusterRoleBinding", "ClusterRole", "system:volume-scheduler", None),
@@ -104,11 +112,16 @@ def test_each_identity_is_bound_to_exactly_its_roles(objects: list[Obj]) -> None
 def test_our_roles_grant_exactly_the_documented_verbs(objects: list[Obj]) -> None:
     cluster_roles, roles = named(objects, "ClusterRole"), named(objects, "Role")
     assert grants(cluster_roles["gpuplace"]) == GPUPLACE_CLUSTER
+    assert grants(roles["gpuplace-read-scheduler-lease"]) == GPUPLACE_LEASE
     assert grants(roles["gpuplace-scheduler-leader-election"]) == SCHEDULER_LEASE
     assert grants(roles["gpuplace-certs"]) == CERTS_SECRETS
     assert grants(cluster_roles["gpuplace-certs"]) == CERTS_WEBHOOKS
     assert set(cluster_roles) == {"gpuplace", "gpuplace-certs"}
-    assert set(roles) == {"gpuplace-scheduler-leader-election", "gpuplace-certs"}
+    assert set(roles) == {
+        "gpuplace-read-scheduler-lease",
+        "gpuplace-scheduler-leader-election",
+        "gpuplace-certs",
+    }
 
 
 def test_the_sidecar_cannot_read_secrets_or_touch_rbac_or_webhooks(objects: list[Obj]) -> None:
@@ -144,10 +157,13 @@ def test_leases_named_in_rbac_are_the_scheduler_lease(objects: list[Obj]) -> Non
     )
     election = config["leaderElection"]
     assert (election["resourceName"], election["resourceNamespace"]) == (LEASE, "gpuplace")
-    assert (
-        one(objects, "Role", "gpuplace-scheduler-leader-election")["metadata"]["namespace"]
-        == (election["resourceNamespace"])
-    )
+    for role in ("gpuplace-scheduler-leader-election", "gpuplace-read-scheduler-lease"):
+        assert (
+            one(objects, "Role", role)["metadata"]["namespace"] == (election["resourceNamespace"])
+        )
+    # the sidecar follows the Lease the scheduler elects on, by default
+    default = SidecarSettings.model_fields["scheduler_lease"].default
+    assert default == f"{election['resourceNamespace']}/{election['resourceName']}"
 
 
 RBAC_SOURCES = [
@@ -169,24 +185,46 @@ def test_every_verb_says_why(path: Path) -> None:
 
 
 # Calls made with a user's own credentials (not the sidecar's): `gpuplace explain`.
-CLI_ONLY = {"list_namespaced_event"}
+CLI_ONLY = {("", "list_namespaced_event")}
 VERB_OF = {"read": ("get",), "list": ("list", "watch"), "patch": ("patch",),
            "create": ("create",), "replace": ("update",), "delete": ("delete",)}  # fmt: skip
+GROUP_OF = {"core": "", "coordination": "coordination.k8s.io"}
+"""`cluster.kube.Kube`'s generated clients, by attribute, and their API groups."""
+
+KUBE = rendering.ROOT / "cluster" / "kube.py"
+SIDECAR_ROOMS = ("cluster", "extender", "webhook", "gpuplace")
+OWN_CLIENTS = {rendering.ROOT / "gpuplace" / "certs_k8s.py"}
+"""The certs job's calls (identity gpuplace-certs), checked by their own test below."""
+GENERATED_METHODS = {
+    name
+    for api in dir(client)
+    if api.endswith("Api") and isinstance(getattr(client, api), type)
+    for name in vars(getattr(client, api))
+    if re.match(r"(read|list|create|patch|replace|delete|connect)_", name)
+} - set(vars(kube.Kube))
+"""The generated clients' API methods (less the names `kube.Kube` itself offers)."""
+GENERATED = re.compile(
+    r"\b[A-Z]\w*V\d\w*Api\(|\bcall_api\(|\.(?:"
+    + "|".join(sorted(GENERATED_METHODS, key=len, reverse=True))
+    + r")\("
+)
+"""A generated API class, a raw `call_api`, or a generated method called directly."""
 
 
-def api_calls() -> set[str]:
-    """Every CoreV1Api method the cluster and extender rooms use (`core.METHOD`)."""
-    found: set[str] = set()
-    for room in ("cluster", "extender"):
-        for path in (rendering.ROOT / room).rglob("*.py"):
-            found |= set(re.findall(r"\bcore\.([a-z_]+)\b", path.read_text()))
+def api_calls(path: Path = KUBE, clients: dict[str, str] = GROUP_OF) -> set[tuple[str, str]]:
+    """(API group, generated method) of every call `path` makes (`self.core.METHOD`,
+    `self.coordination.METHOD`, ...)."""
+    found: set[tuple[str, str]] = set()
+    names = "|".join(clients)
+    for attribute, method in re.findall(rf"\b({names})\.([a-z_]+)\b", path.read_text()):
+        found.add((clients[attribute], method))
     return found
 
 
 def needed(method: str) -> set[tuple[str, str]]:
-    """(resource, verb) a CoreV1Api method needs: read_namespaced_pod -> (pods, get),
+    """(resource, verb) a generated method needs: read_namespaced_pod -> (pods, get),
     patch_node_status -> (nodes/status, patch), list_pod_for_all_namespaces -> pods list
-    and watch (the informers list, then watch)."""
+    and watch (the informers list, then watch), read_namespaced_lease -> (leases, get)."""
     action, _, rest = method.partition("_")
     rest = rest.removeprefix("namespaced_").removesuffix("_for_all_namespaces")
     kind, _, sub = rest.partition("_")
@@ -194,11 +232,82 @@ def needed(method: str) -> set[tuple[str, str]]:
     return {(resource, verb) for verb in VERB_OF[action]}
 
 
+def granted_to(objects: list[Obj], account: str) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) of every role bound to `account`."""
+    roles = {("Role", n): r for n, r in named(objects, "Role").items()}
+    roles |= {("ClusterRole", n): r for n, r in named(objects, "ClusterRole").items()}
+    found = set()
+    for _, kind, name, _ in bindings_of(objects, account):
+        found |= {(g, r, v) for g, r, v, _ in grants(roles[(kind, name)])}
+    return found
+
+
+def test_every_api_call_goes_through_cluster_kube() -> None:
+    """One client layer: anything else that builds a generated API, or calls a generated
+    method, escapes the RBAC check below (issue 18: the Lease read did)."""
+    outside = []
+    for room in SIDECAR_ROOMS:
+        for path in (rendering.ROOT / room).rglob("*.py"):
+            if path == KUBE or path in OWN_CLIENTS:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if GENERATED.search(line):
+                    outside.append(f"{path.relative_to(rendering.ROOT)}:{number}: {line.strip()}")
+    assert outside == [], "API calls outside cluster/kube.py:\n" + "\n".join(outside)
+
+
+def test_the_scan_sees_calls_outside_kube() -> None:
+    stray = "self._coordination = client.CoordinationV1Api(api.api_client)\n"
+    stray += "await self._coordination.read_namespaced_lease(name, namespace)\n"
+    assert len([line for line in stray.splitlines() if GENERATED.search(line)]) == 2
+
+
 def test_rbac_covers_every_call_the_sidecar_makes(objects: list[Obj]) -> None:
-    granted = {(r, v) for g, r, v, names in grants(named(objects, "ClusterRole")["gpuplace"])}
+    granted = granted_to(objects, "gpuplace")
     calls = api_calls() - CLI_ONLY
-    assert {"create_namespaced_pod_binding", "patch_node_status"} <= calls  # the scan works
-    missing = {pair for call in calls for pair in needed(call)} - granted
+    # the scan works, and sees every client Kube holds
+    assert {("", "create_namespaced_pod_binding"), ("", "patch_node_status")} <= calls
+    assert ("coordination.k8s.io", "read_namespaced_lease") in calls
+    attributes = set(re.findall(r"self\.(\w+): Any = client\.\w+Api\(", KUBE.read_text()))
+    assert attributes == set(GROUP_OF), "a client in Kube the scan does not read"
+    wanted = {(group, r, v) for group, call in calls for r, v in needed(call)}
+    missing = wanted - granted
     assert missing == set(), f"calls without RBAC: {missing}"
-    unused = granted - {pair for call in calls for pair in needed(call)}
+    unused = granted - wanted
     assert unused == set(), f"RBAC no call needs: {unused}"
+
+
+CERTS_CLIENTS = {"core": "", "adm": "admissionregistration.k8s.io"}
+
+
+def test_rbac_covers_every_call_the_certs_job_makes(objects: list[Obj]) -> None:
+    """`gpuplace certs rotate` in the CronJob (identity gpuplace-certs, its own client in
+    gpuplace/certs_k8s.py)."""
+    calls = api_calls(rendering.ROOT / "gpuplace" / "certs_k8s.py", CERTS_CLIENTS)
+    assert ("", "read_namespaced_secret") in calls
+    wanted = set()
+    for group, call in calls:
+        if group:  # read_mutating_webhook_configuration -> mutatingwebhookconfigurations
+            action, _, kind = call.partition("_")
+            wanted |= {(group, kind.replace("_", "") + "s", verb) for verb in VERB_OF[action]}
+        else:
+            wanted |= {(group, resource, verb) for resource, verb in needed(call)}
+    assert ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "patch") in wanted
+    granted = granted_to(objects, "gpuplace-certs")
+    assert wanted - granted == set()
+
+
+def test_the_local_api_enforces_the_rbac_kustomize_renders(objects: list[Obj]) -> None:
+    """gpuplace.localapi reads deploy/ without kustomize: its RBAC objects must be exactly
+    the rendered ones (labels aside)."""
+
+    def rbac(found: list[Obj]) -> list[Obj]:
+        kept = []
+        for obj in found:
+            if obj["kind"] in access.RBAC_KINDS:
+                metadata = {k: v for k, v in obj["metadata"].items() if k != "labels"}
+                kept.append({**obj, "metadata": metadata})
+        return sorted(kept, key=lambda o: (o["kind"], o["metadata"]["name"]))
+
+    assert rbac(access.shipped_objects()) == rbac(objects)
+    assert len(rbac(objects)) == 13

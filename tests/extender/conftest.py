@@ -119,7 +119,7 @@ class Harness:
 
 @contextlib.asynccontextmanager
 async def harness(server: fakeapi.Server, **overrides: Any) -> AsyncIterator[Harness]:
-    api = kube.Kube(connecting.client_for(server.configuration()), timeout=5.0)
+    api = kube.Kube(connecting.client_for(server.configuration(fakeapi.GPUPLACE)), timeout=5.0)
     sidecar = Sidecar(settings(**overrides), CollectorRegistry(), api, rng=random.Random(7))
     async with sidecar.running():
         runner = web.AppRunner(sidecar.app, access_log=None)
@@ -136,7 +136,9 @@ async def harness(server: fakeapi.Server, **overrides: Any) -> AsyncIterator[Har
 
 @pytest.fixture
 async def server() -> AsyncIterator[fakeapi.Server]:
-    async with fakeapi.serve(fakeapi.FakeApi(bookmark_interval=0.2)) as running:
+    async with fakeapi.serve(
+        fakeapi.FakeApi(bookmark_interval=0.2, access=fakeapi.Access.shipped())
+    ) as running:
         yield running
 
 

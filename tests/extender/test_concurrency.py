@@ -65,7 +65,9 @@ async def race(h: Harness, pods: list[dict[str, Any]], seed: int) -> list[str]:
 async def scenario(
     nodes: int, gpus: int, requests: list[tuple[int, int, int]], seed: int
 ) -> tuple[int, list[str]]:
-    async with fakeapi.serve(fakeapi.FakeApi(bookmark_interval=0.2)) as server:
+    async with fakeapi.serve(
+        fakeapi.FakeApi(bookmark_interval=0.2, access=fakeapi.Access.shipped())
+    ) as server:
         api = server.api
         for index in range(nodes):
             api.create(objects.node(f"n{index}", gpus=gpus, gpu_memory_mib=GPU_MIB))

@@ -4,14 +4,17 @@ the gated-pod rules of kube-apiserver ≥ 1.30, plan marks, and the leadership g
 from __future__ import annotations
 
 import copy
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes_asyncio import client
+from prometheus_client import CollectorRegistry
 
-from cluster import kube
+from cluster import kube, refusals
 from extender import gang_affinity, gang_leader
 from extender.gang_affinity import NodeFilter, narrowed, narrows
 from extender.gang_members import PlanMark
@@ -292,15 +295,22 @@ def test_leadership_follows_the_scheduler_lease() -> None:
 
 
 async def test_the_lease_follower_reads_the_api() -> None:
-    async with fakeapi.serve() as server:
-        api = kube.Kube(client.ApiClient(server.configuration()), timeout=5.0)
+    async with fakeapi.serve(fakeapi.FakeApi(access=fakeapi.Access.shipped())) as server:
+        api = kube.Kube(
+            client.ApiClient(server.configuration(fakeapi.GPUPLACE)),
+            timeout=5.0,
+            refusals=refusals.Refusals(missing_grace=0.0),
+        )
         try:
             follower = gang_leader.LeaseFollower(api, identity="me")
             await follower.read()
             assert not follower()  # no Lease yet: not leading
+            assert "cannot find kube-scheduler's Lease" in str(follower.blocked_reason())
             server.api.create(lease("me_123", datetime.now(UTC)))
             await follower.read()
             assert follower()
+            assert follower.blocked_reason() is None
+            assert api.refusals.in_force() == []  # found again: recovered
             server.api.patch(
                 "coordination.k8s.io/leases",
                 "gpuplace-scheduler",
@@ -309,5 +319,54 @@ async def test_the_lease_follower_reads_the_api() -> None:
             )
             await follower.read()
             assert not follower()
+        finally:
+            await api.close()
+
+
+def without_lease_rule(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objects if o["metadata"]["name"] != "gpuplace-read-scheduler-lease"]
+
+
+async def test_a_refused_lease_read_is_loud(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 18: without `get` on the Lease the follower never leads, and says why."""
+    access = fakeapi.Access.shipped(edit=without_lease_rule)
+    async with fakeapi.serve(fakeapi.FakeApi(access=access)) as server:
+        server.api.create(lease("me_123", datetime.now(UTC)))
+        api = kube.Kube(client.ApiClient(server.configuration(fakeapi.GPUPLACE)), timeout=5.0)
+        registry = CollectorRegistry()
+        registry.register(api.refusals)
+        try:
+            follower = gang_leader.LeaseFollower(api, identity="me")
+            with caplog.at_level(logging.INFO, logger="cluster.refusals"):
+                for _ in range(3):
+                    await follower.read()
+            assert not follower()
+            errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+            assert len(errors) == 1  # once per transition, not once per read
+            assert (errors[0].verb, errors[0].resource, errors[0].code) == (  # type: ignore[attr-defined]
+                "get",
+                "leases.coordination.k8s.io",
+                403,
+            )
+            assert "cannot get resource" in errors[0].detail  # type: ignore[attr-defined]
+            labels = {"verb": "get", "resource": "leases.coordination.k8s.io", "code": "403"}
+            assert registry.get_sample_value("gpuplace_api_refusals_total", labels) == 3
+            assert "get leases.coordination.k8s.io gpuplace/gpuplace-scheduler: 403" in str(
+                api.refusals.not_ready_reason()
+            )
+            reason = str(follower.blocked_reason())
+            assert "get on leases.coordination.k8s.io gpuplace-scheduler" in reason
+            assert "gpuplace-read-scheduler-lease" in reason
+            # the rule comes back (as after `kubectl apply`): INFO, ready, leading
+            server.api.access = fakeapi.Access.shipped()
+            api.api_client.configuration.api_key = {
+                "BearerToken": f"Bearer {server.token(fakeapi.GPUPLACE)}"
+            }
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="cluster.refusals"):
+                await follower.read()
+            assert follower() and follower.blocked_reason() is None
+            assert api.refusals.not_ready_reason() is None
+            assert [r.levelno for r in caplog.records] == [logging.INFO]
         finally:
             await api.close()

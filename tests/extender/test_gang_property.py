@@ -78,7 +78,9 @@ def check_ledger(r: Rig) -> None:
 
 
 async def scenario(steps: list[tuple[Any, ...]], pauses: list[float]) -> None:
-    async with fakeapi.serve(fakeapi.FakeApi(bookmark_interval=0.2)) as server:
+    async with fakeapi.serve(
+        fakeapi.FakeApi(bookmark_interval=0.2, access=fakeapi.Access.shipped())
+    ) as server:
         for i in range(3):
             server.api.create(objects.node(f"gpu-{i}", gpus=4))
         counter = 0

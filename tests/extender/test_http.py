@@ -119,7 +119,7 @@ def test_any_pod_shape_gets_an_answer_never_a_500(pods: list[dict[str, Any]]) ->
 @contextlib.asynccontextmanager
 async def unsynced(server: fakeapi.Server) -> AsyncIterator[Harness]:
     """A sidecar whose informers never start (the API is unreachable at first)."""
-    api = kube.Kube(client.ApiClient(server.configuration()))
+    api = kube.Kube(client.ApiClient(server.configuration(fakeapi.GPUPLACE)))
     sidecar = Sidecar(conftest.settings(sync_wait_seconds=0.05), CollectorRegistry(), api)
     runner = aiohttp.web.AppRunner(sidecar.app)
     await runner.setup()

@@ -1,12 +1,14 @@
 """`gpuplace serve` against an API server (the local wire-format one, through a kubeconfig
 file): the composed process — webhook, extender sidecar, gang controller, ops — in
-process and as a real subprocess."""
+process and as a real subprocess. The local API enforces the RBAC deploy/ ships and the
+sidecar presents the gpuplace ServiceAccount's token, as in a cluster."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -85,6 +87,28 @@ def scheduler_lease(holder: str) -> dict[str, Any]:
     }
 
 
+def enforcing(edit: Any = None) -> localapi.FakeApi:
+    """A local API that authenticates and enforces the shipped RBAC (edited by `edit`)."""
+    return localapi.FakeApi(access=localapi.Access.shipped(edit=edit))
+
+
+def without_lease_rule(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The shipped manifests as they were before issue 18: no Lease read for gpuplace."""
+    return [o for o in objects if o["metadata"]["name"] != "gpuplace-read-scheduler-lease"]
+
+
+async def two_nodes_led_here(
+    api_server: localapi.Server, tls: tuple[Path, Path], tmp_path: Path
+) -> serve.Process:
+    """Two 4-GPU nodes, this pod's kube-scheduler holding the Lease, and `gpuplace serve`
+    composed with the gpuplace ServiceAccount's kubeconfig."""
+    for i in range(2):
+        api_server.api.create(objects.node(f"gpu-{i}", gpus=4))
+    api_server.api.create(scheduler_lease(socket.gethostname()))
+    kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig", localapi.GPUPLACE)
+    return await serve.compose(settings(tls, tmp_path, kubeconfig), CollectorRegistry())
+
+
 def gated(api: localapi.FakeApi) -> list[bool]:
     return [bool(pod["spec"].get("schedulingGates")) for pod in api.objects("pods")]
 
@@ -113,13 +137,9 @@ async def started(process: serve.Process) -> AsyncIterator[aiohttp.ClientSession
 async def test_serve_runs_the_gang_controller_which_ungates_a_complete_gang(
     tls: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    async with localapi.serve() as api_server:
+    async with localapi.serve(enforcing()) as api_server:
         api = api_server.api
-        for i in range(2):
-            api.create(objects.node(f"gpu-{i}", gpus=4))
-        api.create(scheduler_lease(socket.gethostname()))  # this pod's kube-scheduler leads
-        kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig")
-        process = await serve.compose(settings(tls, tmp_path, kubeconfig), CollectorRegistry())
+        process = await two_nodes_led_here(api_server, tls, tmp_path)
         sidecar = process.sidecar
         assert sidecar is not None and sidecar.gangs is not None
         async with started(process) as session:
@@ -157,13 +177,74 @@ async def test_serve_runs_the_gang_controller_which_ungates_a_complete_gang(
                     assert (await response.json())["Error"] == ""
             bound = sorted(pod["spec"]["nodeName"] for pod in api.objects("pods"))
             assert bound == ["gpu-0", "gpu-0", "gpu-1", "gpu-1"]
+        # every call was the sidecar's own, under the shipped RBAC, and none was refused
+        assert {call.user for call in api.calls} == {localapi.GPUPLACE.name}
+        assert sidecar.api.refusals.in_force() == []
+
+
+async def test_without_the_lease_rule_no_gang_starts_and_gpuplace_says_why(
+    tls: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 18, as a real cluster showed it: RBAC without `get` on the scheduler's Lease.
+    The gang stays gated (the controller never leads) — and now that is loud: an ERROR
+    naming verb and resource, the refusal metric, /readyz failing with the reason, and an
+    Event on each waiting member that names the missing rule."""
+    async with localapi.serve(enforcing(without_lease_rule)) as api_server:
+        api = api_server.api
+        process = await two_nodes_led_here(api_server, tls, tmp_path)
+        stop = asyncio.Event()
+        with caplog.at_level(logging.INFO):
+            task = asyncio.create_task(process.server.run(stop))
+            try:
+                await asyncio.wait_for(process.server.started.wait(), 10)
+                for i in range(4):
+                    api.create(member(f"w{i}", "train", 4))
+                deadline = time.monotonic() + 10
+                while len(blocked_events(api)) < 4:
+                    assert time.monotonic() < deadline, "no Event on the waiting members"
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.3)
+                assert gated(api) == [True] * 4
+                ops = f"http://127.0.0.1:{process.server.port('ops')}"
+                async with aiohttp.ClientSession() as session:
+                    async with session.get(f"{ops}/readyz") as response:
+                        assert response.status == 503
+                        reasons = (await response.json())["reasons"]
+                    async with session.get(f"{ops}/metrics") as response:
+                        metrics = await response.text()
+            finally:
+                stop.set()
+                await asyncio.wait_for(task, 10)
+    assert (
+        "get leases.coordination.k8s.io gpuplace/gpuplace-scheduler: 403 Forbidden"
+        in (reasons["sidecar"])
+    )
+    assert (
+        'gpuplace_api_refusals_total{code="403",resource="leases.coordination.k8s.io",'
+        'verb="get"}' in metrics
+    )
+    assert "gpuplace_gang_members_gated 4.0" in metrics
+    assert "gpuplace_gangs_waiting 1.0" in metrics
+    assert "gpuplace_gang_controller_leading 0.0" in metrics
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [(r.verb, r.resource, r.code) for r in errors] == [  # type: ignore[attr-defined]
+        ("get", "leases.coordination.k8s.io", 403)
+    ]
+    message = blocked_events(api)[0]["message"]
+    assert "get on leases.coordination.k8s.io gpuplace-scheduler" in message
+    assert "gpuplace-read-scheduler-lease" in message
+    assert api_server.token(localapi.GPUPLACE) not in caplog.text
+
+
+def blocked_events(api: localapi.FakeApi) -> list[dict[str, Any]]:
+    return [e for e in api.objects("events") if e.get("reason") == "GangControllerBlocked"]
 
 
 async def test_gangs_false_runs_no_gang_controller(tls: tuple[Path, Path], tmp_path: Path) -> None:
-    async with localapi.serve() as api_server:
+    async with localapi.serve(enforcing()) as api_server:
         api_server.api.create(objects.node("gpu-0", gpus=4))
         api_server.api.create(scheduler_lease(socket.gethostname()))
-        kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig")
+        kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig", localapi.GPUPLACE)
         process = await serve.compose(
             settings(tls, tmp_path, kubeconfig, gangs=False), CollectorRegistry()
         )
@@ -179,12 +260,12 @@ async def test_gangs_false_runs_no_gang_controller(tls: tuple[Path, Path], tmp_p
 async def test_a_replica_whose_scheduler_does_not_lead_plans_no_gang(
     tls: tuple[Path, Path], tmp_path: Path, lease: str | None
 ) -> None:
-    async with localapi.serve() as api_server:
+    async with localapi.serve(enforcing()) as api_server:
         api = api_server.api
         api.create(objects.node("gpu-0", gpus=4))
         if lease is not None:
             api.create(scheduler_lease(lease))
-        kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig")
+        kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig", localapi.GPUPLACE)
         process = await serve.compose(settings(tls, tmp_path, kubeconfig), CollectorRegistry())
         async with started(process):
             api.create(member("w0", "pair", 2))
@@ -197,10 +278,10 @@ async def test_a_replica_whose_scheduler_does_not_lead_plans_no_gang(
 async def test_without_a_scheduler_lease_setting_a_single_replica_always_plans(
     tls: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    async with localapi.serve() as api_server:
+    async with localapi.serve(enforcing()) as api_server:
         api = api_server.api
         api.create(objects.node("gpu-0", gpus=4))
-        kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig")
+        kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig", localapi.GPUPLACE)
         config = settings(tls, tmp_path, kubeconfig, scheduler_lease="")
         process = await serve.compose(config, CollectorRegistry())
         async with started(process):
@@ -217,7 +298,7 @@ async def test_without_a_scheduler_lease_setting_a_single_replica_always_plans(
 
 @contextlib.contextmanager
 def threaded_api() -> Iterator[localapi.ThreadedServer]:
-    with localapi.serve_in_thread() as server:
+    with localapi.serve_in_thread(enforcing()) as server:
         yield server
 
 
@@ -244,7 +325,7 @@ def test_gpuplace_serve_process_against_the_api(tls: tuple[Path, Path], tmp_path
     with threaded_api() as api_server:
         api_server.call(lambda: api_server.api.create(objects.node("gpu-0", gpus=2)))
         api_server.call(lambda: api_server.api.create(objects.node("cpu-0", gpus=0, enabled=False)))
-        kubeconfig = api_server.server.kubeconfig(tmp_path / "kubeconfig")
+        kubeconfig = api_server.server.kubeconfig(tmp_path / "kubeconfig", localapi.GPUPLACE)
         webhook, extender, ops = _free_port(), _free_port(), _free_port()
         command = [
             sys.executable,

@@ -1,0 +1,3 @@
+"""Re-export of `gpuplace.localapi.access`."""
+
+from gpuplace.localapi.access import *  # noqa: F403
