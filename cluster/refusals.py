@@ -22,7 +22,11 @@ object itself as a Prometheus collector).
 
 The refusals in `BLOCKING` stop the sidecar doing its job, so while one is in force
 `not_ready_reason` names it and `/readyz` fails (docs/deploy.md, "Readiness"); the
-others (Events, node labels and capacity, a gang's condition) only lose a side effect.
+others only lose a side effect (Events, node labels and capacity, a gang's condition)
+or one feature: a refused Lease read stops gangs, which the gang controller reports with
+an Event on every waiting member, while every other GPU pod keeps being admitted and
+bound (a failing /readyz would take the webhook out of its Service, and the validating
+webhook, failing closed, would then refuse every GPU pod).
 
 O(1) per call; memory O(distinct (verb, resource) pairs), a few dozen at most.
 """
@@ -51,7 +55,6 @@ BLOCKING: frozenset[tuple[str, str]] = frozenset(
         ("get", "pods"),  # bind re-reads the pod; the gang controller re-reads members
         ("patch", "pods"),  # no assignment annotations, no ungating of gangs
         ("create", "pods/binding"),  # no pod of ours is ever bound
-        ("get", LEASES),  # the gang controller never leads: no gang ever starts
     }
 )
 """(verb, resource) whose refusal makes the sidecar useless; see the module docstring."""

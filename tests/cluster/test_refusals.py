@@ -21,8 +21,14 @@ def test_a_missing_lease_is_a_refusal_only_once_it_lasts() -> None:
     assert found.current(*lease) is None and found.not_ready_reason() is None
     now[0] = 31.0
     found.answered(*lease, 404, "NotFound", missing=True)
-    assert found.current(*lease) is not None
-    assert "get leases.coordination.k8s.io: 404 NotFound" in str(found.not_ready_reason())
+    refused = found.current(*lease)
+    assert refused is not None
+    assert "get leases.coordination.k8s.io: 404 NotFound" in refusals.describe(refused)
+    # gangs only: reported by the gang controller's Events, never by /readyz
+    assert found.not_ready_reason() is None
+    found.answered("list", "pods", 403, "Forbidden")
+    assert "list pods: 403 Forbidden" in str(found.not_ready_reason())
+    found.answered("list", "pods", 200)
     found.answered(*lease, 200)
     assert found.current(*lease) is None
     # a 404 of a pod that was deleted is no refusal at all; a 403 is one at once

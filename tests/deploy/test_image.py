@@ -123,7 +123,12 @@ def test_build_stage_copies_every_package_and_the_metadata(stages: list[Stage]) 
     packages = top_level_packages(project)
     sources = set(copied_sources(stages[0]))
     assert packages <= sources
-    assert {"pyproject.toml", "setup.py", project["project"]["readme"], "constraints.txt"} <= sources
+    assert {
+        "pyproject.toml",
+        "setup.py",
+        project["project"]["readme"],
+        "constraints.txt",
+    } <= sources
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert not sources & set(ignored)
     assert {".git", ".venv", "tests"} <= set(ignored)

@@ -351,9 +351,12 @@ async def test_a_refused_lease_read_is_loud(caplog: pytest.LogCaptureFixture) ->
             assert "cannot get resource" in errors[0].detail  # type: ignore[attr-defined]
             labels = {"verb": "get", "resource": "leases.coordination.k8s.io", "code": "403"}
             assert registry.get_sample_value("gpuplace_api_refusals_total", labels) == 3
-            assert "get leases.coordination.k8s.io gpuplace/gpuplace-scheduler: 403" in str(
-                api.refusals.not_ready_reason()
+            refused = api.refusals.current("get", refusals.LEASES)
+            assert refused is not None
+            assert "get leases.coordination.k8s.io gpuplace/gpuplace-scheduler: 403" in (
+                refusals.describe(refused)
             )
+            assert api.refusals.not_ready_reason() is None  # gangs only: an Event, not /readyz
             reason = str(follower.blocked_reason())
             assert "get on leases.coordination.k8s.io gpuplace-scheduler" in reason
             assert "gpuplace-read-scheduler-lease" in reason

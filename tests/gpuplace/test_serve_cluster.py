@@ -187,8 +187,9 @@ async def test_without_the_lease_rule_no_gang_starts_and_gpuplace_says_why(
 ) -> None:
     """Issue 18, as a real cluster showed it: RBAC without `get` on the scheduler's Lease.
     The gang stays gated (the controller never leads) — and now that is loud: an ERROR
-    naming verb and resource, the refusal metric, /readyz failing with the reason, and an
-    Event on each waiting member that names the missing rule."""
+    naming verb and resource, the refusal metric and an Event on each waiting member that
+    names the missing rule; /readyz stays ready, since every pod that is not in a gang is
+    still admitted and bound."""
     async with localapi.serve(enforcing(without_lease_rule)) as api_server:
         api = api_server.api
         process = await two_nodes_led_here(api_server, tls, tmp_path)
@@ -208,17 +209,12 @@ async def test_without_the_lease_rule_no_gang_starts_and_gpuplace_says_why(
                 ops = f"http://127.0.0.1:{process.server.port('ops')}"
                 async with aiohttp.ClientSession() as session:
                     async with session.get(f"{ops}/readyz") as response:
-                        assert response.status == 503
-                        reasons = (await response.json())["reasons"]
+                        assert response.status == 200
                     async with session.get(f"{ops}/metrics") as response:
                         metrics = await response.text()
             finally:
                 stop.set()
                 await asyncio.wait_for(task, 10)
-    assert (
-        "get leases.coordination.k8s.io gpuplace/gpuplace-scheduler: 403 Forbidden"
-        in (reasons["sidecar"])
-    )
     assert (
         'gpuplace_api_refusals_total{code="403",resource="leases.coordination.k8s.io",'
         'verb="get"}' in metrics
