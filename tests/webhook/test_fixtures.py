@@ -181,6 +181,47 @@ async def test_multi_affinity_keeps_user_terms(webhook: Webhook) -> None:
     assert "gpuplace" not in json.dumps(pod["spec"]["initContainers"])
 
 
+async def test_metadata_only_updates_of_a_running_gpu_pod_are_allowed(webhook: Webhook) -> None:
+    """The Job controller removing its tracking finalizer and `kubectl label` on a running
+    GPU pod: /validate allows both (the shipped matchConditions do not even send them, see
+    tests/deploy/test_match_conditions.py, so a gpuplace outage cannot stall them). The pod
+    is the captured Job pod as gpuplace mutated it and the sidecar assigned it."""
+    (path,) = helpers.fixture_files("*-mutate-create-job-.json")
+    sent = helpers.fixture_request(path)
+    _, answer = await webhook.post("/mutate", sent)
+    pod = jsonpatch.apply_patch(sent["request"]["object"], _patch(answer))
+    metadata = pod["metadata"]
+    metadata["name"] = metadata["generateName"] + "2vb2c"
+    metadata["finalizers"] = ["batch.kubernetes.io/job-tracking"]
+    metadata["labels"]["batch.kubernetes.io/job-name"] = "job"
+    metadata["annotations"].update({"gpuplace.io/assigned-node": "a100-0"})
+    metadata["annotations"].update({"gpuplace.io/assigned-gpus": "2"})
+    pod["spec"]["nodeName"] = "a100-0"
+    pod["status"] = {"phase": "Succeeded"}
+
+    unfinalized = copy.deepcopy(pod)
+    unfinalized["metadata"]["finalizers"] = []
+    labelled = copy.deepcopy(pod)
+    labelled["metadata"]["labels"]["team"] = "vision"
+    for user, new in (
+        ("system:serviceaccount:kube-system:job-controller", unfinalized),
+        ("admin", labelled),
+    ):
+        update = copy.deepcopy(sent)
+        update["request"].update(
+            uid=f"update-{user}",
+            name=metadata["name"],
+            operation="UPDATE",
+            userInfo={"username": user, "groups": ["system:authenticated"]},
+            object=new,
+            oldObject=pod,
+            options={"apiVersion": "meta.k8s.io/v1", "kind": "PatchOptions"},
+        )
+        status, answer = await webhook.post("/validate", update)
+        assert status == 200 and answer["response"]["allowed"], answer["response"]
+        assert _decision(webhook, f"update-{user}") == "update"
+
+
 def test_schema_check_can_fail() -> None:
     """The schema used above really refuses a broken pod (else the checks prove nothing)."""
     (path,) = helpers.fixture_files("*-mutate-create-share-raw.json")
