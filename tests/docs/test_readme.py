@@ -59,3 +59,20 @@ def test_every_figure_names_a_script_that_exists() -> None:
     scripts = set(re.findall(r"`(bench/[\w/]+\.py)", section))
     assert scripts, "the promises table names its scripts"
     assert [s for s in scripts if not (ROOT / s).exists()] == []
+
+
+def sh_block_after(text: str, marker: str) -> list[str]:
+    """The lines of the first ```sh block after `marker`, stripped of indentation."""
+    lines = text[text.index(marker) :].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "```sh")
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].strip() == "```")
+    return [line.strip() for line in lines[start + 1 : end]]
+
+
+def test_the_readme_installs_with_the_sequence_the_install_test_plays() -> None:
+    """tests/deploy/test_install_sequence.py plays docs/deploy.md's marked commands on a
+    model of a fresh cluster; the README must show the same ones."""
+    deploy = (DOCS / "deploy.md").read_text()
+    assert sh_block_after(README.read_text(), "Apply it") == sh_block_after(
+        deploy, "<!-- install-sequence"
+    )
