@@ -82,9 +82,11 @@ class TaskType:
 
     @classmethod
     def of(cls, request: GpuRequest) -> TaskType:
-        return cls(
-            max(request.cpu_milli, MIN_CPU_MILLI), request.milli, request.count, request.models
-        )
+        """The request's type. A memory-only share counts as one whole GPU: it needs a
+        GPU free of compute shares (an empty one, unless it joins other memory-only
+        shares), and `milli` 0 means "uses no GPU" here."""
+        milli = WHOLE_MILLI if request.memory_only else request.milli
+        return cls(max(request.cpu_milli, MIN_CPU_MILLI), milli, request.count, request.models)
 
 
 class Workload:

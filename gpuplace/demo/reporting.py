@@ -15,6 +15,7 @@ from extender import explaining
 from extender.gang_members import plan_mark
 from gpuplace.demo import scenario
 from gpuplace.demo.running import Outcome, PodResult
+from placement import requests
 from placement.fragmentation import Workload
 from placement.ledger import Ledger
 from placement.requests import WHOLE
@@ -83,7 +84,7 @@ def _assignment(pod: dict[str, Any] | None) -> tuple[str, str]:
         return gpus, "?"
     if milli >= WHOLE:
         return _ranges(gpus), "whole" if "," not in gpus else f"{gpus.count(',') + 1}× whole"
-    share = f"{milli / 10:g}%"
+    share = requests.share_text(milli)
     if memory:
         share += f" {memory // 1024}Gi" if memory % 1024 == 0 else f" {memory}Mi"
     return gpus, share
