@@ -87,8 +87,12 @@ def trace_pod(uid: str, request: GpuRequest) -> dict[str, Any]:
     """A trace pod as kube-scheduler would send it after our webhook: annotations
     (percent rounded up to whole percent), CPU and memory requests, a UID."""
     annotations: dict[str, str] = {}
-    if request.count == 1 and request.milli < 1000:
+    if request.memory_only:
+        annotations[keys.GPU_MEMORY] = f"{request.memory_mib}Mi"
+    elif request.count == 1 and request.milli < 1000:
         annotations[keys.GPU_PERCENT] = str(-(-request.milli // 10))
+        if request.memory_mib:
+            annotations[keys.GPU_MEMORY] = f"{request.memory_mib}Mi"
     elif request.count:
         annotations[keys.GPU_COUNT] = str(request.count)
     if request.count and request.models:
@@ -247,6 +251,8 @@ def write_decisions(out: IO[str], result: replay.Replay) -> None:
             "num_gpu": pod.num_gpu,
             "gpu_milli": pod.gpu_milli,
             "gpu_spec": pod.gpu_spec,
+            "gpu_memory_mib": pod.gpu_memory_mib,
+            "memory_only": pod.memory_only,
             "node": arrival.node,
             "gpus": list(arrival.gpus),
         }

@@ -36,10 +36,8 @@ MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 DEFAULT_SCHEDULER = "default-scheduler"
 MEMORY_ONLY_WARNING = (
-    f"memory-only share: {{memory}} MiB of GPU memory reserved, no compute: without "
-    f"{keys.GPU_PERCENT} the pod is time-sliced with the other memory-only pods on its GPU "
-    "with no guaranteed share of its SMs (such a GPU holds no compute share and no whole-GPU "
-    f"pod); add {keys.GPU_PERCENT} to reserve compute"
+    "memory-only share: {memory} MiB of GPU memory and no compute reserved; it is time-sliced "
+    f"with the other memory-only pods of its GPU (never with {keys.GPU_PERCENT} pods)"
 )
 REQUIRED_AFFINITY = (
     "spec",
