@@ -343,6 +343,7 @@ def test_parse_either_returns_a_valid_spec_or_explains(values: dict[str, str]) -
         return
     request = spec.to_request(0, 0)
     assert request.count == spec.count >= 1
-    assert 1 <= request.milli <= 1000
+    assert 1 <= request.milli <= 1000 or (request.memory_only and request.memory_mib > 0)
+    assert request.memory_only == (keys.GPU_PERCENT not in values and keys.GPU_COUNT not in values)
     assert spec.count == 1 or spec.percent == 100
     assert (spec.gang is None) == (keys.GANG_NAME not in values)
