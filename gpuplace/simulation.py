@@ -204,7 +204,8 @@ def run(
         allocation_at_130=round(result.allocation_at(130), 2),
         allocation_at_first_reject=round(result.allocation_at_first_reject(), 2),
         frag_rate_at_80=round(result.frag_rate_at(80), 2),
-        frag_amount_at_100=round(result.frag_amount_at(100), 2),
+        # + 0.0: a sum of float deltas that is 0 may round to -0.0
+        frag_amount_at_100=round(result.frag_amount_at(100), 2) + 0.0,
         rejected=result.rejected,
         rejected_gpu=result.rejected_gpu,
         decision_p50_ms=round(_quantile(timings, 0.50) * 1000, 3),

@@ -121,8 +121,11 @@ class Workload:
     def from_requests(
         cls, requests: Iterable[GpuRequest], popularity: float = POPULARITY
     ) -> Workload:
-        """Most popular task types covering `popularity` of the pods. O(pods + types log types)."""
-        counts = Counter(TaskType.of(request) for request in requests)
+        """Most popular task types covering `popularity` of the pods. O(pods + types log types).
+
+        Memory-only shares are left out: they use no compute, and the measure is of idle
+        compute the typical requests could not use."""
+        counts = Counter(TaskType.of(request) for request in requests if not request.memory_only)
         total = sum(counts.values())
         if total == 0:
             return cls(())

@@ -119,10 +119,10 @@ def test_no_gpu_with_the_memory_free_is_said_in_mib() -> None:
 @pytest.mark.parametrize("name", policies.NAMES)
 def test_scores_are_finite_with_memory_only_in_the_typical_workload(name: str) -> None:
     requests = [memory_only(4096), memory_only(8192), share(500), whole(2)]
-    workload = Workload.from_requests(requests)
-    # A memory-only type counts as one whole GPU in the measure (it needs a GPU free of
-    # compute shares); 0 would mean "uses no GPU".
-    assert {task.milli for task, _ in workload.types} >= {1000}
+    workload = Workload.from_requests(requests, popularity=1.0)
+    # Memory-only shares use no compute: the measure of idle compute leaves them out.
+    assert sorted((task.milli, task.count) for task, _ in workload.types) == [(500, 1), (1000, 2)]
+    assert Workload.from_requests([memory_only(4096)]).types == ()
     book = ledger(node("a", 4, memory=16_384), node("b", 2, memory=16_384))
     book.reserve(Grant("x", "a", (0,), 0, 4096))
     policy = policies.make(name, workload=workload, rng=random.Random(1))
