@@ -82,9 +82,9 @@ class TaskType:
 
     @classmethod
     def of(cls, request: GpuRequest) -> TaskType:
-        """The request's type. A memory-only share counts as one whole GPU: it needs a
-        GPU free of compute shares (an empty one, unless it joins other memory-only
-        shares), and `milli` 0 means "uses no GPU" here."""
+        """The request's type. `from_requests` leaves memory-only shares out; given one,
+        it counts as one whole GPU (what it needs to open a GPU), never as `milli` 0,
+        which means "uses no GPU" here."""
         milli = WHOLE_MILLI if request.memory_only else request.milli
         return cls(max(request.cpu_milli, MIN_CPU_MILLI), milli, request.count, request.models)
 
