@@ -118,8 +118,9 @@ class PodGpuSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    percent: int = Field(ge=1, le=100)
-    """Share of each GPU's compute; 100 for whole GPUs."""
+    percent: int = Field(ge=0, le=100)
+    """Share of each GPU's compute; 100 for whole GPUs; 0 for a memory-only share (one
+    GPU, `memory_mib` > 0, no compute reserved: see docs/annotations.md)."""
     memory_mib: int = Field(default=0, ge=0, le=MAX_MEMORY_MIB)
     """GPU memory per GPU in MiB; 0 = not asked (a whole GPU then brings all of its own)."""
     memory_rounded: bool = False
@@ -137,6 +138,8 @@ class PodGpuSpec(BaseModel):
     def _combination(self) -> Self:
         if self.count > 1 and self.percent != 100:
             raise ValueError(_several_whole(self.percent, self.count))
+        if self.percent == 0 and (self.count != 1 or self.memory_mib <= 0):
+            raise ValueError("a memory-only share (percent 0) is memory on one GPU")
         return self
 
     @property
@@ -150,8 +153,14 @@ class PodGpuSpec(BaseModel):
         return self.count == 1 and self.percent < 100
 
     @property
+    def memory_only(self) -> bool:
+        """True for a memory-only share: `gpu-memory` alone, no compute reserved."""
+        return self.percent == 0
+
+    @property
     def resource_percent(self) -> int:
-        """Value of the extended resource `gpuplace.io/gpu-percent`: percent × count."""
+        """Value of the extended resource `gpuplace.io/gpu-percent`: percent × count (0 for
+        a memory-only share, which then requests `gpuplace.io/gpu-memory` alone)."""
         return self.percent * self.count
 
     @property
@@ -367,7 +376,9 @@ def parse(annotations: Mapping[str, str]) -> PodGpuSpec | None:
         raise AnnotationError(problems)
 
     count = values.get("count", 1)
-    percent = values.get("percent", 100)
+    # `gpu-memory` alone is a memory-only share: memory reserved, no compute (percent 0).
+    memory_only = keys.GPU_PERCENT not in given and keys.GPU_COUNT not in given
+    percent = values.get("percent", 0 if memory_only else 100)
     default_topology = GpuTopology.PREFERRED if count > 1 else GpuTopology.NONE
     gang = None
     if keys.GANG_NAME in given:
@@ -390,7 +401,7 @@ def parse(annotations: Mapping[str, str]) -> PodGpuSpec | None:
 
 def _combination_problems(given: Mapping[str, str], values: Mapping[str, Any]) -> list[Problem]:
     problems: list[Problem] = []
-    asks_gpu = keys.GPU_PERCENT in given or keys.GPU_COUNT in given
+    asks_gpu = keys.GPU_PERCENT in given or keys.GPU_COUNT in given or keys.GPU_MEMORY in given
     if not asks_gpu:
         written = [key for key in (*_GPU_KEYS, *_GANG_KEYS) if key in given]
         needs = ", ".join(written)
@@ -398,7 +409,8 @@ def _combination_problems(given: Mapping[str, str], values: Mapping[str, Any]) -
             Problem(
                 written[0],
                 f"{needs} without a GPU request: add {keys.GPU_PERCENT} (a share of one GPU, "
-                f'e.g. "50") or {keys.GPU_COUNT} (whole GPUs, e.g. "1")',
+                f'e.g. "50"), {keys.GPU_MEMORY} (GPU memory alone, e.g. "8Gi") or '
+                f'{keys.GPU_COUNT} (whole GPUs, e.g. "1")',
             )
         )
     percent, count = values.get("percent"), values.get("count")

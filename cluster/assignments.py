@@ -15,7 +15,7 @@ Format (all values strings, as annotations are):
 - `gpuplace.io/visible-devices`: what NVIDIA_VISIBLE_DEVICES must hold: the UUIDs
   when known, else the indices;
 - `gpuplace.io/assigned-milli`: milli-GPU granted on each of those GPUs (`500`;
-  1000 = whole);
+  1000 = whole; 0 = a memory-only share, one GPU with memory, no compute reserved);
 - `gpuplace.io/assigned-memory-mib`: GPU memory granted on each, MiB (`20480`; 0 =
   none asked);
 - `gpuplace.io/assigned-at`: RFC 3339 UTC time of the grant (`2026-11-21T05:44:24Z`).
@@ -94,8 +94,13 @@ def grant_of(pod: Mapping[str, Any], request: GpuRequest | None = None) -> Grant
     gpus = tuple(int(part) for part in parts)
     if len(set(gpus)) != len(gpus):
         raise AssignmentError(f"{keys.ASSIGNED_GPUS}={raw_gpus[:40]!r}: names a GPU twice")
-    milli = _integer(annotations, keys.ASSIGNED_MILLI, 1, WHOLE)
+    milli = _integer(annotations, keys.ASSIGNED_MILLI, 0, WHOLE)
     memory = _integer(annotations, keys.ASSIGNED_MEMORY, 0, 1 << 40)
+    if milli == 0 and (len(gpus) != 1 or memory == 0):
+        raise AssignmentError(
+            f"{keys.ASSIGNED_MILLI}=0 (a memory-only share) needs one GPU in "
+            f"{keys.ASSIGNED_GPUS} and {keys.ASSIGNED_MEMORY} > 0"
+        )
     bound = str((pod.get("spec") or {}).get("nodeName") or "")
     return Grant(
         pod_uid=uid,

@@ -42,7 +42,7 @@ VISIBLE_DEVICES = PREFIX + "visible-devices"
 """What NVIDIA_VISIBLE_DEVICES must hold: the UUIDs when the node publishes them, else the
 indices, comma-separated. The webhook points the env var here through the downward API."""
 ASSIGNED_MILLI = PREFIX + "assigned-milli"
-"""milli-GPU granted on each GPU (1000 = whole)."""
+"""milli-GPU granted on each GPU (1000 = whole, 0 = a memory-only share)."""
 ASSIGNED_MEMORY = PREFIX + "assigned-memory-mib"
 """GPU memory granted on each GPU, MiB."""
 ASSIGNED_AT = PREFIX + "assigned-at"

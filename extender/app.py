@@ -246,8 +246,11 @@ class Service:
 
 
 def describe(request: GpuRequest) -> str:
-    """'50% of one GPU with 20480 MiB', '2 whole GPUs of A100'."""
-    if request.count == 1 and request.milli < WHOLE:
+    """'50% of one GPU with 20480 MiB', '2 whole GPUs of A100', 'memory only (no compute)
+    of one GPU with 8192 MiB'."""
+    if request.memory_only:
+        text = "memory only (no compute) of one GPU"
+    elif request.count == 1 and request.milli < WHOLE:
         text = f"{request.milli / 10:g}% of one GPU"
     else:
         text = f"{request.count} whole GPU{'s' if request.count > 1 else ''}"

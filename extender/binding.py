@@ -37,7 +37,7 @@ from cluster.pods import PodRecord
 from cluster.syncing import LedgerSync
 from extender import deciding
 from extender.wire import BindingArgs
-from placement import choosing
+from placement import choosing, requests
 from placement.ledger import Grant, LedgerError
 
 log = logging.getLogger(__name__)
@@ -259,7 +259,7 @@ class Binder:
 
 def _assigned_message(grant: Grant, node: Any) -> str:
     gpus = ",".join(str(index) for index in grant.gpus)
-    share = f"{grant.milli / 10:g}%" if grant.milli < 1000 else "whole"
+    share = requests.share_text(grant.milli)
     memory = f", {grant.memory_mib} MiB" if grant.memory_mib else ""
     plural = "s" if len(grant.gpus) > 1 else ""
     return f"assigned GPU{plural} {gpus} of node {grant.node} ({share}{memory} each)"

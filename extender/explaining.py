@@ -20,7 +20,7 @@ from extender import reasons
 from extender.workloads import PolicyHolder
 from placement import choosing
 from placement.ledger import Grant, GrantState
-from placement.requests import WHOLE
+from placement.requests import share_text
 
 FITS = "fits"
 HERE = "here"
@@ -58,13 +58,17 @@ def _free(sync: LedgerSync, name: str) -> tuple[str, str, int]:
         record = sync.nodes.get(name)
         why = record.problem if record is not None and record.problem else ""
         return ("-", why, 0)
-    free = "/".join(f"{max(milli, 0) / 10:g}" for milli in state.free_milli)
+    # A GPU holding memory-only shares has no compute open to others: "mem" says why.
+    free = "/".join(
+        "mem" if held else f"{max(milli, 0) / 10:g}"
+        for milli, held in zip(state.free_milli, state.memory_only, strict=True)
+    )
     return (free or "-", state.node.model or "-", len(state.node.gpus))
 
 
 def _grant_text(grant: Grant) -> str:
     gpus = ",".join(str(index) for index in grant.gpus)
-    share = f"{grant.milli / 10:g}%" if grant.milli < WHOLE else "whole"
+    share = share_text(grant.milli)
     memory = f", {grant.memory_mib} MiB" if grant.memory_mib else ""
     return f"GPU{'s' if len(grant.gpus) > 1 else ''} {gpus} ({share}{memory} each)"
 

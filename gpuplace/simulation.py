@@ -87,8 +87,12 @@ def trace_pod(uid: str, request: GpuRequest) -> dict[str, Any]:
     """A trace pod as kube-scheduler would send it after our webhook: annotations
     (percent rounded up to whole percent), CPU and memory requests, a UID."""
     annotations: dict[str, str] = {}
-    if request.count == 1 and request.milli < 1000:
+    if request.memory_only:
+        annotations[keys.GPU_MEMORY] = f"{request.memory_mib}Mi"
+    elif request.count == 1 and request.milli < 1000:
         annotations[keys.GPU_PERCENT] = str(-(-request.milli // 10))
+        if request.memory_mib:
+            annotations[keys.GPU_MEMORY] = f"{request.memory_mib}Mi"
     elif request.count:
         annotations[keys.GPU_COUNT] = str(request.count)
     if request.count and request.models:
@@ -200,7 +204,8 @@ def run(
         allocation_at_130=round(result.allocation_at(130), 2),
         allocation_at_first_reject=round(result.allocation_at_first_reject(), 2),
         frag_rate_at_80=round(result.frag_rate_at(80), 2),
-        frag_amount_at_100=round(result.frag_amount_at(100), 2),
+        # + 0.0: a sum of float deltas that is 0 may round to -0.0
+        frag_amount_at_100=round(result.frag_amount_at(100), 2) + 0.0,
         rejected=result.rejected,
         rejected_gpu=result.rejected_gpu,
         decision_p50_ms=round(_quantile(timings, 0.50) * 1000, 3),
@@ -247,6 +252,8 @@ def write_decisions(out: IO[str], result: replay.Replay) -> None:
             "num_gpu": pod.num_gpu,
             "gpu_milli": pod.gpu_milli,
             "gpu_spec": pod.gpu_spec,
+            "gpu_memory_mib": pod.gpu_memory_mib,
+            "memory_only": pod.memory_only,
             "node": arrival.node,
             "gpus": list(arrival.gpus),
         }

@@ -514,7 +514,9 @@ class Chooser:
 
     def _key(self, state: NodeState) -> GroupKey:
         shape, linked = self._shape(state)
-        gpus = zip(state.free_milli, state.free_memory, strict=True)
+        # memory_only: a memory-only share may join a GPU with 0 compute free only when
+        # memory-only shares hold it, so nodes that differ there are not alike.
+        gpus = zip(state.free_milli, state.free_memory, state.memory_only, strict=True)
         frees = tuple(gpus) if linked else tuple(sorted(gpus))
         return (shape, state.cpu, state.memory, state.pods > 0, frees)
 

@@ -28,6 +28,7 @@ class MisfitKind(enum.Enum):
     PODS = "no pod slot left"
     GPU_SHARE = "no GPU with enough share free"
     GPU_MEMORY = "no GPU with enough memory free"
+    MEMORY_ONLY_BUSY = "no GPU free of compute shares"
     WHOLE_GPUS = "not enough whole GPUs free"
     NVLINK_BUSY = "no NVLink domain with enough GPUs free"
     UNKNOWN_NODE = "node not managed by gpuplace"
@@ -131,6 +132,9 @@ def gpu_sets(state: NodeState, request: GpuRequest) -> list[tuple[int, ...]]:
 
     Sharing requests: one candidate per distinct (free share, free memory) class of
     GPUs, the lowest index of each (GPUs in one class are interchangeable).
+    Memory-only shares: the GPUs already holding memory-only shares with room, the
+    least free memory first (binpacking by memory); only when none has room, one empty
+    GPU per class (`_memory_only_sets`).
     Whole GPUs: per NVLink domain that can hold all of them, the domain with the
     fewest free GPUs first (keeps large domains whole); then, unless the domain is
     required, the free GPUs with the fewest domains broken. O(GPUs log GPUs).
@@ -140,6 +144,8 @@ def gpu_sets(state: NodeState, request: GpuRequest) -> list[tuple[int, ...]]:
     node = state.node
     free_milli = state.free_milli
     free_memory = state.free_memory
+    if request.milli == 0:
+        return _memory_only_sets(state, request)
     if request.milli < WHOLE:
         seen: set[tuple[int, int]] = set()
         sets: list[tuple[int, ...]] = []
@@ -188,10 +194,58 @@ def gpu_sets(state: NodeState, request: GpuRequest) -> list[tuple[int, ...]]:
     return sets
 
 
+def _memory_only_sets(state: NodeState, request: GpuRequest) -> list[tuple[int, ...]]:
+    """A memory-only share's candidates: see `gpu_sets`. O(GPUs log GPUs)."""
+    need = request.memory_mib
+    joining: list[tuple[int, int]] = []
+    opening: list[int] = []
+    seen: set[tuple[int, str, bool]] = set()
+    for gpu in state.node.gpus:
+        i = gpu.index
+        if state.free_memory[i] < need or not request.allows(gpu.model):
+            continue
+        if not state.open_to_memory_only(i):
+            continue
+        key = (state.free_memory[i], gpu.model, state.memory_only[i] > 0)
+        if key in seen:
+            continue
+        seen.add(key)
+        if state.memory_only[i]:
+            joining.append((state.free_memory[i], i))
+        elif not joining:
+            opening.append(i)
+    if joining:
+        joining.sort()
+        return [(i,) for _, i in joining]
+    return [(i,) for i in opening]
+
+
+def _memory_only_misfit(state: NodeState, allowed: list[int], need: int) -> Misfit:
+    open_ = [i for i in allowed if state.open_to_memory_only(i)]
+    if not open_:
+        return Misfit(
+            MisfitKind.MEMORY_ONLY_BUSY,
+            f"every GPU holds compute shares or a whole-GPU grant; a memory-only share "
+            f"({need} MiB) only joins GPUs without them",
+        )
+    return _memory_misfit(state, open_, need)
+
+
+def _memory_misfit(state: NodeState, gpus: list[int], need: int) -> Misfit:
+    """'gpu 2: 4096 MiB free, needs 8192 MiB', for the roomiest of `gpus`."""
+    roomy = max(gpus, key=lambda i: state.free_memory[i])
+    return Misfit(
+        MisfitKind.GPU_MEMORY,
+        f"gpu {roomy}: {max(state.free_memory[roomy], 0)} MiB free, needs {need} MiB",
+    )
+
+
 def dynamic_misfit(state: NodeState, request: GpuRequest) -> Misfit:
     """Why a statically possible request finds no GPU set now. O(GPUs)."""
     allowed = _allowed(state, request)
     free_milli = state.free_milli
+    if request.milli == 0:
+        return _memory_only_misfit(state, allowed, request.memory_mib)
     if request.milli < WHOLE:
         best = max(allowed, key=lambda i: (free_milli[i], state.free_memory[i]))
         if free_milli[best] < request.milli:
@@ -200,12 +254,7 @@ def dynamic_misfit(state: NodeState, request: GpuRequest) -> Misfit:
                 f"gpu {best}: {max(free_milli[best], 0) / 10:g}% free, "
                 f"needs {request.milli / 10:g}%",
             )
-        roomy = max(allowed, key=lambda i: state.free_memory[i])
-        return Misfit(
-            MisfitKind.GPU_MEMORY,
-            f"gpu {roomy}: {max(state.free_memory[roomy], 0)} MiB free, "
-            f"needs {request.memory_mib} MiB",
-        )
+        return _memory_misfit(state, allowed, request.memory_mib)
     whole = sum(1 for i in allowed if free_milli[i] == WHOLE)
     if whole < request.count:
         return Misfit(MisfitKind.WHOLE_GPUS, f"{whole} whole GPUs free, needs {request.count}")

@@ -82,9 +82,11 @@ class TaskType:
 
     @classmethod
     def of(cls, request: GpuRequest) -> TaskType:
-        return cls(
-            max(request.cpu_milli, MIN_CPU_MILLI), request.milli, request.count, request.models
-        )
+        """The request's type. `from_requests` leaves memory-only shares out; given one,
+        it counts as one whole GPU (what it needs to open a GPU), never as `milli` 0,
+        which means "uses no GPU" here."""
+        milli = WHOLE_MILLI if request.memory_only else request.milli
+        return cls(max(request.cpu_milli, MIN_CPU_MILLI), milli, request.count, request.models)
 
 
 class Workload:
@@ -119,8 +121,11 @@ class Workload:
     def from_requests(
         cls, requests: Iterable[GpuRequest], popularity: float = POPULARITY
     ) -> Workload:
-        """Most popular task types covering `popularity` of the pods. O(pods + types log types)."""
-        counts = Counter(TaskType.of(request) for request in requests)
+        """Most popular task types covering `popularity` of the pods. O(pods + types log types).
+
+        Memory-only shares are left out: they use no compute, and the measure is of idle
+        compute the typical requests could not use."""
+        counts = Counter(TaskType.of(request) for request in requests if not request.memory_only)
         total = sum(counts.values())
         if total == 0:
             return cls(())

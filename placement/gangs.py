@@ -103,17 +103,6 @@ class Shortfall:
 # --- scratch state ----------------------------------------------------------------------
 
 
-def _clone(state: NodeState) -> NodeState:
-    copy = NodeState(state.node)
-    copy.free_milli = list(state.free_milli)
-    copy.free_memory = list(state.free_memory)
-    copy.cpu = state.cpu
-    copy.memory = state.memory
-    copy.pods = state.pods
-    copy.version = state.version
-    return copy
-
-
 class _Scratch:
     """Node states as the plan so far leaves them: untouched nodes are the ledger's own
     (read only), touched ones are clones. O(G) per first touch."""
@@ -146,10 +135,8 @@ class _Scratch:
         if state is None:
             live = self._ledger.state(name)
             assert live is not None
-            state = self._touched[name] = _clone(live)
-        for index in gpus:
-            state.free_milli[index] -= request.milli
-            state.free_memory[index] -= request.memory_mib
+            state = self._touched[name] = live.copy()
+        state.hold(gpus, request.milli, request.memory_mib, -1)
         state.cpu -= request.cpu_milli
         state.memory -= request.host_memory_mib
         state.pods -= 1
@@ -180,6 +167,15 @@ def capacity(state: NodeState, request: GpuRequest) -> tuple[int, int]:
     if request.count == 0:
         return slots, slots
     node = state.node
+    if request.milli == 0:
+        copies = 0
+        for gpu in node.gpus:
+            i = gpu.index
+            if request.allows(gpu.model) and state.open_to_memory_only(i):
+                free_memory = state.free_memory[i]
+                copies += free_memory // request.memory_mib if free_memory > 0 else 0
+        copies = min(slots, copies)
+        return copies, copies
     if request.milli < WHOLE:
         copies = 0
         for gpu in node.gpus:
@@ -384,6 +380,8 @@ def _describe(request: GpuRequest) -> str:
         what = f"{request.count} whole GPU" + ("s" if request.count > 1 else "")
         if request.count > 1 and request.topology is Topology.REQUIRED:
             what += " in one NVLink domain"
+    elif request.memory_only:
+        what = "memory only (no compute reserved) of a GPU"
     else:
         what = f"{request.milli / 10:g}% of a GPU"
     if request.memory_mib:
@@ -528,9 +526,7 @@ def fence(
                 outcome = choosing.best_on(state, request, _Plain())
                 if not isinstance(outcome, Choice):
                     break
-                for index in outcome.gpus:
-                    state.free_milli[index] -= request.milli
-                    state.free_memory[index] -= request.memory_mib
+                state.hold(outcome.gpus, request.milli, request.memory_mib, -1)
                 state.cpu -= request.cpu_milli
                 state.memory -= request.host_memory_mib
                 state.pods -= 1

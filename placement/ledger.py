@@ -6,7 +6,12 @@ is bound). Reserving the same UID again with the same grant is a no-op, so a gra
 is never counted twice; reserving it with a different grant is refused.
 
 The ledger keeps, per node, the free milli-GPU and free memory of every GPU and
-the free CPU, memory and pod slots, so that a fit check never sums grants. Every
+the free CPU, memory and pod slots, so that a fit check never sums grants.
+
+Memory-only shares (`Grant.milli == 0`) reserve memory and no compute, and keep
+their GPU to themselves: the first one on a GPU takes all of its free compute
+(`free_milli` drops by a whole GPU, so no compute share and no whole GPU fits
+there), the last one to leave gives it back; `NodeState.memory_only` counts them. Every
 change sets the node's `version` from a ledger-wide clock (never reused, even
 for a node removed and added again), which caches key on.
 """
@@ -39,6 +44,11 @@ class Grant:
     host_memory_mib: int = 0
     state: GrantState = GrantState.RESERVED
 
+    @property
+    def memory_only(self) -> bool:
+        """True for a memory-only share: memory on one GPU, no compute reserved."""
+        return self.milli == 0 and bool(self.gpus)
+
     def same_hold(self, other: Grant) -> bool:
         """True when both grants hold exactly the same resources (state aside)."""
         return replace(self, state=other.state) == other
@@ -57,18 +67,45 @@ class Conflict(LedgerError):
 
 
 class NodeState:
-    """What one node has left. Mutated only by the ledger."""
+    """What one node has left. Mutated only by the ledger (and scratch copies of it).
 
-    __slots__ = ("cpu", "free_memory", "free_milli", "memory", "node", "pods", "version")
+    `free_milli[i]` is the compute of GPU i still open to compute shares and whole GPUs:
+    a GPU that holds memory-only shares has none left (see the module docstring);
+    `memory_only[i]` counts the memory-only shares on it.
+    """
+
+    __slots__ = (
+        "cpu",
+        "free_memory",
+        "free_milli",
+        "memory",
+        "memory_only",
+        "node",
+        "pods",
+        "version",
+    )
 
     def __init__(self, node: Node) -> None:
         self.node = node
         self.free_milli = [WHOLE] * len(node.gpus)
         self.free_memory = [gpu.memory_mib for gpu in node.gpus]
+        self.memory_only = [0] * len(node.gpus)
         self.cpu = node.cpu_milli
         self.memory = node.memory_mib
         self.pods = node.max_pods
         self.version = 0
+
+    def copy(self) -> NodeState:
+        """An independent copy (same version), for plans that try placements. O(GPUs)."""
+        copy = NodeState(self.node)
+        copy.free_milli = list(self.free_milli)
+        copy.free_memory = list(self.free_memory)
+        copy.memory_only = list(self.memory_only)
+        copy.cpu = self.cpu
+        copy.memory = self.memory
+        copy.pods = self.pods
+        copy.version = self.version
+        return copy
 
     def signature(self) -> tuple[object, ...]:
         """The node's type and free state: two nodes with equal signatures score alike. O(GPUs)."""
@@ -76,8 +113,44 @@ class NodeState:
             self.node.model,
             self.cpu,
             self.memory,
-            tuple(sorted(zip(self.free_milli, self.free_memory, strict=True))),
+            tuple(
+                sorted(
+                    zip(
+                        self.free_milli,
+                        self.free_memory,
+                        [held > 0 for held in self.memory_only],
+                        strict=True,
+                    )
+                )
+            ),
         )
+
+    def milli_taken(self, index: int, milli: int) -> int:
+        """How much `free_milli[index]` drops when a grant of `milli` joins GPU `index`:
+        `milli`, or for a memory-only share (0) the whole GPU's compute when it is the
+        first memory-only share there, else nothing. O(1)."""
+        if milli:
+            return milli
+        return 0 if self.memory_only[index] else WHOLE
+
+    def open_to_memory_only(self, index: int) -> bool:
+        """True when GPU `index` holds nothing but memory-only shares (or nothing): no
+        compute share, no whole GPU. O(1)."""
+        pooled = WHOLE if self.memory_only[index] else 0
+        return self.free_milli[index] + pooled == WHOLE
+
+    def hold(self, gpus: Iterable[int], milli: int, memory_mib: int, sign: int) -> None:
+        """Take (`sign` -1) or give back (+1) `milli` and `memory_mib` on each of `gpus`;
+        GPU resources only (the caller counts CPU, memory and pods). O(GPUs of the hold)."""
+        for index in gpus:
+            if milli:
+                self.free_milli[index] += sign * milli
+            else:
+                held = self.memory_only[index]
+                self.memory_only[index] = held - sign
+                if (held == 0 and sign < 0) or (held == 1 and sign > 0):
+                    self.free_milli[index] += sign * WHOLE
+            self.free_memory[index] += sign * memory_mib
 
     def free_whole(self) -> int:
         """GPUs nobody holds any share of. O(GPUs)."""
@@ -263,11 +336,20 @@ class Ledger:
         for index in grant.gpus:
             if not 0 <= index < len(node.gpus):
                 raise LedgerError(f"node {node.name} has no GPU {index}")
+        if grant.milli == 0 and grant.gpus and (len(grant.gpus) != 1 or grant.memory_mib <= 0):
+            raise LedgerError(
+                f"grant for {grant.pod_uid}: a memory-only share holds memory on one GPU"
+            )
         if overcommit:
             return
         if grant.cpu_milli > state.cpu or grant.host_memory_mib > state.memory or state.pods < 1:
             raise Oversubscribed(f"node {node.name} lacks CPU, memory or pod slots")
         for index in grant.gpus:
+            if grant.milli == 0 and not state.open_to_memory_only(index):
+                raise Oversubscribed(
+                    f"gpu {index} of {node.name} holds compute shares or a whole-GPU grant: "
+                    "a memory-only share never joins those"
+                )
             if grant.milli > state.free_milli[index]:
                 raise Oversubscribed(
                     f"gpu {index} of {node.name}: {state.free_milli[index] / 10:g}% free, "
@@ -280,9 +362,7 @@ class Ledger:
                 )
 
     def _apply(self, state: NodeState, grant: Grant, sign: int) -> None:
-        for index in grant.gpus:
-            state.free_milli[index] += sign * grant.milli
-            state.free_memory[index] += sign * grant.memory_mib
+        state.hold(grant.gpus, grant.milli, grant.memory_mib, sign)
         state.cpu += sign * grant.cpu_milli
         state.memory += sign * grant.host_memory_mib
         state.pods += sign

@@ -33,9 +33,21 @@ MAX_SPEC_GPU = 8_000
 def _after(state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> tuple[int, ...]:
     lefts = list(state.free_milli)
     for index in gpus:
-        lefts[index] -= request.milli
+        lefts[index] -= state.milli_taken(index, request.milli)
     lefts.sort()
     return tuple(lefts)
+
+
+def _closed(state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> int:
+    """milli-GPU of compute a memory-only share closes to everyone else: a whole GPU
+    where it is the first memory-only share (it keeps its GPU to memory-only shares),
+    none where it joins others; 0 for any other request. fgd and default count it as
+    fragmentation added, so memory-only shares pack by memory instead of spreading over
+    empty GPUs (the fragmentation measure itself sees no idle compute lost there). O(GPUs
+    of the set)."""
+    if not request.memory_only:
+        return 0
+    return sum(state.milli_taken(index, 0) for index in gpus)
 
 
 class RandomPolicy:
@@ -101,8 +113,9 @@ class BestFitPolicy(Ranked):
 
     def score(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
         gpu_left = sum(left for left in state.free_milli if left > 0)
+        taken = sum(state.milli_taken(index, request.milli) for index in gpus)
         spare = (state.cpu - request.cpu_milli) / MAX_SPEC_CPU * 0.5 + (
-            gpu_left - request.total_milli
+            gpu_left - taken
         ) / MAX_SPEC_GPU * 0.5
         return float(int((1.0 - spare) * 100))
 
@@ -133,7 +146,7 @@ class FgdPolicy(Ranked):
         before = self.workload.amount(model, state.cpu, tuple(sorted(state.free_milli)))
         cpu_after = state.cpu - max(request.cpu_milli, MIN_CPU_MILLI)
         after = self.workload.amount(model, cpu_after, _after(state, request, gpus))
-        return before - after
+        return before - after - _closed(state, request, gpus)
 
     def score(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
         return float(int(_sigmoid(self.gradient(state, request, gpus) / 1000) * 100))
@@ -202,7 +215,7 @@ class DefaultPolicy(Ranked):
         after = self.FGD_WEIGHT * self.workload.amount(model, cpu, lefts) + self.workload.stranded(
             model, cpu, lefts
         )
-        return self._before(state) - after
+        return self._before(state) - after - self.FGD_WEIGHT * _closed(state, request, gpus)
 
     def score(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
         """The gradient rounded to `QUANTUM`: nodes within it are equal, and the line

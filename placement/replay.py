@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from placement.choosing import Choice, grant_for
 from placement.fragmentation import Workload
@@ -55,16 +55,7 @@ def arrival_order(pods: Sequence[TracePod], capacity_milli: int, seed: int) -> l
         if total + pod.gpu_milli > target:
             break
         total += pod.total_milli
-        order.append(
-            TracePod(
-                f"{pod.name}-tuned-{tuned}",
-                pod.cpu_milli,
-                pod.memory_mib,
-                pod.num_gpu,
-                pod.gpu_milli,
-                pod.gpu_spec,
-            )
-        )
+        order.append(replace(pod, name=f"{pod.name}-tuned-{tuned}"))
         tuned += 1
     return order
 

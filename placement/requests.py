@@ -4,6 +4,11 @@
 `gpu-percent` annotation maps onto it (percent × 10). A request for more than one
 GPU always asks for whole GPUs. Memory is per GPU, in MiB; 0 means "no memory
 limit asked" and, for a whole GPU, the grant takes all of that GPU's memory.
+
+A *memory-only* share (`milli == 0`, one GPU, memory > 0; the `gpu-memory`
+annotation alone) reserves GPU memory and no compute: it is time-sliced with the
+other memory-only shares of its GPU, and never shares a GPU with a compute share or
+a whole GPU (docs/placement.md, "Memory-only shares").
 """
 
 from __future__ import annotations
@@ -44,8 +49,13 @@ class GpuRequest:
             if self.milli != 0 or self.memory_mib != 0:
                 raise ValueError("a request for 0 GPUs cannot ask for a GPU share or memory")
             return
+        if self.milli == 0 and self.count == 1 and self.memory_mib > 0:
+            return  # a memory-only share
         if not 1 <= self.milli <= WHOLE:
-            raise ValueError(f"GPU share must be 1..{WHOLE} milli-GPU, got {self.milli}")
+            raise ValueError(
+                f"GPU share must be 1..{WHOLE} milli-GPU (0 only for a memory-only share of "
+                f"one GPU with memory), got {self.milli}"
+            )
         if self.count > 1 and self.milli != WHOLE:
             raise ValueError("a request for several GPUs must ask for whole GPUs")
 
@@ -55,9 +65,21 @@ class GpuRequest:
         return self.count == 1 and self.milli < WHOLE
 
     @property
+    def memory_only(self) -> bool:
+        """True for a memory-only share: GPU memory on one GPU, no compute reserved."""
+        return self.milli == 0 and self.count == 1
+
+    @property
     def total_milli(self) -> int:
         """milli-GPU over all GPUs asked for."""
         return self.milli * self.count
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models
+
+
+def share_text(milli: int) -> str:
+    """One GPU's share as a person reads it: `50%`, `whole` or `memory only`. O(1)."""
+    if milli >= WHOLE:
+        return "whole"
+    return f"{milli / 10:g}%" if milli else "memory only"

@@ -3,15 +3,22 @@
 Node lists: `sn,cpu_milli,memory_mib,gpu,model`. Pod lists:
 `name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...]` (the multigpu lists
 stop after gpu_milli). Columns are found by header name, so their order and any
-extra columns do not matter. Pure: the caller reads the file and passes its lines;
-errors name the file, line and column (1-based) of the offending field.
+extra columns do not matter.
+
+gpuplace's own optional column `gpu_memory_mib` (openb has none): on a node list the
+memory of each GPU, on a pod list the GPU memory asked per GPU. A pod with `num_gpu`
+1, `gpu_milli` 0 and `gpu_memory_mib` > 0 is a memory-only share (no compute
+reserved). `as_memory_only` turns a list's shares into memory-only shares instead.
+
+Pure: the caller reads the file and passes its lines; errors name the file, line
+and column (1-based) of the offending field.
 """
 
 from __future__ import annotations
 
 import csv
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from placement.inventory import Gpu, Node
 from placement.requests import WHOLE, GpuRequest
@@ -40,6 +47,11 @@ class TracePod:
     num_gpu: int
     gpu_milli: int
     gpu_spec: str
+    gpu_memory_mib: int = 0
+    """GPU memory asked per GPU (MiB; 0 = none)."""
+    memory_only: bool = False
+    """A memory-only share: `gpu_memory_mib` on one GPU, no compute reserved. Its
+    `gpu_milli` is only its size in the replay's figures (0 when the list wrote it so)."""
 
     @property
     def total_milli(self) -> int:
@@ -48,7 +60,8 @@ class TracePod:
     def request(self) -> GpuRequest:
         models = frozenset(m for m in self.gpu_spec.split("|") if m) if self.num_gpu else None
         return GpuRequest(
-            milli=self.gpu_milli if self.num_gpu else 0,
+            milli=self.gpu_milli if self.num_gpu and not self.memory_only else 0,
+            memory_mib=self.gpu_memory_mib if self.num_gpu else 0,
             count=self.num_gpu,
             models=models or frozenset(),
             cpu_milli=self.cpu_milli,
@@ -127,7 +140,8 @@ def parse_nodes(file: str, lines: Iterable[str]) -> list[Node]:
         model = rows.text(line, row, "model", "")
         if count and not model:
             raise TraceError(file, line, rows.columns["model"] + 1, "a GPU node needs a model")
-        gpus = tuple(Gpu(index=i, model=model, memory_mib=0) for i in range(count))
+        gpu_memory = _optional_integer(rows, line, row, "gpu_memory_mib")
+        gpus = tuple(Gpu(index=i, model=model, memory_mib=gpu_memory) for i in range(count))
         nodes.append(Node(name, cpu, memory, gpus, max_pods=TRACE_MAX_PODS))
     return nodes
 
@@ -143,12 +157,55 @@ def parse_pods(file: str, lines: Iterable[str]) -> list[TracePod]:
         num_gpu = rows.integer(line, row, "num_gpu", 0, 64)
         gpu_milli = rows.integer(line, row, "gpu_milli", 0, 10**6)
         spec = rows.text(line, row, "gpu_spec", "")
-        if num_gpu and gpu_milli == 0:
+        gpu_memory = _optional_integer(rows, line, row, "gpu_memory_mib") if num_gpu else 0
+        memory_only = num_gpu == 1 and gpu_milli == 0 and gpu_memory > 0
+        if num_gpu and gpu_milli == 0 and not memory_only:
             column = rows.columns["gpu_milli"] + 1
-            raise TraceError(file, line, column, "a pod asking for GPUs needs gpu_milli > 0")
+            raise TraceError(
+                file,
+                line,
+                column,
+                "a pod asking for GPUs needs gpu_milli > 0 (or, on one GPU, gpu_memory_mib > 0 "
+                "for a memory-only share)",
+            )
         gpu_milli = min(gpu_milli, WHOLE) if num_gpu else 0
         if num_gpu > 1 and gpu_milli != WHOLE:
             column = rows.columns["gpu_milli"] + 1
             raise TraceError(file, line, column, "a multi-GPU pod must ask for 1000 per GPU")
-        pods.append(TracePod(name, cpu, memory, num_gpu, gpu_milli, spec))
+        pods.append(TracePod(name, cpu, memory, num_gpu, gpu_milli, spec, gpu_memory, memory_only))
     return pods
+
+
+def _optional_integer(rows: _Rows, line: int, row: list[str], name: str) -> int:
+    """An optional non-negative integer column: 0 when the list has no such column."""
+    if name not in rows.columns or not rows.text(line, row, name, ""):
+        return 0
+    return rows.integer(line, row, name, 0, 10**12)
+
+
+def with_gpu_memory(nodes: Iterable[Node], mib: int) -> list[Node]:
+    """`nodes` with `mib` MiB on every GPU whose memory the list did not give. O(GPUs)."""
+    return [
+        replace(
+            node,
+            gpus=tuple(
+                gpu if gpu.memory_mib else replace(gpu, memory_mib=mib) for gpu in node.gpus
+            ),
+        )
+        for node in nodes
+    ]
+
+
+def as_memory_only(pods: Iterable[TracePod], gpu_memory_mib: int) -> list[TracePod]:
+    """Every share (one GPU, less than a whole one) as a memory-only share of its
+    fraction of a `gpu_memory_mib` GPU: `gpu_milli` 250 of 16384 MiB asks 4096 MiB.
+    Its `gpu_milli` stays as its size in the replay's figures, so that runs compare
+    with the plain list. O(pods)."""
+    converted: list[TracePod] = []
+    for pod in pods:
+        if pod.num_gpu == 1 and 0 < pod.gpu_milli < WHOLE and not pod.memory_only:
+            memory = max(-(-pod.gpu_milli * gpu_memory_mib // WHOLE), 1)
+            converted.append(replace(pod, gpu_memory_mib=memory, memory_only=True))
+        else:
+            converted.append(pod)
+    return converted

@@ -91,6 +91,8 @@ def _forbidden(reason: str, message: str, spec: grammar.PodGpuSpec | None = None
 def describe(spec: grammar.PodGpuSpec) -> str:
     """The request in one line, for audit annotations: `count=1 percent=50 memory=20Gi`."""
     parts = [f"count={spec.count}", f"percent={spec.percent}"]
+    if spec.memory_only:
+        parts.append("memory-only")
     if spec.memory_mib:
         parts.append(f"memory={capacity.memory_text(spec.memory_mib)}")
     if spec.models:

@@ -4,7 +4,8 @@ Given the raw pod and its parsed `PodGpuSpec`, `build` declares what the pod mus
 returns the minimal JSON Patch to get there:
 
 - the GPU container's requests and limits carry `gpuplace.io/gpu-percent` (percent ×
-  count) and `gpuplace.io/gpu-memory` (MiB × count, absent when no memory was asked);
+  count; absent for a memory-only share, which reserves no compute) and
+  `gpuplace.io/gpu-memory` (MiB × count, absent when no memory was asked);
 - `spec.schedulerName` is the gpuplace profile;
 - required node affinity from static node properties only (opt-in label, GPU count,
   model, per-GPU memory, NVLink domain size when required), ANDed into every term the
@@ -34,6 +35,10 @@ VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 DEFAULT_SCHEDULER = "default-scheduler"
+MEMORY_ONLY_WARNING = (
+    "memory-only share: {memory} MiB of GPU memory and no compute reserved; it is time-sliced "
+    f"with the other memory-only pods of its GPU (never with {keys.GPU_PERCENT} pods)"
+)
 REQUIRED_AFFINITY = (
     "spec",
     "affinity",
@@ -87,7 +92,10 @@ def env_vars(spec: grammar.PodGpuSpec) -> list[dict[str, Any]]:
         }
     ]
     if spec.shares:
-        env.append({"name": MPS_THREADS_ENV, "value": str(spec.percent)})
+        # A memory-only share has no compute of its own to cap: it is time-sliced with
+        # the other memory-only shares of its GPU, which never holds a compute share.
+        threads = spec.percent if not spec.memory_only else 100
+        env.append({"name": MPS_THREADS_ENV, "value": str(threads)})
         if spec.memory_mib:
             # Device ordinals are relative to NVIDIA_VISIBLE_DEVICES: the one granted GPU is 0.
             env.append({"name": MPS_MEMORY_ENV, "value": f"0={spec.memory_mib}M"})
@@ -117,6 +125,8 @@ def build(
         warnings.append(
             f"{keys.GPU_MEMORY} was rounded up to whole MiB: {spec.memory_mib}Mi per GPU"
         )
+    if spec.memory_only:
+        warnings.append(MEMORY_ONLY_WARNING.format(memory=spec.memory_mib))
     if spec.shares and not spec.memory_mib:
         warnings.append(
             f"no {keys.GPU_MEMORY}: no GPU memory is reserved for this pod; "
@@ -130,7 +140,10 @@ def build(
 def _resources(patch: patches.Patch, spec: grammar.PodGpuSpec, container: int) -> None:
     base = ("spec", "containers", container, "resources")
     for part in ("requests", "limits"):
-        patch.put((*base, part, keys.RESOURCE_PERCENT), str(spec.resource_percent))
+        if spec.resource_percent:
+            patch.put((*base, part, keys.RESOURCE_PERCENT), str(spec.resource_percent))
+        else:
+            patch.remove((*base, part, keys.RESOURCE_PERCENT))
         if spec.resource_memory_mib:
             patch.put((*base, part, keys.RESOURCE_MEMORY), str(spec.resource_memory_mib))
         else:

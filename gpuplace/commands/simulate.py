@@ -19,6 +19,11 @@ rejected. Prints, per run: GPU allocation at 100% and 130% arrived, allocation w
 the first GPU pod is rejected, fragmentation rate at 80% and amount at 100% arrived,
 pods rejected and decision time p50/p99. Without --nodes/--pods it replays a small
 bundled cluster and workload.
+
+Memory-only shares (gpuplace.io/gpu-memory alone): a pod list row with num_gpu 1,
+gpu_milli 0 and a gpu_memory_mib column > 0 is one; node lists may give each GPU's
+memory in a gpu_memory_mib column. --memory-only-shares MIB replays every share of
+the list as a memory-only share instead (see docs/placement.md).
 """
 
 
@@ -42,6 +47,14 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="decide through the extender's filter and prioritize, then choose like "
         "kube-scheduler (uniformly among the highest total score)",
+    )
+    parser.add_argument(
+        "--memory-only-shares",
+        type=int,
+        metavar="MIB",
+        help="replay every share (num_gpu 1, gpu_milli < 1000) as a memory-only share of "
+        "its fraction of a MIB-MiB GPU (gpu_milli 250 of 16384 asks 4096 MiB, no compute); "
+        "GPUs of the node list without a gpu_memory_mib column get MIB MiB",
     )
     parser.add_argument("--decisions", type=Path, help="write one JSON line per arrival here")
     parser.add_argument("--plot", type=Path, help="write allocation vs arrived (PNG) here")
@@ -78,6 +91,12 @@ def run(args: argparse.Namespace) -> int:
     except OSError as error:
         print(f"gpuplace simulate: {error.filename}: {error.strerror}", file=sys.stderr)
         return 1
+    if args.memory_only_shares is not None:
+        if args.memory_only_shares <= 0:
+            print("gpuplace simulate: --memory-only-shares takes MiB > 0", file=sys.stderr)
+            return 2
+        nodes = trace.with_gpu_memory(nodes, args.memory_only_shares)
+        pods = trace.as_memory_only(pods, args.memory_only_shares)
     if not any(node.gpus for node in nodes):
         print(f"gpuplace simulate: {nodes_path}: no GPU nodes", file=sys.stderr)
         return 1

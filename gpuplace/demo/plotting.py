@@ -2,13 +2,14 @@
 
 One bar per GPU, grouped by node (nodes grouped by GPU model, shaded), stacked by the
 pods holding a share of it (height = compute share, one colour per pod, gang members
-hatched), with a black tick at the GPU memory held on it (a whole GPU's: all of it).
+hatched; a memory-only share, which holds no compute, is dotted and as high as its share
+of the GPU's memory), with a black tick at the GPU memory held on it (a whole GPU's: all of it).
 Drawn with matplotlib's Agg canvas (no display, no pyplot state).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from placement.ledger import Ledger
@@ -34,10 +35,13 @@ def plot(
         key=lambda state: (state.node.model, state.node.name),
     )
     whole = {(g.node, index) for g in ledger if g.milli >= WHOLE for index in g.gpus}
-    by_node: dict[str, list[tuple[str, tuple[int, ...], int]]] = {}
+    by_node: dict[str, list[tuple[str, tuple[int, ...], int, int]]] = {}
     order: list[str] = []
+    memory_only = {g.pod_uid for g in ledger if g.memory_only}
     for grant in sorted(ledger, key=lambda g: pod_names.get(g.pod_uid, g.pod_uid)):
-        by_node.setdefault(grant.node, []).append((grant.pod_uid, grant.gpus, grant.milli))
+        by_node.setdefault(grant.node, []).append(
+            (grant.pod_uid, grant.gpus, grant.milli, grant.memory_mib)
+        )
         if grant.pod_uid not in order:
             order.append(grant.pod_uid)
     # tab20 and tab20b, dark shades first, so that neighbours differ
@@ -57,10 +61,13 @@ def plot(
         start = x
         for gpu in node.gpus:
             bottom = 0.0
-            for uid, gpus, milli in by_node.get(node.name, []):
+            for uid, gpus, milli, memory in by_node.get(node.name, []):
                 if gpu.index not in gpus:
                     continue
                 height = 100.0 * milli / WHOLE
+                if uid in memory_only and gpu.memory_mib:
+                    # No compute granted: the bar shows its memory, dotted.
+                    height = 100.0 * memory / gpu.memory_mib
                 axes.bar(
                     x,
                     height,
@@ -69,7 +76,7 @@ def plot(
                     color=colour[uid],
                     edgecolor="white",
                     linewidth=0.4,
-                    hatch="//" if uid in gang_pods else None,
+                    hatch=_hatch(uid, gang_pods, memory_only),
                 )
                 bottom += height
             if gpu.memory_mib:
@@ -106,8 +113,8 @@ def plot(
     handles = [
         Patch(
             facecolor=colour[uid],
-            hatch="//" if uid in gang_pods else None,
-            label=pod_names.get(uid, uid),
+            hatch=_hatch(uid, gang_pods, memory_only),
+            label=pod_names.get(uid, uid) + (" (memory only)" if uid in memory_only else ""),
         )
         for uid in order
     ]
@@ -122,3 +129,10 @@ def plot(
         )
     figure.tight_layout()
     figure.savefig(path, format="png")
+
+
+def _hatch(uid: str, gang_pods: Collection[str], memory_only: Collection[str]) -> str | None:
+    """Gang members hatched, memory-only shares (memory, no compute) dotted."""
+    if uid in gang_pods:
+        return "//"
+    return ".." if uid in memory_only else None

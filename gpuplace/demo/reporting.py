@@ -15,6 +15,7 @@ from extender import explaining
 from extender.gang_members import plan_mark
 from gpuplace.demo import scenario
 from gpuplace.demo.running import Outcome, PodResult
+from placement import requests
 from placement.fragmentation import Workload
 from placement.ledger import Ledger
 from placement.requests import WHOLE
@@ -83,7 +84,7 @@ def _assignment(pod: dict[str, Any] | None) -> tuple[str, str]:
         return gpus, "?"
     if milli >= WHOLE:
         return _ranges(gpus), "whole" if "," not in gpus else f"{gpus.count(',') + 1}× whole"
-    share = f"{milli / 10:g}%"
+    share = requests.share_text(milli)
     if memory:
         share += f" {memory // 1024}Gi" if memory % 1024 == 0 else f" {memory}Mi"
     return gpus, share
@@ -262,6 +263,9 @@ class Usage:
     fragment_milli: float
     by_model: dict[str, tuple[int, int, int]]
     """model → (GPUs, allocated milli, whole GPUs free)."""
+    memory_only: int = 0
+    """GPUs held by memory-only shares (counted fully allocated: their compute is closed
+    to compute shares and whole GPUs)."""
 
 
 def whole_held(ledger: Ledger) -> set[tuple[str, int]]:
@@ -272,6 +276,7 @@ def whole_held(ledger: Ledger) -> set[tuple[str, int]]:
 def usage(ledger: Ledger, workload: Workload) -> Usage:
     gpus = full = shared = idle = allocated = memory = reserved = idle_milli = pieces = 0
     fragment = 0.0
+    memory_only = 0
     whole = whole_held(ledger)
     by_model: dict[str, list[int]] = {}
     for state in ledger.states():
@@ -279,6 +284,7 @@ def usage(ledger: Ledger, workload: Workload) -> Usage:
         if not node.gpus:
             continue
         fragment += workload.amount(node.model, state.cpu, tuple(sorted(state.free_milli)))
+        memory_only += sum(1 for held in state.memory_only if held)
         for gpu, free, free_memory in zip(
             node.gpus, state.free_milli, state.free_memory, strict=True
         ):
@@ -314,6 +320,7 @@ def usage(ledger: Ledger, workload: Workload) -> Usage:
         pieces,
         fragment,
         {model: (v[0], v[1], v[2]) for model, v in sorted(by_model.items())},
+        memory_only,
     )
 
 
@@ -327,8 +334,9 @@ def summary(outcome: Outcome) -> str:
     pieces_pct = 100.0 * figures.pieces_milli / idle if idle else 0.0
     lines = [
         "Utilisation and fragmentation (the sidecar's ledger at the end):",
-        f"  GPUs        {figures.gpus}: {figures.full} fully allocated, {figures.shared} shared "
-        f"(partly allocated), {figures.idle} idle",
+        f"  GPUs        {figures.gpus}: {figures.full} fully allocated"
+        + (f" ({figures.memory_only} by memory-only shares)" if figures.memory_only else "")
+        + f", {figures.shared} shared (partly allocated), {figures.idle} idle",
         f"  compute     {pct:.1f}% allocated ({figures.allocated_milli / WHOLE:.2f} of "
         f"{figures.gpus} GPUs)",
         f"  GPU memory  {mem_pct:.1f}% held ({figures.reserved_mib / 1024:,.0f} of "

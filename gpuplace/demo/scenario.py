@@ -4,7 +4,8 @@ admission). Only annotations ask for GPUs; nothing here knows where pods will go
 whether they will be admitted: the real webhook and extender decide that.
 
 The mix: whole and multi-GPU training jobs with NVLink topology, GPU shares (notebooks,
-model serving, embeddings, T4 inference), a complete gang and an incomplete one, pods the
+model serving, embeddings, T4 inference), memory-only shares (GPU memory alone, packed
+onto one GPU by memory), a complete gang and an incomplete one, pods the
 webhook must refuse (a typo, a malformed value, a contradiction, more memory than any
 GPU has, a forged assignment), and a whole T4 asked for once every T4 already serves a
 share (it stays pending, and says why). Pure data: no I/O.
@@ -252,6 +253,10 @@ def submissions() -> list[Submission]:
                 labels={"training.example.com/job": "sweep"},
             ),
         )
+    for i in range(1, 3):
+        # GPU memory alone, as gpushare/GAS/KAI users ask: no compute reserved (a warning
+        # says so); the second packs onto the first's GPU.
+        add(r, pod("research", f"eval-{i}", {keys.GPU_MEMORY: "10Gi"}, cpu="2"))
     add(s, pod("serving", "t4-batch", _whole(1, T4), image=TRITON, cpu="4", memory="16Gi"))
     return out
 
@@ -281,6 +286,8 @@ def asks(annotations: dict[str, str]) -> str:
         parts.append(f"{percent}%" if percent.isdigit() else repr(percent))
     elif count is not None:
         parts.append("1 GPU")
+    elif memory:
+        parts.append("memory")
     if memory:
         parts.append(f"{memory}")
     if models:

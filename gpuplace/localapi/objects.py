@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cluster import keys
+from cluster import keys, quantities
 
 
 def node(
@@ -92,8 +92,14 @@ def pod(
         pod_labels[keys.MANAGED] = "true"
     pod_labels.update(labels or {})
     requests: dict[str, str] = {"cpu": cpu, "memory": host_memory}
-    share = (percent or 100) * (count or 1)
-    requests[keys.RESOURCE_PERCENT] = str(share)
+    gpu_resources: dict[str, str] = {}
+    if percent is None and count is None and memory is not None:
+        # A memory-only share: the webhook sets gpu-memory (MiB) alone.
+        mib, _ = quantities.to_mib(memory)
+        gpu_resources[keys.RESOURCE_MEMORY] = str(mib)
+    else:
+        gpu_resources[keys.RESOURCE_PERCENT] = str((percent or 100) * (count or 1))
+    requests.update(gpu_resources)
     body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -111,7 +117,7 @@ def pod(
                     "image": "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",
                     "resources": {
                         "requests": requests,
-                        "limits": {keys.RESOURCE_PERCENT: str(share)},
+                        "limits": dict(gpu_resources),
                     },
                 }
             ],

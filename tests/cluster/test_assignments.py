@@ -72,7 +72,6 @@ def test_no_assignment_is_none_and_cleared_removes_every_key() -> None:
         (keys.ASSIGNED_GPUS, "0,0"),
         (keys.ASSIGNED_GPUS, "a"),
         (keys.ASSIGNED_GPUS, "-1"),
-        (keys.ASSIGNED_MILLI, "0"),
         (keys.ASSIGNED_MILLI, "1001"),
         (keys.ASSIGNED_MILLI, "50%"),
         (keys.ASSIGNED_MEMORY, "-5"),
@@ -82,4 +81,36 @@ def test_unreadable_values_name_the_key(key: str, value: str) -> None:
     grant = Grant("u-1", "n0", (0,), 500, 100)
     notes = {**assignments.annotations_for(grant, None, AT), key: value}
     with pytest.raises(assignments.AssignmentError, match=key):
+        assignments.grant_of(pod_with(notes))
+
+
+@given(
+    gpu=st.integers(0, 7),
+    memory=st.integers(1, 81920),
+    cpu=st.integers(0, 64000),
+    bound=st.booleans(),
+)
+def test_memory_only_grant_round_trips_through_annotations(
+    gpu: int, memory: int, cpu: int, bound: bool
+) -> None:
+    state = GrantState.CONFIRMED if bound else GrantState.RESERVED
+    grant = Grant("u-1", "n0", (gpu,), 0, memory, cpu, 0, state)
+    notes = assignments.annotations_for(grant, node(8, True), AT)
+    assert notes[keys.ASSIGNED_MILLI] == "0"
+    request = GpuRequest(cpu_milli=cpu)
+    back = assignments.grant_of(pod_with(notes, bound="n0" if bound else ""), request)
+    assert back == grant and back.memory_only
+
+
+@pytest.mark.parametrize(
+    ("gpus", "memory"),
+    [("0", "0"), ("0,1", "1024")],
+)
+def test_a_memory_only_assignment_needs_one_gpu_and_memory(gpus: str, memory: str) -> None:
+    notes = {
+        **assignments.annotations_for(Grant("u-1", "n0", (0,), 0, 1024), None, AT),
+        keys.ASSIGNED_GPUS: gpus,
+        keys.ASSIGNED_MEMORY: memory,
+    }
+    with pytest.raises(assignments.AssignmentError, match="memory-only share"):
         assignments.grant_of(pod_with(notes))

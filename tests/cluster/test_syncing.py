@@ -72,6 +72,44 @@ def test_annotations_make_grants_and_binding_confirms(sync: LedgerSync) -> None:
     assert "uid-a" not in sync.ledger
 
 
+def test_memory_only_grants_are_rebuilt_from_annotations_after_a_restart() -> None:
+    def record(name: str, held: Grant, bound: bool) -> pods.PodRecord:
+        body = objects.pod(name, percent=None, memory="8Gi")
+        body["metadata"]["uid"] = f"uid-{name}"
+        body["metadata"]["resourceVersion"] = "1"
+        body["metadata"]["annotations"].update(assignments.annotations_for(held, None, AT))
+        if bound:
+            body["spec"]["nodeName"] = held.node
+        return pods.record(body)
+
+    first = Grant("uid-m1", "n0", (1,), 0, 8192, 1000, 1024)
+    second = Grant("uid-m2", "n0", (1,), 0, 8192, 1000, 1024)
+    share = grant("s", gpus=(0,))
+    records = [
+        record("m1", first, bound=True),
+        record("m2", second, bound=False),
+        pod_record("s", grant=share, bound=True),
+    ]
+    live = LedgerSync()
+    live.replace_nodes([node_record("n0")])
+    for item in records:
+        live.upsert_pod(item)
+    assert records[0].request is not None and records[0].request.memory_only
+    restarted = LedgerSync()
+    restarted.replace_nodes([node_record("n0")])
+    restarted.replace_pods(records)
+    assert restarted.ledger.snapshot() == live.ledger.snapshot()
+    assert {g.pod_uid for g in restarted.ledger.snapshot() if g.memory_only} == {
+        "uid-m1",
+        "uid-m2",
+    }
+    for synced in (live, restarted):
+        state = synced.ledger.state("n0")
+        assert state is not None
+        assert state.memory_only == [0, 2] and state.free_milli == [500, 0]
+        assert state.free_memory[1] == state.node.gpus[1].memory_mib - 16_384
+
+
 def test_hold_survives_events_without_annotations_and_yields_to_them(sync: LedgerSync) -> None:
     g = grant("a")
     assert sync.hold(g, seconds=60)

@@ -9,17 +9,27 @@ from pathlib import Path
 
 import pytest
 
-from cluster import assignments
+from cluster import assignments, quantities
 from gpuplace import cli
 from placement.ledger import Grant
 from tests import fakeapi
 from tests.fakeapi import objects
 
 
-def place(api: fakeapi.FakeApi, name: str, node: str, gpus: tuple[int, ...], percent: int) -> None:
-    """What the sidecar's bind leaves behind: the assignment, then the Binding."""
-    pod = api.create(objects.pod(name, percent=percent))
-    grant = Grant(pod["metadata"]["uid"], node, gpus, percent * 10, 0)
+def place(
+    api: fakeapi.FakeApi,
+    name: str,
+    node: str,
+    gpus: tuple[int, ...],
+    percent: int,
+    *,
+    memory: str | None = None,
+) -> None:
+    """What the sidecar's bind leaves behind: the assignment, then the Binding. Percent 0
+    with `memory`: a memory-only share."""
+    pod = api.create(objects.pod(name, percent=percent or None, memory=memory))
+    mib = quantities.to_mib(memory)[0] if memory else 0
+    grant = Grant(pod["metadata"]["uid"], node, gpus, percent * 10, mib)
     notes = assignments.annotations_for(grant, None, datetime(2026, 1, 1, tzinfo=UTC))
     api.patch("pods", name, {"metadata": {"annotations": notes}}, "default")
     api.bind("default", name, node)
@@ -85,3 +95,39 @@ def test_unknown_pod_is_an_error(
 ) -> None:
     assert explain(cluster, tmp_path, "default/nope") == 1
     assert "pod default/nope not found" in capsys.readouterr().err
+
+
+def test_memory_only_pods_explained(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with fakeapi.serve_in_thread() as server:
+
+        def build() -> None:
+            api = server.api
+            api.create(objects.node("a", gpus=2))
+            api.create(objects.node("b", gpus=1))
+            api.create(objects.node("t4-0", gpus=1, model="Tesla-T4", gpu_memory_mib=15360))
+            place(api, "share-a", "a", (0,), 50)
+            place(api, "share-b", "b", (0,), 20)
+            place(api, "mem-0", "a", (1,), 0, memory="70Gi")
+            api.create(objects.pod("notebook", percent=None, memory="20Gi"))
+            api.create(objects.pod("tiny", percent=None, memory="4Gi"))
+
+        server.call(build)
+        assert explain(server, tmp_path, "default/notebook") == 0
+        out = capsys.readouterr().out
+        # GPU 1 of a holds memory-only shares: no compute open to others ("mem").
+        assert "a     NVIDIA-A100-SXM4-80GB  2     50/mem" in out
+        assert "gpu 1: 10240 MiB free, needs 20480 MiB" in out
+        assert "every GPU holds compute shares or a whole-GPU grant" in out
+        assert "GPUs have 15360 MiB, needs 20480 MiB" in out
+        assert (
+            "0/3 nodes: 1 GPU memory too small, 1 no GPU free of compute shares, "
+            "1 no GPU with enough memory free"
+        ) in out
+        assert explain(server, tmp_path, "default/tiny", "-o", "json") == 0
+        tiny = json.loads(capsys.readouterr().out)
+        rows = {row["node"]: row for row in tiny["rows"]}
+        assert rows["a"]["verdict"] == "fits" and rows["a"]["why"].endswith("would take GPU 1")
+        assert explain(server, tmp_path, "default/mem-0") == 0
+        assert "Running on node a with GPU 1 (memory only, 71680 MiB each)." in (
+            capsys.readouterr().out
+        )

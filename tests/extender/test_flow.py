@@ -70,3 +70,56 @@ async def test_fenced_nodes_are_not_offered_to_other_pods(server: fakeapi.Server
         h.sidecar.fences.release()
         later = api.create(objects.pod("later", percent=50))
         assert (await h.filter(later, names))["NodeNames"] == names
+
+
+async def test_memory_only_pods_are_filtered_scored_bound_and_packed(
+    server: fakeapi.Server,
+) -> None:
+    """`gpu-memory` alone: placed by per-GPU memory, never on a GPU with a compute share,
+    packed onto one GPU until its memory is gone; a misfit says how much memory is free."""
+
+    api = server.api
+    for index in range(2):
+        api.create(objects.node(f"gpu-{index}", gpus=2, uuids=True))
+    async with harness(server) as h:
+        await asyncio.wait_for(h.sidecar.sync.ready.wait(), 5)
+
+        def where(name: str) -> tuple[str, str, str, str]:
+            notes = h.pod("default", name)["metadata"]["annotations"]
+            return (
+                notes[keys.ASSIGNED_NODE],
+                notes[keys.ASSIGNED_GPUS],
+                notes[keys.ASSIGNED_MILLI],
+                notes[keys.ASSIGNED_MEMORY],
+            )
+
+        await h.schedule(api.create(objects.pod("pct", percent=50)))
+        taken = where("pct")[:2]
+        placed = []
+        for name in ("m1", "m2", "m3"):
+            pod = api.create(objects.pod(name, percent=None, memory="40Gi"))
+            node = await h.schedule(pod)
+            assert h.pod("default", name)["spec"]["nodeName"] == node
+            placed.append(where(name))
+            grant = h.sidecar.sync.ledger.get(pod["metadata"]["uid"])
+            assert grant is not None and grant.memory_only
+            assert grant.state is GrantState.CONFIRMED
+        assert all(milli == "0" and memory == "40960" for *_, milli, memory in placed)
+        assert all(p[:2] != taken for p in placed), "memory-only joined a compute share"
+        assert placed[0][:2] == placed[1][:2], "the second did not pack onto the first's GPU"
+        assert placed[2][:2] != placed[0][:2]
+        await h.synced(
+            lambda: any(
+                "memory only, 40960 MiB" in e.get("message", "")
+                for e in api.objects("events", "default")
+            )
+        )
+        # 4 GPUs: one with the compute share, one full, one with 40 GiB left, one empty.
+        big = api.create(objects.pod("big", percent=None, memory="60Gi"))
+        verdict = await h.filter(big, ["gpu-0", "gpu-1"])
+        assert len(verdict["NodeNames"]) == 1
+        await h.schedule(big)
+        late = api.create(objects.pod("late", percent=None, memory="50Gi"))
+        verdict = await h.filter(late, ["gpu-0", "gpu-1"])
+        assert verdict["NodeNames"] == []
+        assert set(verdict["FailedNodes"].values()) == {"gpuplace: no GPU with enough memory free"}

@@ -75,7 +75,7 @@ def test_demo_runs_end_to_end_and_exits_cleanly(
         line for line in completed.stderr.splitlines() if not line.startswith("gpuplace demo")
     ]
     assert others == [], others
-    assert "[45/45]" in completed.stderr
+    assert "[47/47]" in completed.stderr
     assert "PLAYS kube-apiserver" in completed.stdout and "kube-scheduler" in completed.stdout
     plot = cwd / "gpuplace-demo.png"
     assert plot.read_bytes()[:8] == PNG_MAGIC
@@ -93,7 +93,12 @@ def test_demo_table_shows_placed_refused_pending_and_the_gang(
     assert all(results[pod] == "placed" for pod in GANG)
     assert results["platform/sweep-0"] == results["platform/sweep-1"] == "waiting"
     assert results["serving/t4-batch"] == "pending"
-    assert sum(result == "placed" for result in results.values()) == 37
+    assert sum(result == "placed" for result in results.values()) == 39
+    # memory-only shares: placed, packed onto one GPU, shown as such, warned about
+    evals = [rows[f"research/eval-{i}"] for i in (1, 2)]
+    assert all(cells[2] == "placed" and cells[5] == "memory only 10Gi" for cells in evals)
+    assert evals[0][3:5] == evals[1][3:5]
+    assert evals[0][1] == "memory 10Gi"
     # the gang is planned as one: every member on its plan, together
     assert all("planned as one" in rows[pod][-1] for pod in GANG)
     # the refusals are the webhook's, as kubectl prints them
@@ -108,15 +113,19 @@ def test_demo_table_shows_placed_refused_pending_and_the_gang(
     assert "FailedGpuPlacement" in out and "$ gpuplace explain serving/t4-batch" in out
     # the audit log: one line per review (a mutate denial ends the review)
     audit = [line for line in out.splitlines() if re.match(r"  \d\d:\d\d:\d\d\.\d{3}  ", line)]
-    assert len(audit) == 2 * 45 - 3
+    assert len(audit) == 2 * 47 - 3
+    assert "fully allocated (1 by memory-only shares)" in out
+    warned = [line for line in audit if "research/eval-" in line and " mutate " in line]
+    assert len(warned) == 2
+    assert all("memory-only share: 10240 MiB of GPU memory and no compute" in w for w in warned)
     assert sum(" denied " in line for line in audit) == 5
 
 
 def test_demo_placements_never_oversubscribe_a_gpu(
     demo_run: tuple[subprocess.CompletedProcess[str], Path, float],
 ) -> None:
-    """An independent check of the table: per GPU, shares add up to at most 100% and a
-    whole GPU is nobody else's."""
+    """An independent check of the table: per GPU, shares add up to at most 100%, a
+    whole GPU is nobody else's and memory-only shares share only with each other."""
     rows = _table(demo_run[0].stdout)
     percent: dict[tuple[str, int], Decimal] = defaultdict(Decimal)
     holders: dict[tuple[str, int], list[str]] = defaultdict(list)
@@ -131,14 +140,19 @@ def test_demo_placements_never_oversubscribe_a_gpu(
         whole = "whole" in share
         if whole and "×" in share:
             assert int(share.split("×")[0]) == len(indices)
-        amount = Decimal(100) if whole else Decimal(share.split("%")[0])
+        memory_only = share.startswith("memory only")
+        amount = Decimal(100 if whole else 0 if memory_only else share.split("%")[0])
+        kind = "WHOLE:" if whole else "MEM:" if memory_only else ""
         for index in indices:
             percent[(node, index)] += amount
-            holders[(node, index)].append(pod if not whole else f"WHOLE:{pod}")
+            holders[(node, index)].append(kind + pod)
     for gpu, total in percent.items():
         assert total <= 100, (gpu, holders[gpu])
         if any(holder.startswith("WHOLE:") for holder in holders[gpu]):
             assert len(holders[gpu]) == 1, (gpu, holders[gpu])
+        if any(holder.startswith("MEM:") for holder in holders[gpu]):
+            # memory-only shares keep their GPU to themselves
+            assert all(holder.startswith("MEM:") for holder in holders[gpu]), holders[gpu]
 
 
 def test_demo_help_explains_what_it_does() -> None:

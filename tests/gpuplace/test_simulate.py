@@ -41,6 +41,8 @@ def test_bundled_default_prints_a_row_per_policy(tmp_path: Path) -> None:
         "num_gpu",
         "gpu_milli",
         "gpu_spec",
+        "gpu_memory_mib",
+        "memory_only",
         "node",
         "gpus",
     }
@@ -90,6 +92,58 @@ def test_decisions_replay_independently_without_oversubscription(tmp_path: Path)
         assert all(left >= 0 for left in node["gpus"])
 
 
+@pytest.mark.parametrize("extender", [False, True])
+def test_memory_only_shares_replay_by_memory_and_keep_their_gpus(
+    tmp_path: Path, extender: bool
+) -> None:
+    """--memory-only-shares: every share asks its fraction of a 16 GiB GPU and no compute;
+    an independent check of the decisions: no GPU over its memory, a GPU holding
+    memory-only shares holds nothing else, and they pack (fewer GPUs than pods)."""
+    decisions = tmp_path / "d.jsonl"
+    args = ["simulate", "--memory-only-shares", "16384", "--decisions", str(decisions)]
+    assert cli.main([*args, *(["--via-extender"] if extender else [])]) == 0
+    lines = [json.loads(line) for line in decisions.read_text().splitlines()]
+    memory_only = [line for line in lines if line["memory_only"]]
+    assert memory_only and all(
+        line["num_gpu"] == 1 and line["gpu_memory_mib"] == -(-line["gpu_milli"] * 16384 // 1000)
+        for line in memory_only
+    )
+    held: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for line in lines:
+        if line["node"] is not None:
+            for index in line["gpus"]:
+                held.setdefault((line["node"], index), []).append(line)
+    pooled = 0
+    for holders in held.values():
+        kinds = {line["memory_only"] for line in holders}
+        assert len(kinds) == 1, "a memory-only share shared its GPU with a compute share"
+        if kinds == {True}:
+            pooled += 1
+            assert sum(line["gpu_memory_mib"] for line in holders) <= 16384
+        else:
+            assert sum(line["gpu_milli"] for line in holders) <= 1000
+    placed = sum(1 for line in memory_only if line["node"] is not None)
+    assert 0 < pooled < placed
+
+
+def test_memory_only_rows_of_a_pod_list(tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text(
+        "sn,cpu_milli,memory_mib,gpu,model,gpu_memory_mib\nn0,64000,262144,2,T4,16384\n"
+    )
+    pods = tmp_path / "pods.csv"
+    pods.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_memory_mib\n"
+        "m0,1000,1024,1,0,8192\nm1,1000,1024,1,0,8192\ns0,1000,1024,1,500,0\n"
+    )
+    decisions = tmp_path / "d.jsonl"
+    args = ["--nodes", str(nodes), "--pods", str(pods), "--decisions", str(decisions)]
+    assert cli.main(["simulate", *args]) == 0
+    lines = {line["pod"]: line for line in map(json.loads, decisions.read_text().splitlines())}
+    assert lines["m0"]["memory_only"] and lines["m0"]["gpu_memory_mib"] == 8192
+    assert lines["m0"]["gpus"] == lines["m1"]["gpus"] != lines["s0"]["gpus"]
+
+
 def test_malformed_file_is_one_line_naming_file_line_and_column(tmp_path: Path) -> None:
     bad = tmp_path / "pods.csv"
     bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,500\nq,1,x,1,500\n")
@@ -119,6 +173,7 @@ def test_help_documents_the_options(flag: str) -> None:
         "--policy",
         "--seed",
         "--via-extender",
+        "--memory-only-shares",
         "--decisions",
         "--plot",
         "--json",

@@ -32,7 +32,15 @@ def state_of(book: Ledger) -> tuple[object, ...]:
         book.snapshot(),
         book.generation,
         tuple(
-            (s.node.name, tuple(s.free_milli), tuple(s.free_memory), s.cpu, s.memory, s.pods)
+            (
+                s.node.name,
+                tuple(s.free_milli),
+                tuple(s.free_memory),
+                tuple(s.memory_only),
+                s.cpu,
+                s.memory,
+                s.pods,
+            )
             for s in book.states()
         ),
     )
@@ -183,6 +191,10 @@ REQUESTS = st.one_of(
         lambda count, topology: whole(count, topology=topology),
         st.integers(1, 4),
         st.sampled_from(list(Topology)),
+    ),
+    st.builds(  # memory-only shares
+        lambda mib: GpuRequest(milli=0, memory_mib=mib, count=1, cpu_milli=1000),
+        st.sampled_from([1024, 4096, 8192, 16_384]),
     ),
 )
 

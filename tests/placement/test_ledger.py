@@ -12,7 +12,15 @@ from hypothesis import strategies as st
 
 from placement import choosing, policies
 from placement.fragmentation import Workload
-from placement.ledger import Conflict, Grant, GrantState, Ledger, LedgerError, Oversubscribed
+from placement.ledger import (
+    Conflict,
+    Grant,
+    GrantState,
+    Ledger,
+    LedgerError,
+    NodeState,
+    Oversubscribed,
+)
 from placement.requests import GpuRequest
 
 from .clusters import ledger, node, share
@@ -22,11 +30,22 @@ def fresh() -> Ledger:
     return ledger(node("a", 4, memory=16_384), node("b", 2, memory=16_384), node("c", 1))
 
 
+def free_state(state: NodeState) -> tuple[object, ...]:
+    return (
+        state.node.name,
+        list(state.free_milli),
+        list(state.free_memory),
+        list(state.memory_only),
+        state.cpu,
+    )
+
+
 def check_invariants(book: Ledger) -> None:
     for state in book.states():
         held_milli = [0] * len(state.node.gpus)
         held_memory = [0] * len(state.node.gpus)
         whole_holders: dict[int, list[str]] = {}
+        memory_only: dict[int, set[str]] = {}
         sharers: dict[int, set[str]] = {}
         for grant in book.grants_on(state.node.name):
             for index in grant.gpus:
@@ -35,14 +54,25 @@ def check_invariants(book: Ledger) -> None:
                 sharers.setdefault(index, set()).add(grant.pod_uid)
                 if grant.milli == 1000:
                     whole_holders.setdefault(index, []).append(grant.pod_uid)
+                if grant.memory_only:
+                    assert len(grant.gpus) == 1 and grant.memory_mib > 0
+                    memory_only.setdefault(index, set()).add(grant.pod_uid)
         for gpu in state.node.gpus:
+            pooled = memory_only.get(gpu.index, set())
             assert held_milli[gpu.index] <= 1000
             assert held_memory[gpu.index] <= gpu.memory_mib
-            assert state.free_milli[gpu.index] == 1000 - held_milli[gpu.index]
+            # Memory-only shares take the compute nobody else may then take.
+            assert state.free_milli[gpu.index] == 1000 - held_milli[gpu.index] - (
+                1000 if pooled else 0
+            )
+            assert state.memory_only[gpu.index] == len(pooled)
             assert state.free_memory[gpu.index] == gpu.memory_mib - held_memory[gpu.index]
             if gpu.index in whole_holders:
                 assert sharers[gpu.index] == set(whole_holders[gpu.index])
                 assert len(whole_holders[gpu.index]) == 1
+            if pooled:
+                # A memory-only share shares its GPU with memory-only shares alone.
+                assert sharers[gpu.index] == pooled
 
 
 requests = st.one_of(
@@ -62,6 +92,14 @@ requests = st.one_of(
         host_memory_mib=st.integers(0, 8192),
     ),
     st.builds(GpuRequest, cpu_milli=st.integers(0, 8000), host_memory_mib=st.integers(0, 8192)),
+    st.builds(
+        GpuRequest,
+        milli=st.just(0),
+        memory_mib=st.sampled_from([1024, 4096, 8192, 16_384]),
+        count=st.just(1),
+        cpu_milli=st.integers(0, 4000),
+        host_memory_mib=st.integers(0, 8192),
+    ),
 )
 operations = st.lists(
     st.one_of(
@@ -104,7 +142,10 @@ def test_release_restores_and_snapshot_restore_is_identical(
     book = fresh()
     chooser = choosing.Chooser(book, policies.make("best-fit", workload=Workload(())))
     rng = random.Random(0)
-    empty = [(s.node.name, list(s.free_milli), list(s.free_memory), s.cpu) for s in book.states()]
+    empty = [
+        (s.node.name, list(s.free_milli), list(s.free_memory), list(s.memory_only), s.cpu)
+        for s in book.states()
+    ]
     for request, uid in items:
         choice = chooser.choose(request, rng)
         if choice is not None and f"p{uid}" not in book:
@@ -112,12 +153,15 @@ def test_release_restores_and_snapshot_restore_is_identical(
     copy = Ledger(book.inventory)
     copy.restore(book.snapshot())
     assert copy.snapshot() == book.snapshot()
-    assert [(s.node.name, s.free_milli, s.free_memory, s.cpu) for s in copy.states()] == [
-        (s.node.name, s.free_milli, s.free_memory, s.cpu) for s in book.states()
-    ]
+    assert [
+        (s.node.name, s.free_milli, s.free_memory, s.memory_only, s.cpu) for s in copy.states()
+    ] == [(s.node.name, s.free_milli, s.free_memory, s.memory_only, s.cpu) for s in book.states()]
     for grant in book.snapshot():
         book.release(grant.pod_uid)
-    after = [(s.node.name, list(s.free_milli), list(s.free_memory), s.cpu) for s in book.states()]
+    after = [
+        (s.node.name, list(s.free_milli), list(s.free_memory), list(s.memory_only), s.cpu)
+        for s in book.states()
+    ]
     assert after == empty
     assert len(book) == 0
 

@@ -48,6 +48,41 @@ def test_five_column_lists_and_clamped_shares() -> None:
     assert pods[1].request().count == 0
 
 
+def test_gpu_memory_columns_and_memory_only_rows() -> None:
+    header = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_memory_mib\n"
+    pods = trace.parse_pods(
+        "m.csv", [header, "m,1,1,1,0,8192\n", "s,1,1,1,500,4096\n", "w,1,1,2,1000,\n"]
+    )
+    assert [(p.memory_only, p.gpu_memory_mib) for p in pods] == [
+        (True, 8192),
+        (False, 4096),
+        (False, 0),
+    ]
+    memory_only = pods[0].request()
+    assert memory_only.memory_only and memory_only.memory_mib == 8192
+    assert (pods[1].request().milli, pods[1].request().memory_mib) == (500, 4096)
+    with pytest.raises(trace.TraceError, match=r"^m.csv:2:5: .*gpu_memory_mib > 0"):
+        trace.parse_pods("m.csv", [header, "z,1,1,1,0,0\n"])
+    with pytest.raises(trace.TraceError, match=r"^m.csv:2:5: .*on one GPU, gpu_memory_mib"):
+        trace.parse_pods("m.csv", [header, "z,1,1,2,0,8192\n"])
+    nodes = trace.parse_nodes(
+        "n.csv", ["sn,cpu_milli,memory_mib,gpu,model,gpu_memory_mib\n", "n,1,1,2,T4,15360\n"]
+    )
+    assert [gpu.memory_mib for gpu in nodes[0].gpus] == [15360, 15360]
+    bare = trace.parse_nodes("n.csv", ["sn,cpu_milli,memory_mib,gpu,model\n", "n,1,1,1,A10\n"])
+    assert [gpu.memory_mib for gpu in trace.with_gpu_memory(bare, 24576)[0].gpus] == [24576]
+    converted = trace.as_memory_only(
+        [*pods, trace.TracePod("q", 1, 1, 1, 250, "")], gpu_memory_mib=16384
+    )
+    assert [(p.memory_only, p.gpu_memory_mib, p.gpu_milli) for p in converted] == [
+        (True, 8192, 0),
+        (True, 8192, 500),  # half a GPU: half of 16 GiB, its compute no longer asked
+        (False, 0, 1000),
+        (True, 4096, 250),
+    ]
+    assert converted[3].request().memory_only and converted[3].total_milli == 250
+
+
 def test_arrival_order_tunes_to_130_percent_and_is_seeded() -> None:
     pods = [trace.TracePod(f"p{i}", 1000, 1024, 1, 500, "") for i in range(10)]
     order = replay.arrival_order(pods, capacity_milli=10_000, seed=1)

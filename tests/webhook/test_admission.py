@@ -62,6 +62,29 @@ def test_unsatisfiable_request(reviewer: admission.Reviewer) -> None:
     )
 
 
+def test_memory_only_pod_is_admitted_with_its_warning_and_validates(
+    reviewer: admission.Reviewer,
+) -> None:
+    pod = helpers.pod({keys.GPU_MEMORY: "8Gi"})
+    decision = reviewer.mutate(request(helpers.review(pod)))
+    assert decision.allowed, decision.message
+    assert any(w.startswith("memory-only share: 8192 MiB") for w in decision.warnings)
+    patched = jsonpatch.apply_patch(pod, decision.ops)
+    limits = patched["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {keys.RESOURCE_MEMORY: "8192"}
+    verdict = reviewer.validate(request(helpers.review(patched)))
+    assert (verdict.allowed, verdict.reason) == (True, admission.VALID)
+
+
+def test_memory_only_beyond_every_gpu_is_refused(reviewer: admission.Reviewer) -> None:
+    pod = mutated(reviewer, helpers.pod({keys.GPU_MEMORY: "100Gi"}))
+    decision = reviewer.validate(request(helpers.review(pod)))
+    assert (decision.allowed, decision.reason) == (False, admission.UNSATISFIABLE)
+    assert decision.message == (
+        "no GPU in the cluster has 100Gi of memory (gpuplace.io/gpu-memory); the largest has 80Gi"
+    )
+
+
 def test_unknown_inventory_refuses_gpu_pods_only(capabilities: Capabilities) -> None:
     source = FixedCapabilities(None)
     reviewer = admission.Reviewer(WebhookConfig(), source)

@@ -51,6 +51,48 @@ def test_count_alone_means_whole_gpus_with_preferred_topology() -> None:
     assert spec.resource_percent == 400 and not spec.shares
 
 
+def test_memory_alone_is_a_memory_only_share_of_one_gpu() -> None:
+    spec = parse(gpu_memory="8Gi")
+    assert spec is not None
+    assert (spec.percent, spec.count, spec.memory_mib, spec.milli) == (0, 1, 8192, 0)
+    assert spec.memory_only and spec.shares
+    assert (spec.resource_percent, spec.resource_memory_mib) == (0, 8192)
+    request = spec.to_request(cpu_milli=500)
+    assert request.memory_only and request.shares
+    assert (request.milli, request.memory_mib, request.count) == (0, 8192, 1)
+    assert spec.topology is grammar.GpuTopology.NONE
+
+
+def test_memory_only_takes_models_gangs_and_a_container() -> None:
+    spec = parse(
+        gpu_memory="20Gi",
+        gpu_model="NVIDIA-L4",
+        container="trainer",
+        gang_name="g",
+        gang_size="2",
+    )
+    assert spec is not None and spec.memory_only
+    assert spec.models == ("NVIDIA-L4",) and spec.container == "trainer"
+    assert spec.gang is not None and spec.gang.size == 2
+
+
+def test_memory_with_percent_or_count_is_not_memory_only() -> None:
+    share = parse(gpu_memory="8Gi", gpu_percent="30")
+    assert share is not None and not share.memory_only and share.percent == 30
+    # gpu-count keeps its meaning: whole GPUs, gpu-memory a floor on each of them.
+    whole = parse(gpu_memory="8Gi", gpu_count="2")
+    assert whole is not None and not whole.memory_only and whole.percent == 100
+    one = parse(gpu_memory="8Gi", gpu_count="1")
+    assert one is not None and not one.memory_only and not one.shares
+
+
+def test_a_memory_only_spec_needs_one_gpu_and_memory() -> None:
+    with pytest.raises(ValueError, match="memory-only"):
+        grammar.PodGpuSpec(percent=0)
+    with pytest.raises(ValueError, match="several GPUs"):
+        grammar.PodGpuSpec(percent=0, memory_mib=1024, count=2)
+
+
 def test_one_whole_gpu_has_no_topology_by_default() -> None:
     spec = parse(gpu_count="1")
     assert spec is not None and spec.topology is grammar.GpuTopology.NONE
@@ -145,7 +187,12 @@ def test_to_request() -> None:
         ),
         ({"gpu_count": "1", "container": "Trainer!"}, P + "container", "DNS label"),
         ({"gpu_count": "2", "gpu_percent": "50"}, P + "gpu-percent", "always whole GPUs"),
-        ({"gpu_memory": "20Gi"}, P + "gpu-memory", "without a GPU request"),
+        ({"gpu_memory": "0"}, P + "gpu-memory", "positive"),
+        (
+            {"gpu_model": "NVIDIA-L4", "container": "c"},
+            P + "gpu-model",
+            "gpuplace.io/gpu-memory (GPU memory alone",
+        ),
         ({"gpu_model": "NVIDIA-L4"}, P + "gpu-model", "without a GPU request"),
         ({"container": "c"}, P + "container", "without a GPU request"),
         ({"gang_name": "g", "gang_size": "2"}, P + "gang-name", "without a GPU request"),
@@ -296,6 +343,7 @@ def test_parse_either_returns_a_valid_spec_or_explains(values: dict[str, str]) -
         return
     request = spec.to_request(0, 0)
     assert request.count == spec.count >= 1
-    assert 1 <= request.milli <= 1000
+    assert 1 <= request.milli <= 1000 or (request.memory_only and request.memory_mib > 0)
+    assert request.memory_only == (keys.GPU_PERCENT not in values and keys.GPU_COUNT not in values)
     assert spec.count == 1 or spec.percent == 100
     assert (spec.gang is None) == (keys.GANG_NAME not in values)

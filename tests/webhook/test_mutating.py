@@ -74,6 +74,30 @@ def test_share_with_memory() -> None:
     ]
 
 
+def test_memory_only_share_requests_memory_alone_with_mps_limits() -> None:
+    gpu = spec(gpu_memory="8Gi")
+    mutation = mutating.build(helpers.pod(), gpu, 0, "gpuplace")
+    pod = mutate(helpers.pod(), gpu)
+    container = pod["spec"]["containers"][0]
+    for part in ("requests", "limits"):
+        assert container["resources"][part] == {keys.RESOURCE_MEMORY: "8192"}
+    assert {env["name"]: env.get("value") for env in container["env"]} == {
+        "NVIDIA_VISIBLE_DEVICES": None,
+        # No compute of its own to cap: it never shares its GPU with a compute share.
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8192M",
+    }
+    (term,) = terms(pod)
+    assert {"key": keys.GFD_COUNT, "operator": "Gt", "values": ["0"]} in term["matchExpressions"]
+    assert {"key": keys.GFD_MEMORY, "operator": "Gt", "values": ["8191"]} in term[
+        "matchExpressions"
+    ]
+    (warning,) = mutation.warnings
+    assert warning.startswith("memory-only share: 8192 MiB of GPU memory and no compute reserved")
+    assert "time-sliced with the other memory-only pods of its GPU" in warning
+    assert "\n" not in warning and len(warning) <= 200
+
+
 def test_whole_gpus_count_models_and_required_nvlink() -> None:
     gpu = spec(
         gpu_count="4",
@@ -180,22 +204,25 @@ def test_user_env_var_is_replaced_and_warned() -> None:
     assert any("NVIDIA_VISIBLE_DEVICES replaced" in w for w in mutation.warnings)
 
 
-def test_memory_resource_left_by_hand_is_removed_when_not_asked() -> None:
-    gpu = spec(gpu_count="1")
+@pytest.mark.parametrize(
+    ("values", "by_hand", "expected"),
+    [
+        ({"gpu_count": "1"}, keys.RESOURCE_MEMORY, {keys.RESOURCE_PERCENT: "100"}),
+        # A memory-only share reserves no compute: no gpu-percent resource either.
+        ({"gpu_memory": "1Gi"}, keys.RESOURCE_PERCENT, {keys.RESOURCE_MEMORY: "1024"}),
+    ],
+)
+def test_our_resource_left_by_hand_is_removed_when_not_asked(
+    values: dict[str, str], by_hand: str, expected: dict[str, str]
+) -> None:
     container = {
         "name": "c",
         "image": "x",
-        "resources": {
-            "requests": {keys.RESOURCE_MEMORY: "5", "cpu": "1"},
-            "limits": {keys.RESOURCE_MEMORY: "5"},
-        },
+        "resources": {"requests": {by_hand: "5", "cpu": "1"}, "limits": {by_hand: "5"}},
     }
-    pod = mutate(helpers.pod(containers=[container]), gpu)
+    pod = mutate(helpers.pod(containers=[container]), spec(**values))
     resources = pod["spec"]["containers"][0]["resources"]
-    assert resources == {
-        "requests": {"cpu": "1", keys.RESOURCE_PERCENT: "100"},
-        "limits": {keys.RESOURCE_PERCENT: "100"},
-    }
+    assert resources == {"requests": {"cpu": "1", **expected}, "limits": expected}
 
 
 def test_warnings() -> None:
@@ -236,6 +263,13 @@ _specs = st.fixed_dictionaries(
         keys.GANG_SIZE: st.integers(2, 8).map(str),
     },
 ).map(lambda d: {**d, keys.GPU_COUNT: "1"} if keys.GPU_PERCENT in d else {**d, keys.GPU_COUNT: "2"})
+_memory_only_specs = st.fixed_dictionaries(
+    {keys.GPU_MEMORY: st.sampled_from(["1", "512Mi", "10G", "20Gi"])},
+    optional={
+        keys.GPU_MODEL: st.sampled_from(["NVIDIA-L4", "A,B"]),
+        keys.GANG_NAME: st.sampled_from(["g", "train-7"]),
+    },
+)
 _envs = st.lists(
     st.sampled_from(
         [
@@ -269,7 +303,7 @@ _affinities: st.SearchStrategy[dict[str, Any] | None] = st.sampled_from(
 
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow], deadline=None)
-@given(_specs, _envs, _affinities, st.booleans())
+@given(st.one_of(_specs, _memory_only_specs), _envs, _affinities, st.booleans())
 def test_any_gpu_pod_mutates_to_a_valid_fixpoint(
     values: dict[str, str], env: list[dict[str, str]], affinity: Any, labelled: bool
 ) -> None:
