@@ -29,7 +29,8 @@ import contextlib
 import gc
 import logging
 import random
-from collections.abc import AsyncIterator, Coroutine
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -236,7 +237,9 @@ class Sidecar:
         api: kube.Kube,
         *,
         rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock` times the typical workload's refresh (tests move it on)."""
         self.settings = settings
         self.registry = registry
         self.api = api
@@ -253,6 +256,7 @@ class Sidecar:
             settings.policy,
             refresh_seconds=settings.workload_refresh_seconds,
             rng=rng,
+            clock=clock,
         )
         self.activity = Activity()
         """Extender verbs in flight: the warmer gives way to them."""
