@@ -51,7 +51,17 @@ from cluster import (
 )
 from cluster.syncing import LedgerSync
 from extender import app as extender_app
-from extender import binding, deciding, gang_leader, gang_store, gangs, warming, wire, workloads
+from extender import (
+    binding,
+    deciding,
+    gang_leader,
+    gang_store,
+    gangs,
+    repeating,
+    warming,
+    wire,
+    workloads,
+)
 from extender.activity import Activity
 from extender.gang_api import KubePods
 from extender.gang_fences import Fences
@@ -102,6 +112,8 @@ class SidecarConfig(Protocol):
     def warm_pending_shapes(self) -> int: ...
     @property
     def warm_interval_seconds(self) -> float: ...
+    @property
+    def filter_answers_kept(self) -> int: ...
     @property
     def gc_young_seconds(self) -> float: ...
     @property
@@ -192,6 +204,13 @@ class SidecarSettings(BaseSettings):
         gt=0,
         description="bring the shapes scored ahead up to date this often (a filter re-scores "
         "the nodes changed since itself)",
+    )
+    filter_answers_kept: int = Field(
+        repeating.KEPT,
+        ge=0,
+        description="keep this many filter answers that no node passed, and send one again "
+        "when kube-scheduler repeats that filter (same request, same nodes) and none of "
+        "those nodes changed since (0 = off: every filter decides anew)",
     )
     gc_young_seconds: float = Field(
         0.1,
@@ -314,6 +333,11 @@ class Sidecar:
             ready_timeout=settings.sync_wait_seconds,
             max_body_bytes=settings.extender_max_body_bytes,
             activity=self.activity,
+            repeats=(
+                repeating.Repeats(self.sync, size=settings.filter_answers_kept, registry=registry)
+                if settings.filter_answers_kept
+                else None
+            ),
         )
         self.app = extender_app.create_app(self.service)
         """The extender's aiohttp app (/filter, /prioritize, /bind), for its own site."""

@@ -95,7 +95,7 @@ def test_sixteen_quarter_shares_fill_four_gpus_when_the_workload_is_one_half_sha
 @example(milli=50, first=[710], count=6, nodes=1, gpus=2, refresh=False)
 @given(
     milli=st.integers(5, 60).map(lambda x: x * 10),
-    first=st.lists(st.integers(1, 100).map(lambda x: x * 10), max_size=3),
+    first=st.lists(st.integers(1, 100).map(lambda x: x * 10), max_size=6),
     count=st.integers(1, 20),
     nodes=st.integers(1, 3),
     gpus=st.sampled_from([1, 2, 4, 8]),
