@@ -212,6 +212,8 @@ class DefaultPolicy(Ranked):
                 seen = self.workload.observing(task)
                 variant = self._base if seen is self.workload else _Variant(seen)
                 self._variants[task] = variant
+            if len(self._of) >= PLACES_KEPT:
+                self._of.clear()  # requests differing in what no variant depends on
             self._of[request] = variant
         self._recent = (request, variant)
         return variant
