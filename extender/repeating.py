@@ -28,7 +28,8 @@ Costs: a lookup is O(1) for the key, plus comparing the names (nothing when they
 the every-node list `placement.names.EveryNode` already holds, O(names) in C otherwise),
 plus O(changes since the answer was made or last served); the set of names it is
 checked against is built once per kept answer, O(names), when first needed. A kept
-answer holds its bytes (up to ~0.4 MB at 10,000 nodes), so `KEPT` are kept at most.
+answer holds its bytes (a reason per node: about 0.5-1 MB at 10,000 nodes), so `KEPT`
+are kept at most.
 """
 
 from __future__ import annotations
