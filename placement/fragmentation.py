@@ -22,7 +22,8 @@ would among those seen (`WHOLE_TYPE` makes up what the observed whole-GPU types
 lack). So a GPU opened for a share always counts as a whole GPU lost, and one pod's
 shape seen first cannot make packing look like fragmenting. `observing` counts the
 pod being placed as one more observation of its own shape, so a shape the workload
-has not seen yet is not scored as if nothing like it would come.
+has not seen yet is not scored as if nothing like it would come (while the workload
+was seen through fewer than `OWN_SHAPE_BELOW` pods: beyond, one pod weighs under 1%).
 """
 
 from __future__ import annotations
@@ -121,6 +122,10 @@ class Prior:
 
 PRIOR = Prior()
 """The sidecar's prior (docs/placement.md says why these figures)."""
+OWN_SHAPE_BELOW = 100
+"""`observing` counts a request's own shape only in a workload seen through fewer pods:
+beyond, one pod weighs under 1%, and each shape's variant would cost memos of its own
+(tens of MB at 10,000 nodes) for scores that barely move."""
 
 
 def with_prior(
@@ -224,11 +229,15 @@ class Workload:
     def observing(self, task: TaskType) -> Workload:
         """This workload with one more pod of `task` observed, when `task` is not among
         its observed types (weight 1 / (pods + 1), the others scaled to make room; the
-        prior applied again); else this very workload, and also for a workload not built from
-        pods (`pods` 0: a mix given as it is, such as the sidecar's fallback) or a task
-        of no GPU. A new object, with memos of its own, so the caller keeps one per
-        shape. O(types)."""
-        if not self.pods or not task.count or any(known == task for known, _ in self.observed):
+        prior applied again); else this very workload, and also for a workload not built
+        from pods (`pods` 0: a mix given as it is, such as the sidecar's fallback), one
+        seen through `OWN_SHAPE_BELOW` pods or more, or a task of no GPU. A new object,
+        with memos of its own, so the caller keeps one per shape. O(types)."""
+        if (
+            not 0 < self.pods < OWN_SHAPE_BELOW
+            or not task.count
+            or any(known == task for known, _ in self.observed)
+        ):
             return self
         share = self.pods / (self.pods + 1)
         return Workload(

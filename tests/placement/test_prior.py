@@ -8,7 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from placement import choosing, policies
-from placement.fragmentation import PRIOR, WHOLE_TYPE, Prior, TaskType, Workload
+from placement.fragmentation import OWN_SHAPE_BELOW, PRIOR, WHOLE_TYPE, Prior, TaskType, Workload
 from placement.ledger import Ledger
 
 from .clusters import ledger, node, share, whole
@@ -54,6 +54,8 @@ def test_observing_counts_the_request_as_one_more_pod() -> None:
     assert halves.observing(cpu_only) is halves
     given_mix = Workload([(HALF, 1.0)])
     assert given_mix.observing(QUARTER) is given_mix  # not built from pods
+    many = Workload.from_requests([share(500)] * OWN_SHAPE_BELOW, prior=floor)
+    assert many.observing(QUARTER) is many  # one more pod would weigh under 1%
 
 
 def test_default_scores_each_shape_against_the_workload_it_sees() -> None:
