@@ -11,10 +11,11 @@ evaluations of the old one are dropped (with a warmer, the new one is filled fir
 
 Between rebuilds the workload still follows arrivals where it matters at once and
 costs nothing elsewhere: the default policy scores each request against the workload
-with the request's own shape counted as one more pod (`Workload.observing`), a
-variant per shape, so a new shape changes only its own scores, which its first
-filter computes anyway. A change in the mix's proportions changes every node's score
-for every shape: that waits for the refresh.
+with the request's own shape counted as one more pod (`Workload.observing`; while
+the workload was seen through fewer than 100 pods), a variant per shape, so a new
+shape changes only its own scores, which its first filter computes anyway. A change
+in the mix's proportions changes every node's score for every shape: that waits for
+the refresh.
 
 With no managed pod yet (a new cluster), `FALLBACK` stands in: one whole GPU (half of
 the weight), half a GPU and a quarter of a GPU (a quarter each), any model, the

@@ -125,7 +125,7 @@ PRIOR = Prior()
 OWN_SHAPE_BELOW = 100
 """`observing` counts a request's own shape only in a workload seen through fewer pods:
 beyond, one pod weighs under 1%, and each shape's variant would cost memos of its own
-(tens of MB at 10,000 nodes) for scores that barely move."""
+(each up to about 2 × `MEMO_LIMIT` entries) for scores that barely move."""
 
 
 def with_prior(

@@ -171,10 +171,10 @@ class DefaultPolicy(Ranked):
 
     A request is scored against the typical workload *as it sees it*: with its own
     shape counted as one more observed pod where the workload lacks it
-    (`Workload.observing`). The workload then follows each arrival's shape at once
-    without touching any other shape's scores: a variant is built once per shape,
-    O(types), and scored only for that shape's own requests (which the chooser keeps
-    per scoring shape anyway).
+    (`Workload.observing`; only in a workload seen through few pods). The workload
+    then follows each arrival's shape at once without touching any other shape's
+    scores: a variant is built once per shape, O(types), and scored only for that
+    shape's own requests (which the chooser keeps per scoring shape anyway).
     """
 
     name = "default"
