@@ -27,9 +27,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import ValidationError
 
+from cluster import annotations as grammar
 from cluster import recording
 from cluster.syncing import LedgerSync
-from extender import binding, deciding, reasons
+from extender import binding, deciding, reasons, repeating
 from extender.activity import Activity
 from extender.wire import (
     BindingArgs,
@@ -94,6 +95,8 @@ class Service:
     """Verbs in flight (background work gives way to them)."""
     ahead: OrderedDict[str, Ahead] = field(default_factory=OrderedDict)
     """prioritize answers prepared right after filter, by pod UID (`AHEAD_KEPT` at most)."""
+    repeats: repeating.Repeats | None = None
+    """filter answers kept for kube-scheduler's repeats (`extender.repeating`; None: off)."""
 
     async def ready(self) -> bool:
         if self.sync.ready.is_set():
@@ -108,21 +111,57 @@ class Service:
         """filter's answer as JSON, its outcome, and, when prioritize for the same pod
         can be answered ahead, the preparation of that answer: the handler runs it once
         this answer is in the socket (`_send`), while kube-scheduler reads it before it
-        calls prioritize for these nodes."""
-        result, outcome, ahead_for = await self._filter(args)
+        calls prioritize for these nodes.
+
+        An answer that no node passed is kept: a repeat of that filter while none of its
+        nodes changed gets it again (`extender.repeating`). One that some node passed is
+        not: its pod goes on to prioritize, whose answer this filter prepares ahead."""
+        if not await self.ready():
+            return FilterResult(error=NOT_SYNCED).dump_with_names()[0], "not-synced", None
+        names = args.names()
+        every = self.decider.every_node()
+        repeat = self._repeatable(args)
+        if repeat is not None and self.repeats is not None:
+            kept = self.repeats.find(repeat, names)
+            if kept is not None:
+                if kept.failure:
+                    self._report_failure(args, kept.failure)
+                return kept.body, kept.outcome, None
+        result, outcome, ahead_for, failure = self._filter(args, names)
         body, names_json = result.dump_with_names()
+        if repeat is not None and self.repeats is not None and outcome == "none-fit":
+            answer = repeating.Answer(body, outcome, failure)
+            self.repeats.keep(
+                repeat, names, answer, every=every is not None and names is every.names
+            )
         if ahead_for and result.node_names is not None and names_json is not None:
             passed = result.node_names
             self.activity.expect_next()  # prioritize (or bind, for one node)
             return body, outcome, lambda: self._answer_ahead(ahead_for, passed, names_json)
         return body, outcome, None
 
-    async def _filter(self, args: ExtenderArgs) -> tuple[FilterResult, str, str]:
-        """The answer, its outcome, and the UID of the pod to answer prioritize ahead
-        for ("" for none)."""
-        if not await self.ready():
-            return FilterResult(error=NOT_SYNCED), "not-synced", ""
-        names = args.names()
+    def _repeatable(self, args: ExtenderArgs) -> GpuRequest | None:
+        """The pod's GPU request when its filter answer depends on nothing of the pod's
+        but that request (see `extender.repeating`), else None. O(1)."""
+        if args.node_objects() is not None:
+            return None
+        try:
+            request = self.decider.request(args.pod)
+        except grammar.AnnotationError:
+            return None
+        if request is None:
+            return None
+        fences = self.decider.fences
+        if fences is not None and fences.current is not None:
+            return None
+        uid = str((args.pod.get("metadata") or {}).get("uid") or "")
+        if uid and self.sync.ledger.get(uid) is not None:
+            return None
+        return request
+
+    def _filter(self, args: ExtenderArgs, names: list[str]) -> tuple[FilterResult, str, str, str]:
+        """The answer, its outcome, the UID of the pod to answer prioritize ahead for
+        ("" for none), and the FailedGpuPlacement message ("" for none)."""
         verdict = self.decider.filter(args.pod, names)
         # model_construct: built from our own values, validating 10,000 entries is waste
         result = FilterResult.model_construct(
@@ -134,11 +173,12 @@ class Service:
         else:
             result.nodes = {"items": [objects[name] for name in verdict.passed if name in objects]}
         if not verdict.passed and (verdict.gpu_pod or verdict.problem):
-            self._placement_failed(args, names, verdict)
-            return result, "none-fit", ""
+            failure = self._failure(names, verdict)
+            self._report_failure(args, failure)
+            return result, "none-fit", "", failure
         uid = str((args.pod.get("metadata") or {}).get("uid") or "")
         ahead = uid and verdict.gpu_pod and verdict.holding is None and objects is None
-        return result, "ok", uid if ahead else ""
+        return result, "ok", uid if ahead else "", ""
 
     def _answer_ahead(self, uid: str, passed: list[str], names_json: bytes) -> None:
         """Prepare prioritize's answer for the nodes filter passed (see `prioritize`)."""
@@ -152,11 +192,10 @@ class Service:
         while len(self.ahead) > AHEAD_KEPT:
             self.ahead.popitem(last=False)
 
-    def _placement_failed(
-        self, args: ExtenderArgs, names: list[str], verdict: deciding.Verdict
-    ) -> None:
-        metadata = args.pod.get("metadata") or {}
-        namespace, name = str(metadata.get("namespace") or "default"), str(metadata["name"])
+    @staticmethod
+    def _failure(names: list[str], verdict: deciding.Verdict) -> str:
+        """Why no node of `names` fits the pod (nothing that names the pod: a kept
+        answer may be sent again for another pod of the same request)."""
         if verdict.problem:
             message = verdict.problem
         else:
@@ -166,11 +205,14 @@ class Service:
             examples = reasons.examples(verdict.misfits)
             if examples:
                 message = f"{message}; e.g. {examples}"
-        message = f"{message}. Node by node: gpuplace explain {namespace}/{name}"
-        log.info(
-            "no node fits",
-            extra={"pod": f"{namespace}/{name}", "nodes": len(names), "why": message[:300]},
-        )
+        return message
+
+    def _report_failure(self, args: ExtenderArgs, failure: str) -> None:
+        """Log and record (FailedGpuPlacement Event) that no node fits, and why."""
+        metadata = args.pod.get("metadata") or {}
+        namespace, name = str(metadata.get("namespace") or "default"), str(metadata["name"])
+        message = f"{failure}. Node by node: gpuplace explain {namespace}/{name}"
+        log.info("no node fits", extra={"pod": f"{namespace}/{name}", "why": message[:300]})
         if self.recorder is not None:
             self.recorder.emit(
                 recording.Subject(namespace, name, str(metadata.get("uid") or "")),

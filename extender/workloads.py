@@ -3,9 +3,19 @@
 fgd and default measure fragmentation against the *typical workload*: the mix of
 GPU requests the cluster usually sees. It is built from the requests of the managed
 pods that arrived most recently (`LedgerSync.requests`: the last `window` pods, seeded
-at start with every managed pod the first list returns), and rebuilt at most every
-`refresh_seconds`, only when that window changed. Rebuilding swaps in a new policy and
-a new `Chooser`, so cached node evaluations of the old one are dropped.
+at start with every managed pod the first list returns), with gpuplace's prior
+(`placement.fragmentation.PRIOR`: whole GPUs weigh at least a quarter, and more while
+few pods were seen), and rebuilt at most every `refresh_seconds`, only when that
+window changed. Rebuilding swaps in a new policy and a new `Chooser`, so cached node
+evaluations of the old one are dropped (with a warmer, the new one is filled first).
+
+Between rebuilds the workload still follows arrivals where it matters at once and
+costs nothing elsewhere: the default policy scores each request against the workload
+with the request's own shape counted as one more pod (`Workload.observing`; while
+the workload was seen through fewer than 100 pods), a variant per shape, so a new
+shape changes only its own scores, which its first filter computes anyway. A change
+in the mix's proportions changes every node's score for every shape: that waits for
+the refresh.
 
 With no managed pod yet (a new cluster), `FALLBACK` stands in: one whole GPU (half of
 the weight), half a GPU and a quarter of a GPU (a quarter each), any model, the
@@ -24,7 +34,7 @@ from collections.abc import Callable
 
 from cluster.syncing import LedgerSync
 from placement import choosing, policies
-from placement.fragmentation import MIN_CPU_MILLI, TaskType, Workload
+from placement.fragmentation import MIN_CPU_MILLI, PRIOR, TaskType, Workload
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +82,7 @@ class PolicyHolder:
         workload = None
         if self.name in NEEDS_WORKLOAD:
             requests = list(self.sync.requests)
-            workload = Workload.from_requests(requests) if requests else FALLBACK
+            workload = Workload.from_requests(requests, prior=PRIOR) if requests else FALLBACK
             if not workload.types:
                 workload = FALLBACK
         self._built_from = self.sync.requests_version

@@ -29,7 +29,8 @@ import contextlib
 import gc
 import logging
 import random
-from collections.abc import AsyncIterator, Coroutine
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -50,7 +51,17 @@ from cluster import (
 )
 from cluster.syncing import LedgerSync
 from extender import app as extender_app
-from extender import binding, deciding, gang_leader, gang_store, gangs, warming, wire, workloads
+from extender import (
+    binding,
+    deciding,
+    gang_leader,
+    gang_store,
+    gangs,
+    repeating,
+    warming,
+    wire,
+    workloads,
+)
 from extender.activity import Activity
 from extender.gang_api import KubePods
 from extender.gang_fences import Fences
@@ -101,6 +112,8 @@ class SidecarConfig(Protocol):
     def warm_pending_shapes(self) -> int: ...
     @property
     def warm_interval_seconds(self) -> float: ...
+    @property
+    def filter_answers_kept(self) -> int: ...
     @property
     def gc_young_seconds(self) -> float: ...
     @property
@@ -192,6 +205,13 @@ class SidecarSettings(BaseSettings):
         description="bring the shapes scored ahead up to date this often (a filter re-scores "
         "the nodes changed since itself)",
     )
+    filter_answers_kept: int = Field(
+        repeating.KEPT,
+        ge=0,
+        description="keep this many filter answers that no node passed, and send one again "
+        "when kube-scheduler repeats that filter (same request, same nodes) and none of "
+        "those nodes changed since (0 = off: every filter decides anew)",
+    )
     gc_young_seconds: float = Field(
         0.1,
         ge=0,
@@ -236,7 +256,9 @@ class Sidecar:
         api: kube.Kube,
         *,
         rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock` times the typical workload's refresh (tests move it on)."""
         self.settings = settings
         self.registry = registry
         self.api = api
@@ -253,6 +275,7 @@ class Sidecar:
             settings.policy,
             refresh_seconds=settings.workload_refresh_seconds,
             rng=rng,
+            clock=clock,
         )
         self.activity = Activity()
         """Extender verbs in flight: the warmer gives way to them."""
@@ -311,6 +334,11 @@ class Sidecar:
             ready_timeout=settings.sync_wait_seconds,
             max_body_bytes=settings.extender_max_body_bytes,
             activity=self.activity,
+            repeats=(
+                repeating.Repeats(self.sync, size=settings.filter_answers_kept, registry=registry)
+                if settings.filter_answers_kept
+                else None
+            ),
         )
         self.app = extender_app.create_app(self.service)
         """The extender's aiohttp app (/filter, /prioritize, /bind), for its own site."""

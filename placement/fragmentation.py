@@ -13,6 +13,17 @@ fragment for it.
 The typical workload is built like theirs: pods grouped by (CPU, share per GPU,
 GPU count, allowed models), each pod counting once, the most popular types kept
 until they cover 95% of pods, their frequencies renormalised.
+
+gpuplace adds a prior (`Prior`), for where the observed mix alone misleads: a fresh
+or quiet cluster, whose typical workload is a handful of pods, and a cluster that
+has run only shares for a while. Whole GPUs weigh at least `Prior.floor` of the
+workload, and more while few pods were seen: as much as `Prior.pods` whole-GPU pods
+would among those seen (`WHOLE_TYPE` makes up what the observed whole-GPU types
+lack). So a GPU opened for a share always counts as a whole GPU lost, and one pod's
+shape seen first cannot make packing look like fragmenting. `observing` counts the
+pod being placed as one more observation of its own shape, so a shape the workload
+has not seen yet is not scored as if nothing like it would come (while the workload
+was seen through fewer than `OWN_SHAPE_BELOW` pods: beyond, one pod weighs under 1%).
 """
 
 from __future__ import annotations
@@ -89,8 +100,61 @@ class TaskType:
         return cls(max(request.cpu_milli, MIN_CPU_MILLI), milli, request.count, request.models)
 
 
+WHOLE_TYPE = TaskType(MIN_CPU_MILLI, WHOLE_MILLI, 1, frozenset())
+"""The prior's whole GPU: one, any model, the least CPU."""
+
+
+def _whole(task: TaskType) -> bool:
+    return task.milli >= WHOLE_MILLI and task.count > 0 and not task.models
+
+
+@dataclass(frozen=True, slots=True)
+class Prior:
+    """What the typical workload assumes of whole GPUs before and beyond what it saw:
+    their share is at least `floor`, and at least pods / (pods + seen) of a workload
+    seen through `seen` pods (as if `pods` whole-GPU pods had been seen too)."""
+
+    floor: float = 0.25
+    pods: int = 4
+
+    def least(self, seen: int) -> float:
+        """The least share of whole GPUs in a workload seen through `seen` pods. O(1)."""
+        return max(self.floor, self.pods / (self.pods + seen)) if self.pods else self.floor
+
+
+PRIOR = Prior()
+"""The sidecar's prior (docs/placement.md says why these figures)."""
+OWN_SHAPE_BELOW = 100
+"""`observing` counts a request's own shape only in a workload seen through fewer pods:
+beyond, one pod weighs under 1%, and each shape's variant would cost memos of its own
+(each up to about 2 × `MEMO_LIMIT` entries) for scores that barely move."""
+
+
+def with_prior(
+    types: tuple[tuple[TaskType, float], ...], floor: float
+) -> tuple[tuple[TaskType, float], ...]:
+    """`types` (popularities summing to 1, or none) with whole GPUs weighing at least
+    `floor`: all scaled down alike and `WHOLE_TYPE` given the difference. O(types)."""
+    if floor <= 0:
+        return types
+    if not types:
+        return ((WHOLE_TYPE, 1.0),)
+    share = sum(p for task, p in types if _whole(task))
+    if share >= floor:
+        return types
+    scale = (1.0 - floor) / (1.0 - share)
+    scaled = {task: p * scale for task, p in types}
+    scaled[WHOLE_TYPE] = scaled.get(WHOLE_TYPE, 0.0) + 1.0 - scale
+    return tuple(scaled.items())
+
+
 class Workload:
     """The typical workload: task types with popularities summing to 1.
+
+    `pods` is how many pods it was built from (`observing` weighs one more against
+    them; 0: a mix given as it is), `prior` what it assumes of whole GPUs (see the
+    module docstring; None: nothing), `observed` the types as observed, `types` as
+    scored (the prior applied).
 
     `amount` is memoised on (model, CPU left, sorted GPU lefts): O(types × GPUs)
     on a miss, O(GPUs) for the key on a hit.
@@ -103,13 +167,26 @@ class Workload:
         "_per_model",
         "_stranded_memo",
         "_units",
+        "observed",
+        "pods",
+        "prior",
         "types",
     )
 
-    def __init__(self, types: Iterable[tuple[TaskType, float]]) -> None:
-        self.types: tuple[tuple[TaskType, float], ...] = tuple(
-            (task, p) for task, p in types if task.cpu_milli > 0
+    def __init__(
+        self,
+        types: Iterable[tuple[TaskType, float]],
+        *,
+        pods: int = 0,
+        prior: Prior | None = None,
+    ) -> None:
+        self.observed: tuple[tuple[TaskType, float], ...] = tuple(
+            (task, p) for task, p in types if task.cpu_milli > 0 and p > 0
         )
+        self.pods = pods
+        self.prior = prior
+        least = prior.least(pods) if prior is not None else 0.0
+        self.types: tuple[tuple[TaskType, float], ...] = with_prior(self.observed, least)
         self._units = tuple((p, task.milli * task.count) for task, p in self.types)
         self._per_model: dict[str, tuple[tuple[int, int, int, float], ...]] = {}
         self._memo: Memo[tuple[str, int, tuple[int, ...]], float] = Memo()
@@ -119,16 +196,22 @@ class Workload:
 
     @classmethod
     def from_requests(
-        cls, requests: Iterable[GpuRequest], popularity: float = POPULARITY
+        cls,
+        requests: Iterable[GpuRequest],
+        popularity: float = POPULARITY,
+        *,
+        prior: Prior | None = None,
     ) -> Workload:
-        """Most popular task types covering `popularity` of the pods. O(pods + types log types).
+        """Most popular task types covering `popularity` of the pods, and `prior` (see
+        the module docstring; None: FGD's workload as published). O(pods + types log
+        types).
 
         Memory-only shares are left out: they use no compute, and the measure is of idle
         compute the typical requests could not use."""
         counts = Counter(TaskType.of(request) for request in requests if not request.memory_only)
         total = sum(counts.values())
         if total == 0:
-            return cls(())
+            return cls((), prior=prior)
 
         def rank(item: tuple[TaskType, int]) -> tuple[int, int, int, int, str]:
             task, count = item
@@ -142,7 +225,31 @@ class Workload:
                 break
             kept.append((task, count))
             covered += count
-        return cls((task, count / covered) for task, count in kept)
+        return cls(
+            ((task, count / covered) for task, count in kept),
+            pods=total,
+            prior=prior,
+        )
+
+    def observing(self, task: TaskType) -> Workload:
+        """This workload with one more pod of `task` observed, when `task` is not among
+        its observed types (weight 1 / (pods + 1), the others scaled to make room; the
+        prior applied again); else this very workload, and also for a workload not built
+        from pods (`pods` 0: a mix given as it is, such as the sidecar's fallback), one
+        seen through `OWN_SHAPE_BELOW` pods or more, or a task of no GPU. A new object,
+        with memos of its own, so the caller keeps one per shape. O(types)."""
+        if (
+            not 0 < self.pods < OWN_SHAPE_BELOW
+            or not task.count
+            or any(known == task for known, _ in self.observed)
+        ):
+            return self
+        share = self.pods / (self.pods + 1)
+        return Workload(
+            ((*((known, p * share) for known, p in self.observed), (task, 1.0 - share))),
+            pods=self.pods + 1,
+            prior=self.prior,
+        )
 
     def _for_model(self, model: str) -> tuple[tuple[int, int, int, float], ...]:
         # (cpu, milli, count, p) per type; milli 0 marks "uses none of these GPUs".

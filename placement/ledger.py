@@ -290,7 +290,7 @@ class Ledger:
         grant = self._grants.pop(pod_uid, None)
         if grant is not None:
             state = self._states.get(grant.node)
-            if state is not None:
+            if state is not None and _on(state.node, grant):
                 self._apply(state, grant, +1)
         return grant
 
@@ -300,10 +300,8 @@ class Ledger:
         state = self._new_state(node)
         self._states[node.name] = state
         for grant in self._grants.values():
-            if grant.node == node.name:
-                usable = all(index < len(node.gpus) for index in grant.gpus)
-                if usable:
-                    self._apply(state, grant, -1)
+            if grant.node == node.name and _on(node, grant):
+                self._apply(state, grant, -1)
 
     def remove_node(self, name: str) -> None:
         """Forget a node; grants on it stay recorded until their pods go. O(1)."""
@@ -369,3 +367,10 @@ class Ledger:
         self._clock += 1
         state.version = self._clock
         self._changed(state.node.name)
+
+
+def _on(node: Node, grant: Grant) -> bool:
+    """Whether `node` has every GPU `grant` names: only then is the grant taken from
+    its state (a node republished with fewer GPUs keeps the grants recorded on the
+    others, and gets them back if the GPUs return). O(GPUs of the grant)."""
+    return all(index < len(node.gpus) for index in grant.gpus)

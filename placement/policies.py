@@ -20,12 +20,14 @@ import random
 import zlib
 from collections.abc import Callable, Mapping
 
-from placement.fragmentation import MIN_CPU_MILLI, Workload
+from placement.fragmentation import MIN_CPU_MILLI, TaskType, Workload
 from placement.ledger import NodeState
 from placement.requests import GpuRequest
 
 PLACES_KEPT = 1 << 17
 """Node places remembered (bounded for a long-running sidecar)."""
+VARIANTS_KEPT = 256
+"""Request shapes whose own workload (`Workload.observing`) the default policy keeps."""
 MAX_SPEC_CPU = 128_000
 MAX_SPEC_GPU = 8_000
 
@@ -155,6 +157,17 @@ class FgdPolicy(Ranked):
         return 0.0
 
 
+class _Variant:
+    """The typical workload as one request shape sees it (`Workload.observing`), and
+    each node's own measure against it, kept until the node's state changes."""
+
+    __slots__ = ("kept", "workload")
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self.kept: dict[str, tuple[int, float]] = {}
+
+
 class DefaultPolicy(Ranked):
     """Ours: FGD's fragmentation gradient, exact, blended with the gradient of
     *stranded* GPU (`Workload.stranded`), and a fixed line of nodes for exact ties.
@@ -168,6 +181,13 @@ class DefaultPolicy(Ranked):
     spreading), and through the extender's scores the best node is unique, so
     kube-scheduler's random tie-break never decides. The weight was chosen on the
     openb default list, seeds 42-51 (docs/placement.md has the figures).
+
+    A request is scored against the typical workload *as it sees it*: with its own
+    shape counted as one more observed pod where the workload lacks it
+    (`Workload.observing`; only in a workload seen through few pods). The workload
+    then follows each arrival's shape at once without touching any other shape's
+    scores: a variant is built once per shape, O(types), and scored only for that
+    shape's own requests (which the chooser keeps per scoring shape anyway).
     """
 
     name = "default"
@@ -178,22 +198,55 @@ class DefaultPolicy(Ranked):
     def __init__(self, workload: Workload, rank: Mapping[str, int] | None = None) -> None:
         super().__init__(rank)
         self.workload = workload
-        self._kept: dict[str, tuple[int, float]] = {}
+        self._variants: dict[TaskType, _Variant] = {}
+        self._of: dict[GpuRequest, _Variant] = {}
+        self._base = _Variant(workload)
+        """Shapes the workload already counts share it (and its kept measures)."""
+        self._recent: tuple[GpuRequest | None, _Variant] = (None, self._base)
         self._last: tuple[object, float] = (None, 0.0)
 
-    def _before(self, state: NodeState) -> float:
+    def seen_by(self, request: GpuRequest) -> Workload:
+        """The typical workload as `request` is scored against. O(1) when kept."""
+        return self._variant(request).workload
+
+    def _variant(self, request: GpuRequest) -> _Variant:
+        """O(1) when kept; O(types) to build a shape's variant."""
+        recent = self._recent
+        if recent[0] is request:
+            return recent[1]
+        variant = self._of.get(request)
+        if variant is None and request.memory_only:
+            variant = self._base  # left out of the workload, as `Workload.from_requests` does
+        if variant is None:
+            task = TaskType.of(request)
+            variant = self._variants.get(task)
+            if variant is None:
+                if len(self._variants) >= VARIANTS_KEPT:
+                    self._variants.clear()
+                    self._of.clear()
+                seen = self.workload.observing(task)
+                variant = self._base if seen is self.workload else _Variant(seen)
+                self._variants[task] = variant
+            if len(self._of) >= PLACES_KEPT:
+                self._of.clear()  # requests differing in what no variant depends on
+            self._of[request] = variant
+        self._recent = (request, variant)
+        return variant
+
+    def _before(self, state: NodeState, variant: _Variant) -> float:
         """The node's own measure now, kept until its state changes. O(1) when kept."""
-        kept = self._kept.get(state.node.name)
+        kept = variant.kept.get(state.node.name)
         if kept is not None and kept[0] == state.version:
             return kept[1]
         model = state.node.model
         lefts = tuple(sorted(state.free_milli))
-        value = self.FGD_WEIGHT * self.workload.amount(
+        workload = variant.workload
+        value = self.FGD_WEIGHT * workload.amount(model, state.cpu, lefts) + workload.stranded(
             model, state.cpu, lefts
-        ) + self.workload.stranded(model, state.cpu, lefts)
-        if len(self._kept) >= PLACES_KEPT:
-            self._kept.clear()
-        self._kept[state.node.name] = (state.version, value)
+        )
+        if len(variant.kept) >= PLACES_KEPT:
+            variant.kept.clear()
+        variant.kept[state.node.name] = (state.version, value)
         return value
 
     def gradient(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
@@ -209,13 +262,17 @@ class DefaultPolicy(Ranked):
         return value
 
     def _gradient(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+        variant = self._variant(request)
+        workload = variant.workload
         model = state.node.model
         lefts = _after(state, request, gpus)
         cpu = state.cpu - max(request.cpu_milli, MIN_CPU_MILLI)
-        after = self.FGD_WEIGHT * self.workload.amount(model, cpu, lefts) + self.workload.stranded(
+        after = self.FGD_WEIGHT * workload.amount(model, cpu, lefts) + workload.stranded(
             model, cpu, lefts
         )
-        return self._before(state) - after - self.FGD_WEIGHT * _closed(state, request, gpus)
+        return (
+            self._before(state, variant) - after - self.FGD_WEIGHT * _closed(state, request, gpus)
+        )
 
     def score(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
         """The gradient rounded to `QUANTUM`: nodes within it are equal, and the line

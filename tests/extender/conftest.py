@@ -118,9 +118,15 @@ class Harness:
 
 
 @contextlib.asynccontextmanager
-async def harness(server: fakeapi.Server, **overrides: Any) -> AsyncIterator[Harness]:
+async def harness(
+    server: fakeapi.Server, *, clock: Callable[[], float] | None = None, **overrides: Any
+) -> AsyncIterator[Harness]:
+    """A sidecar with `settings(**overrides)`; `clock` times its workload refresh."""
     api = kube.Kube(connecting.client_for(server.configuration(fakeapi.GPUPLACE)), timeout=5.0)
-    sidecar = Sidecar(settings(**overrides), CollectorRegistry(), api, rng=random.Random(7))
+    extra = {"clock": clock} if clock is not None else {}
+    sidecar = Sidecar(
+        settings(**overrides), CollectorRegistry(), api, rng=random.Random(7), **extra
+    )
     async with sidecar.running():
         runner = web.AppRunner(sidecar.app, access_log=None)
         await runner.setup()

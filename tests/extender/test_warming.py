@@ -265,7 +265,7 @@ async def test_a_rebuilt_policy_decides_only_once_filled() -> None:
         task.cancel()
     assert holder.current() is staged
     assert holder.version == version + 1
-    assert holder.workload is not None and len(holder.workload.types) == 2
+    assert holder.workload is not None and len(holder.workload.observed) == 2
     names = list(sync.ledger.inventory.names())
     assert staged.unseen(QUARTER, names) == set() and staged.unseen(HALF, names) == set()
 
@@ -293,7 +293,7 @@ def test_a_zero_refresh_rebuilds_whenever_a_pod_arrived_and_only_then() -> None:
     second = holder.current()
     assert second is not first
     assert holder.current() is second
-    assert holder.workload is not None and len(holder.workload.types) == 2
+    assert holder.workload is not None and len(holder.workload.observed) == 2
 
 
 async def test_filling_brings_the_host_memory_index_up_to_date(

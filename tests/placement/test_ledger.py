@@ -211,6 +211,26 @@ def test_restore_records_reality_even_when_it_overcommits() -> None:
     assert choosing.choose(book, share(1), first_fit, random.Random(0), ["c"]) is None
 
 
+def test_a_grant_on_gpus_a_node_lost_is_released_without_touching_the_others() -> None:
+    """A node republished with fewer GPUs keeps the grants on the lost ones recorded
+    (not taken from its state); releasing one then gives nothing back that was not taken
+    (it raised IndexError, or left more free than the GPU has)."""
+    book = fresh()
+    assert book.reserve(Grant("x", "b", (1,), 300, 0))
+    assert book.reserve(Grant("y", "b", (0,), 200, 0))
+    assert book.reserve(Grant("z", "b", (0, 1), 100, 0))
+    two = book.inventory.get("b")
+    assert two is not None
+    book.put_node(node("b", 1, memory=16_384))
+    assert book.state("b").free_milli == [800]  # type: ignore[union-attr]
+    assert book.release("x") is not None
+    assert book.release("z") is not None
+    assert book.state("b").free_milli == [800]  # type: ignore[union-attr]
+    book.put_node(two)  # the GPU is back, and of the grants only y is still there
+    assert book.state("b").free_milli == [800, 1000]  # type: ignore[union-attr]
+    check_invariants(book)
+
+
 def test_node_versions_never_repeat_after_remove_and_add() -> None:
     book = fresh()
     before = book.state("b").version  # type: ignore[union-attr]
