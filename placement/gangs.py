@@ -104,14 +104,7 @@ class Shortfall:
 
 
 def _clone(state: NodeState) -> NodeState:
-    copy = NodeState(state.node)
-    copy.free_milli = list(state.free_milli)
-    copy.free_memory = list(state.free_memory)
-    copy.cpu = state.cpu
-    copy.memory = state.memory
-    copy.pods = state.pods
-    copy.version = state.version
-    return copy
+    return state.copy()
 
 
 class _Scratch:

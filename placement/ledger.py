@@ -70,6 +70,17 @@ class NodeState:
         self.pods = node.max_pods
         self.version = 0
 
+    def copy(self) -> NodeState:
+        """A scratch copy (same node, free state and version) to plan on. O(GPUs)."""
+        copy = NodeState(self.node)
+        copy.free_milli = list(self.free_milli)
+        copy.free_memory = list(self.free_memory)
+        copy.cpu = self.cpu
+        copy.memory = self.memory
+        copy.pods = self.pods
+        copy.version = self.version
+        return copy
+
     def signature(self) -> tuple[object, ...]:
         """The node's type and free state: two nodes with equal signatures score alike. O(GPUs)."""
         return (
