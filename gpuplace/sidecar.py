@@ -50,7 +50,17 @@ from cluster import (
 )
 from cluster.syncing import LedgerSync
 from extender import app as extender_app
-from extender import binding, deciding, gang_leader, gang_store, gangs, warming, wire, workloads
+from extender import (
+    binding,
+    deciding,
+    gang_leader,
+    gang_store,
+    gangs,
+    preempting,
+    warming,
+    wire,
+    workloads,
+)
 from extender.activity import Activity
 from extender.gang_api import KubePods
 from extender.gang_fences import Fences
@@ -113,6 +123,8 @@ class SidecarConfig(Protocol):
     def scheduler_lease(self) -> str: ...
     @property
     def gang_starve_after_seconds(self) -> float: ...
+    @property
+    def preempt_beyond_offered(self) -> bool: ...
 
 
 LEASE_PATTERN = r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -224,6 +236,12 @@ class SidecarSettings(BaseSettings):
         description="a complete gang at the head of the queue that has not fit for this "
         "long gets a capacity hold: its nodes are not offered to other pods",
     )
+    preempt_beyond_offered: bool = Field(
+        True,
+        description="preempt: where no selection of kube-scheduler's victims on a node frees "
+        "one GPU set, also consider the node's other pods of lower priority than the "
+        "preemptor (kube-scheduler picks on node totals; false: drop such nodes)",
+    )
 
 
 class Sidecar:
@@ -301,6 +319,16 @@ class Sidecar:
         self._capabilities: Capabilities | None = None
         self.sync.node_listeners.append(self._nodes_changed)
         registry.register(metering.LedgerCollector(self.sync))
+        self.preempter = preempting.Preempter(
+            self.sync,
+            self.decider.request,
+            recorder=self.recorder,
+            beyond_offered=settings.preempt_beyond_offered,
+            hold_seconds=settings.reservation_timeout_seconds,
+            registry=registry,
+        )
+        """The preempt verb; it holds a preemptor's GPUs once kube-scheduler acts."""
+        self.sync.pod_listeners.append(self.preempter.observe)
         self.service = extender_app.Service(
             sync=self.sync,
             decider=self.decider,
@@ -310,9 +338,10 @@ class Sidecar:
             ready_timeout=settings.sync_wait_seconds,
             max_body_bytes=settings.extender_max_body_bytes,
             activity=self.activity,
+            preempter=self.preempter,
         )
         self.app = extender_app.create_app(self.service)
-        """The extender's aiohttp app (/filter, /prioritize, /bind), for its own site."""
+        """The extender's aiohttp app (/filter, /prioritize, /bind, /preempt), for its own site."""
         self.gang_store: gang_store.GangStore | None = None
         self.gang_informer: watching.Informer[GangPod] | None = None
         self.gangs: gangs.GangController | None = None
