@@ -299,3 +299,31 @@ def evict(
 def _first_set(state: NodeState, request: GpuRequest) -> tuple[int, ...]:
     sets = fit.gpu_sets(state, request)
     return sets[0] if sets else ()
+
+
+def totals_pick(state: NodeState, request: GpuRequest, units: Sequence[Unit]) -> list[Unit]:
+    """kube-scheduler's own pick on node totals (DefaultPreemption's reprieve): every
+    unit removed, then each given back, most important first (`units` in that order),
+    unless the node's *totals* of GPU share, CPU and memory would no longer hold the
+    request; nothing when the totals hold it already (no victim needed, to its eyes).
+    What it evicts without the extender; the replay measures how often that frees no
+    GPU set. O(U × (grants + G))."""
+    need = request.total_milli
+
+    def totals_fit(gone: list[Unit]) -> bool:
+        freed = after(state, gone)
+        total = sum(max(milli, 0) for milli in freed.free_milli)
+        return (
+            total >= need
+            and freed.cpu >= request.cpu_milli
+            and freed.memory >= (request.host_memory_mib)
+        )
+
+    if totals_fit([]):
+        return []  # totals fit already: kube-scheduler sees no victim needed here
+    victims = list(units)
+    for unit in units:
+        kept = [other for other in victims if other is not unit]
+        if totals_fit(kept):
+            victims = kept
+    return victims

@@ -188,3 +188,16 @@ def test_search_is_bounded_on_crowded_gpus(pods: int, needed: int) -> None:
     kept = {u.uids[0] for u in units} - found
     chosen_top = max(i % 3 for i in range(pods) if f"p{i:02}" in found)
     assert all(int(uid[1:]) % 3 >= chosen_top for uid in kept)
+
+
+def test_totals_pick_is_kube_schedulers_and_frees_no_gpu() -> None:
+    """Reprieve in the order 50, 60, 40, 30 (older first): the 40% and 30% pods go, 70%
+    free on the node, on no GPU; our eviction frees GPU 1 instead."""
+    book, grants = two_gpus()
+    state = book.state("n")
+    assert state is not None
+    units = [unit(grants[uid]) for uid in ("a50", "b60", "a40", "b30")]
+    picked = preempting.totals_pick(state, share(700), units)
+    assert {u.uids[0] for u in picked} == {"a40", "b30"}
+    assert not preempting.fits_after(state, share(700), picked)
+    assert preempting.totals_pick(state, share(200), units) == []  # totals fit already
