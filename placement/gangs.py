@@ -140,13 +140,18 @@ class _Scratch:
             live = self._ledger.state(name)
             assert live is not None
             state = self._touched[name] = _clone(live)
-        for index in gpus:
-            state.free_milli[index] -= request.milli
-            state.free_memory[index] -= request.memory_mib
-        state.cpu -= request.cpu_milli
-        state.memory -= request.host_memory_mib
-        state.pods -= 1
+        take(state, request, gpus)
         self.touches[name] = self.touches.get(name, 0) + 1
+
+
+def take(state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> None:
+    """Take `request` on `gpus` of a scratch `state` (never a ledger's own). O(GPUs)."""
+    for index in gpus:
+        state.free_milli[index] -= request.milli
+        state.free_memory[index] -= request.memory_mib
+    state.cpu -= request.cpu_milli
+    state.memory -= request.host_memory_mib
+    state.pods -= 1
 
 
 # --- capacity ---------------------------------------------------------------------------

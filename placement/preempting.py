@@ -30,6 +30,9 @@ its grants' shares, memory, CPU, host memory and pod slots.
   stopped early): every unit of the answer is needed — without it the preemptor does
   not fit.
 
+`for_gang(ledger, policy, members, units)` does the same for a waiting gang, all members
+at once or nothing (the gang controller's side; see docs/gangs.md).
+
 Complexity, with G GPUs on the node, U units on one GPU set and S candidate GPU sets
 (≤ G for shares; for `count` whole GPUs the combinations, at most `SETS_LIMIT`, beyond
 which the cheapest GPUs by their own cost are taken per NVLink domain): the search is a
@@ -43,12 +46,13 @@ Pure: no I/O, no clock, no randomness (ties go to the lower GPU index, then pod 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from placement import fit
+from placement import fit, gangs
+from placement.choosing import Choice, Policy
 from placement.inventory import NO_NVLINK
-from placement.ledger import Grant, NodeState
+from placement.ledger import Grant, Ledger, NodeState
 from placement.requests import WHOLE, GpuRequest, Topology
 
 PRIORITY_SHIFT = 1 << 31
@@ -327,3 +331,92 @@ def totals_pick(state: NodeState, request: GpuRequest, units: Sequence[Unit]) ->
         if totals_fit(kept):
             victims = kept
     return victims
+
+
+@dataclass(frozen=True, slots=True)
+class GangEviction:
+    """What a waiting gang would evict to start: `units` (all or nothing), and where its
+    members would then go (`placement.gangs.Plan` on the freed nodes)."""
+
+    units: tuple[Unit, ...]
+    choices: Mapping[str, Choice]
+    nodes: tuple[str, ...]
+
+    @property
+    def uids(self) -> tuple[str, ...]:
+        return tuple(uid for unit in self.units for uid in unit.uids)
+
+
+def for_gang(
+    ledger: Ledger,
+    policy: Policy,
+    members: Sequence[gangs.Member],
+    units: Sequence[Unit],
+    *,
+    exclude: Collection[str] = frozenset(),
+) -> GangEviction | None:
+    """The pods a waiting gang would evict to start, all members at once, or None (evict
+    nothing) when even evicting every unit would not make room for all of them.
+
+    1. plan the gang (`placement.gangs.plan`) on a scratch ledger without any of `units`
+       (the pods of lower priority, whole gangs as one unit: the caller's choice);
+    2. node by node of that plan, member by member, evict only what the member needs
+       there (`evict` over the units on that node, a unit spanning nodes counted where
+       it is looked at), so only pods on the GPUs the members take go, and as few as
+       needed; any member left without room: None.
+
+    Unlike kube-scheduler's preemption, which evicts on the one node it nominates, the
+    units may span nodes: a victim gang goes whole. The ledger is never changed.
+    O(grants) for the scratch ledger, plus the plan (see `placement.gangs`), plus per
+    member the `evict` search on its node."""
+    if not members:
+        return None
+    gone = {uid for unit in units for uid in unit.uids}
+    scratch = Ledger(ledger.inventory)
+    scratch.restore(grant for grant in ledger if grant.pod_uid not in gone)
+    planned = gangs.plan(scratch, policy, members, exclude=exclude)
+    if isinstance(planned, gangs.Shortfall):
+        return None
+    chosen: dict[int, Unit] = {}
+    choices: dict[str, Choice] = {}
+    for node in planned.nodes:
+        live = ledger.state(node)
+        if live is None:
+            return None
+        state = live.copy()
+        local: dict[int, Unit] = {}
+        for unit in units:
+            here = tuple(grant for grant in unit.grants if grant.node == node)
+            if here and id(unit) not in chosen:
+                on_node = tuple(g.pod_uid for g in here)
+                priorities = tuple(
+                    p for uid, p in zip(unit.uids, unit.priorities, strict=True) if uid in on_node
+                )
+                local[id(unit)] = Unit(on_node, here, priorities or unit.priorities[:1])
+        originals = {id(part): key for key, part in local.items()}
+        for member in members:
+            if planned.choices[member.uid].node != node:
+                continue
+            gpus = planned.choices[member.uid].gpus
+            if not takes(state, member.request, gpus):
+                sets = (
+                    fit.gpu_sets(state, member.request)
+                    if fit.misfit(state, member.request) is None
+                    else []
+                )
+                if sets:
+                    gpus = sets[0]
+                else:
+                    found = evict(state, member.request, list(local.values()))
+                    if found is None:
+                        return None
+                    state = after(state, found.units)
+                    for part in found.units:
+                        key = originals[id(part)]
+                        chosen[key] = next(u for u in units if id(u) == key)
+                        del local[key]
+                    gpus = found.gpus
+            gangs.take(state, member.request, gpus)
+            choices[member.uid] = Choice(node, gpus, 0.0)
+    victims = tuple(sorted(chosen.values(), key=lambda unit: unit.uids))
+    return GangEviction(victims, choices, planned.nodes)

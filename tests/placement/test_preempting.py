@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placement import fit, preempting
+from placement import fit, gangs, policies, preempting
 from placement.ledger import Grant, Ledger
 from placement.preempting import Unit
 from placement.requests import GpuRequest, Topology
@@ -201,3 +201,36 @@ def test_totals_pick_is_kube_schedulers_and_frees_no_gpu() -> None:
     assert {u.uids[0] for u in picked} == {"a40", "b30"}
     assert not preempting.fits_after(state, share(700), picked)
     assert preempting.totals_pick(state, share(200), units) == []  # totals fit already
+
+
+# --- a waiting gang ---------------------------------------------------------------------
+
+
+def test_gang_evicts_only_what_its_members_need_or_nothing() -> None:
+    """GPU 0: 60%; GPU 1: 30% + 30%. Two members of 70% each: the 60% pod and one 30%
+    pod (the lower priority) go; the other 30% pod stays."""
+    book = ledger(node("n", 2))
+    p1 = put(book, "p1", (0,), 600)
+    p2 = put(book, "p2", (1,), 300)
+    p3 = put(book, "p3", (1,), 300)
+    members = [gangs.Member(f"m{i}", share(700)) for i in range(2)]
+    units = [unit(p1, 5), unit(p2, 5), unit(p3, 1)]
+    found = preempting.for_gang(book, policies.make("best-fit"), members, units)
+    assert found is not None
+    assert set(found.uids) == {"p1", "p3"}
+    assert sorted(choice.gpus for choice in found.choices.values()) == [(0,), (1,)]
+    assert preempting.for_gang(book, policies.make("best-fit"), members, units[1:]) is None
+    assert len(book) == 3  # the ledger is never changed
+
+
+def test_gang_victim_spanning_nodes_goes_whole() -> None:
+    book = ledger(node("a", 1), node("b", 1))
+    left = Grant("g0", "a", (0,), 900, 0, cpu_milli=1000, host_memory_mib=1024)
+    right = Grant("g1", "b", (0,), 900, 0, cpu_milli=1000, host_memory_mib=1024)
+    book.reserve(left)
+    book.reserve(right)
+    gang = Unit(("g0", "g1"), (left, right), (0, 0))
+    found = preempting.for_gang(
+        book, policies.make("best-fit"), [gangs.Member("m", share(500))], [gang]
+    )
+    assert found is not None and set(found.uids) == {"g0", "g1"}
