@@ -26,7 +26,7 @@ node's GPUs, kube-scheduler's victims stand unchanged.
 
 The answer's plan is kept per preemptor (`pending`). When kube-scheduler acts on it —
 the preemptor's `status.nominatedNodeName` names one of its nodes, or a victim of one
-starts terminating — the preemptor's GPUs there are *held* (`LedgerSync.hold`, over
+starts terminating or is gone — the preemptor's GPUs there are *held* (`LedgerSync.hold`, over
 the victims still running: nobody else can take them as they leave), Events say on the
 victims and the preemptor which GPU was freed for whom, and filter offers the
 preemptor only that node, passing it once the victims are gone (`extender.deciding`).
@@ -312,6 +312,7 @@ class Preempter:
         a hold is taken."""
         if new is None:
             if old is not None:
+                self._victim_going(old.uid)  # deleted at once (no grace period)
                 self._forget(old.uid)
             return
         pending = self.pending.get(new.uid)
@@ -323,13 +324,18 @@ class Preempter:
             elif old is not None and old.nominated and not new.nominated:
                 self._release(pending)
             return
-        preemptor = self._victims.get(new.uid)
-        if preemptor is not None and new.deleting and (old is None or not old.deleting):
-            found = self.pending.get(preemptor)
-            if found is not None:
-                plan = next((p for p in found.plans.values() if new.uid in p.victims), None)
-                if plan is not None:
-                    self._hold(found, plan)
+        if new.deleting and (old is None or not old.deleting):
+            self._victim_going(new.uid)
+
+    def _victim_going(self, uid: str) -> None:
+        """A victim of a pending plan started terminating (or is gone): kube-scheduler
+        acts on that plan, so its GPUs are held for the preemptor now. O(plans)."""
+        preemptor = self._victims.get(uid)
+        found = self.pending.get(preemptor) if preemptor is not None else None
+        if found is not None:
+            plan = next((p for p in found.plans.values() if uid in p.victims), None)
+            if plan is not None:
+                self._hold(found, plan)
 
     def _hold(self, pending: Pending, plan: Plan) -> None:
         held = self.sync.hold_of(pending.uid)

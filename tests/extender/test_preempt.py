@@ -296,3 +296,37 @@ async def test_gang_on_one_node_goes_whole(server: fakeapi.Server) -> None:
         assert status == 200, body
         # the mate was not offered, but has lower priority: the gang goes whole
         assert answered(body) == {"gpu-x": {uid_of(m) for m in members}}
+
+
+async def test_a_victim_deleted_at_once_holds_the_gpu_before_the_nomination_shows(
+    server: fakeapi.Server,
+) -> None:
+    """No grace period: the victim's DELETE may reach the informer before the preemptor's
+    nomination; the freed GPU is held from that moment, a lower-priority pod cannot take
+    it, and the nomination then finds the hold in place."""
+    server.api.create(objects.node("gpu-x", gpus=2))
+    async with harness(server, policy="best-fit") as h:
+        await ready(h)
+        pods = await two_busy_gpus(h)
+        freed = gpus_of(h, pods["low-60"])
+        high = h.api.create(preemptor())
+        uid = uid_of(high)
+        offered = {"gpu-x": [uid_of(pods["low-60"])]}
+        status, body = await h.post("preempt", preempt_args(high, offered))
+        assert status == 200, body
+        h.api.delete("pods", "low-60", "default")
+        await h.synced(lambda: h.sidecar.sync.hold_of(uid) is not None)
+        hold = h.sidecar.sync.hold_of(uid)
+        assert hold is not None and hold.grant.gpus == freed
+        late = h.api.create(objects.pod("late-60", percent=60))
+        assert (await h.filter(late, ["gpu-x"]))["NodeNames"] == []
+        h.api.patch(
+            "pods",
+            "high",
+            {"status": {"nominatedNodeName": "gpu-x"}},
+            "default",
+            subresource="status",
+        )
+        assert await h.schedule(h.pod("default", "high")) == "gpu-x"
+        await h.synced(lambda: h.sidecar.sync.pods[uid].bound)
+        assert over_committed(h) == []
