@@ -208,6 +208,65 @@ def _sets(state: NodeState, request: GpuRequest, units: Sequence[Unit]) -> list[
     return sets
 
 
+Parts = tuple[int, int, int, int, int, int, int]
+"""A selection's sums: (unoffered, offered pods, top priority, shifted priority sum,
+pods, milli freed, memory freed); `cost` is these with the PDB bound applied."""
+
+
+def _parts(unit: Unit) -> Parts:
+    return (
+        unit.unoffered,
+        len(unit.uids) - unit.unoffered,
+        max(unit.priorities),
+        sum(p + PRIORITY_SHIFT for p in unit.priorities),
+        len(unit.uids),
+        unit.milli(),
+        unit.memory(),
+    )
+
+
+def _add(a: Parts, b: Parts) -> Parts:
+    return (
+        a[0] + b[0],
+        a[1] + b[1],
+        max(a[2], b[2]),
+        a[3] + b[3],
+        a[4] + b[4],
+        a[5] + b[5],
+        a[6] + b[6],
+    )
+
+
+def _needs(state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> tuple[int, ...]:
+    """What must be freed for `request` to take `gpus` (already usable: model, size,
+    NVLink): per GPU share then memory, then CPU, host memory and a pod slot."""
+    needs: list[int] = []
+    for index in gpus:
+        if request.milli < WHOLE:
+            needs += [request.milli - state.free_milli[index]]
+            needs += [request.memory_mib - state.free_memory[index]]
+        else:
+            needs += [WHOLE - state.free_milli[index]]
+            needs += [state.node.gpus[index].memory_mib - state.free_memory[index]]
+    return (
+        *needs,
+        request.cpu_milli - state.cpu,
+        request.host_memory_mib - state.memory,
+        1 - state.pods,
+    )
+
+
+def _frees(unit: Unit, gpus: tuple[int, ...]) -> tuple[int, ...]:
+    """What evicting `unit` frees, in `_needs`' order."""
+    frees: list[int] = []
+    for index in gpus:
+        held = [grant for grant in unit.grants if index in grant.gpus]
+        frees += [sum(grant.milli for grant in held), sum(grant.memory_mib for grant in held)]
+    cpu = sum(grant.cpu_milli for grant in unit.grants)
+    host = sum(grant.host_memory_mib for grant in unit.grants)
+    return (*frees, cpu, host, len(unit.uids))
+
+
 def _search(
     state: NodeState,
     request: GpuRequest,
@@ -217,34 +276,57 @@ def _search(
     *,
     pdb_violations: int,
 ) -> tuple[Cost, list[Unit]] | None:
-    """The cheapest `forced + some of optional` after which the request takes `gpus`.
-    Branch and bound (a selection's cost bounds every extension's), at most
-    `VISITS_LIMIT` selections looked at; stopped before any fit, the cheapest units
-    first until one does (`evict` then drops those not needed).
-    O(min(2^U, VISITS_LIMIT) × (U + G))."""
+    """The cheapest `forced + some of optional` after which the request takes `gpus`
+    (usable ones: `_sets`). Branch and bound (a selection's cost bounds every
+    extension's), sums kept incrementally; at most `VISITS_LIMIT` selections looked at;
+    stopped before any fit, the cheapest units first until one does (`evict` then drops
+    those not needed). O(min(2^U, VISITS_LIMIT) × G) after O(U × grants) set-up."""
     optional = sorted(optional, key=lambda u: (cost([u]), u.uids))
-    best: tuple[Cost, list[Unit]] | None = None
+    needs = _needs(state, request, gpus)
+    parts = [_parts(unit) for unit in optional]
+    frees = [_frees(unit, gpus) for unit in optional]
+    nothing: Parts = (0, 0, -PRIORITY_SHIFT, 0, 0, 0, 0)
+    base_parts, base_freed = nothing, (0,) * len(needs)
+    for unit in forced:
+        base_parts = _add(base_parts, _parts(unit))
+        base_freed = tuple(map(sum, zip(base_freed, _frees(unit, gpus), strict=True)))
+
+    def bound(total: Parts) -> Cost:
+        return (total[0], min(pdb_violations, total[1]), *total[2:])
+
+    best: tuple[Cost, tuple[int, ...]] | None = None
     visits = 0
-    stack: list[tuple[int, list[Unit]]] = [(0, list(forced))]
+    stack: list[tuple[int, tuple[int, ...], Parts, tuple[int, ...]]] = [
+        (0, (), base_parts, base_freed)
+    ]
     while stack and visits < VISITS_LIMIT:
-        start, chosen = stack.pop()
+        start, chosen, total, freed = stack.pop()
         visits += 1
-        bound = cost(chosen, pdb_violations=pdb_violations)
-        if best is not None and bound >= best[0]:
+        current = bound(total)
+        if best is not None and current >= best[0]:
             continue
-        if takes(after(state, chosen), request, gpus):
-            best = (bound, chosen)
+        if all(got >= need for got, need in zip(freed, needs, strict=True)):
+            best = (current, chosen)
             continue
         # deeper selections go on the stack last-first, so the cheapest is tried first
         for position in range(len(optional) - 1, start - 1, -1):
-            stack.append((position + 1, [*chosen, optional[position]]))
-    if best is None and stack:  # stopped early: take the cheapest first until it fits
-        chosen = list(forced)
+            stack.append(
+                (
+                    position + 1,
+                    (*chosen, position),
+                    _add(total, parts[position]),
+                    tuple(map(sum, zip(freed, frees[position], strict=True))),
+                )
+            )
+    if best is not None:
+        return best[0], [*forced, *(optional[i] for i in best[1])]
+    if stack:  # stopped early: take the cheapest first until it fits
+        chosen_units = list(forced)
         for unit in optional:
-            chosen.append(unit)
-            if takes(after(state, chosen), request, gpus):
-                return cost(chosen, pdb_violations=pdb_violations), chosen
-    return best
+            chosen_units.append(unit)
+            if takes(after(state, chosen_units), request, gpus):
+                return cost(chosen_units, pdb_violations=pdb_violations), chosen_units
+    return None
 
 
 def _needed(state: NodeState, request: GpuRequest, units: list[Unit]) -> list[Unit]:
