@@ -55,8 +55,10 @@ def test_seventy_percent_on_two_busy_gpus_evicts_on_one_gpu_only() -> None:
 
 
 def test_seventy_one_percent_needs_a_whole_gpus_pods_and_the_lower_priorities_go() -> None:
-    """71%: either GPU must be emptied (2 pods, 90% each); the lower highest priority wins."""
+    """71%: either GPU must be emptied (2 pods, 90% each); the lower highest priority wins,
+    and at equal priorities everything ties but the GPU index: GPU 0's pods."""
     book, grants = two_gpus()
+    assert answer(book, share(710), [unit(g) for g in grants.values()]) == {"a50", "a40"}
     priorities = {"a50": 10, "a40": 10, "b60": 20, "b30": 0}
     units = [unit(g, priorities[uid]) for uid, g in grants.items()]
     assert answer(book, share(710), units) == {"a50", "a40"}
