@@ -13,7 +13,10 @@ Who may be a victim on a node (a `placement.preempting.Unit` each):
   other bound pods of strictly lower priority than the preemptor: kube-scheduler had
   them as potential victims too, and spared them only because node totals said so
   (kube-scheduler evicts any pod of the answer that is on that node). Such a selection
-  ranks after any of offered pods only;
+  ranks after any of offered pods only. A node offered with no victims at all (newer
+  kube-scheduler releases send such a *placeholder* when node totals fit without
+  preemption but an extender is interested: victims are the extender's to choose) is
+  always answered this way;
 - a gang member only with its whole gang: every running member on this node and
   allowed as above, evicted together; a gang with a member elsewhere is never a
   victim (kube-scheduler evicts only on the one node it nominates);
@@ -211,7 +214,7 @@ class Preempter:
         offered = set(victims)
         units = self._units(node, on_node, offered, None, gangs)
         eviction = preempting.evict(state, request, units, pdb_violations=violations)
-        if eviction is None and self.beyond_offered:
+        if eviction is None and (self.beyond_offered or not victims):
             wider = self._units(node, on_node, offered, priority, gangs)
             if len(wider) > len(units):
                 eviction = preempting.evict(state, request, wider, pdb_violations=violations)

@@ -330,3 +330,27 @@ async def test_a_victim_deleted_at_once_holds_the_gpu_before_the_nomination_show
         assert await h.schedule(h.pod("default", "high")) == "gpu-x"
         await h.synced(lambda: h.sidecar.sync.pods[uid].bound)
         assert over_committed(h) == []
+
+
+@pytest.mark.parametrize("beyond", [True, False])
+async def test_a_placeholder_node_gets_victims_chosen_by_the_extender(
+    server: fakeapi.Server, beyond: bool
+) -> None:
+    """60% and 50% on two GPUs: node totals hold 70% without preemption, so newer
+    kube-scheduler releases offer the node with no victims; ours: the 50% pod (one pod
+    either way, the least share freed)."""
+    server.api.create(objects.node("gpu-x", gpus=2))
+    async with harness(server, preempt_beyond_offered=beyond) as h:
+        await ready(h)
+        pods = [
+            h.api.create(objects.pod("low-60", percent=60)),
+            h.api.create(objects.pod("low-50", percent=50)),
+        ]
+        assert await h.bind(pods[0], "gpu-x") == ""
+        assert await h.bind(pods[1], "gpu-x") == ""
+        await h.synced(lambda: len(h.sidecar.sync.ledger) == 2)
+        assert gpus_of(h, pods[0]) != gpus_of(h, pods[1])
+        high = h.api.create(preemptor())
+        status, body = await h.post("preempt", preempt_args(high, {"gpu-x": []}))
+        assert status == 200, body
+    assert answered(body) == {"gpu-x": {uid_of(pods[1])}}
