@@ -23,9 +23,11 @@ Who may be a victim on a node (a `placement.preempting.Unit` each):
 - never a pod gpuplace holds GPUs for but that is not bound there (a reservation), nor
   the preemptor itself.
 
+Where the preemptor already fits the node's GPUs, kube-scheduler's victims stand
+unchanged, unless they would split a running gang: then the node is left out.
+
 Offered victims holding no GPU stay in the answer (kube-scheduler needed them for
-something gpuplace does not count, CPU or ports); where the preemptor already fits the
-node's GPUs, kube-scheduler's victims stand unchanged.
+something gpuplace does not count, CPU or ports).
 
 The answer's plan is kept per preemptor (`pending`). When kube-scheduler acts on it —
 the preemptor's `status.nominatedNodeName` names one of its nodes, or a victim of one
@@ -158,6 +160,9 @@ class Preempter:
             if own:  # its own hold there counts as free for it
                 state = preempting.after(state, [Unit((uid,), tuple(own), (priority,))])
             if fit.misfit(state, request) is None:
+                if self._splits_a_gang(node, victims, gangs):
+                    self.nodes.labels("dropped").inc()
+                    continue
                 self.nodes.labels("kept").inc()
                 answer[node] = (victims, violations)
                 continue
@@ -260,6 +265,22 @@ class Preempter:
                 )
             )
         return units
+
+    def _splits_a_gang(
+        self, node: str, victims: list[str], gangs: Mapping[tuple[str, str], list[PodRecord]]
+    ) -> bool:
+        """Whether evicting `victims` on `node` would leave part of a running gang: one
+        of them is a gang member whose live mates are not all among them, on that node.
+        O(victims × gang size)."""
+        chosen = set(victims)
+        for uid in victims:
+            record = self.sync.pods.get(uid)
+            if record is None or not record.gang:
+                continue
+            mates = gangs.get((record.namespace, record.gang), [record])
+            if any(m.uid not in chosen or m.node_name != node for m in mates):
+                return True
+        return False
 
     def _grants_on(self, nodes: Any) -> dict[str, list[Grant]]:
         """The ledger's grants on `nodes`, by node. O(grants): preemption is rare."""
