@@ -50,6 +50,10 @@ class PodRecord:
     """Why `request` or `grant` could not be read ("" when fine)."""
     gang: str = ""
     """The gang label ("" for none)."""
+    priority: int = 0
+    """spec.priority (what its PriorityClass resolved to at creation; 0 without)."""
+    nominated: str = ""
+    """status.nominatedNodeName: the node kube-scheduler preempted for it ("" for none)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -161,7 +165,16 @@ class Reader:
             assigned_at=assignments.assigned_at(pod) if grant is not None else None,
             problem=problem,
             gang=str(labels.get(keys.GANG_LABEL) or ""),
+            priority=priority_of(spec.get("priority")),
+            nominated=str(status.get("nominatedNodeName") or ""),
         )
+
+
+def priority_of(value: object) -> int:
+    """spec.priority as an int32 (0 when absent or not a number)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return 0
+    return max(-(1 << 31), min(value, (1 << 31) - 1))
 
 
 def _check_shape(pod: Mapping[str, Any]) -> None:

@@ -104,10 +104,14 @@ class LedgerSync:
 
     # --- holds ---------------------------------------------------------------------
 
-    def hold(self, grant: Grant, *, seconds: float, owner: str = "bind") -> bool:
+    def hold(
+        self, grant: Grant, *, seconds: float, owner: str = "bind", overcommit: bool = False
+    ) -> bool:
         """Reserve `grant` in memory for `seconds`. Returns False when the pod already held
-        exactly it. Raises `placement.ledger.LedgerError` (Oversubscribed, Conflict)."""
-        taken = self.ledger.reserve(grant)
+        exactly it. Raises `placement.ledger.LedgerError` (Oversubscribed, Conflict).
+        `overcommit`: take it even where the node lacks room (a preemptor's GPUs, still
+        held by the pods being preempted: nobody else may take them as they go)."""
+        taken = self.ledger.reserve(grant, overcommit=overcommit)
         if taken or grant.pod_uid in self._holds:
             self._holds[grant.pod_uid] = Hold(grant, self._clock() + seconds, owner)
         self._track_waiting(grant.pod_uid, self.pods.get(grant.pod_uid))

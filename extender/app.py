@@ -1,4 +1,5 @@
-"""The extender's HTTP face: POST /filter, /prioritize, /bind (kube-scheduler's extender v1).
+"""The extender's HTTP face: POST /filter, /prioritize, /bind, /preempt (kube-scheduler's
+extender v1).
 
 `create_app(service)` builds the aiohttp app; `Service` holds the verbs' collaborators.
 Errors are mapped here, in one place:
@@ -22,6 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -32,6 +34,7 @@ from cluster import recording
 from cluster.syncing import LedgerSync
 from extender import binding, deciding, reasons, repeating
 from extender.activity import Activity
+from extender.preempt_wire import PreemptionArgs, PreemptionResult
 from extender.wire import (
     BindingArgs,
     BindingResult,
@@ -40,6 +43,9 @@ from extender.wire import (
     ranked_priorities_json,
 )
 from placement.requests import WHOLE, GpuRequest
+
+if TYPE_CHECKING:
+    from extender import preempting
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +103,8 @@ class Service:
     """prioritize answers prepared right after filter, by pod UID (`AHEAD_KEPT` at most)."""
     repeats: repeating.Repeats | None = None
     """filter answers kept for kube-scheduler's repeats (`extender.repeating`; None: off)."""
+    preempter: preempting.Preempter | None = None
+    """The preempt verb (None: kube-scheduler's victims are answered unchanged)."""
 
     async def ready(self) -> bool:
         if self.sync.ready.is_set():
@@ -269,6 +277,16 @@ class Service:
         self.activity.expect_next()  # bind
         return answer, "ok"
 
+    async def preempt(self, args: PreemptionArgs) -> tuple[PreemptionResult, str]:
+        """Per candidate node, the victims that free one GPU set for the pod; nodes where
+        none do are left out (`extender.preempting`). Before the first sync: no node (an
+        answer from a partial ledger could evict for nothing; kube-scheduler retries)."""
+        if not await self.ready():
+            return PreemptionResult(), "not-synced"
+        if self.preempter is None:
+            return PreemptionResult(nodes=args.offered()), "ok"
+        return self.preempter.answer(args), "ok"
+
     async def bind(self, args: BindingArgs) -> tuple[BindingResult, str]:
         if not await self.ready():
             return BindingResult(error=NOT_SYNCED), "not-synced"
@@ -396,6 +414,11 @@ async def _prioritize(service: Service, raw: bytes) -> tuple[bytes, str, Then]:
     return body, outcome, None
 
 
+async def _preempt(service: Service, raw: bytes) -> tuple[bytes, str, Then]:
+    result, outcome = await service.preempt(PreemptionArgs.model_validate_json(raw))
+    return result.dump(), outcome, None
+
+
 async def _bind(service: Service, raw: bytes) -> tuple[bytes, str, Then]:
     result, outcome = await service.bind(BindingArgs.model_validate_json(raw))
     return result.dump(), outcome, None
@@ -407,4 +430,5 @@ def create_app(service: Service) -> web.Application:
     app.router.add_post("/filter", _verb("filter", _filter))
     app.router.add_post("/prioritize", _verb("prioritize", _prioritize))
     app.router.add_post("/bind", _verb("bind", _bind))
+    app.router.add_post("/preempt", _verb("preempt", _preempt))
     return app

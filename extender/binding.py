@@ -129,6 +129,13 @@ class Binder:
                     "conflict",
                 )
             annotated = record.grant is not None and record.grant.same_hold(grant)
+            busy = self.sync.ledger.overcommitted(grant)
+            if busy and not annotated:
+                raise BindError(
+                    f"GPU {','.join(map(str, busy))} of node {node} reserved for pod {record} "
+                    "is still used by pods being preempted",
+                    "busy",
+                )
         else:
             outcome = self.decider.best_on(node, request)
             if not isinstance(outcome, choosing.Choice):

@@ -201,12 +201,24 @@ class Decider:
     def _reserved(self, names: Sequence[str], request: GpuRequest, holding: Grant) -> Verdict:
         verdict = Verdict(passed=[], request=request, holding=holding)
         why = f"{reasons.PREFIX}GPUs are reserved for this pod on node {holding.node}"
+        busy = self.sync.ledger.overcommitted(holding)
         for name in names:
-            if name == holding.node:
+            if name == holding.node and busy:  # preempted pods still on them: wait
+                verdict.failed[name] = (
+                    f"{reasons.PREFIX}GPU {','.join(map(str, busy))} reserved for this pod "
+                    "is still used by pods being preempted"
+                )
+            elif name == holding.node:
                 verdict.passed.append(name)
             else:
                 verdict.unresolvable[name] = why
-        if not verdict.passed:
+        if not verdict.passed and busy:
+            verdict.problem = (
+                f"GPUs {','.join(map(str, holding.gpus))} of node {holding.node} are held for "
+                "this pod while the pods preempted for it terminate; it is bound there once "
+                "they are gone"
+            )
+        elif not verdict.passed:
             verdict.problem = (
                 f"GPUs {','.join(map(str, holding.gpus))} are reserved for this pod on node "
                 f"{holding.node}, which the scheduler did not offer (its own filters rejected "

@@ -116,6 +116,7 @@ def explain(
         )
     else:
         head.append("Pending: no GPUs assigned yet.")
+    head.extend(preemption_lines(sync, record, conditions))
     for condition in conditions:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
             head.append(f"kube-scheduler: {condition.get('message') or condition.get('reason')}")
@@ -177,6 +178,44 @@ def explain(
             )
         )
     return result
+
+
+def preemption_lines(
+    sync: LedgerSync, record: PodRecord, conditions: Sequence[Mapping[str, Any]] = ()
+) -> list[str]:
+    """What a preemption under way means for the pod: as a preemptor (kube-scheduler
+    nominated a node and evicts pods there for it) or as a victim. O(pods) for a
+    preemptor, O(conditions) else."""
+    lines = []
+    if record.nominated and not record.bound:
+        node = record.nominated
+        going = sorted(
+            str(other)
+            for other in sync.pods.values()
+            if other.node_name == node and other.deleting and not other.terminal
+        )
+        if going:
+            shown = ", ".join(going[:5]) + (f" and {len(going) - 5} more" if len(going) > 5 else "")
+            lines.append(
+                f"Preemption under way: kube-scheduler nominated node {node} and is evicting "
+                f"{shown} there; gpuplace holds the GPUs they free for this pod until it binds."
+            )
+        else:
+            lines.append(
+                f"Nominated to node {node} by kube-scheduler's preemption; no pod there is "
+                "terminating any more: the next attempt should bind it."
+            )
+    for condition in conditions:
+        if (
+            condition.get("type") == "DisruptionTarget"
+            and condition.get("status") == "True"
+            and condition.get("reason") == "PreemptionByScheduler"
+        ):
+            lines.append(
+                f"Being preempted: {condition.get('message') or 'for a higher priority pod'} "
+                "(its Events name the pod and the GPU it frees)."
+            )
+    return lines
 
 
 def render(explanation: Explanation, *, limit: int | None = 40) -> str:

@@ -57,6 +57,7 @@ from extender import (
     gang_leader,
     gang_store,
     gangs,
+    preempting,
     repeating,
     warming,
     wire,
@@ -126,6 +127,8 @@ class SidecarConfig(Protocol):
     def scheduler_lease(self) -> str: ...
     @property
     def gang_starve_after_seconds(self) -> float: ...
+    @property
+    def preempt_beyond_offered(self) -> bool: ...
 
 
 LEASE_PATTERN = r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -244,6 +247,12 @@ class SidecarSettings(BaseSettings):
         description="a complete gang at the head of the queue that has not fit for this "
         "long gets a capacity hold: its nodes are not offered to other pods",
     )
+    preempt_beyond_offered: bool = Field(
+        True,
+        description="preempt: where no selection of kube-scheduler's victims on a node frees "
+        "one GPU set, also consider the node's other pods of lower priority than the "
+        "preemptor (kube-scheduler picks on node totals; false: drop such nodes)",
+    )
 
 
 class Sidecar:
@@ -325,6 +334,16 @@ class Sidecar:
         self.sync.node_listeners.append(self._nodes_changed)
         registry.register(metering.LedgerCollector(self.sync))
         registry.register(api.refusals)  # gpuplace_api_refusals_total
+        self.preempter = preempting.Preempter(
+            self.sync,
+            self.decider.request,
+            recorder=self.recorder,
+            beyond_offered=settings.preempt_beyond_offered,
+            hold_seconds=settings.reservation_timeout_seconds,
+            registry=registry,
+        )
+        """The preempt verb; it holds a preemptor's GPUs once kube-scheduler acts."""
+        self.sync.pod_listeners.append(self.preempter.observe)
         self.service = extender_app.Service(
             sync=self.sync,
             decider=self.decider,
@@ -339,9 +358,10 @@ class Sidecar:
                 if settings.filter_answers_kept
                 else None
             ),
+            preempter=self.preempter,
         )
         self.app = extender_app.create_app(self.service)
-        """The extender's aiohttp app (/filter, /prioritize, /bind), for its own site."""
+        """The extender's aiohttp app (/filter, /prioritize, /bind, /preempt), for its own site."""
         self.gang_store: gang_store.GangStore | None = None
         self.gang_informer: watching.Informer[GangPod] | None = None
         self.gangs: gangs.GangController | None = None

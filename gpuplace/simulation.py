@@ -68,6 +68,16 @@ class RunFigures:
     decision_p50_ms: float
     decision_p99_ms: float
     wall_seconds: float
+    priorities: float = 0.0
+    """Fraction of GPU pods drawn to high priority (0: no priorities, no preemption)."""
+    preempt: bool = False
+    high: int = 0
+    high_rejected: int = 0
+    preemptions: int = 0
+    victims: int = 0
+    victim_gpus: float = 0.0
+    totals_blind: int = 0
+    totals_wrong: int = 0
 
 
 Decide = Callable[[Ledger, GpuRequest, str], Choice | None]
@@ -162,6 +172,17 @@ def via_extender(
     return decide
 
 
+HIGH_PRIORITY = 1000
+
+
+def draw_priorities(order: Sequence[trace.TracePod], fraction: float, seed: int) -> list[int]:
+    """The openb trace has no priorities: each GPU pod of the arrival order gets
+    `HIGH_PRIORITY` with probability `fraction` (drawn from its own stream of `seed`,
+    so the order and the policy's draws are those of a run without), others 0."""
+    rng = random.Random(f"priorities-{seed}")
+    return [HIGH_PRIORITY if pod.num_gpu and rng.random() < fraction else 0 for pod in order]
+
+
 def run(
     nodes: Sequence[Node],
     pods: Sequence[trace.TracePod],
@@ -170,8 +191,12 @@ def run(
     policy_name: str,
     seed: int,
     extender: bool,
+    priorities: float = 0.0,
+    preempt: bool = False,
 ) -> tuple[RunFigures, replay.Replay]:
-    """One replay of `pods` on `nodes` with one policy and seed."""
+    """One replay of `pods` on `nodes` with one policy and seed; with `priorities` > 0
+    that fraction of GPU pods is high priority, and with `preempt` they evict lower ones
+    when the policy finds no room (`placement.replay`)."""
     started = time.perf_counter()
     workload = fragmentation.Workload.from_requests(pod.request() for pod in pods)
     capacity = sum(len(node.gpus) for node in nodes) * 1000
@@ -192,7 +217,10 @@ def run(
         timings.append(time.perf_counter() - start)
         return choice
 
-    result = replay.run(nodes, order, timed, workload, ledger)
+    drawn = draw_priorities(order, priorities, seed) if priorities > 0 else None
+    result = replay.run(
+        nodes, order, timed, workload, ledger, priorities=drawn, preempt=preempt and bool(drawn)
+    )
     timings.sort()
     figures = RunFigures(
         pods=pods_name,
@@ -211,6 +239,15 @@ def run(
         decision_p50_ms=round(_quantile(timings, 0.50) * 1000, 3),
         decision_p99_ms=round(_quantile(timings, 0.99) * 1000, 3),
         wall_seconds=round(time.perf_counter() - started, 2),
+        priorities=priorities,
+        preempt=preempt and priorities > 0,
+        high=result.high,
+        high_rejected=result.high_rejected,
+        preemptions=result.preemptions,
+        victims=result.victims,
+        victim_gpus=round(result.victim_milli / 1000, 2),
+        totals_blind=result.totals_blind,
+        totals_wrong=result.totals_wrong,
     )
     return figures, result
 
@@ -231,12 +268,33 @@ HEADER = (
 
 def row(figures: RunFigures) -> str:
     mode = "extender" if figures.via_extender else "direct"
+    if figures.preempt:
+        mode += "+pre"
     return (
         f"{figures.pods:<28} {figures.policy:<10} {figures.seed:>5} {mode:<8} "
         f"{figures.allocation_at_100:>8.2f}% {figures.allocation_at_130:>8.2f}% "
         f"{figures.allocation_at_first_reject:>7.2f}% {figures.frag_rate_at_80:>7.2f}% "
         f"{figures.frag_amount_at_100:>10.2f}% {figures.rejected:>8} "
         f"{figures.decision_p50_ms:>7.3f} {figures.decision_p99_ms:>7.3f}"
+    )
+
+
+PREEMPT_HEADER = (
+    f"{'pods':<28} {'policy':<10} {'seed':>5} {'mode':<12} {'high':>6} {'high-rej':>8} "
+    f"{'preempts':>8} {'victims':>7} {'victim-GPUs':>11} {'sched-blind':>11} {'sched-wrong':>11}"
+)
+
+
+def preempt_row(figures: RunFigures) -> str:
+    """The priority figures of a run: high-priority GPU pods, those rejected, preemptions,
+    pods evicted and their GPUs, and how many preemptions kube-scheduler alone would have
+    got wrong on that node (no victim seen on totals, or victims that free no GPU)."""
+    mode = ("extender" if figures.via_extender else "direct") + ("+pre" if figures.preempt else "")
+    return (
+        f"{figures.pods:<28} {figures.policy:<10} {figures.seed:>5} {mode:<12} "
+        f"{figures.high:>6} {figures.high_rejected:>8} {figures.preemptions:>8} "
+        f"{figures.victims:>7} {figures.victim_gpus:>11.2f} {figures.totals_blind:>11} "
+        f"{figures.totals_wrong:>11}"
     )
 
 

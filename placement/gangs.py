@@ -136,11 +136,16 @@ class _Scratch:
             live = self._ledger.state(name)
             assert live is not None
             state = self._touched[name] = live.copy()
-        state.hold(gpus, request.milli, request.memory_mib, -1)
-        state.cpu -= request.cpu_milli
-        state.memory -= request.host_memory_mib
-        state.pods -= 1
+        take(state, request, gpus)
         self.touches[name] = self.touches.get(name, 0) + 1
+
+
+def take(state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> None:
+    """Take `request` on `gpus` of a scratch `state` (never a ledger's own). O(GPUs)."""
+    state.hold(gpus, request.milli, request.memory_mib, -1)
+    state.cpu -= request.cpu_milli
+    state.memory -= request.host_memory_mib
+    state.pods -= 1
 
 
 # --- capacity ---------------------------------------------------------------------------

@@ -243,6 +243,19 @@ class Ledger:
         """Grants on one node. O(grants): for explanations, never for decisions."""
         return [grant for grant in self._grants.values() if grant.node == node]
 
+    def overcommitted(self, grant: Grant) -> tuple[int, ...]:
+        """GPUs of `grant` (a grant in this ledger) whose share or memory is granted beyond
+        what they have: a preemptor's hold while its victims still run. O(GPUs of it)."""
+        state = self._states.get(grant.node)
+        if state is None:
+            return ()
+        return tuple(
+            index
+            for index in grant.gpus
+            if 0 <= index < len(state.free_milli)
+            and (state.free_milli[index] < 0 or state.free_memory[index] < 0)
+        )
+
     def allocated_milli(self) -> int:
         """milli-GPU held over the whole cluster. O(grants)."""
         return sum(grant.milli * len(grant.gpus) for grant in self._grants.values())

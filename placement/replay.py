@@ -9,6 +9,16 @@ After every arrival the replay records the arrived GPU request, the allocated
 GPU and the cluster's fragmentation (Σ over nodes of `Workload.amount`, kept
 incrementally: O(1) nodes re-measured per arrival).
 
+With `priorities` (one per pod of the order; the openb trace has none, the caller
+draws them) and `preempt`, a GPU pod the policy rejects evicts pods of lower priority
+the way the extender's preempt verb answers (`placement.preempting.evict` on every
+node, the cheapest eviction wins, as kube-scheduler picks the node with the least
+victims), then takes the GPUs freed. Evicted pods leave for good (the trace has no
+time: they count as evicted, not as rejected). Each preemption also checks what
+kube-scheduler would have evicted on that node by itself, on node totals
+(`preempting.totals_pick`, older pods more important): nothing (totals already fit:
+no preemption there), or pods that free no GPU set.
+
 Figures follow the paper's analysis scripts: the arrived workload is binned to
 whole percent of GPU capacity (round half to even, as pandas does), and a figure
 "at X% arrived" is the mean over the arrivals in bin X (the nearest bins within
@@ -21,6 +31,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from placement import fit, preempting
 from placement.choosing import Choice, grant_for
 from placement.fragmentation import Workload
 from placement.inventory import Inventory, Node
@@ -79,6 +90,19 @@ class Replay:
     arrivals: list[Arrival] = field(default_factory=list)
     first_reject: int | None = None
     """Index of the first rejected GPU pod in `arrivals`."""
+    high: int = 0
+    """GPU pods of a priority above 0 (with priorities)."""
+    high_rejected: int = 0
+    preemptions: int = 0
+    """GPU pods placed by evicting others."""
+    victims: int = 0
+    victim_milli: int = 0
+    """GPU share of the evicted pods (milli-GPU)."""
+    totals_blind: int = 0
+    """Preemptions where kube-scheduler alone, on node totals, would see no victim needed
+    on that node (node totals fit, no single GPU set does)."""
+    totals_wrong: int = 0
+    """Preemptions where kube-scheduler's own victims on that node free no GPU set."""
 
     def percent(self, milli: float) -> float:
         return 100.0 * milli / self.capacity_milli
@@ -145,8 +169,12 @@ def run(
     decide: Decide,
     measure: Workload,
     ledger: Ledger | None = None,
+    *,
+    priorities: Sequence[int] | None = None,
+    preempt: bool = False,
 ) -> Replay:
-    """Place every pod of `order` once. O(pods × decision)."""
+    """Place every pod of `order` once (see the module docstring for `priorities` and
+    `preempt`). O(pods × decision), plus O(nodes × eviction search) per preemption."""
     ledger = ledger if ledger is not None else Ledger(Inventory(nodes))
     capacity = sum(len(node.gpus) for node in nodes) * WHOLE
     result = Replay(capacity)
@@ -158,10 +186,31 @@ def run(
     frag_total = sum(frag.values())
     arrived = 0
     allocated = 0
+    owners: dict[str, dict[str, tuple[int, int]]] = {}
+    """Per node, its pods' (priority, arrival) by uid (kept with priorities only)."""
     for seq, pod in enumerate(order):
         request = pod.request()
         uid = f"{seq}/{pod.name}"
         choice = decide(ledger, request, uid)
+        priority = priorities[seq] if priorities is not None else 0
+        if priority > 0 and pod.num_gpu:
+            result.high += 1
+        if choice is None and preempt and priority > 0 and pod.num_gpu:
+            eviction = _eviction(ledger, request, priority, owners, result)
+            if eviction is not None:
+                for victim in eviction.uids:
+                    gone = ledger.release(victim)
+                    owners[eviction.node].pop(victim, None)
+                    if gone is not None:
+                        allocated -= gone.milli * len(gone.gpus)
+                        result.victim_milli += gone.milli * len(gone.gpus)
+                    result.victims += 1
+                result.preemptions += 1
+                choice = Choice(eviction.node, eviction.gpus, 0.0)
+        if choice is None and priority > 0 and pod.num_gpu:
+            result.high_rejected += 1
+        if choice is not None and priorities is not None:
+            owners.setdefault(choice.node, {})[uid] = (priority, seq)
         arrived += pod.total_milli
         if choice is None:
             result.arrivals.append(Arrival(seq, pod, None, ()))
@@ -182,3 +231,43 @@ def run(
         result.allocated.append(allocated)
         result.fragmented.append(frag_total)
     return result
+
+
+def _eviction(
+    ledger: Ledger,
+    request: GpuRequest,
+    priority: int,
+    owners: dict[str, dict[str, tuple[int, int]]],
+    result: Replay,
+) -> preempting.Eviction | None:
+    """The cheapest eviction of lower-priority pods over every node (ties: node name),
+    and what kube-scheduler on totals would have done there (`result`'s counts).
+    O(nodes × (grants + search))."""
+    best: tuple[preempting.Cost, str, preempting.Eviction, list[preempting.Unit]] | None = None
+    for name, pods in owners.items():
+        state = ledger.state(name)
+        if state is None or fit.static_misfit(state, request):
+            continue
+        units = []
+        for uid, (held, _arrival) in sorted(
+            pods.items(), key=lambda item: (-item[1][0], item[1][1])
+        ):
+            grant = ledger.get(uid)
+            if held < priority and grant is not None:
+                units.append(preempting.Unit((uid,), (grant,), (held,)))
+        if not units or not preempting.fits_after(state, request, units):
+            continue
+        found = preempting.evict(state, request, units)
+        if found is not None and (best is None or (found.cost, name) < best[:2]):
+            best = (found.cost, name, found, units)
+    if best is None:
+        return None
+    _, name, found, units = best
+    state = ledger.state(name)
+    assert state is not None
+    picked = preempting.totals_pick(state, request, units)
+    if not picked:
+        result.totals_blind += 1
+    elif not preempting.fits_after(state, request, picked):
+        result.totals_wrong += 1
+    return found

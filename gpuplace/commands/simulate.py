@@ -56,6 +56,16 @@ def register(subparsers: Any) -> None:
         "its fraction of a MIB-MiB GPU (gpu_milli 250 of 16384 asks 4096 MiB, no compute); "
         "GPUs of the node list without a gpu_memory_mib column get MIB MiB",
     )
+    parser.add_argument(
+        "--priorities",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="the trace has no priorities: give this fraction of GPU pods (seeded) a high "
+        "priority, and run each policy twice, without and with preemption (high pods the "
+        "policy cannot place evict lower ones as the extender's preempt verb answers); "
+        "prints the preemption figures too (default: 0, no priorities)",
+    )
     parser.add_argument("--decisions", type=Path, help="write one JSON line per arrival here")
     parser.add_argument("--plot", type=Path, help="write allocation vs arrived (PNG) here")
     parser.add_argument("--json", type=Path, help="write the figures as JSON here")
@@ -72,8 +82,11 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.decisions and len(names) > 1:
-        print("gpuplace simulate: --decisions takes one policy per run", file=sys.stderr)
+    if args.decisions and (len(names) > 1 or args.priorities > 0):
+        print(
+            "gpuplace simulate: --decisions takes one policy per run, without --priorities",
+            file=sys.stderr,
+        )
         return 2
     bundled = resources.files("gpuplace") / "data"
     try:
@@ -100,20 +113,32 @@ def run(args: argparse.Namespace) -> int:
     if not any(node.gpus for node in nodes):
         print(f"gpuplace simulate: {nodes_path}: no GPU nodes", file=sys.stderr)
         return 1
+    if not 0.0 <= args.priorities <= 1.0:
+        print("gpuplace simulate: --priorities is a fraction, 0 to 1", file=sys.stderr)
+        return 2
     print(f"{len(nodes)} nodes, {sum(len(n.gpus) for n in nodes)} GPUs; {len(pods)} pods")
     print(simulation.HEADER)
     results = []
+    modes = (False, True) if args.priorities > 0 else (False,)
     for name in names:
-        figures, result = simulation.run(
-            nodes,
-            pods,
-            pods_name=pods_path.name,
-            policy_name=name,
-            seed=args.seed,
-            extender=args.via_extender,
-        )
-        print(simulation.row(figures), flush=True)
-        results.append((figures, result))
+        for preempt in modes:
+            figures, result = simulation.run(
+                nodes,
+                pods,
+                pods_name=pods_path.name,
+                policy_name=name,
+                seed=args.seed,
+                extender=args.via_extender,
+                priorities=args.priorities,
+                preempt=preempt,
+            )
+            print(simulation.row(figures), flush=True)
+            results.append((figures, result))
+    if args.priorities > 0:
+        print()
+        print(simulation.PREEMPT_HEADER)
+        for figures, _ in results:
+            print(simulation.preempt_row(figures))
     if args.decisions:
         with args.decisions.open("w", encoding="utf-8") as out:
             simulation.write_decisions(out, results[0][1])

@@ -109,6 +109,7 @@ def test_extender_entry_is_the_contract(config: dict[str, Any]) -> None:
         "filterVerb": "filter",
         "prioritizeVerb": "prioritize",
         "bindVerb": "bind",
+        "preemptVerb": "preempt",
         "weight": 100000,
         "enableHTTPS": False,
         "nodeCacheCapable": True,

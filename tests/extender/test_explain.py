@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from cluster import assignments, quantities
+from cluster import assignments, pods, quantities
+from cluster.syncing import LedgerSync
+from extender import explaining
 from gpuplace import cli
 from placement.ledger import Grant
 from tests import fakeapi
@@ -131,3 +134,52 @@ def test_memory_only_pods_explained(tmp_path: Path, capsys: pytest.CaptureFixtur
         assert "Running on node a with GPU 1 (memory only, 71680 MiB each)." in (
             capsys.readouterr().out
         )
+
+
+def test_pending_preemption_is_shown_on_both_sides(
+    cluster: fakeapi.ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kube-scheduler nominated a100-1 for `waiting` and marked busy-3 there as its victim
+    (the fake API deletes at once, so no pod is seen terminating: see the next test)."""
+
+    def preempting() -> None:
+        api = cluster.server.api
+        api.patch(
+            "pods",
+            "waiting",
+            {"status": {"nominatedNodeName": "a100-1"}},
+            "default",
+            subresource="status",
+        )
+        condition = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "PreemptionByScheduler",
+            "message": "gpuplace: preempting to accommodate a higher priority pod",
+        }
+        api.patch(
+            "pods",
+            "busy-3",
+            {"status": {"conditions": [condition]}},
+            "default",
+            subresource="status",
+        )
+
+    cluster.call(preempting)
+    assert explain(cluster, tmp_path, "default/waiting") == 0
+    out = capsys.readouterr().out
+    assert "Nominated to node a100-1 by kube-scheduler's preemption" in out
+    assert explain(cluster, tmp_path, "default/busy-3") == 0
+    out = capsys.readouterr().out
+    assert "Being preempted: gpuplace: preempting to accommodate" in out
+
+
+def test_victims_terminating_are_named() -> None:
+    sync = LedgerSync()
+    victim = replace(pods.record(objects.pod("low")), uid="v", node_name="n", deleting=True)
+    waiting = replace(pods.record(objects.pod("high")), uid="h", nominated="n")
+    sync.upsert_pod(victim)
+    sync.upsert_pod(waiting)
+    (line,) = explaining.preemption_lines(sync, waiting)
+    assert line.startswith("Preemption under way: kube-scheduler nominated node n and is evicting")
+    assert "default/low" in line

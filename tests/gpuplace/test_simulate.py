@@ -158,6 +158,18 @@ def test_malformed_file_is_one_line_naming_file_line_and_column(tmp_path: Path) 
     assert "Traceback" not in missing.stderr
 
 
+def test_priorities_run_each_policy_without_and_with_preemption(tmp_path: Path) -> None:
+    figures = tmp_path / "figures.json"
+    result = run("--policy", "best-fit", "--priorities", "0.1", "--json", str(figures))
+    assert result.returncode == 0, result.stderr
+    assert "direct+pre" in result.stdout and "sched-wrong" in result.stdout
+    runs = json.loads(figures.read_text())["runs"]
+    assert [r["preempt"] for r in runs] == [False, True]
+    assert runs[0]["preemptions"] == 0 < runs[1]["preemptions"] <= runs[1]["victims"]
+    assert runs[1]["high_rejected"] < runs[0]["high_rejected"]
+    assert run("--priorities", "2").returncode == 2
+
+
 def test_unknown_policy_lists_the_choices() -> None:
     result = run("--policy", "fastest")
     assert result.returncode == 2
@@ -175,6 +187,7 @@ def test_help_documents_the_options(flag: str) -> None:
         "--via-extender",
         "--memory-only-shares",
         "--decisions",
+        "--priorities",
         "--plot",
         "--json",
     ):

@@ -171,3 +171,42 @@ def test_small_golden_replay() -> None:
     if os.environ.get("GPUPLACE_REGOLD"):
         GOLDEN.write_text(json.dumps(found, indent=2, sort_keys=True) + "\n")
     assert found == json.loads(GOLDEN.read_text())
+
+
+def test_replay_with_priorities_preempts_without_oversubscribing() -> None:
+    """A tenth of GPU pods high priority: with preemption every high pod the policy could
+    not place evicts lower ones only (never a high one), nothing is oversubscribed, and
+    the allocation counted is the ledger's."""
+    nodes = simulation.read_nodes(BUNDLED / "nodes.csv")
+    pods = simulation.read_pods(BUNDLED / "pods.csv")
+    workload = fragmentation.Workload.from_requests(pod.request() for pod in pods)
+    order = replay.arrival_order(pods, sum(len(n.gpus) for n in nodes) * 1000, 7)
+    priorities = simulation.draw_priorities(order, 0.1, 7)
+    assert priorities == simulation.draw_priorities(order, 0.1, 7)
+    outcomes = []
+    for preempt in (False, True):
+        book = Ledger(Inventory(nodes))
+        chooser = choosing.Chooser(book, policies.make("best-fit"))
+        rng = random.Random(0)
+        result = replay.run(
+            nodes,
+            order,
+            lambda _l, r, _u: chooser.choose(r, rng),  # noqa: B023 (used within the loop)
+            workload,
+            book,
+            priorities=priorities,
+            preempt=preempt,
+        )
+        for state in book.states():
+            assert all(0 <= left <= 1000 for left in state.free_milli)
+            assert state.cpu >= 0 and state.memory >= 0
+        assert result.allocated[-1] == book.allocated_milli()
+        high = {f"{seq}/{pod.name}" for seq, pod in enumerate(order) if priorities[seq] > 0}
+        placed_high = {f"{a.seq}/{a.pod.name}" for a in result.arrivals if a.node} & high
+        assert placed_high <= {grant.pod_uid for grant in book}  # no high pod evicted
+        outcomes.append(result)
+    without, with_preemption = outcomes
+    assert without.preemptions == 0 and without.victims == 0
+    assert with_preemption.preemptions > 0
+    assert with_preemption.high_rejected < without.high_rejected
+    assert with_preemption.victims >= with_preemption.preemptions

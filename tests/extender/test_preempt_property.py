@@ -1,0 +1,109 @@
+"""The preempt verb's answer, for any node state and any offer: only pods it may evict
+(offered, or of lower priority than the preemptor when allowed; never a gang member
+whose gang runs elsewhere), at least one per node kept, the preemptor fits after them,
+and none is beyond need (extender.preempting over a LedgerSync, no HTTP)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cluster import pods
+from cluster.nodes import NodeRecord
+from cluster.syncing import LedgerSync
+from extender.preempt_wire import PreemptionArgs
+from extender.preempting import Preempter
+from placement import preempting
+from placement.ledger import Grant
+from placement.preempting import Unit
+from tests.fakeapi import objects
+from tests.placement.clusters import node
+
+HIGH = 100
+
+PODS = st.lists(
+    st.tuples(
+        st.sampled_from(["n0", "n1"]),  # node
+        st.integers(0, 1),  # GPU
+        st.integers(1, 10).map(lambda tenths: tenths * 100),  # share
+        st.sampled_from([0, 50, HIGH, 200]),  # priority
+        st.booleans(),  # offered
+        st.sampled_from(["", "", "", "g"]),  # gang label
+    ),
+    max_size=10,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pods_=PODS, milli=st.integers(1, 10).map(lambda t: t * 100), beyond=st.booleans())
+def test_answers_evict_only_allowed_pods_and_make_room_with_none_to_spare(
+    pods_: list[tuple[str, int, int, int, bool, str]], milli: int, beyond: bool
+) -> None:
+    sync = LedgerSync()
+    for name in ("n0", "n1"):
+        sync.put_node(NodeRecord(name, name, True, node(name, 2)))
+    offered: dict[str, list[str]] = {"n0": [], "n1": []}
+    records = {}
+    for i, (where, gpu, share, priority, offer, gang) in enumerate(pods_):
+        uid = f"p{i:02}"
+        grant = Grant(uid, where, (gpu,), share, 0, 0, 0)
+        base = pods.record(objects.pod(uid, labels={"gpuplace.io/gang": gang} if gang else None))
+        record = replace(base, uid=uid, node_name=where, grant=grant, priority=priority, gang=gang)
+        sync.upsert_pod(record)
+        records[uid] = record
+        if offer:
+            offered[where].append(uid)
+    body = objects.pod("high", percent=milli // 10)
+    body["metadata"]["uid"] = "high"
+    body["spec"]["priority"] = HIGH
+    preempter = Preempter(sync, pods.Reader().request, beyond_offered=beyond)
+    args = PreemptionArgs.model_validate(
+        {
+            "Pod": body,
+            "NodeNameToMetaVictims": {
+                name: {"Pods": [{"UID": uid} for uid in uids]} for name, uids in offered.items()
+            },
+        }
+    )
+    request = preempter.request_of(body)
+    assert request is not None
+    for name, (victims, _) in preempter.answer(args).nodes.items():
+        state = sync.ledger.state(name)
+        assert state is not None
+        if not victims:  # kept as offered (nothing offered: a pass-through)
+            assert not offered[name]
+            continue
+        chosen = [records[uid] for uid in victims]
+        for record in chosen:
+            assert record.node_name == name
+            assert record.uid in offered[name] or (
+                (beyond or not offered[name]) and record.priority < HIGH
+            )
+            if record.gang:  # its whole gang goes, and it all runs here
+                mates = [r for r in records.values() if r.gang == record.gang]
+                assert all(m.node_name == name and m.uid in victims for m in mates)
+        if preempting.fits_after(state, request, []):
+            assert sorted(victims) == sorted(offered[name])  # GPUs not short: as offered
+            continue  # (the gang checks above hold for these too)
+        units = _units(chosen)
+        assert preempting.fits_after(state, request, units)
+        for unit in units:
+            rest = [other for other in units if other is not unit]
+            assert not preempting.fits_after(state, request, rest), unit.uids
+
+
+def _units(chosen: list[pods.PodRecord]) -> list[Unit]:
+    """The victims as eviction units: a gang's members together."""
+    groups: dict[str, list[pods.PodRecord]] = {}
+    for record in chosen:
+        groups.setdefault(record.gang or record.uid, []).append(record)
+    return [
+        Unit(
+            tuple(r.uid for r in group),
+            tuple(r.grant for r in group if r.grant is not None),
+            tuple(r.priority for r in group),
+        )
+        for group in groups.values()
+    ]
