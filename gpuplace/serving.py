@@ -148,6 +148,14 @@ def _bound_port(runner: web.AppRunner, wanted: int) -> int:
     return wanted
 
 
+def process_registry() -> CollectorRegistry:
+    """A fresh registry with the process and platform collectors, for one process."""
+    registry = CollectorRegistry()
+    prometheus_client.ProcessCollector(registry=registry)
+    prometheus_client.PlatformCollector(registry=registry)
+    return registry
+
+
 # --- the ops site ---------------------------------------------------------------------------
 
 SERVER = web.AppKey("server", Server)

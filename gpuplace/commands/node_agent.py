@@ -1,0 +1,190 @@
+"""`gpuplace node-agent`: the node agent, one per opted-in GPU node (a DaemonSet; see
+docs/node-agent.md). It discovers the node's GPUs and their health through NVML and keeps
+them and a heartbeat on its Node (agent.publishing), runs one MPS control daemon per GPU
+and restarts it when it dies (agent.mps), and serves /metrics, /healthz and /readyz.
+
+Order at start: the first discovery, then the MPS daemons of the node's GPUs, which must
+answer before anything hands out a share (a client that starts without its daemon runs
+with no limits), then the periodic discovery and heartbeat.
+
+Every flag is also an environment variable `GPUPLACE_<FLAG>`. Exit codes: 0 after
+SIGTERM/SIGINT, 2 for invalid settings, 1 when it cannot start (no API, no NVML, port in
+use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import prometheus_client
+
+from agent import discovery, mps, nvml, publishing
+from cluster import connecting, kube
+from gpuplace import logs, serving, settings
+from gpuplace.agent_settings import AgentSettings
+
+log = logging.getLogger(__name__)
+
+INHERITED_ENV = ("PATH", "LD_LIBRARY_PATH")
+"""What the MPS daemons inherit from the agent: where the container toolkit put the
+driver's binaries (nvidia-cuda-mps-server) and libraries."""
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "node-agent",
+        help="run the node agent: GPU discovery and heartbeat, MPS daemons, ops endpoints",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    settings.add_arguments(parser, AgentSettings)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = settings.build_or_explain(AgentSettings, args, "node-agent")
+    if config is None:
+        return 2
+    logs.configure(config.log_level)
+    registry = serving.process_registry()
+    try:
+        return asyncio.run(_serve(config, registry))
+    except (OSError, nvml.NvmlError) as error:
+        log.error("cannot start", extra={"error": str(error)})
+        return 1
+
+
+def shareable(found: discovery.Discovery | None) -> list[str]:
+    """The GPUs that get an MPS daemon: every GPU with a known UUID that is not in MIG
+    mode (a share may be granted on any of them at any time, and its daemon must already
+    answer then). Whole-GPU grants never reach a daemon: their containers get no pipe
+    directory. O(GPUs)."""
+    if found is None:
+        return []
+    return [gpu.uuid for gpu in found.gpus if gpu.uuid is not None and gpu.mig is not True]
+
+
+@dataclass(slots=True)
+class AgentProcess:
+    """The parts of one `gpuplace node-agent` process, built and not yet started."""
+
+    config: AgentSettings
+    server: serving.Server
+    api: kube.Kube
+    nvml: nvml.Nvml
+    publisher: publishing.Publisher
+    supervisor: mps.Supervisor | None
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def not_published_reason(self) -> str | None:
+        if self.publisher.beat_at is None:
+            return "the node's GPUs are not published yet" + (
+                f" ({self.publisher.last_error})" if self.publisher.last_error else ""
+            )
+        return None
+
+    def _reconcile(self, found: discovery.Discovery) -> None:
+        """A GPU appeared or went: run daemons for exactly the shareable ones."""
+        if self.supervisor is None:
+            return
+        task = asyncio.get_running_loop().create_task(self.supervisor.set_gpus(shareable(found)))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        publisher, supervisor = self.publisher, self.supervisor
+        try:
+            await publisher.publish_once()
+        except kube.ApiError as error:  # published by the loop below once the API answers
+            log.warning("node GPUs not published yet", extra={"error": str(error)})
+        if supervisor is not None:
+            await supervisor.set_gpus(shareable(publisher.discovery))
+            publisher.on_change.append(self._reconcile)
+            if not await supervisor.wait_ready(self.config.mps_start_timeout_seconds):
+                log.warning(
+                    "mps daemons not ready", extra={"reason": supervisor.not_ready_reason()}
+                )
+        loop = asyncio.create_task(publisher.run(), name="publishing")
+        try:
+            yield
+        finally:
+            loop.cancel()
+            for task in (loop, *self.tasks):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if supervisor is not None:
+                await supervisor.stop()
+            await self.api.close()
+            close(self.nvml)
+
+
+def close(reading: nvml.Nvml) -> None:
+    """Shut NVML down (a replay holds nothing)."""
+    if isinstance(reading, nvml.Real):
+        reading.close()
+
+
+def open_nvml(config: AgentSettings) -> nvml.Nvml:
+    """The driver's NVML, or the captured reading `--nvml-replay` names."""
+    if config.nvml_replay is not None:
+        return nvml.Replay.load(config.nvml_replay)
+    return nvml.Real()
+
+
+async def compose(
+    config: AgentSettings,
+    registry: prometheus_client.CollectorRegistry,
+    *,
+    base_env: dict[str, str] | None = None,
+) -> AgentProcess:
+    """The process as configured; run it with `process.server.run(stop)`. Raises
+    `ConnectError` (no API), `NvmlError` (no driver), `OSError` (replay file)."""
+    reading = open_nvml(config)
+    try:
+        client = await connecting.api_client(config.kubeconfig)
+    except BaseException:
+        close(reading)
+        raise
+    api = kube.Kube(client, timeout=config.kube_timeout_seconds)
+    publisher = publishing.Publisher(
+        api,
+        config.node_name,
+        reading,
+        heartbeat_seconds=config.heartbeat_seconds,
+        discover_seconds=config.discover_seconds,
+        registry=registry,
+    )
+    if base_env is None:
+        base_env = {name: os.environ[name] for name in INHERITED_ENV if name in os.environ}
+    supervisor = mps.Supervisor(config.mps_config(base_env), registry) if config.mps else None
+    server = serving.Server(registry)
+    process = AgentProcess(config, server, api, reading, publisher, supervisor)
+    server.add_site("ops", serving.ops_app(server), config.metrics_address, config.metrics_port)
+    server.add_context(process.running)
+    server.add_readiness("publishing", process.not_published_reason)
+    if supervisor is not None:
+        server.add_readiness("mps", supervisor.not_ready_reason)
+    return process
+
+
+async def _serve(config: AgentSettings, registry: prometheus_client.CollectorRegistry) -> int:
+    try:
+        process = await compose(config, registry)
+    except connecting.ConnectError as error:
+        log.error("cannot reach the Kubernetes API", extra={"error": str(error)})
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await process.server.run(stop)
+    return 0

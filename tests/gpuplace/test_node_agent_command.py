@@ -1,0 +1,185 @@
+"""`gpuplace node-agent` composed as it runs on a node: the real API client against the
+fake API server as the agent's own ServiceAccount (the RBAC deploy/ ships is enforced),
+NVML replayed from the captured H100 readings, MPS daemons from the stand-in control
+binary, the ops endpoints on a real port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agent import nvml
+from cluster import keys
+from gpuplace import cli
+from gpuplace.agent_settings import AgentSettings
+from gpuplace.commands import node_agent
+from tests import fakeapi
+from tests.fakeapi import objects
+
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "gpu"
+STANDIN = Path(__file__).resolve().parents[1] / "agent" / "mps_standin.py"
+NODE = "h100-0"
+
+
+@pytest.fixture
+def mps_root() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="mps", dir="/tmp"))  # short: socket paths
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[fakeapi.Server]:
+    async with fakeapi.serve(fakeapi.FakeApi(bookmark_interval=0.2)) as running:
+        running.api.create(objects.node(NODE, gpus=0))
+        yield running
+
+
+def eight_gpus(tmp_path: Path) -> Path:
+    reading = nvml.Replay.load(FIXTURES / "nvml-idle.json").reading
+    path = tmp_path / "nvml-8.json"
+    path.write_text(json.dumps(nvml.derived(reading, 8, nvlink_domains=[range(8)])))
+    return path
+
+
+def agent_settings(api: fakeapi.Server, tmp_path: Path, mps_root: Path, **values: Any) -> Any:
+    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig", fakeapi.NODE_AGENT)
+    return AgentSettings(
+        node_name=NODE,
+        kubeconfig=kubeconfig,
+        nvml_replay=eight_gpus(tmp_path),
+        metrics_address="127.0.0.1",
+        metrics_port=0,
+        mps_root=mps_root,
+        mps_control=f"{sys.executable} {STANDIN}",
+        mps_probe_seconds=0.05,
+        mps_start_timeout_seconds=5.0,
+        discover_seconds=0.1,
+        **values,
+    )
+
+
+async def until(condition: Callable[[], Any], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_the_agent_publishes_runs_mps_and_reports(
+    api: fakeapi.Server, tmp_path: Path, mps_root: Path
+) -> None:
+    config = agent_settings(api, tmp_path, mps_root)
+    process = await node_agent.compose(config, CollectorRegistry(), base_env={})
+    stop = asyncio.Event()
+    running = asyncio.create_task(process.server.run(stop))
+    try:
+        await asyncio.wait_for(process.server.started.wait(), 20)
+        base = f"http://127.0.0.1:{process.server.port('ops')}"
+        async with aiohttp.ClientSession() as http:
+
+            async def ready() -> bool:
+                async with http.get(f"{base}/readyz") as response:
+                    return response.status == 200
+
+            async def get(path: str) -> str:
+                async with http.get(f"{base}{path}") as response:
+                    return await response.text()
+
+            await until(ready)
+            # published as the agent's own identity: the RBAC allows exactly that
+            node = api.api.get("nodes", NODE)
+            gpus = json.loads(node["metadata"]["annotations"][keys.NODE_GPUS])
+            uuids = [gpu["uuid"] for gpu in gpus]
+            assert len(uuids) == 8 and keys.AGENT_HEARTBEAT in node["metadata"]["annotations"]
+            # one daemon per GPU, each answering through its own pipe directory
+            assert process.supervisor is not None
+            assert sorted(process.supervisor.daemons) == sorted(uuids)
+            for uuid in uuids:
+                assert (mps_root / uuid / "pipe" / "control").is_socket()
+            metrics = await get("/metrics")
+            for uuid in uuids:
+                assert f'gpuplace_mps_daemon_ready{{gpu="{uuid}"}} 1.0' in metrics
+            assert 'gpuplace_agent_gpus{health="healthy"} 8.0' in metrics
+            assert json.loads(await get("/healthz")) == {"status": "ok"}
+
+            # a daemon killed on the node: /readyz says so, then it is back
+            daemon = process.supervisor.daemons[uuids[3]]
+            assert daemon.pid is not None
+            os.kill(daemon.pid, signal.SIGKILL)
+
+            async def not_ready() -> bool:
+                return not await ready()
+
+            await until(not_ready)
+            async with http.get(f"{base}/readyz") as response:
+                body = await response.json()
+            assert uuids[3] in body["reasons"]["mps"]
+            await until(ready)
+            metrics = await get("/metrics")
+            assert f'gpuplace_mps_daemon_restarts_total{{gpu="{uuids[3]}"}} 1.0' in metrics
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 30)
+    # stopped: every daemon quit
+    assert all(d.process and d.process.returncode == 0 for d in process.supervisor.daemons.values())
+
+
+async def test_without_mps_the_agent_still_publishes(
+    api: fakeapi.Server, tmp_path: Path, mps_root: Path
+) -> None:
+    config = agent_settings(api, tmp_path, mps_root, mps=False)
+    process = await node_agent.compose(config, CollectorRegistry(), base_env={})
+    assert process.supervisor is None
+    assert set(process.server.readiness) == {"publishing"}
+    stop = asyncio.Event()
+    running = asyncio.create_task(process.server.run(stop))
+    await asyncio.wait_for(process.server.started.wait(), 20)
+    assert process.server.not_ready() == {}
+    stop.set()
+    await asyncio.wait_for(running, 30)
+    assert list(mps_root.iterdir()) == []
+
+
+def test_mig_gpus_and_unknown_uuids_get_no_daemon() -> None:
+    reading = nvml.derived(nvml.Replay.load(FIXTURES / "nvml-idle.json").reading, 3)
+    reading["gpus"][1]["mig_mode"] = [1, 1]
+    reading["gpus"][2]["uuid"] = {"nvml_error": "Unknown Error"}
+    from agent import discovery
+
+    found = discovery.discover(nvml.Replay(reading))
+    assert node_agent.shareable(found) == [found.gpus[0].uuid]
+    assert node_agent.shareable(None) == []
+
+
+def test_help_lists_every_setting_with_its_env() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuplace.cli", "node-agent", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for name in AgentSettings.model_fields:
+        assert f"--{name.replace('_', '-')}" in done.stdout
+        assert f"GPUPLACE_{name.upper()}" in done.stdout.replace("\n", "").replace(" ", "")
+
+
+def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    args = cli.build_parser().parse_args(["node-agent", "--mps-root", "/" + "x" * 70])
+    assert args.run(args) == 2
+    err = capsys.readouterr().err
+    assert "--node-name" in err and "--mps-root" in err
