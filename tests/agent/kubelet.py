@@ -93,6 +93,8 @@ def pod(
     annotations[keys.VISIBLE_DEVICES] = ",".join(uuids)
     count = len(gpus) if request is None else request
     return {
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {
             "name": name,
             "namespace": "research",
