@@ -187,6 +187,8 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         self._listing = asyncio.Event()
         self._lock = asyncio.Lock()
         self._stopping = False
+        self._read: dict[str, tuple[dict[str, Any], allocating.Candidate | None]] = {}
+        self._read_gpus: tuple[allocating.NodeGpu, ...] = ()
         self._count_devices()
 
     @property
@@ -379,12 +381,23 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
     # --- Allocate, one container ---------------------------------------------------------
 
     def _candidates(self) -> list[allocating.Candidate]:
+        """The candidates among this node's pods, each pod read once per version of it
+        (the informer hands a new dict for every change) and of the GPU list."""
         gpus = self.gpus
+        cache = self._read if self._read_gpus is gpus else {}
+        fresh: dict[str, tuple[dict[str, Any], allocating.Candidate | None]] = {}
         found = []
-        for pod in self.pods.pods.values():
-            item = allocating.candidate(pod, self.node, gpus)
+        for uid, pod in self.pods.pods.items():
+            cached = cache.get(uid)
+            item = (
+                cached[1]
+                if cached is not None and cached[0] is pod
+                else allocating.candidate(pod, self.node, gpus)
+            )
+            fresh[uid] = (pod, item)
             if item is not None:
                 found.append(item)
+        self._read, self._read_gpus = fresh, gpus
         for uid in [uid for uid in self.answered if uid not in self.pods.pods]:
             del self.answered[uid]  # the pod is gone: forget its answer
         return found
