@@ -187,6 +187,8 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         self._listing = asyncio.Event()
         self._lock = asyncio.Lock()
         self._stopping = False
+        self._stop = asyncio.Event()
+        """`run`'s stop event: ends registration retries too."""
         self._read: dict[str, tuple[dict[str, Any], allocating.Candidate | None]] = {}
         self._read_gpus: tuple[allocating.NodeGpu, ...] = ()
         self._count_devices()
@@ -226,6 +228,7 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
 
     async def run(self, stop: asyncio.Event) -> None:
         """Start, keep registered across kubelet restarts until `stop` is set, then stop."""
+        self._stop = stop
         try:
             await self.start()
             while not stop.is_set():
@@ -265,7 +268,7 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
     async def _register(self) -> None:
         attempt = 0
         backoff = watching.Backoff(first=0.1, cap=5.0)
-        while not self._stopping:
+        while not self._stopping and not self._stop.is_set():
             identity = self._kubelet_identity()
             try:
                 await self._register_once()
@@ -276,7 +279,8 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
                     "kubelet registration failed, retrying",
                     extra={"code": str(error.code()), "error": str(error.details())[:200]},
                 )
-                await asyncio.sleep(backoff.delay(attempt))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), backoff.delay(attempt))
                 continue
             self._kubelet = identity
             self.registered.set()

@@ -331,3 +331,20 @@ async def test_a_started_container_is_answered_again_after_the_wait(
         answer = await n.kubelet.allocate([allocating.device_id(n.gpus[5].uuid, 3)])
         assert allocating.granted_in(answer, n.server.options) == {n.gpus[5].uuid}
         assert n.metric("gpuplace_agent_allocate_duration_seconds_count", result="again") == 1
+
+
+async def test_stop_ends_the_plugin_while_no_kubelet_answers(directory: Path) -> None:
+    server = plugin.PluginServer(
+        node=standin.NODE,
+        gpus=standin.eight_gpus(),
+        pods=plugin.PodView(),
+        options=allocating.Options(),
+        directory=str(directory),
+        registry=CollectorRegistry(),
+    )
+    stop = asyncio.Event()
+    running = asyncio.ensure_future(server.run(stop))
+    await asyncio.sleep(0.3)
+    stop.set()
+    await asyncio.wait_for(running, 3)
+    assert not server.socket_path.exists()

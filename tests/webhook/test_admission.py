@@ -295,3 +295,13 @@ def test_with_the_node_agent_mutated_pods_validate(capabilities: Capabilities) -
     )
     verdict = reviewer.validate(request(helpers.review(plain)))
     assert (verdict.allowed, verdict.reason) == (False, admission.NOT_MUTATED)
+
+
+def test_an_init_container_may_not_ask_for_slots(reviewer: admission.Reviewer) -> None:
+    """It would reach the node agent's Allocate with the pod's grant."""
+    pod = helpers.pod(SHARE)
+    other = {"name": "other", "image": "x", "resources": {"limits": {keys.RESOURCE_GPU: "1"}}}
+    pod["spec"]["initContainers"] = [other]
+    decision = reviewer.mutate(request(helpers.review(pod)))
+    assert not decision.allowed
+    assert keys.RESOURCE_GPU in decision.message and "(other)" in decision.message
