@@ -103,8 +103,15 @@ class Mps:
 class Options:
     strategy: Strategy = Strategy.CDI
     cdi_kind: str = "nvidia.com/gpu"
-    mps: Mps | None = None
-    """None: no MPS here, so a share is refused (it would run unlimited)."""
+    mps: Mps | Mapping[str, Mps] | None = None
+    """The MPS daemon of the node, or one per GPU (by UUID) where each GPU has its own;
+    None, or a GPU missing from the map: no MPS there, so a share is refused (it would run
+    unlimited)."""
+
+    def mps_for(self, uuid: str) -> Mps | None:
+        if isinstance(self.mps, Mapping):
+            return self.mps.get(uuid)
+        return self.mps
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,7 +383,8 @@ def answer(
     sick = [uuid for uuid in chosen.uuids if not by_uuid[uuid].healthy]
     if sick:
         raise Refusal(f"{chosen}: granted GPU {sick[0]} is unhealthy")
-    if chosen.share and options.mps is None:
+    mps = options.mps_for(chosen.uuids[0]) if chosen.share else None
+    if chosen.share and mps is None:
         raise Refusal(f"{chosen}: a GPU share needs the MPS control daemon, which is not ready")
     response = api_pb2.ContainerAllocateResponse()
     uuids = list(chosen.uuids)
@@ -405,8 +413,7 @@ def answer(
                 api_pb2.DeviceSpec(container_path=path, host_path=path, permissions="rw")
                 for path in nodes
             )
-    if chosen.share and options.mps is not None:
-        mps = options.mps
+    if mps is not None:
         response.mounts.append(
             api_pb2.Mount(container_path=mps.container_pipe_dir, host_path=mps.pipe_dir)
         )

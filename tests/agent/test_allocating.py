@@ -249,3 +249,20 @@ async def test_pod_view_follows_only_this_nodes_pods(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def test_a_daemon_per_gpu_gives_each_share_its_own_gpus_directory() -> None:
+    per_gpu = {gpu.uuid: allocating.Mps(f"/run/gpuplace/mps/{gpu.index}") for gpu in GPUS[:4]}
+    options = allocating.Options(mps=per_gpu)
+    here = allocating.candidate(
+        standin.pod("here", [3], [GPUS[3].uuid], milli=500), standin.NODE, GPUS
+    )
+    assert here is not None
+    response = allocating.answer(here, GPUS, options)
+    assert [m.host_path for m in response.mounts] == ["/run/gpuplace/mps/3"]
+    missing = allocating.candidate(
+        standin.pod("missing", [6], [GPUS[6].uuid], milli=500), standin.NODE, GPUS
+    )
+    assert missing is not None
+    with pytest.raises(allocating.Refusal, match="MPS"):
+        allocating.answer(missing, GPUS, options)
