@@ -76,6 +76,10 @@ GANG_GATE = PREFIX + "gang"
 # --- extended resources -------------------------------------------------------
 RESOURCE_PERCENT = PREFIX + "gpu-percent"
 RESOURCE_MEMORY = PREFIX + "gpu-memory"
+RESOURCE_GPU = PREFIX + "gpu"
+"""The node agent's device-plugin resource: the GPU container of a gpuplace pod requests its
+GPU count of it, so that the kubelet asks the agent (Allocate) what the container gets.
+Each device is a slot on one GPU (docs/node-agent.md, "Allocate")."""
 
 # --- node inventory ------------------------------------------------------------
 GFD_COUNT = "nvidia.com/gpu.count"

@@ -49,6 +49,24 @@ class AgentSettings(BaseSettings):
         "sidecar's --agent-silence-seconds a few times larger",
     )
 
+    # --- the device plugin -------------------------------------------------------------------
+    device_plugin_dir: Path = Field(
+        Path("/var/lib/kubelet/device-plugins"),
+        description="the kubelet's device-plugin directory (its kubelet.sock and ours)",
+    )
+    device_list_strategy: Literal["volume-mounts", "cdi", "envvar"] = Field(
+        "volume-mounts",
+        description="how a container's GPUs reach the runtime: volume-mounts (the NVIDIA "
+        "runtime with deploy/node/'s settings), cdi (a runtime with CDI on and a spec from "
+        "nvidia-ctk cdi generate), envvar (only where no pod can set NVIDIA_VISIBLE_DEVICES)",
+    )
+    allocate_wait_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="how long Allocate waits for its pod (and a share for its MPS daemon) "
+        "before it refuses",
+    )
+
     # --- MPS -------------------------------------------------------------------------------------
     mps: bool = Field(
         True,

@@ -303,6 +303,7 @@ def webhook_config(settings: Settings) -> WebhookConfig:
         sidecar_user=settings.sidecar_user,
         max_body_bytes=settings.max_body_bytes,
         read_timeout_seconds=settings.read_timeout_seconds,
+        node_agent=settings.node_agent,
     )
 
 

@@ -53,6 +53,12 @@ class Settings(SidecarSettings):
     read_timeout_seconds: float = Field(
         10.0, gt=0, description="a review body not received within this time gets HTTP 408"
     )
+    node_agent: bool = Field(
+        False,
+        description="GPU nodes run gpuplace node-agent: GPU containers request gpuplace.io/gpu "
+        "(its device plugin gives them their GPUs and MPS limits) and the webhook writes no "
+        "GPU env vars",
+    )
     audit_log: str = Field(
         "-", min_length=1, description="audit log file, one JSON line per review; - = stdout"
     )

@@ -1,11 +1,14 @@
 """`gpuplace node-agent`: the node agent, one per opted-in GPU node (a DaemonSet; see
 docs/node-agent.md). It discovers the node's GPUs and their health through NVML and keeps
-them and a heartbeat on its Node (agent.publishing), runs one MPS control daemon per GPU
-and restarts it when it dies (agent.mps), and serves /metrics, /healthz and /readyz.
+them and a heartbeat on its Node (agent.publishing), answers the kubelet's device-plugin
+API so that each container gets exactly its grant (agent.plugin), runs one MPS control
+daemon per GPU and restarts it when it dies (agent.mps), and serves /metrics, /healthz
+and /readyz.
 
-Order at start: the first discovery, then the MPS daemons of the node's GPUs, which must
-answer before anything hands out a share (a client that starts without its daemon runs
-with no limits), then the periodic discovery and heartbeat.
+Order at start: the node's pod informer, the first discovery, then the MPS daemons of
+the node's GPUs, which must answer before a share is handed out (a client that starts
+without its daemon runs with no limits), then the device plugin (registered with the
+kubelet) and the periodic discovery and heartbeat.
 
 Every flag is also an environment variable `GPUPLACE_<FLAG>`. Exit codes: 0 after
 SIGTERM/SIGINT, 2 for invalid settings, 1 when it cannot start (no API, no NVML, port in
@@ -20,14 +23,14 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 import prometheus_client
 
-from agent import discovery, mps, nvml, publishing
-from cluster import connecting, kube
+from agent import allocating, discovery, mps, nvml, plugin, publishing
+from cluster import connecting, kube, watching
 from gpuplace import logs, serving, settings
 from gpuplace.agent_settings import AgentSettings
 
@@ -72,6 +75,18 @@ def shareable(found: discovery.Discovery | None) -> list[str]:
     return [gpu.uuid for gpu in found.gpus if gpu.uuid is not None and gpu.mig is not True]
 
 
+def node_gpus(found: discovery.Discovery | None) -> list[allocating.NodeGpu]:
+    """The GPUs the device plugin lists: those with a known UUID (a GPU NVML cannot name
+    cannot be granted by UUID), healthy or not as discovered. O(GPUs)."""
+    if found is None:
+        return []
+    return [
+        allocating.NodeGpu(gpu.index, gpu.uuid, healthy=gpu.health.healthy, numa=gpu.numa)
+        for gpu in found.gpus
+        if gpu.uuid is not None
+    ]
+
+
 @dataclass(slots=True)
 class AgentProcess:
     """The parts of one `gpuplace node-agent` process, built and not yet started."""
@@ -82,6 +97,9 @@ class AgentProcess:
     nvml: nvml.Nvml
     publisher: publishing.Publisher
     supervisor: mps.Supervisor | None
+    plugin: plugin.PluginServer
+    informer: watching.Informer[dict[str, Any]]
+    mps_ready: asyncio.Event
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def not_published_reason(self) -> str | None:
@@ -91,34 +109,74 @@ class AgentProcess:
             )
         return None
 
-    def _reconcile(self, found: discovery.Discovery) -> None:
-        """A GPU appeared or went: run daemons for exactly the shareable ones."""
-        if self.supervisor is None:
-            return
-        task = asyncio.get_running_loop().create_task(self.supervisor.set_gpus(shareable(found)))
+    def not_serving_reason(self) -> str | None:
+        if not self.informer.synced.is_set():
+            return "the node's pods are not listed yet"
+        if not self.plugin.registered.is_set():
+            return "the device plugin is not registered with the kubelet"
+        return None
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=name)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    def _discovered(self, found: discovery.Discovery) -> None:
+        """A GPU appeared, went or changed health: the plugin lists the new GPUs, and the
+        shareable ones get exactly one daemon each."""
+        self.plugin.set_gpus(node_gpus(found))
+        if self.supervisor is not None:
+            self._spawn(self.supervisor.set_gpus(shareable(found)), "mps set_gpus")
+
+    def _mps_changed(self) -> None:
+        """A daemon became ready or stopped answering: the plugin hands out shares of
+        exactly the GPUs whose daemon answers, and waits while any does not."""
+        supervisor = self.supervisor
+        if supervisor is None:
+            return
+        layout = supervisor.layout
+        ready = {
+            uuid: allocating.Mps(
+                pipe_dir=str(layout.pipe_directory(uuid)), shm_dir=str(layout.shm_directory)
+            )
+            for uuid in supervisor.daemons
+            if supervisor.ready(uuid)
+        }
+        options = self.plugin.options
+        self.plugin.options = allocating.Options(options.strategy, options.cdi_kind, ready)
+        if supervisor.not_ready_reason() is None:
+            self.mps_ready.set()
+        else:
+            self.mps_ready.clear()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         publisher, supervisor = self.publisher, self.supervisor
+        self._spawn(self.informer.run(), "pod informer")
         try:
             await publisher.publish_once()
         except kube.ApiError as error:  # published by the loop below once the API answers
             log.warning("node GPUs not published yet", extra={"error": str(error)})
+        self.plugin.set_gpus(node_gpus(publisher.discovery))
+        publisher.on_change.append(self._discovered)
         if supervisor is not None:
+            supervisor.subscribe(self._mps_changed)
             await supervisor.set_gpus(shareable(publisher.discovery))
-            publisher.on_change.append(self._reconcile)
             if not await supervisor.wait_ready(self.config.mps_start_timeout_seconds):
                 log.warning(
                     "mps daemons not ready", extra={"reason": supervisor.not_ready_reason()}
                 )
-        loop = asyncio.create_task(publisher.run(), name="publishing")
+        stop_plugin = asyncio.Event()
+        self._spawn(self.plugin.run(stop_plugin), "device plugin")
+        self._spawn(publisher.run(), "publishing")
         try:
             yield
         finally:
-            loop.cancel()
-            for task in (loop, *self.tasks):
+            stop_plugin.set()
+            for task in list(self.tasks):
+                if task.get_name() != "device plugin":
+                    task.cancel()
+            for task in list(self.tasks):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             if supervisor is not None:
@@ -166,11 +224,28 @@ async def compose(
     if base_env is None:
         base_env = {name: os.environ[name] for name in INHERITED_ENV if name in os.environ}
     supervisor = mps.Supervisor(config.mps_config(base_env), registry) if config.mps else None
+    view = plugin.PodView()
+    informer = plugin.pod_informer(api, config.node_name, view, watching.InformerMetrics(registry))
+    mps_ready = asyncio.Event()
+    server_of_plugin = plugin.PluginServer(
+        node=config.node_name,
+        gpus=(),
+        pods=view,
+        # No MPS until a daemon answers: a share is refused rather than run unlimited.
+        options=allocating.Options(allocating.Strategy(config.device_list_strategy), mps=None),
+        mps_ready=mps_ready,
+        directory=str(config.device_plugin_dir),
+        wait_seconds=config.allocate_wait_seconds,
+        registry=registry,
+    )
     server = serving.Server(registry)
-    process = AgentProcess(config, server, api, reading, publisher, supervisor)
+    process = AgentProcess(
+        config, server, api, reading, publisher, supervisor, server_of_plugin, informer, mps_ready
+    )
     server.add_site("ops", serving.ops_app(server), config.metrics_address, config.metrics_port)
     server.add_context(process.running)
     server.add_readiness("publishing", process.not_published_reason)
+    server.add_readiness("device plugin", process.not_serving_reason)
     if supervisor is not None:
         server.add_readiness("mps", supervisor.not_ready_reason)
     return process

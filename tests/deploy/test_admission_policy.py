@@ -18,11 +18,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster import keys
-from tests.deploy import matching, rendering, test_match_conditions
+from cluster import annotations as grammar
+from cluster import keys, nodes
+from tests.deploy import matching, rendering
 from tests.webhook import helpers
-from webhook import mutating
+from webhook import admission, mutating, reviews
 from webhook.config import WebhookConfig
+from webhook.inventory import FixedCapabilities
 
 pytest.importorskip("celpy", reason="cel-python (test extra) evaluates the CEL")
 
@@ -105,9 +107,27 @@ def request(
     return body
 
 
+@functools.cache
+def deployed_reviewer() -> admission.Reviewer:
+    """gpuplace's webhook as deploy/ runs it: with `--node-agent=true`."""
+    args = rendering.container(
+        rendering.one(rendering.render("base"), "Deployment", "gpuplace")["spec"]["template"][
+            "spec"
+        ],
+        "gpuplace",
+    )["args"]
+    assert "--node-agent=true" in args
+    capabilities = nodes.inventory(helpers.node_list()["items"]).capabilities()
+    return admission.Reviewer(WebhookConfig(node_agent=True), FixedCapabilities(capabilities))
+
+
 def mutated(pod: Obj) -> Obj | None:
-    """`pod` as gpuplace's real mutating webhook leaves it; None when it refuses it."""
-    decision = test_match_conditions.decide("mutate", request("CREATE", pod))
+    """`pod` as gpuplace's real mutating webhook, as deployed, leaves it; None when it
+    refuses it."""
+    wire = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": request("CREATE", pod)}  # fmt: skip
+    parsed = reviews.AdmissionReview.model_validate(wire).request
+    decision = deployed_reviewer().mutate(parsed)
     if not decision.allowed:
         return None
     result: Obj = jsonpatch.apply_patch(pod, decision.ops) if decision.ops else pod
@@ -165,18 +185,21 @@ def test_every_captured_request_is_allowed_as_sent_and_as_mutated(name: str, bod
             assert refusals(BYPASS, {**body, "object": after}) == [], name
 
 
-def test_the_webhooks_own_env_passes_and_is_what_the_policy_allows() -> None:
+def test_the_deployed_webhook_writes_no_gpu_env_and_the_policy_allows_none() -> None:
     pod = share()
-    names = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
-    assert names == {
+    env = pod["spec"]["containers"][0].get("env") or []
+    assert [e for e in env if e["name"].startswith(("NVIDIA_", "CUDA_MPS_"))] == []
+    assert refusals(BYPASS, request("CREATE", pod)) == []
+    # the webhook without the agent would write them: the policy would refuse that pod
+    spec = grammar.parse({keys.GPU_PERCENT: "25", keys.GPU_MEMORY: "2Gi"})
+    assert spec is not None
+    legacy = mutating.env_vars(spec)
+    assert {e["name"] for e in legacy} == {
         mutating.VISIBLE_DEVICES_ENV,
         mutating.MPS_THREADS_ENV,
         mutating.MPS_MEMORY_ENV,
     }
-    assert refusals(BYPASS, request("CREATE", pod)) == []
-    text = json.dumps(policy(BYPASS))
-    assert f"metadata.annotations['{keys.VISIBLE_DEVICES}']" in text
-    assert mutating.MPS_THREADS_ENV in text and mutating.MPS_MEMORY_ENV in text
+    assert refusals(BYPASS, request("CREATE", with_env(pod, *legacy)))
 
 
 def test_the_policy_names_gpuplaces_keys_and_sidecar_as_the_code_does() -> None:
@@ -184,7 +207,6 @@ def test_the_policy_names_gpuplaces_keys_and_sidecar_as_the_code_does() -> None:
     system = next(v for v in spec["variables"] if v["name"] == "system")["expression"]
     assert json.loads(system.replace("'", '"')) == list(keys.SYSTEM_ANNOTATIONS)
     assert SIDECAR in spec["validations"][-1]["expression"]
-    assert f"'{keys.MANAGED}'" in spec["variables"][0]["expression"]
 
 
 # --- bypass attempts are refused -------------------------------------------------------------
@@ -215,6 +237,7 @@ def _bypass_table() -> list[tuple[str, Obj, bool]]:
         ("read from a user annotation", request("CREATE", with_env(share(), from_user)), True),
         ("CUDA_MPS_PIPE_DIRECTORY", request("CREATE", with_env(share(), pipe)), True),
         ("MPS limit without gpuplace", request("CREATE", with_env(plain, more)), True),
+        ("MPS limit on a gpuplace pod", request("CREATE", with_env(share(), more)), True),
         ("CUDA_VISIBLE_DEVICES is CUDA's own filter",
          request("CREATE", with_env(plain, {"name": "CUDA_VISIBLE_DEVICES", "value": "0"})),
          False),
@@ -289,28 +312,21 @@ ENTRY = st.one_of(
 )
 
 
-def allowed_entry(entry: Obj, managed: bool) -> bool:
+def allowed_entry(entry: Obj) -> bool:
     """The rule, said in Python."""
-    name = entry["name"]
-    if name != "NVIDIA_VISIBLE_DEVICES" and not name.startswith("CUDA_MPS_"):
-        return True
-    if not managed:
-        return False
-    if name == "NVIDIA_VISIBLE_DEVICES":
-        path = entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-        return bool(path == f"metadata.annotations['{keys.VISIBLE_DEVICES}']")
-    return name in (mutating.MPS_THREADS_ENV, mutating.MPS_MEMORY_ENV) and "value" in entry
+    name: str = entry["name"]
+    return name != "NVIDIA_VISIBLE_DEVICES" and not name.startswith("CUDA_MPS_")
 
 
-@given(st.lists(ENTRY, max_size=5), st.booleans())
-def test_env_is_refused_exactly_when_gpuplace_did_not_write_it(
-    env: list[Obj], managed: bool
+@given(st.lists(ENTRY, max_size=5), st.booleans(), st.booleans())
+def test_env_is_refused_exactly_when_it_names_gpus_or_mps(
+    env: list[Obj], managed: bool, init: bool
 ) -> None:
-    pod = with_env(helpers.pod(), *env)
+    pod = with_env(helpers.pod(), *env, field="initContainers" if init else "containers")
     if managed:
         pod["metadata"]["labels"] = {keys.MANAGED: "true"}
     refused = bool(refusals(BYPASS, request("CREATE", pod)))
-    assert refused is not all(allowed_entry(e, managed) for e in env)
+    assert refused is not all(allowed_entry(e) for e in env)
 
 
 def test_the_binding_spares_only_the_nodes_own_machinery() -> None:

@@ -88,6 +88,9 @@ def test_its_arguments_and_env_are_settings_the_agent_has(pod: Obj) -> None:
     agent = container(pod, "node-agent")
     args = cli.build_parser().parse_args(agent["args"])
     assert args.command == "node-agent"
+    # the strategy the shipped toolkit settings honour for unprivileged containers
+    assert args.device_list_strategy == "volume-mounts"
+    assert AgentSettings(node_name="n", device_list_strategy=args.device_list_strategy)
     env = {e["name"]: e for e in agent["env"]}
     assert env["GPUPLACE_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert "node_name" in AgentSettings.model_fields

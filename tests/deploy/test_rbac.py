@@ -52,7 +52,11 @@ CERTS_WEBHOOKS: set[Grant] = {
     for verb in ("get", "patch")
 }
 
-NODE_AGENT: set[Grant] = {("", "nodes", "patch", ())}
+NODE_AGENT: set[Grant] = {
+    ("", "nodes", "patch", ()),
+    ("", "pods", "list", ()),
+    ("", "pods", "watch", ()),
+}
 NAMESPACE_OF = {"gpuplace-node-agent": "gpuplace-node"}
 """Identities outside the gpuplace namespace (the node agent's needs hostPath volumes)."""
 
@@ -314,12 +318,26 @@ def kube_methods_called(*sources: Path) -> set[str]:
     return found
 
 
+def informers_started(*sources: Path) -> set[str]:
+    """Resources of the `cluster.watching.Informer`s built in `sources` (they list, then
+    watch, through `Kube.list_page` and `Kube.watch`)."""
+    pattern = re.compile(r"watching\.Informer\(\s*\w+,\s*\"(\w+)\"")
+    found: set[str] = set()
+    for source in sources:
+        for path in source.rglob("*.py") if source.is_dir() else [source]:
+            found |= set(pattern.findall(path.read_text()))
+    return found
+
+
 def test_rbac_covers_every_call_the_node_agent_makes(objects: list[Obj]) -> None:
     called = kube_methods_called(*AGENT_SOURCES)
     assert "patch_node" in called  # the scan works: publishing writes the Node
     unknown = called - set(KUBE_NEEDS)
     assert unknown == set(), f"Kube methods the agent calls with no known grants: {unknown}"
+    watched = informers_started(*AGENT_SOURCES)
+    assert watched == {"pods"}  # the device plugin's pods of its node
     wanted = set().union(*(KUBE_NEEDS[method] for method in called))
+    wanted |= {("", resource, verb) for resource in watched for verb in ("list", "watch")}
     assert granted_to(objects, "gpuplace-node-agent") == wanted
 
 

@@ -1,7 +1,8 @@
 """`gpuplace node-agent` composed as it runs on a node: the real API client against the
 fake API server as the agent's own ServiceAccount (the RBAC deploy/ ships is enforced),
-NVML replayed from the captured H100 readings, MPS daemons from the stand-in control
-binary, the ops endpoints on a real port."""
+NVML replayed from the captured H100 readings (8 GPUs derived from it), MPS daemons from
+the stand-in control binary, the kubelet stand-in speaking the device-plugin gRPC on unix
+sockets, the ops endpoints on a real port."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -28,6 +30,7 @@ from gpuplace import cli
 from gpuplace.agent_settings import AgentSettings
 from gpuplace.commands import node_agent
 from tests import fakeapi
+from tests.agent import kubelet as standin
 from tests.fakeapi import objects
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "gpu"
@@ -43,8 +46,20 @@ def mps_root() -> Iterator[Path]:
 
 
 @pytest.fixture
+async def kubelet() -> AsyncIterator[standin.Kubelet]:
+    directory = Path(tempfile.mkdtemp(prefix="dp", dir="/tmp"))  # short: socket paths
+    made = standin.Kubelet(directory)
+    await made.start()
+    yield made
+    await made.stop()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
 async def api() -> AsyncIterator[fakeapi.Server]:
-    async with fakeapi.serve(fakeapi.FakeApi(bookmark_interval=0.2)) as running:
+    # enforcing the RBAC deploy/ ships: the agent may make exactly its calls
+    enforced = fakeapi.FakeApi(bookmark_interval=0.2, access=fakeapi.Access.shipped())
+    async with fakeapi.serve(enforced) as running:
         running.api.create(objects.node(NODE, gpus=0))
         yield running
 
@@ -56,9 +71,13 @@ def eight_gpus(tmp_path: Path) -> Path:
     return path
 
 
-def agent_settings(api: fakeapi.Server, tmp_path: Path, mps_root: Path, **values: Any) -> Any:
+def agent_settings(
+    api: fakeapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet, **values: Any
+) -> Any:
     kubeconfig = api.kubeconfig(tmp_path / "kubeconfig", fakeapi.NODE_AGENT)
     return AgentSettings(
+        device_plugin_dir=kubelet.directory,
+        allocate_wait_seconds=1.0,
         node_name=NODE,
         kubeconfig=kubeconfig,
         nvml_replay=eight_gpus(tmp_path),
@@ -80,10 +99,10 @@ async def until(condition: Callable[[], Any], timeout: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def test_the_agent_publishes_runs_mps_and_reports(
-    api: fakeapi.Server, tmp_path: Path, mps_root: Path
+async def test_the_agent_publishes_runs_mps_serves_the_kubelet_and_reports(
+    api: fakeapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet
 ) -> None:
-    config = agent_settings(api, tmp_path, mps_root)
+    config = agent_settings(api, tmp_path, mps_root, kubelet)
     process = await node_agent.compose(config, CollectorRegistry(), base_env={})
     stop = asyncio.Event()
     running = asyncio.create_task(process.server.run(stop))
@@ -117,6 +136,27 @@ async def test_the_agent_publishes_runs_mps_and_reports(
             assert 'gpuplace_agent_gpus{health="healthy"} 8.0' in metrics
             assert json.loads(await get("/healthz")) == {"status": "ok"}
 
+            # the kubelet: 100 slots per GPU, and a share gets its own GPU's daemon
+            assert len(kubelet.devices) == 800
+            share = standin.pod("share", [3], [uuids[3]], milli=250, memory_mib=2048, node=NODE)
+            api.api.create(share)
+            answer = await kubelet.admit(1)
+            mounts = {m.container_path: m.host_path for m in answer.mounts}
+            assert mounts == {
+                f"/var/run/nvidia-container-devices/{uuids[3]}": "/dev/null",
+                "/tmp/nvidia-mps": str(mps_root / uuids[3] / "pipe"),
+                "/dev/shm": str(mps_root / "shm"),
+            }
+            assert dict(answer.envs) == {
+                "NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices",
+                "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2048M",
+            }
+            # a container with no grant gets nothing
+            with pytest.raises(grpc.aio.AioRpcError):
+                await kubelet.admit(1)
+
             # a daemon killed on the node: /readyz says so, then it is back
             daemon = process.supervisor.daemons[uuids[3]]
             assert daemon.pid is not None
@@ -139,19 +179,39 @@ async def test_the_agent_publishes_runs_mps_and_reports(
     assert all(d.process and d.process.returncode == 0 for d in process.supervisor.daemons.values())
 
 
-async def test_without_mps_the_agent_still_publishes(
-    api: fakeapi.Server, tmp_path: Path, mps_root: Path
+async def test_without_mps_shares_are_refused_and_whole_gpus_served(
+    api: fakeapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet
 ) -> None:
-    config = agent_settings(api, tmp_path, mps_root, mps=False)
+    config = agent_settings(api, tmp_path, mps_root, kubelet, mps=False)
     process = await node_agent.compose(config, CollectorRegistry(), base_env={})
     assert process.supervisor is None
-    assert set(process.server.readiness) == {"publishing"}
+    assert set(process.server.readiness) == {"publishing", "device plugin"}
     stop = asyncio.Event()
     running = asyncio.create_task(process.server.run(stop))
-    await asyncio.wait_for(process.server.started.wait(), 20)
-    assert process.server.not_ready() == {}
-    stop.set()
-    await asyncio.wait_for(running, 30)
+    try:
+        await asyncio.wait_for(process.server.started.wait(), 20)
+        await kubelet.listed(1)
+        uuids = [gpu.uuid for gpu in process.plugin.gpus]
+        api.api.create(standin.pod("share", [0], [uuids[0]], milli=500, node=NODE))
+        with pytest.raises(grpc.aio.AioRpcError, match="MPS"):  # it would run unlimited
+            await kubelet.admit(1)
+        # the kubelet fails a pod whose admission was refused
+        api.api.set_phase("research", "share", "Failed")
+        api.api.create(standin.pod("whole", [5], [uuids[5]], node=NODE))
+
+        async def seen() -> bool:
+            return any(p["metadata"]["name"] == "whole" for p in process.plugin.pods.pods.values())
+
+        await until(seen)
+        answer = await kubelet.admit(1)
+        assert [m.container_path for m in answer.mounts] == [
+            f"/var/run/nvidia-container-devices/{uuids[5]}"  # no MPS for a whole GPU
+        ]
+        assert not any(name.startswith("CUDA_MPS_") for name in answer.envs)
+        assert process.server.not_ready() == {}
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 30)
     assert list(mps_root.iterdir()) == []
 
 
