@@ -35,7 +35,7 @@ Obj = dict[str, Any]
 BYPASS = "gpuplace-no-gpu-bypass"
 OWN_NODE = "gpuplace-node-agent-own-node"
 SIDECAR = WebhookConfig().sidecar_user
-AGENT = "system:serviceaccount:gpuplace-node:gpuplace-node-agent"
+AGENT = "system:serviceaccount:kube-system:gpuplace-node-agent"
 NODE_NAME = "authentication.kubernetes.io/node-name"
 FIXTURES = rendering.ROOT.parent / "shared" / "fixtures" / "admission"
 
@@ -340,7 +340,6 @@ def test_the_binding_spares_only_the_nodes_own_machinery() -> None:
         ({"kubernetes.io/metadata.name": "gpuplace"}, True),
         ({"kubernetes.io/metadata.name": "default", "gpuplace.io/gpu-system": "false"}, True),
         ({"kubernetes.io/metadata.name": "kube-system"}, False),
-        ({"kubernetes.io/metadata.name": "gpuplace-node"}, False),
         ({"kubernetes.io/metadata.name": "gpu-operator", "gpuplace.io/gpu-system": "true"}, False),
     ):
         assert rendering.selects(selector, labels) is judged, labels

@@ -185,8 +185,7 @@ def test_the_old_sequence_fails_as_it_did_on_a_real_cluster() -> None:
     cluster with the self-managed overlay, as the real cluster answered; the model must
     see that, or the test above proves nothing. Since that check the overlay gained the
     Role and RoleBinding that let the sidecar read the scheduler's Lease (issue 18), two
-    more objects in the namespace, and the node agent (issue 19) four in its own namespace
-    gpuplace-node."""
+    more objects in the namespace."""
     old = "kubectl apply -k my-gpuplace --dry-run=server && kubectl apply -k my-gpuplace"
     with pytest.raises(Failed) as failed:
         play([old], "self-managed")
@@ -195,17 +194,9 @@ def test_the_old_sequence_fails_as_it_did_on_a_real_cluster() -> None:
         "Role gpuplace-read-scheduler-lease",
         "RoleBinding gpuplace-read-scheduler-lease",
     }
-    node_agent = {
-        "ResourceQuota gpuplace-node-critical-pods",
-        "ServiceAccount gpuplace-node-agent",
-        "DaemonSet gpuplace-node-agent",
-        "NetworkPolicy gpuplace-node-agent",
-    }
-    assert {error.partition(":")[0] for error in errors} >= added_since | node_agent
-    assert len(errors) == 17 + len(added_since) + len(node_agent)
-    for error in errors:
-        namespace = "gpuplace-node" if error.partition(":")[0] in node_agent else "gpuplace"
-        assert error.endswith(f'namespaces "{namespace}" not found')
+    assert {error.partition(":")[0] for error in errors} >= added_since
+    assert len(errors) == 17 + len(added_since)
+    assert all(error.endswith('namespaces "gpuplace" not found') for error in errors)
 
 
 def test_a_plain_create_namespace_would_break_the_upgrade() -> None:

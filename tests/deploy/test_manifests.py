@@ -28,8 +28,7 @@ K8S_VERSION = (
     else "v1.36.2"  # the version the captured fixtures came from, when ../shared is absent
 )
 NAMESPACE = "gpuplace"
-NODE_NAMESPACE = "gpuplace-node"
-NODE_AGENT_PREFIX = "gpuplace-node"
+NODE_AGENT_PREFIX = "gpuplace-node-agent"
 SERVICE = "gpuplace-webhook"
 SIDECAR_SA = "gpuplace"
 SCHEDULER_SA = "gpuplace-scheduler"
@@ -99,7 +98,7 @@ def test_names_are_unique_and_namespaced_objects_live_in_gpuplace(tree: str) -> 
         ):
             assert ns == "kube-system"  # reads the client CA ConfigMap there
         elif obj["metadata"]["name"].startswith(NODE_AGENT_PREFIX):
-            assert ns == NODE_NAMESPACE  # hostPath volumes: see test_node_agent_manifest.py
+            assert ns == "kube-system"  # a node daemon: see test_node_agent_manifest.py
         else:
             assert ns == NAMESPACE, f"{obj['kind']}/{obj['metadata']['name']}"
 

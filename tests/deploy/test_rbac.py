@@ -57,8 +57,8 @@ NODE_AGENT: set[Grant] = {
     ("", "pods", "list", ()),
     ("", "pods", "watch", ()),
 }
-NAMESPACE_OF = {"gpuplace-node-agent": "gpuplace-node"}
-"""Identities outside the gpuplace namespace (the node agent's needs hostPath volumes)."""
+NAMESPACE_OF = {"gpuplace-node-agent": "kube-system"}
+"""Identities outside the gpuplace namespace (the node agent, a node daemon)."""
 
 # identity -> {(binding kind, role kind, role name, binding namespace)}
 BINDINGS = {
