@@ -137,7 +137,10 @@ async def test_the_agent_publishes_runs_mps_serves_the_kubelet_and_reports(
             assert json.loads(await get("/healthz")) == {"status": "ok"}
 
             # the kubelet: 100 slots per GPU, and a share gets its own GPU's daemon
-            assert len(kubelet.devices) == 800
+            async def listed() -> bool:
+                return len(kubelet.devices) == 800
+
+            await until(listed)
             share = standin.pod("share", [3], [uuids[3]], milli=250, memory_mib=2048, node=NODE)
             api.api.create(share)
             answer = await kubelet.admit(1)
