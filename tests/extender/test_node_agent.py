@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from agent import publishing
-from cluster import keys, nodes
+from cluster import keys, metering, nodes
 from cluster.syncing import LedgerSync
 from extender.deciding import Decider
 from extender.repeating import Answer, Repeats
@@ -164,6 +164,10 @@ def test_an_unhealthy_gpu_takes_no_new_grant_and_keeps_the_ones_it_has() -> None
     assert verdict.misfits["a"].message.endswith("(unhealthy: gpu 0)")
     with pytest.raises(Oversubscribed):
         sync.ledger.reserve(Grant("uid-late", "a", (0,), 100, 0))
+    registry = CollectorRegistry()
+    registry.register(metering.LedgerCollector(sync))
+    assert registry.get_sample_value("gpuplace_gpus_unhealthy") == 1
+    assert registry.get_sample_value("gpuplace_nodes_closed") == 0
 
 
 def test_kept_filter_answers_go_stale_when_a_node_closes_or_a_gpu_turns_unhealthy() -> None:
