@@ -107,7 +107,8 @@ def bus_id(raw: str | bytes) -> str:
 
 class Real:
     """`Nvml` over the driver. `Real()` initialises NVML (raises `NvmlError` where no
-    driver is loaded); `close()` shuts it down. Not thread-safe: one caller at a time."""
+    driver is loaded); `close()` shuts it down. NVML itself is thread-safe; the XID
+    event set kept here is not: one caller of `xid_events` (the publisher)."""
 
     def __init__(self) -> None:
         import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py ships no types

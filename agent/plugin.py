@@ -16,8 +16,11 @@ It owns the plugin's life on the node, and nothing of the decisions (`agent.allo
   show the pod the kubelet is admitting (the sidecar writes the assignment before the
   Binding, so the kubelet cannot see a pod before its grant exists). Allocate calls are
   answered one at a time (the kubelet admits pods one at a time too);
-- a share is answered only once `mps_ready` is set (a share admitted before the MPS
-  daemon runs would run unlimited): Allocate waits up to `wait_seconds`, then refuses.
+- a share is answered only once the MPS daemon of its GPU is ready (a share admitted
+  before its daemon runs would run unlimited): `mps_ready` is either one event for the
+  node or `ready(uuid) -> bool` per GPU, whose changes the composition reports with
+  `mps_changed()` (e.g. `supervisor.subscribe(server.mps_changed)`); Allocate waits up to
+  `wait_seconds`, then refuses.
 
 A refusal is a gRPC FAILED_PRECONDITION (UNAVAILABLE while MPS is not ready) with a
 message: the kubelet fails that pod's admission (UnexpectedAdmissionError) and the
@@ -155,7 +158,7 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         gpus: Sequence[allocating.NodeGpu],
         pods: PodView,
         options: allocating.Options,
-        mps_ready: asyncio.Event | None = None,
+        mps_ready: asyncio.Event | Callable[[str], bool] | None = None,
         directory: str = DEVICE_PLUGIN_DIR,
         socket_name: str = SOCKET_NAME,
         resource: str = keys.RESOURCE_GPU,
@@ -170,6 +173,8 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         self.pods = pods
         self.options = options
         self.mps_ready = mps_ready if mps_ready is not None else asyncio.Event()
+        """The node's MPS daemon is ready (an event), or the one of a GPU (by UUID)."""
+        self._mps_wake = asyncio.Event()
         self.directory = Path(directory)
         self.socket_name = socket_name
         self.resource = resource
@@ -198,6 +203,16 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         return self.directory / self.socket_name
 
     # --- life ---------------------------------------------------------------------
+
+    def mps_changed(self) -> None:
+        """An MPS daemon became ready or stopped being ready: waiting shares look again."""
+        self._mps_wake.set()
+        self._mps_wake = asyncio.Event()
+
+    def _mps_is_ready(self, uuid: str) -> bool:
+        if isinstance(self.mps_ready, asyncio.Event):
+            return self.mps_ready.is_set()
+        return self.mps_ready(uuid)
 
     def set_gpus(self, gpus: Sequence[allocating.NodeGpu]) -> None:
         """The node's GPUs changed (health, or the set): ListAndWatch sends the new list."""
@@ -433,11 +448,15 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
                     )
                 await self.pods.changed(deadline - self._clock())
         chosen = match.candidate
-        if chosen.share and not self.mps_ready.is_set():
+        while chosen.share and not self._mps_is_ready(chosen.uuids[0]):
+            left = deadline - self._clock()
+            if left <= 0:
+                break
+            waking = self.mps_ready if isinstance(self.mps_ready, asyncio.Event) else self._mps_wake
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.mps_ready.wait(), max(deadline - self._clock(), 0.0))
+                await asyncio.wait_for(waking.wait(), left)
         options = self.options
-        if chosen.share and not self.mps_ready.is_set():
+        if chosen.share and not self._mps_is_ready(chosen.uuids[0]):
             options = allocating.Options(options.strategy, options.cdi_kind, None)
         answer = allocating.answer(chosen, self.gpus, options)
         if match.ambiguous:

@@ -91,7 +91,7 @@ NODE_GPUS = PREFIX + "gpus"
 by hand): [{"index": 0, "uuid": "GPU-…", "numa": 0, "nvlink": 0}, …]; nvlink -1 or absent
 = none. The agent adds "model", "memoryMiB", "pci", "peers", "mig", "health" ("healthy" |
 "unhealthy") and "reasons", and writes null where NVML could not say (see
-docs/node-agent.md)."""
+docs/node-discovery.md)."""
 AGENT_HEARTBEAT = PREFIX + "agent-heartbeat"
 """Node annotation: RFC 3339 UTC time the node agent last renewed it (every
 --heartbeat-seconds); the sidecar stops placing new GPU pods on the node once it is older

@@ -51,7 +51,8 @@ def parse(node: Mapping[str, Any]) -> Node:
         pods = int(quantities.parse(allocatable.get("pods", "110")))
     except quantities.QuantityError as error:
         raise NodeError(f"node {name}: allocatable: {error}") from error
-    gpus = _gpus(name, labels, annotations.get(keys.NODE_GPUS))
+    agent = keys.AGENT_HEARTBEAT in annotations
+    gpus = _gpus(name, labels, annotations.get(keys.NODE_GPUS), agent=agent)
     return Node(
         name=name, cpu_milli=cpu, memory_mib=memory, gpus=gpus, max_pods=pods, labels=labels
     )
@@ -68,7 +69,9 @@ def _int_label(name: str, labels: Mapping[str, str], key: str) -> int:
     return value
 
 
-def _gpus(name: str, labels: Mapping[str, str], topology: object) -> tuple[Gpu, ...]:
+def _gpus(
+    name: str, labels: Mapping[str, str], topology: object, *, agent: bool = False
+) -> tuple[Gpu, ...]:
     count = _int_label(name, labels, keys.GFD_COUNT)
     memory = _int_label(name, labels, keys.GFD_MEMORY)
     model = labels.get(keys.GFD_PRODUCT, "")
@@ -85,7 +88,11 @@ def _gpus(name: str, labels: Mapping[str, str], topology: object) -> tuple[Gpu, 
                 f"node {name}: annotation {keys.NODE_GPUS} must be a JSON list of "
                 f'{{"index": N, "uuid": "GPU-…", "numa": N, "nvlink": N}}: {error}'
             ) from error
-    published = bool(details) and all("memoryMiB" in entry for entry in details.values())
+    # The agent's own list is the whole truth, empty included (NVML found no GPU, or
+    # none it could count): the labels then no longer speak for the node.
+    published = (agent and topology is not None) or (
+        bool(details) and all("memoryMiB" in entry for entry in details.values())
+    )
     if published:
         if sorted(details) != list(range(len(details))):
             raise NodeError(

@@ -99,7 +99,6 @@ class AgentProcess:
     supervisor: mps.Supervisor | None
     plugin: plugin.PluginServer
     informer: watching.Informer[dict[str, Any]]
-    mps_ready: asyncio.Event
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def not_published_reason(self) -> str | None:
@@ -129,25 +128,22 @@ class AgentProcess:
             self._spawn(self.supervisor.set_gpus(shareable(found)), "mps set_gpus")
 
     def _mps_changed(self) -> None:
-        """A daemon became ready or stopped answering: the plugin hands out shares of
-        exactly the GPUs whose daemon answers, and waits while any does not."""
+        """A daemon started, stopped, became ready or stopped answering: the plugin knows
+        each GPU's pipe directory and looks again at the shares waiting for their daemon
+        (it hands out a share only while `supervisor.ready(uuid)`)."""
         supervisor = self.supervisor
         if supervisor is None:
             return
         layout = supervisor.layout
-        ready = {
+        daemons = {
             uuid: allocating.Mps(
                 pipe_dir=str(layout.pipe_directory(uuid)), shm_dir=str(layout.shm_directory)
             )
             for uuid in supervisor.daemons
-            if supervisor.ready(uuid)
         }
         options = self.plugin.options
-        self.plugin.options = allocating.Options(options.strategy, options.cdi_kind, ready)
-        if supervisor.not_ready_reason() is None:
-            self.mps_ready.set()
-        else:
-            self.mps_ready.clear()
+        self.plugin.options = allocating.Options(options.strategy, options.cdi_kind, daemons)
+        self.plugin.mps_changed()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -162,6 +158,7 @@ class AgentProcess:
         if supervisor is not None:
             supervisor.subscribe(self._mps_changed)
             await supervisor.set_gpus(shareable(publisher.discovery))
+            self._mps_changed()
             if not await supervisor.wait_ready(self.config.mps_start_timeout_seconds):
                 log.warning(
                     "mps daemons not ready", extra={"reason": supervisor.not_ready_reason()}
@@ -226,21 +223,22 @@ async def compose(
     supervisor = mps.Supervisor(config.mps_config(base_env), registry) if config.mps else None
     view = plugin.PodView()
     informer = plugin.pod_informer(api, config.node_name, view, watching.InformerMetrics(registry))
-    mps_ready = asyncio.Event()
     server_of_plugin = plugin.PluginServer(
         node=config.node_name,
         gpus=(),
         pods=view,
-        # No MPS until a daemon answers: a share is refused rather than run unlimited.
+        # No MPS until the daemons run: a share is refused rather than run unlimited.
         options=allocating.Options(allocating.Strategy(config.device_list_strategy), mps=None),
-        mps_ready=mps_ready,
+        # A share of a GPU is handed out only while that GPU's own daemon answers; without
+        # MPS (--mps=false) never (an event nobody sets).
+        mps_ready=supervisor.ready if supervisor is not None else asyncio.Event(),
         directory=str(config.device_plugin_dir),
         wait_seconds=config.allocate_wait_seconds,
         registry=registry,
     )
     server = serving.Server(registry)
     process = AgentProcess(
-        config, server, api, reading, publisher, supervisor, server_of_plugin, informer, mps_ready
+        config, server, api, reading, publisher, supervisor, server_of_plugin, informer
     )
     server.add_site("ops", serving.ops_app(server), config.metrics_address, config.metrics_port)
     server.add_context(process.running)

@@ -45,7 +45,7 @@ class Node:
             gpus=gpus,
             pods=self.view,
             options=options,  # type: ignore[arg-type]
-            mps_ready=self.mps_ready,
+            mps_ready=kwargs.pop("mps_ready", self.mps_ready),  # type: ignore[arg-type]
             directory=str(directory),
             slots_per_gpu=4,
             wait_seconds=0.4,
@@ -348,3 +348,19 @@ async def test_stop_ends_the_plugin_while_no_kubelet_answers(directory: Path) ->
     stop.set()
     await asyncio.wait_for(running, 3)
     assert not server.socket_path.exists()
+
+
+async def test_a_share_waits_for_the_daemon_of_its_own_gpu(node: Callable[..., Node]) -> None:
+    ready: set[str] = set()
+    async with node(mps_ready=lambda uuid: uuid in ready) as n:
+        n.server.wait_seconds = 3.0
+        n.view.upsert(standin.pod("a", [2], uuids(n.gpus, 2), milli=500, memory_mib=1024))
+        ready.add(n.gpus[5].uuid)  # another GPU's daemon does not count
+        n.server.mps_changed()
+        admitting = asyncio.ensure_future(n.kubelet.admit(1))
+        await asyncio.sleep(0.2)
+        assert not admitting.done()
+        ready.add(n.gpus[2].uuid)
+        n.server.mps_changed()
+        answer = await asyncio.wait_for(admitting, 2)
+        assert answer.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"

@@ -150,3 +150,17 @@ async def test_a_failed_write_is_not_taken_for_written(api: kube.Kube) -> None:
     assert publisher.published is None and publisher.beat_at is None
     assert publisher.last_error.startswith("404")
     assert not publisher.healthy()
+
+
+async def test_a_node_where_nvml_finds_no_gpu_offers_none_whatever_its_labels_say(
+    server: fakeapi.Server, api: kube.Kube
+) -> None:
+    server.api.create(objects.node("broken", gpus=8))
+    replay = nvml.Replay({"count": {"nvml_error": "Driver Not Loaded"}})
+    publisher = publishing.Publisher(api, "broken", replay, wall=Wall())
+    await publisher.publish_once()
+    assert publisher.discovery is not None
+    assert publisher.discovery.problems == ("nvml gpu count: Driver Not Loaded",)
+    node = nodes.record(server.api.get("nodes", "broken")).node
+    assert node is not None
+    assert node.gpus == ()

@@ -12,8 +12,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from agent import publishing
-from cluster import keys, nodes
+from cluster import keys, metering, nodes, pods
 from cluster.syncing import LedgerSync
+from extender import explaining
 from extender.deciding import Decider
 from extender.repeating import Answer, Repeats
 from extender.workloads import PolicyHolder
@@ -164,6 +165,10 @@ def test_an_unhealthy_gpu_takes_no_new_grant_and_keeps_the_ones_it_has() -> None
     assert verdict.misfits["a"].message.endswith("(unhealthy: gpu 0)")
     with pytest.raises(Oversubscribed):
         sync.ledger.reserve(Grant("uid-late", "a", (0,), 100, 0))
+    registry = CollectorRegistry()
+    registry.register(metering.LedgerCollector(sync))
+    assert registry.get_sample_value("gpuplace_gpus_unhealthy") == 1
+    assert registry.get_sample_value("gpuplace_nodes_closed") == 0
 
 
 def test_kept_filter_answers_go_stale_when_a_node_closes_or_a_gpu_turns_unhealthy() -> None:
@@ -204,3 +209,17 @@ async def test_the_running_sidecar_stops_placing_on_a_node_once_its_agent_falls_
         answer = await running.filter(pod, ["quiet"])
         assert answer["NodeNames"] == []
         assert answer["FailedAndUnresolvableNodes"] == {"quiet": "gpuplace: node agent silent"}
+
+
+def test_explain_says_which_nodes_are_closed_and_which_gpus_unhealthy() -> None:
+    sync, _, wall = setup(agent_node("quiet"), agent_node("sick", unhealthy=(0, 1)))
+    wall.now += BOUND + 1
+    sync.put_node(nodes.record(agent_node("sick", unhealthy=(0, 1), beat=wall.now)))
+    sync.check_agents()
+    explanation = explaining.explain(
+        sync, PolicyHolder(sync, "default"), pods.record(gpu_pod("waiting", percent=50))
+    )
+    text = explaining.render(explanation)
+    assert "node agent silent since 2027-01-15T08:00:00Z (more than 120s)" in text
+    assert "0 healthy suitable GPUs, needs 1 (unhealthy: gpu 0, 1)" in text
+    assert explanation.summary == "0/2 nodes: 1 node agent silent, 1 too few healthy GPUs"

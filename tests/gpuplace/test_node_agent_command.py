@@ -159,6 +159,21 @@ async def test_the_agent_publishes_runs_mps_serves_the_kubelet_and_reports(
             # a container with no grant gets nothing
             with pytest.raises(grpc.aio.AioRpcError):
                 await kubelet.admit(1)
+            api.api.set_phase("research", "share", "Running")
+
+            # per GPU: while GPU 5 has no daemon, a share there is refused (it would run
+            # unlimited); a share on GPU 2, whose daemon answers, is served meanwhile
+            supervisor = process.supervisor
+            await supervisor.set_gpus([u for u in uuids if u != uuids[5]])
+            api.api.create(standin.pod("on-5", [5], [uuids[5]], milli=500, node=NODE))
+            with pytest.raises(grpc.aio.AioRpcError, match="MPS"):
+                await kubelet.admit(1)
+            api.api.set_phase("research", "on-5", "Failed")
+            api.api.create(standin.pod("on-2", [2], [uuids[2]], milli=500, node=NODE))
+            answer = await kubelet.admit(1)
+            assert answer.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+            await supervisor.set_gpus(uuids)
+            assert await supervisor.wait_ready(10)
 
             # a daemon killed on the node: /readyz says so, then it is back
             daemon = process.supervisor.daemons[uuids[3]]
