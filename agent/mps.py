@@ -231,7 +231,10 @@ class Daemon:
             shutil.rmtree(pipe)
         pipe.mkdir(parents=True, mode=0o755)
         layout.log_directory(self.uuid).mkdir(parents=True, exist_ok=True, mode=0o755)
-        layout.shm_directory.mkdir(parents=True, exist_ok=True, mode=0o1777)
+        layout.shm_directory.mkdir(parents=True, exist_ok=True)
+        # Clients of any user create their shared memory here (sticky, like /dev/shm); the
+        # umask, or the kubelet creating the hostPath, leaves it narrower.
+        layout.shm_directory.chmod(0o1777)
 
     async def _supervise(self) -> None:
         backoff = 0.0

@@ -89,7 +89,7 @@ async def test_each_gpu_gets_its_own_daemon_pipe_and_log(
         assert f"CUDA_MPS_PIPE_DIRECTORY={root / gpu / 'pipe'}" in lines
         assert "Cmd:get_server_list" in lines  # readiness is an answer, not a pid
         assert metric(supervisor, "gpuplace_mps_daemon_ready", gpu) == 1
-    assert supervisor.layout.shm_directory.is_dir()
+    assert supervisor.layout.shm_directory.stat().st_mode & 0o7777 == 0o1777  # any user
     assert not supervisor.ready("GPU-unknown")
 
 
