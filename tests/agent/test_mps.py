@@ -205,3 +205,12 @@ def test_backoff_doubles_to_its_bound_and_resets_after_a_stable_run(
             assert wait == made.backoff_initial_seconds
         else:
             assert wait == min(before * 2, made.backoff_max_seconds)
+
+
+async def test_a_missing_binary_is_retried_and_never_ready(root: Path) -> None:
+    made = replace(config(root), command=(str(root / "no-such-mps-control"),))
+    supervisor = mps.Supervisor(made, CollectorRegistry())
+    await supervisor.set_gpus([GPU0])
+    await until(lambda: supervisor.daemons[GPU0].restarts >= 2)
+    assert not supervisor.ready(GPU0)
+    await supervisor.stop()
