@@ -392,14 +392,15 @@ class Supervisor:
     async def wait_ready(self, timeout: float) -> bool:
         """Wait until every daemon answers, at most `timeout` seconds; whether they do."""
         deadline = time.monotonic() + timeout
-        while self.not_ready_reason() is not None:
+        while True:
+            self._changed.clear()  # before looking: a change after the look wakes the wait
+            if self.not_ready_reason() is None:
+                return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), left)
-        return True
 
     async def stop(self) -> None:
         await self.set_gpus(())
