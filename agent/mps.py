@@ -382,8 +382,9 @@ class Supervisor:
     async def set_gpus(self, uuids: Iterable[str]) -> None:
         """Run a daemon for exactly these GPUs: start the new ones, quit the others."""
         wanted = set(uuids)
-        for uuid in sorted(set(self.daemons) - wanted):
-            await self.daemons.pop(uuid).stop()
+        # Concurrently: on SIGTERM every daemon quits within one stop timeout, not eight.
+        leaving = [self.daemons.pop(uuid) for uuid in sorted(set(self.daemons) - wanted)]
+        await asyncio.gather(*(daemon.stop() for daemon in leaving))
         for uuid in sorted(wanted - set(self.daemons)):
             daemon = Daemon(uuid, self.config, self.metrics, self._notify)
             self.daemons[uuid] = daemon
