@@ -76,6 +76,10 @@ GANG_GATE = PREFIX + "gang"
 # --- extended resources -------------------------------------------------------
 RESOURCE_PERCENT = PREFIX + "gpu-percent"
 RESOURCE_MEMORY = PREFIX + "gpu-memory"
+RESOURCE_GPU = PREFIX + "gpu"
+"""The node agent's device-plugin resource: the GPU container of a gpuplace pod requests its
+GPU count of it, so that the kubelet asks the agent (Allocate) what the container gets.
+Each device is a slot on one GPU (docs/node-agent.md, "Allocate")."""
 
 # --- node inventory ------------------------------------------------------------
 GFD_COUNT = "nvidia.com/gpu.count"
@@ -83,8 +87,15 @@ GFD_PRODUCT = "nvidia.com/gpu.product"
 GFD_MEMORY = "nvidia.com/gpu.memory"
 """MiB per GPU, as GPU Feature Discovery labels it."""
 NODE_GPUS = PREFIX + "gpus"
-"""Optional node annotation, JSON list, one object per GPU:
-[{"index": 0, "uuid": "GPU-…", "numa": 0, "nvlink": 0}, …]; nvlink -1 or absent = none."""
+"""Node annotation, JSON list, one object per GPU, written by the node agent from NVML (or
+by hand): [{"index": 0, "uuid": "GPU-…", "numa": 0, "nvlink": 0}, …]; nvlink -1 or absent
+= none. The agent adds "model", "memoryMiB", "pci", "peers", "mig", "health" ("healthy" |
+"unhealthy") and "reasons", and writes null where NVML could not say (see
+docs/node-discovery.md)."""
+AGENT_HEARTBEAT = PREFIX + "agent-heartbeat"
+"""Node annotation: RFC 3339 UTC time the node agent last renewed it (every
+--heartbeat-seconds); the sidecar stops placing new GPU pods on the node once it is older
+than its --agent-silence-seconds."""
 NVLINK_DOMAIN_SIZE = PREFIX + "nvlink-domain-size"
 """Node label the sidecar keeps: GPUs in the node's largest NVLink domain (for affinity)."""
 

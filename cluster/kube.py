@@ -156,12 +156,20 @@ class Kube:
         return self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
 
     async def list_page(
-        self, kind: Kind, *, label_selector: str = "", limit: int = 500, token: str = ""
+        self,
+        kind: Kind,
+        *,
+        label_selector: str = "",
+        field_selector: str = "",
+        limit: int = 500,
+        token: str = "",
     ) -> dict[str, Any]:
         """One page of a list (`metadata.continue` names the next). Raises `ApiError`."""
         kwargs: dict[str, Any] = {"limit": limit, "_preload_content": False}
         if label_selector:
             kwargs["label_selector"] = label_selector
+        if field_selector:
+            kwargs["field_selector"] = field_selector
         if token:
             kwargs["_continue"] = token
         kwargs["_request_timeout"] = max(self.timeout, 60.0)
@@ -173,6 +181,7 @@ class Kube:
         *,
         resource_version: str,
         label_selector: str = "",
+        field_selector: str = "",
         timeout_seconds: int = 300,
     ) -> AsyncIterator[dict[str, Any]]:
         """The events of one watch request, as decoded JSON lines, until the server ends it.
@@ -191,6 +200,8 @@ class Kube:
         }
         if label_selector:
             kwargs["label_selector"] = label_selector
+        if field_selector:
+            kwargs["field_selector"] = field_selector
         try:
             response = await self._lister(kind)(**kwargs)
         except ApiException as error:

@@ -50,6 +50,17 @@ class LedgerCollector(Collector):
         yield GaugeMetricFamily(
             "gpuplace_managed_pods", "Managed pods the informer knows.", value=len(self.sync.pods)
         )
+        nodes = list(ledger.inventory)
+        yield GaugeMetricFamily(
+            "gpuplace_nodes_closed",
+            "Managed nodes taking no new GPU pods: node agent silent (or required and absent).",
+            value=sum(1 for node in nodes if node.closed),
+        )
+        yield GaugeMetricFamily(
+            "gpuplace_gpus_unhealthy",
+            "GPUs their node agent marked unhealthy: no new grant goes on them.",
+            value=sum(1 for node in nodes for gpu in node.gpus if not gpu.healthy),
+        )
         unreadable = sum(1 for record in self.sync.nodes.values() if record.problem)
         yield GaugeMetricFamily(
             "gpuplace_nodes_unreadable",

@@ -1,21 +1,27 @@
 """Kubernetes Node objects → the engine's `placement.inventory.Node`.
 
 GPUs come from GPU Feature Discovery labels (`nvidia.com/gpu.count`,
-`nvidia.com/gpu.product`, `nvidia.com/gpu.memory` in MiB) and, optionally, from
-the node annotation `gpuplace.io/gpus` (a JSON list with one object per GPU:
-`index`, `uuid`, `numa`, `nvlink`; absent fields default to no UUID, NUMA 0 and
-no NVLink). Only nodes labelled `gpuplace.io/enabled=true` are gpuplace's.
+`nvidia.com/gpu.product`, `nvidia.com/gpu.memory` in MiB) and from the node annotation
+`gpuplace.io/gpus` (a JSON list with one object per GPU: `index`, `uuid`, `numa`,
+`nvlink`; absent or null fields default to no UUID, NUMA 0 and no NVLink). When the
+node agent wrote it (its entries carry `memoryMiB`), the annotation alone says how many
+GPUs there are, their model and memory, and which are unhealthy (`health`); the labels
+stay the fallback. Only nodes labelled `gpuplace.io/enabled=true` are gpuplace's.
 
 `record` is the node informer's transform: whether the node is gpuplace's, its engine
-`Node` (or why it cannot be read), and the extended resources its status currently
-advertises, so that `advertisement` can say what to write only when it differs.
+`Node` (or why it cannot be read), its node agent's last heartbeat, and the extended
+resources its status currently advertises, so that `advertisement` can say what to
+write only when it differs. `effective` closes a node to new GPU pods while its agent
+is silent past the bound (or, where an agent is required, has never reported): a
+function of the record and the clock, so the sidecar re-applies it as time passes.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from cluster import keys, quantities
@@ -45,7 +51,8 @@ def parse(node: Mapping[str, Any]) -> Node:
         pods = int(quantities.parse(allocatable.get("pods", "110")))
     except quantities.QuantityError as error:
         raise NodeError(f"node {name}: allocatable: {error}") from error
-    gpus = _gpus(name, labels, annotations.get(keys.NODE_GPUS))
+    agent = keys.AGENT_HEARTBEAT in annotations
+    gpus = _gpus(name, labels, annotations.get(keys.NODE_GPUS), agent=agent)
     return Node(
         name=name, cpu_milli=cpu, memory_mib=memory, gpus=gpus, max_pods=pods, labels=labels
     )
@@ -62,12 +69,12 @@ def _int_label(name: str, labels: Mapping[str, str], key: str) -> int:
     return value
 
 
-def _gpus(name: str, labels: Mapping[str, str], topology: object) -> tuple[Gpu, ...]:
+def _gpus(
+    name: str, labels: Mapping[str, str], topology: object, *, agent: bool = False
+) -> tuple[Gpu, ...]:
     count = _int_label(name, labels, keys.GFD_COUNT)
     memory = _int_label(name, labels, keys.GFD_MEMORY)
     model = labels.get(keys.GFD_PRODUCT, "")
-    if count and not model:
-        raise NodeError(f"node {name}: {keys.GFD_COUNT}={count} but no {keys.GFD_PRODUCT}")
     details: dict[int, Mapping[str, Any]] = {}
     if topology:
         try:
@@ -81,6 +88,20 @@ def _gpus(name: str, labels: Mapping[str, str], topology: object) -> tuple[Gpu, 
                 f"node {name}: annotation {keys.NODE_GPUS} must be a JSON list of "
                 f'{{"index": N, "uuid": "GPU-…", "numa": N, "nvlink": N}}: {error}'
             ) from error
+    # The agent's own list is the whole truth, empty included (NVML found no GPU, or
+    # none it could count): the labels then no longer speak for the node.
+    published = (agent and topology is not None) or (
+        bool(details) and all("memoryMiB" in entry for entry in details.values())
+    )
+    if published:
+        if sorted(details) != list(range(len(details))):
+            raise NodeError(
+                f"node {name}: annotation {keys.NODE_GPUS} lists GPU indices "
+                f"{sorted(details)}, not 0..{len(details) - 1}"
+            )
+        count = len(details)
+    elif count and not model:
+        raise NodeError(f"node {name}: {keys.GFD_COUNT}={count} but no {keys.GFD_PRODUCT}")
     gpus = []
     for index in range(count):
         entry = details.get(index, {})
@@ -88,16 +109,31 @@ def _gpus(name: str, labels: Mapping[str, str], topology: object) -> tuple[Gpu, 
             gpus.append(
                 Gpu(
                     index=index,
-                    model=model,
-                    memory_mib=memory,
-                    uuid=str(entry.get("uuid", "")),
-                    numa=int(entry.get("numa", 0)),
-                    nvlink=int(entry.get("nvlink", NO_NVLINK)),
+                    model=str(entry.get("model") or model),
+                    memory_mib=_or(entry.get("memoryMiB"), 0) if published else memory,
+                    uuid=str(entry.get("uuid") or ""),
+                    numa=_or(entry.get("numa"), 0),
+                    nvlink=_or(entry.get("nvlink"), NO_NVLINK),
+                    healthy=entry.get("health", HEALTHY) == HEALTHY,
                 )
             )
         except (TypeError, ValueError) as error:
             raise NodeError(f"node {name}: GPU {index} in {keys.NODE_GPUS}: {error}") from error
     return tuple(gpus)
+
+
+HEALTHY = "healthy"
+"""The one `health` value that lets a GPU take new grants (absent counts as healthy:
+hand-written annotations have none); any other, "unhealthy" included, closes the GPU."""
+
+
+def _or(value: object, unknown: int) -> int:
+    """An annotation integer; null (the agent's "NVML could not say") reads as `unknown`."""
+    if value is None:
+        return unknown
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"{value!r} is not an integer")
+    return int(value)
 
 
 def inventory(items: Iterable[Mapping[str, Any]], *, only_enabled: bool = True) -> Inventory:
@@ -125,6 +161,11 @@ class NodeRecord:
     """... and in status.allocatable."""
     domain_label: str | None = None
     """The node's `gpuplace.io/nvlink-domain-size` label (None: absent)."""
+    heartbeat: str | None = None
+    """The node agent's `gpuplace.io/agent-heartbeat` annotation (None: no agent ever
+    reported on this node)."""
+    heartbeat_at: float | None = None
+    """That time in seconds since the epoch; None when absent or unreadable."""
 
 
 def record(raw: Mapping[str, Any]) -> NodeRecord:
@@ -137,6 +178,7 @@ def record(raw: Mapping[str, Any]) -> NodeRecord:
     ours_allocatable = {key: str(allocatable[key]) for key in ADVERTISED if key in allocatable}
     labels = metadata.get("labels") or {}
     domain = labels.get(keys.NVLINK_DOMAIN_SIZE)
+    beat = (metadata.get("annotations") or {}).get(keys.AGENT_HEARTBEAT)
     enabled = is_enabled(raw)
     node: Node | None = None
     problem = ""
@@ -154,7 +196,54 @@ def record(raw: Mapping[str, Any]) -> NodeRecord:
         capacity=ours_capacity,
         allocatable=ours_allocatable,
         domain_label=str(domain) if domain is not None else None,
+        heartbeat=None if beat is None else str(beat),
+        heartbeat_at=None if beat is None else heartbeat_time(str(beat)),
     )
+
+
+def heartbeat_time(text: str) -> float | None:
+    """An RFC 3339 time with its zone → seconds since the epoch; None when unreadable."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return None if moment.tzinfo is None else moment.timestamp()
+
+
+DEFAULT_AGENT_SILENCE = 120.0
+"""Seconds without a heartbeat after which a node takes no new GPU pods (the agent
+renews it every 30 s by default: four missed beats)."""
+
+
+def closed_reason(
+    record: NodeRecord, now: float, *, silence: float, require_agent: bool = False
+) -> str:
+    """Why new GPU pods must not go on the node now ("" = they may): its agent's
+    heartbeat is older than `silence` seconds (0 = never close for silence) or
+    unreadable, or it has none while `require_agent`. Stable while the cause lasts (it
+    names the last heartbeat, not the time since), so the engine's node changes only
+    when the verdict does. O(1)."""
+    if record.heartbeat is None:
+        if require_agent:
+            return "no node agent has reported on this node (the sidecar requires one)"
+        return ""
+    if record.heartbeat_at is None:
+        return f"node agent heartbeat {record.heartbeat[:64]!r} is not an RFC 3339 time"
+    if silence > 0 and now - record.heartbeat_at > silence:
+        return f"node agent silent since {record.heartbeat} (more than {silence:g}s)"
+    return ""
+
+
+def effective(
+    record: NodeRecord, now: float, *, silence: float, require_agent: bool = False
+) -> Node | None:
+    """The record's engine node, closed (`Node.closed`) when `closed_reason` says so.
+    The same object when nothing changes. O(1)."""
+    node = record.node
+    if node is None:
+        return None
+    why = closed_reason(record, now, silence=silence, require_agent=require_agent)
+    return node if node.closed == why else replace(node, closed=why)
 
 
 def advertisement(node: Node) -> dict[str, str]:

@@ -1,9 +1,11 @@
 """The ledger, kept equal to what the API says.
 
 `LedgerSync` is the handler of both informers. Nodes: an enabled, readable node is in
-the ledger's inventory; anything else is not. Pods: a managed pod's grant is exactly
-what its assignment annotations say (`cluster.assignments`), CONFIRMED once it is
-bound to that node, RESERVED before; a Succeeded, Failed or deleted pod holds nothing.
+the ledger's inventory (closed to new GPU pods while its node agent is silent:
+`check_agents`, which the sidecar calls every few seconds); anything else is not.
+Pods: a managed pod's grant is exactly what its assignment annotations say
+(`cluster.assignments`), CONFIRMED once it is bound to that node, RESERVED before;
+a Succeeded, Failed or deleted pod holds nothing.
 A relist rebuilds the ledger from scratch (`Ledger.restore`), so the live ledger and
 one rebuilt after a restart are the same function of the API's state: equal
 `Ledger.snapshot()`s.
@@ -31,10 +33,11 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from cluster import nodes
 from cluster.nodes import NodeRecord
 from cluster.pods import PodRecord
 from placement.choosing import scoring_shape
-from placement.inventory import Inventory
+from placement.inventory import Inventory, Node
 from placement.ledger import Grant, GrantState, Ledger
 from placement.requests import GpuRequest
 
@@ -56,8 +59,20 @@ class LedgerSync:
     """Ledger + the informers' view of nodes and managed pods; see the module docstring."""
 
     def __init__(
-        self, *, window: int = DEFAULT_WINDOW, clock: Callable[[], float] = time.monotonic
+        self,
+        *,
+        window: int = DEFAULT_WINDOW,
+        clock: Callable[[], float] = time.monotonic,
+        agent_silence: float = nodes.DEFAULT_AGENT_SILENCE,
+        require_agent: bool = False,
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        """`agent_silence`: seconds after a node agent's last heartbeat that its node
+        takes no new GPU pods (0: never); `require_agent`: nodes no agent ever reported
+        on take none either; `wall`: the clock heartbeats are read against."""
+        self.agent_silence = agent_silence
+        self.require_agent = require_agent
+        self._wall = wall
         self.ledger = Ledger(Inventory())
         self.nodes: dict[str, NodeRecord] = {}
         """Every node the node informer has, by name (gpuplace's or not)."""
@@ -154,17 +169,51 @@ class LedgerSync:
 
     # --- nodes ---------------------------------------------------------------------
 
+    def _effective(self, record: NodeRecord) -> Node | None:
+        return nodes.effective(
+            record, self._wall(), silence=self.agent_silence, require_agent=self.require_agent
+        )
+
     def put_node(self, record: NodeRecord) -> None:
         self.nodes[record.name] = record
         current = self.ledger.inventory.get(record.name)
-        if record.node is None:
+        node = self._effective(record)
+        if node is None:
             if current is not None:
                 log.info("node left gpuplace", extra={"node": record.name})
                 self.ledger.remove_node(record.name)
-        elif current is None or current != record.node:
-            self.ledger.put_node(record.node)
+        elif current is None or current != node:
+            self._closing(current, node)
+            self.ledger.put_node(node)
         for listener in self.node_listeners:
             listener(record)
+
+    @staticmethod
+    def _closing(current: Node | None, node: Node) -> None:
+        was = current.closed if current is not None else ""
+        if node.closed and node.closed != was:
+            log.warning(
+                "node closed to new GPU pods", extra={"node": node.name, "why": node.closed}
+            )
+        elif was and not node.closed:
+            log.info("node open to new GPU pods again", extra={"node": node.name})
+
+    def check_agents(self) -> list[str]:
+        """Close the nodes whose agent fell silent since their last event, reopen those it
+        came back on (a heartbeat arrives as a node event: `put_node`); returns their
+        names. Pods on them keep their grants. O(nodes)."""
+        changed = []
+        inventory = self.ledger.inventory
+        for record in self.nodes.values():
+            if record.node is None or (record.heartbeat is None and not self.require_agent):
+                continue
+            node = self._effective(record)
+            current = inventory.get(record.name)
+            if node is not None and current is not None and current.closed != node.closed:
+                self._closing(current, node)
+                self.ledger.put_node(node)
+                changed.append(record.name)
+        return changed
 
     def drop_node(self, name: str) -> None:
         self.nodes.pop(name, None)

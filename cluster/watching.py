@@ -113,6 +113,7 @@ class Informer(Generic[T]):
         transform: Callable[[dict[str, Any]], T],
         *,
         label_selector: str = "",
+        field_selector: str = "",
         page_size: int = 500,
         watch_seconds: int = 300,
         backoff: Backoff = Backoff(),
@@ -123,6 +124,8 @@ class Informer(Generic[T]):
         self.handler = handler
         self.transform = transform
         self.label_selector = label_selector
+        self.field_selector = field_selector
+        """e.g. `spec.nodeName=NODE`: the node agent watches only its own node's pods."""
         self.page_size = page_size
         self.watch_seconds = watch_seconds
         self.backoff = backoff
@@ -223,7 +226,11 @@ class Informer(Generic[T]):
     async def _page(self, token: str) -> dict[str, Any]:
         try:
             return await self.api.list_page(
-                self.kind, label_selector=self.label_selector, limit=self.page_size, token=token
+                self.kind,
+                label_selector=self.label_selector,
+                field_selector=self.field_selector,
+                limit=self.page_size,
+                token=token,
             )
         except kube.ApiError as error:
             if error.gone and token:
@@ -238,6 +245,7 @@ class Informer(Generic[T]):
                 self.kind,
                 resource_version=self.resource_version,
                 label_selector=self.label_selector,
+                field_selector=self.field_selector,
                 timeout_seconds=self.watch_seconds,
             )
             async for event in stream:

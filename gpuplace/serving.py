@@ -148,6 +148,14 @@ def _bound_port(runner: web.AppRunner, wanted: int) -> int:
     return wanted
 
 
+def process_registry() -> CollectorRegistry:
+    """A fresh registry with the process and platform collectors, for one process."""
+    registry = CollectorRegistry()
+    prometheus_client.ProcessCollector(registry=registry)
+    prometheus_client.PlatformCollector(registry=registry)
+    return registry
+
+
 # --- the ops site ---------------------------------------------------------------------------
 
 SERVER = web.AppKey("server", Server)
@@ -295,6 +303,7 @@ def webhook_config(settings: Settings) -> WebhookConfig:
         sidecar_user=settings.sidecar_user,
         max_body_bytes=settings.max_body_bytes,
         read_timeout_seconds=settings.read_timeout_seconds,
+        node_agent=settings.node_agent,
     )
 
 

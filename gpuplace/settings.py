@@ -9,16 +9,18 @@ arguments or as their own small config values built from this object.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import Field, field_validator
-from pydantic_settings import SettingsConfigDict
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpuplace.sidecar import SidecarSettings
 
 ENV_PREFIX = "GPUPLACE_"
+S = TypeVar("S", bound=BaseSettings)
 
 
 class Settings(SidecarSettings):
@@ -50,6 +52,12 @@ class Settings(SidecarSettings):
     )
     read_timeout_seconds: float = Field(
         10.0, gt=0, description="a review body not received within this time gets HTTP 408"
+    )
+    node_agent: bool = Field(
+        False,
+        description="GPU nodes run gpuplace node-agent: GPU containers request gpuplace.io/gpu "
+        "(its device plugin gives them their GPUs and MPS limits) and the webhook writes no "
+        "GPU env vars",
     )
     audit_log: str = Field(
         "-", min_length=1, description="audit log file, one JSON line per review; - = stdout"
@@ -103,10 +111,10 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per settings field; absent flags leave the field to the env or default."""
-    for name, info in Settings.model_fields.items():
-        default = info.default
+def add_arguments(parser: argparse.ArgumentParser, model: type[BaseSettings] = Settings) -> None:
+    """One flag per field of `model`; absent flags leave the field to the env or default."""
+    for name, info in model.model_fields.items():
+        default = "required" if info.is_required() else info.default
         parser.add_argument(
             flag(name),
             dest=name,
@@ -118,6 +126,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_arguments(args: argparse.Namespace | Mapping[str, Any]) -> Settings:
     """Settings from parsed flags (only those given), the environment and the defaults."""
+    return build(Settings, args)
+
+
+def build_or_explain(
+    model: type[S], args: argparse.Namespace | Mapping[str, Any], command: str
+) -> S | None:
+    """`build`, or None after printing each invalid setting by its flag to stderr
+    (`gpuplace COMMAND: --flag: why`); the command then exits 2."""
+    try:
+        return build(model, args)
+    except ValidationError as error:
+        for item in error.errors(include_url=False):
+            name = ".".join(str(part) for part in item["loc"])
+            print(f"gpuplace {command}: {flag(name)}: {item['msg']}", file=sys.stderr)
+        return None
+
+
+def build(model: type[S], args: argparse.Namespace | Mapping[str, Any]) -> S:
+    """`model` from parsed flags (only those given), the environment and the defaults."""
     values = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
-    given = {name: value for name, value in values.items() if name in Settings.model_fields}
-    return Settings(**given)
+    given = {name: value for name, value in values.items() if name in model.model_fields}
+    return model(**given)

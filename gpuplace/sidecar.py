@@ -45,6 +45,7 @@ from cluster import (
     kube,
     metering,
     mirroring,
+    nodes,
     reaping,
     recording,
     watching,
@@ -129,6 +130,10 @@ class SidecarConfig(Protocol):
     def gang_starve_after_seconds(self) -> float: ...
     @property
     def preempt_beyond_offered(self) -> bool: ...
+    @property
+    def agent_silence_seconds(self) -> float: ...
+    @property
+    def require_node_agent(self) -> bool: ...
 
 
 LEASE_PATTERN = r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -253,6 +258,19 @@ class SidecarSettings(BaseSettings):
         "one GPU set, also consider the node's other pods of lower priority than the "
         "preemptor (kube-scheduler picks on node totals; false: drop such nodes)",
     )
+    agent_silence_seconds: float = Field(
+        nodes.DEFAULT_AGENT_SILENCE,
+        ge=0,
+        description="no new GPU pods go on a node whose node agent has not renewed its "
+        "heartbeat for this long (pods already there keep their GPUs; 0 = never close a "
+        "node for silence); nodes no agent ever reported on are not affected unless "
+        "--require-node-agent",
+    )
+    require_node_agent: bool = Field(
+        False,
+        description="place GPU pods only on nodes whose node agent reports (else nodes "
+        "without one are placed on from GPU Feature Discovery labels alone)",
+    )
 
 
 class Sidecar:
@@ -271,7 +289,11 @@ class Sidecar:
         self.settings = settings
         self.registry = registry
         self.api = api
-        self.sync = LedgerSync(window=settings.workload_window)
+        self.sync = LedgerSync(
+            window=settings.workload_window,
+            agent_silence=settings.agent_silence_seconds,
+            require_agent=settings.require_node_agent,
+        )
         self.mirror = mirroring.Mirror(
             api,
             self.sync,
@@ -482,6 +504,14 @@ class Sidecar:
             elif settings.gc_young_seconds:
                 warming.collect_young(self._freeze_young_above())
 
+    async def _watch_agents(self) -> None:
+        """Close nodes whose agent fell silent (`LedgerSync.check_agents`), within a
+        quarter of the bound (at most every 5 s). O(nodes) per pass, no API call."""
+        period = min(AGENT_CHECK_SECONDS, self.settings.agent_silence_seconds / 4)
+        while True:
+            await asyncio.sleep(period)
+            self.sync.check_agents()
+
     def _freeze_young_above(self) -> int | None:
         """Large young generations are frozen only when full unfrozen passes will come."""
         settings = self.settings
@@ -491,6 +521,8 @@ class Sidecar:
 
     def _background(self) -> list[Coroutine[Any, Any, None]]:
         work: list[Coroutine[Any, Any, None]] = [self.mirror.run(), self.reaper.run()]
+        if self.settings.agent_silence_seconds > 0:
+            work.append(self._watch_agents())
         if self.settings.warm_shapes > 0:
             work.append(self.warmer.run())
         if self.settings.gc_freeze_seconds > 0 or self.settings.gc_young_seconds > 0:
@@ -546,6 +578,9 @@ class Sidecar:
             app[SIDECAR] = self
             yield
 
+
+AGENT_CHECK_SECONDS = 5.0
+"""How often node agents' heartbeats are compared with the clock, at most."""
 
 FULL_PASS_NEVER = 1 << 30
 """gc threshold of the oldest generation once the sidecar runs its own full passes."""

@@ -507,7 +507,9 @@ class Chooser:
         node = state.node
         known = self._shapes.get(node.name)
         if known is None or known[1] is not node.gpus:
-            shape = tuple((gpu.model, gpu.memory_mib, gpu.nvlink, gpu.numa) for gpu in node.gpus)
+            shape = tuple(
+                (gpu.model, gpu.memory_mib, gpu.nvlink, gpu.numa, gpu.healthy) for gpu in node.gpus
+            )
             linked = any(gpu.nvlink != -1 for gpu in node.gpus)
             known = self._shapes[node.name] = (shape, node.gpus, linked)
         return known[0], known[2]
@@ -518,7 +520,7 @@ class Chooser:
         # memory-only shares hold it, so nodes that differ there are not alike.
         gpus = zip(state.free_milli, state.free_memory, state.memory_only, strict=True)
         frees = tuple(gpus) if linked else tuple(sorted(gpus))
-        return (shape, state.cpu, state.memory, state.pods > 0, frees)
+        return (shape, state.node.closed, state.cpu, state.memory, state.pods > 0, frees)
 
     def _sync(self) -> None:
         epoch, cursor, changed = self.ledger.changes(self._epoch, self._cursor)

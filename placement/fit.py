@@ -1,6 +1,8 @@
 """Whether a request fits a node, why not, and which GPU sets it could take there.
 
-A request never spans GPUs unless it asks for several whole ones. A misfit says
+A request never spans GPUs unless it asks for several whole ones. A closed node (its
+node agent silent) and an unhealthy GPU take no new grant: their `NodeState` offers
+nothing (`placement.ledger`), and the misfit names the cause. A misfit says
 why in words a person reads ("gpu 3: 40% free, needs 50%") and whether any future
 change of the node's load could help (`resolvable`): a wrong model or too few GPUs
 never will, and the scheduler should not try to preempt for them.
@@ -32,6 +34,8 @@ class MisfitKind(enum.Enum):
     WHOLE_GPUS = "not enough whole GPUs free"
     NVLINK_BUSY = "no NVLink domain with enough GPUs free"
     UNKNOWN_NODE = "node not managed by gpuplace"
+    AGENT_SILENT = "node agent silent"
+    GPU_UNHEALTHY = "too few healthy GPUs"
 
 
 UNRESOLVABLE = frozenset(
@@ -41,6 +45,8 @@ UNRESOLVABLE = frozenset(
         MisfitKind.GPU_TOO_SMALL,
         MisfitKind.NO_NVLINK_DOMAIN,
         MisfitKind.UNKNOWN_NODE,
+        MisfitKind.AGENT_SILENT,
+        MisfitKind.GPU_UNHEALTHY,
     }
 )
 
@@ -70,6 +76,8 @@ def static_misfit(state: NodeState, request: GpuRequest) -> Misfit | None:
     if request.count == 0:
         return None
     node = state.node
+    if node.closed:
+        return Misfit(MisfitKind.AGENT_SILENT, node.closed)
     allowed = _allowed(state, request)
     if not allowed:
         have = node.model or "none"
@@ -79,6 +87,13 @@ def static_misfit(state: NodeState, request: GpuRequest) -> Misfit | None:
         return Misfit(
             MisfitKind.TOO_FEW_GPUS,
             f"{len(allowed)} suitable GPUs, needs {request.count}",
+        )
+    sick = [i for i in allowed if not node.gpus[i].healthy]
+    if len(allowed) - len(sick) < request.count:
+        return Misfit(
+            MisfitKind.GPU_UNHEALTHY,
+            f"{len(allowed) - len(sick)} healthy suitable GPUs, needs {request.count} "
+            f"(unhealthy: gpu {', '.join(map(str, sick))})",
         )
     if request.memory_mib:
         roomy = [i for i in allowed if node.gpus[i].memory_mib >= request.memory_mib]
@@ -241,7 +256,16 @@ def _memory_misfit(state: NodeState, gpus: list[int], need: int) -> Misfit:
 
 
 def dynamic_misfit(state: NodeState, request: GpuRequest) -> Misfit:
-    """Why a statically possible request finds no GPU set now. O(GPUs)."""
+    """Why a statically possible request finds no GPU set now; names the unhealthy GPUs
+    that would otherwise be candidates. O(GPUs)."""
+    found = _dynamic_misfit(state, request)
+    sick = [gpu.index for gpu in state.node.gpus if not gpu.healthy and request.allows(gpu.model)]
+    if not sick:
+        return found
+    return Misfit(found.kind, f"{found.message} (unhealthy: gpu {', '.join(map(str, sick))})")
+
+
+def _dynamic_misfit(state: NodeState, request: GpuRequest) -> Misfit:
     allowed = _allowed(state, request)
     free_milli = state.free_milli
     if request.milli == 0:

@@ -23,6 +23,9 @@ class Gpu:
     uuid: str = ""
     numa: int = 0
     nvlink: int = NO_NVLINK
+    healthy: bool = True
+    """False: the node agent marked it unhealthy; no new grant goes on it (grants already
+    on it stay)."""
 
     def __post_init__(self) -> None:
         if self.index < 0:
@@ -41,6 +44,9 @@ class Node:
     gpus: tuple[Gpu, ...] = ()
     max_pods: int = 110
     labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+    closed: str = ""
+    """Why no new GPU grant goes on this node ("" = open), e.g. its node agent is silent;
+    grants already on it stay. Stable while the cause lasts (no clock in it)."""
 
     def __post_init__(self) -> None:
         if not self.name:

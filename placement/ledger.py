@@ -87,8 +87,14 @@ class NodeState:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.free_milli = [WHOLE] * len(node.gpus)
-        self.free_memory = [gpu.memory_mib for gpu in node.gpus]
+        # A closed node or an unhealthy GPU offers nothing to new grants: every rule that
+        # reads the free state (fit, scoring, gangs, metrics) then leaves it alone, and
+        # the grants already on it still count against it.
+        offered = [gpu.healthy and not node.closed for gpu in node.gpus]
+        self.free_milli = [WHOLE if open_ else 0 for open_ in offered]
+        self.free_memory = [
+            gpu.memory_mib if open_ else 0 for gpu, open_ in zip(node.gpus, offered, strict=True)
+        ]
         self.memory_only = [0] * len(node.gpus)
         self.cpu = node.cpu_milli
         self.memory = node.memory_mib
@@ -111,6 +117,8 @@ class NodeState:
         """The node's type and free state: two nodes with equal signatures score alike. O(GPUs)."""
         return (
             self.node.model,
+            self.node.closed,
+            tuple(gpu.healthy for gpu in self.node.gpus),
             self.cpu,
             self.memory,
             tuple(

@@ -137,7 +137,7 @@ class Reviewer:
             return _invalid(INVALID_ANNOTATION, error.message, spec)
         if problems:
             return _invalid(INVALID_POD, "; ".join(problems), spec)
-        mutation = _build(pod, spec, container, self.config.scheduler_name)
+        mutation = _build(pod, spec, container, self.config)
         return _allow(
             MUTATED if mutation.ops else UNCHANGED,
             ops=mutation.ops,
@@ -190,7 +190,7 @@ class Reviewer:
         why = capacity.misfit(spec, capabilities)
         if why is not None:
             return _invalid(UNSATISFIABLE, why, spec)
-        leftover = _build(pod, spec, container, self.config.scheduler_name)
+        leftover = _build(pod, spec, container, self.config)
         if leftover.ops:
             shown = ", ".join(_parts(leftover.patch.paths()))
             return _forbidden(
@@ -295,9 +295,11 @@ def _forged_message(names: list[str]) -> str:
 
 
 def _build(
-    pod: Mapping[str, Any], spec: grammar.PodGpuSpec, container: int, scheduler: str
+    pod: Mapping[str, Any], spec: grammar.PodGpuSpec, container: int, config: WebhookConfig
 ) -> mutating.Mutation:
     try:
-        return mutating.build(pod, spec, container, scheduler)
+        return mutating.build(
+            pod, spec, container, config.scheduler_name, node_agent=config.node_agent
+        )
     except patches.PatchError as error:
         raise ReviewError(f"request.object has an impossible shape: {error}") from None

@@ -18,3 +18,6 @@ class WebhookConfig:
     """Larger review bodies are answered 413."""
     read_timeout_seconds: float = 10.0
     """A body not received within this time is answered 408."""
+    node_agent: bool = False
+    """GPU nodes run `gpuplace node-agent`: GPU containers request `gpuplace.io/gpu` and get
+    their GPUs and MPS env from its device plugin; the webhook writes no GPU env vars."""

@@ -11,7 +11,11 @@ returns the minimal JSON Patch to get there:
   model, per-GPU memory, NVLink domain size when required), ANDed into every term the
   user wrote (terms stay ORed);
 - env vars: `NVIDIA_VISIBLE_DEVICES` from the assignment annotation via the downward API,
-  and for a shared GPU the MPS limits;
+  and for a shared GPU the MPS limits; *unless* the GPU nodes run the node agent
+  (`node_agent`): then the GPU container requests `gpuplace.io/gpu` = its GPU count
+  instead, and the webhook writes no GPU env at all: the agent's device plugin answers
+  the kubelet with the container's GPUs, MPS pipe directory and limits, read from the
+  grant on the node (one source of truth; see docs/node-agent.md, "Allocate");
 - the label `gpuplace.io/managed=true`; for a gang member the gang label and the
   scheduling gate.
 
@@ -103,16 +107,24 @@ def env_vars(spec: grammar.PodGpuSpec) -> list[dict[str, Any]]:
 
 
 def build(
-    pod: Mapping[str, Any], spec: grammar.PodGpuSpec, container: int, scheduler_name: str
+    pod: Mapping[str, Any],
+    spec: grammar.PodGpuSpec,
+    container: int,
+    scheduler_name: str,
+    *,
+    node_agent: bool = False,
 ) -> Mutation:
     """The patch that makes `pod` a gpuplace pod. `container` indexes `spec.containers`
-    (see `pods.problems`). Raises `patches.PatchError` on a pod of impossible shape."""
+    (see `pods.problems`); `node_agent`: the GPU nodes run the node agent (slots instead
+    of env vars). Raises `patches.PatchError` on a pod of impossible shape."""
     patch = patches.Patch(pod)
     warnings: list[str] = []
     _resources(patch, spec, container)
+    _slots(patch, spec, container, node_agent)
     _scheduler(patch, scheduler_name, warnings)
     _affinity(patch, node_expressions(spec))
-    _env(patch, env_vars(spec), container, warnings)
+    if not node_agent:
+        _env(patch, env_vars(spec), container, warnings)
     patch.put(("metadata", "labels", keys.MANAGED), "true")
     if spec.gang is not None:
         patch.put(("metadata", "labels", keys.GANG_LABEL), spec.gang.name)
@@ -148,6 +160,19 @@ def _resources(patch: patches.Patch, spec: grammar.PodGpuSpec, container: int) -
             patch.put((*base, part, keys.RESOURCE_MEMORY), str(spec.resource_memory_mib))
         else:
             patch.remove((*base, part, keys.RESOURCE_MEMORY))
+
+
+def _slots(
+    patch: patches.Patch, spec: grammar.PodGpuSpec, container: int, node_agent: bool
+) -> None:
+    """`gpuplace.io/gpu` = GPU count: the kubelet then asks the node agent (Allocate) what
+    the container gets. Absent without the agent (no node would offer it)."""
+    base = ("spec", "containers", container, "resources")
+    for part in ("requests", "limits"):
+        if node_agent:
+            patch.put((*base, part, keys.RESOURCE_GPU), str(spec.count))
+        else:
+            patch.remove((*base, part, keys.RESOURCE_GPU))
 
 
 def _scheduler(patch: patches.Patch, scheduler_name: str, warnings: list[str]) -> None:

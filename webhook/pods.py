@@ -14,7 +14,7 @@ from cluster import annotations as grammar
 from cluster import keys
 from webhook.reviews import ReviewError
 
-OUR_RESOURCES = (keys.RESOURCE_PERCENT, keys.RESOURCE_MEMORY)
+OUR_RESOURCES = (keys.RESOURCE_PERCENT, keys.RESOURCE_MEMORY, keys.RESOURCE_GPU)
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:

@@ -13,7 +13,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from cluster import connecting, kube, mirroring, pods
+from cluster import connecting, kube, mirroring, nodes, pods
 from cluster.syncing import LedgerSync
 from extender import explaining
 from extender.workloads import PolicyHolder
@@ -34,6 +34,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--context", help="kubeconfig context (default: its current one)")
     parser.add_argument(
         "--policy", default="default", choices=policies.NAMES, help="the sidecar's --policy"
+    )
+    parser.add_argument(
+        "--agent-silence-seconds",
+        type=float,
+        default=nodes.DEFAULT_AGENT_SILENCE,
+        help="the sidecar's --agent-silence-seconds: nodes whose node agent is silent this "
+        "long are shown closed to new GPU pods",
+    )
+    parser.add_argument(
+        "--require-node-agent", action="store_true", help="the sidecar's --require-node-agent"
     )
     parser.add_argument("--all", action="store_true", help="show every node, not the first 40")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
@@ -68,7 +78,9 @@ async def _explain(args: argparse.Namespace, namespace: str, name: str) -> int:
                 print(f"gpuplace explain: pod {namespace}/{name} not found", file=sys.stderr)
                 return 1
             raise
-        sync = LedgerSync()
+        sync = LedgerSync(
+            agent_silence=args.agent_silence_seconds, require_agent=args.require_node_agent
+        )
         await mirroring.Mirror(api, sync).load()
         events = await api.pod_events(namespace, name)
     finally:

@@ -16,12 +16,10 @@ import logging
 import random
 import signal
 import ssl
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 import prometheus_client
-from pydantic import ValidationError
 
 from cluster.connecting import ConnectError
 from gpuplace import logs, serving, settings
@@ -42,17 +40,11 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = settings.from_arguments(args)
-    except ValidationError as error:
-        for item in error.errors(include_url=False):
-            name = ".".join(str(part) for part in item["loc"])
-            print(f"gpuplace serve: {settings.flag(name)}: {item['msg']}", file=sys.stderr)
+    config = settings.build_or_explain(settings.Settings, args, "serve")
+    if config is None:
         return 2
     logs.configure(config.log_level)
-    registry = prometheus_client.CollectorRegistry()
-    prometheus_client.ProcessCollector(registry=registry)
-    prometheus_client.PlatformCollector(registry=registry)
+    registry = serving.process_registry()
     try:
         return asyncio.run(_serve(config, registry))
     except (OSError, serving.InventoryFileError) as error:

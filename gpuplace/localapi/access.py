@@ -70,6 +70,8 @@ SCHEDULER = service_account("gpuplace", "gpuplace-scheduler")
 """The stock kube-scheduler of the gpuplace pod."""
 CERTS = service_account("gpuplace", "gpuplace-certs")
 """`gpuplace certs rotate` in the self-managed overlay's CronJob."""
+NODE_AGENT = service_account("kube-system", "gpuplace-node-agent")
+"""`gpuplace node-agent`, the DaemonSet on GPU nodes."""
 
 
 # --- request attributes ------------------------------------------------------------

@@ -44,6 +44,8 @@ CLUSTER_SCOPED = frozenset(
         "ClusterRoleBinding",
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "PriorityClass",
         "CustomResourceDefinition",
         "ClusterIssuer",

@@ -28,6 +28,7 @@ K8S_VERSION = (
     else "v1.36.2"  # the version the captured fixtures came from, when ../shared is absent
 )
 NAMESPACE = "gpuplace"
+NODE_AGENT_PREFIX = "gpuplace-node-agent"
 SERVICE = "gpuplace-webhook"
 SIDECAR_SA = "gpuplace"
 SCHEDULER_SA = "gpuplace-scheduler"
@@ -84,6 +85,8 @@ def test_names_are_unique_and_namespaced_objects_live_in_gpuplace(tree: str) -> 
         "ClusterRoleBinding",
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     }
     for obj in objects:
         ns = obj["metadata"].get("namespace")
@@ -94,6 +97,8 @@ def test_names_are_unique_and_namespaced_objects_live_in_gpuplace(tree: str) -> 
             "gpuplace-scheduler-authentication-reader",
         ):
             assert ns == "kube-system"  # reads the client CA ConfigMap there
+        elif obj["metadata"]["name"].startswith(NODE_AGENT_PREFIX):
+            assert ns == "kube-system"  # a node daemon: see test_node_agent_manifest.py
         else:
             assert ns == NAMESPACE, f"{obj['kind']}/{obj['metadata']['name']}"
 
@@ -234,7 +239,7 @@ def test_tls_secret_is_the_one_the_certificates_are_written_to(deployment: Obj) 
 
 
 def test_critical_pods_are_admitted_by_a_scoped_quota(deployment: Obj) -> None:
-    quota = one(render("base"), "ResourceQuota")
+    quota = one(render("base"), "ResourceQuota", "gpuplace-critical-pods")
     expr = quota["spec"]["scopeSelector"]["matchExpressions"][0]
     assert expr["scopeName"] == "PriorityClass"
     assert deployment["spec"]["template"]["spec"]["priorityClassName"] in expr["values"]

@@ -52,6 +52,14 @@ CERTS_WEBHOOKS: set[Grant] = {
     for verb in ("get", "patch")
 }
 
+NODE_AGENT: set[Grant] = {
+    ("", "nodes", "patch", ()),
+    ("", "pods", "list", ()),
+    ("", "pods", "watch", ()),
+}
+NAMESPACE_OF = {"gpuplace-node-agent": "kube-system"}
+"""Identities outside the gpuplace namespace (the node agent, a node daemon)."""
+
 # identity -> {(binding kind, role kind, role name, binding namespace)}
 BINDINGS = {
     "gpuplace": {
@@ -67,6 +75,9 @@ BINDINGS = {
     "gpuplace-certs": {
         ("RoleBinding", "Role", "gpuplace-certs", "gpuplace"),
         ("ClusterRoleBinding", "ClusterRole", "gpuplace-certs", None),
+    },
+    "gpuplace-node-agent": {
+        ("ClusterRoleBinding", "ClusterRole", "gpuplace-node-agent", None),
     },
 }
 
@@ -88,7 +99,8 @@ def bindings_of(objects: list[Obj], account: str) -> set[tuple[str, str, str, st
         if obj["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
             continue
         for subject in obj.get("subjects") or []:
-            if subject == {"kind": "ServiceAccount", "name": account, "namespace": "gpuplace"}:
+            namespace = NAMESPACE_OF.get(account, "gpuplace")
+            if subject == {"kind": "ServiceAccount", "name": account, "namespace": namespace}:
                 ref = obj["roleRef"]
                 found.add((obj["kind"], ref["kind"], ref["name"], obj["metadata"].get("namespace")))
     return found
@@ -107,6 +119,7 @@ def test_each_identity_is_bound_to_exactly_its_roles(objects: list[Obj]) -> None
         if obj["kind"] in ("RoleBinding", "ClusterRoleBinding"):
             for subject in obj["subjects"]:
                 assert subject["kind"] == "ServiceAccount" and subject["name"] in BINDINGS
+                assert subject["namespace"] == NAMESPACE_OF.get(subject["name"], "gpuplace")
 
 
 def test_our_roles_grant_exactly_the_documented_verbs(objects: list[Obj]) -> None:
@@ -116,7 +129,8 @@ def test_our_roles_grant_exactly_the_documented_verbs(objects: list[Obj]) -> Non
     assert grants(roles["gpuplace-scheduler-leader-election"]) == SCHEDULER_LEASE
     assert grants(roles["gpuplace-certs"]) == CERTS_SECRETS
     assert grants(cluster_roles["gpuplace-certs"]) == CERTS_WEBHOOKS
-    assert set(cluster_roles) == {"gpuplace", "gpuplace-certs"}
+    assert grants(cluster_roles["gpuplace-node-agent"]) == NODE_AGENT
+    assert set(cluster_roles) == {"gpuplace", "gpuplace-certs", "gpuplace-node-agent"}
     assert set(roles) == {
         "gpuplace-read-scheduler-lease",
         "gpuplace-scheduler-leader-election",
@@ -169,6 +183,7 @@ def test_leases_named_in_rbac_are_the_scheduler_lease(objects: list[Obj]) -> Non
 RBAC_SOURCES = [
     rendering.DEPLOY / "base" / "rbac-gpuplace.yaml",
     rendering.DEPLOY / "base" / "rbac-scheduler.yaml",
+    rendering.DEPLOY / "base" / "rbac-node-agent.yaml",
     rendering.DEPLOY / "overlays" / "self-managed" / "certs-rotation.yaml",
 ]
 
@@ -192,7 +207,8 @@ GROUP_OF = {"core": "", "coordination": "coordination.k8s.io"}
 """`cluster.kube.Kube`'s generated clients, by attribute, and their API groups."""
 
 KUBE = rendering.ROOT / "cluster" / "kube.py"
-SIDECAR_ROOMS = ("cluster", "extender", "webhook", "gpuplace")
+SIDECAR_ROOMS = ("cluster", "extender", "webhook", "gpuplace", "agent")
+"""The rooms whose API calls must all go through `cluster.kube` (the node agent's too)."""
 OWN_CLIENTS = {rendering.ROOT / "gpuplace" / "certs_k8s.py"}
 """The certs job's calls (identity gpuplace-certs), checked by their own test below."""
 GENERATED_METHODS = {
@@ -277,6 +293,54 @@ def test_rbac_covers_every_call_the_sidecar_makes(objects: list[Obj]) -> None:
     assert unused == set(), f"RBAC no call needs: {unused}"
 
 
+AGENT_SOURCES = (
+    rendering.ROOT / "agent",
+    rendering.ROOT / "gpuplace" / "commands" / "node_agent.py",
+)
+KUBE_NEEDS: dict[str, set[tuple[str, str, str]]] = {
+    "patch_node": {("", "nodes", "patch")},
+    "get_pod": {("", "pods", "get")},
+    "create_event": {("", "events", "create")},
+    "patch_event": {("", "events", "patch")},
+}
+"""What each `cluster.kube.Kube` method the node agent calls needs (a method missing here
+fails the test below: add it with its grants)."""
+
+
+def kube_methods_called(*sources: Path) -> set[str]:
+    """`Kube` methods called anywhere in `sources` (files or directories)."""
+    methods = {name for name in vars(kube.Kube) if not name.startswith("_")} - {"close"}
+    pattern = re.compile(r"\.(" + "|".join(sorted(methods)) + r")\(")
+    found: set[str] = set()
+    for source in sources:
+        for path in source.rglob("*.py") if source.is_dir() else [source]:
+            found |= set(pattern.findall(path.read_text()))
+    return found
+
+
+def informers_started(*sources: Path) -> set[str]:
+    """Resources of the `cluster.watching.Informer`s built in `sources` (they list, then
+    watch, through `Kube.list_page` and `Kube.watch`)."""
+    pattern = re.compile(r"watching\.Informer\(\s*\w+,\s*\"(\w+)\"")
+    found: set[str] = set()
+    for source in sources:
+        for path in source.rglob("*.py") if source.is_dir() else [source]:
+            found |= set(pattern.findall(path.read_text()))
+    return found
+
+
+def test_rbac_covers_every_call_the_node_agent_makes(objects: list[Obj]) -> None:
+    called = kube_methods_called(*AGENT_SOURCES)
+    assert "patch_node" in called  # the scan works: publishing writes the Node
+    unknown = called - set(KUBE_NEEDS)
+    assert unknown == set(), f"Kube methods the agent calls with no known grants: {unknown}"
+    watched = informers_started(*AGENT_SOURCES)
+    assert watched == {"pods"}  # the device plugin's pods of its node
+    wanted = set().union(*(KUBE_NEEDS[method] for method in called))
+    wanted |= {("", resource, verb) for resource in watched for verb in ("list", "watch")}
+    assert granted_to(objects, "gpuplace-node-agent") == wanted
+
+
 CERTS_CLIENTS = {"core": "", "adm": "admissionregistration.k8s.io"}
 
 
@@ -310,4 +374,4 @@ def test_the_local_api_enforces_the_rbac_kustomize_renders(objects: list[Obj]) -
         return sorted(kept, key=lambda o: (o["kind"], o["metadata"]["name"]))
 
     assert rbac(access.shipped_objects()) == rbac(objects)
-    assert len(rbac(objects)) == 13
+    assert len(rbac(objects)) == 15

@@ -279,3 +279,29 @@ def test_the_managed_label_cannot_be_dropped_from_a_gpuplace_pod(
         )
         assert "gpuplace.io/managed=true cannot be removed" in refused.message
         assert reviewer.validate(request(_update(old, new, SIDECAR))).allowed
+
+
+def test_with_the_node_agent_mutated_pods_validate(capabilities: Capabilities) -> None:
+    reviewer = admission.Reviewer(WebhookConfig(node_agent=True), FixedCapabilities(capabilities))
+    pod = mutated(reviewer, helpers.pod(SHARE))
+    container = pod["spec"]["containers"][0]
+    assert container["resources"]["limits"][keys.RESOURCE_GPU] == "1"
+    assert "env" not in container
+    decision = reviewer.validate(request(helpers.review(pod)))
+    assert (decision.allowed, decision.reason) == (True, admission.VALID)
+    # a pod mutated without the agent lacks the slots: the agent-mode validator says so
+    plain = mutated(
+        admission.Reviewer(WebhookConfig(), FixedCapabilities(capabilities)), helpers.pod(SHARE)
+    )
+    verdict = reviewer.validate(request(helpers.review(plain)))
+    assert (verdict.allowed, verdict.reason) == (False, admission.NOT_MUTATED)
+
+
+def test_an_init_container_may_not_ask_for_slots(reviewer: admission.Reviewer) -> None:
+    """It would reach the node agent's Allocate with the pod's grant."""
+    pod = helpers.pod(SHARE)
+    other = {"name": "other", "image": "x", "resources": {"limits": {keys.RESOURCE_GPU: "1"}}}
+    pod["spec"]["initContainers"] = [other]
+    decision = reviewer.mutate(request(helpers.review(pod)))
+    assert not decision.allowed
+    assert keys.RESOURCE_GPU in decision.message and "(other)" in decision.message

@@ -333,3 +333,50 @@ def test_mutation_refuses_impossible_shapes() -> None:
     )
     with pytest.raises(patches.PatchError):
         mutating.build(pod, spec(gpu_count="1"), 0, "gpuplace")
+
+
+def mutate_for_agent(pod: dict[str, Any], gpu: grammar.PodGpuSpec) -> dict[str, Any]:
+    mutation = mutating.build(pod, gpu, 0, "gpuplace", node_agent=True)
+    patched: dict[str, Any] = jsonpatch.apply_patch(pod, mutation.ops)
+    again = mutating.build(patched, gpu, 0, "gpuplace", node_agent=True)
+    assert not again.ops, "not idempotent"
+    kubernetes_validate.validate(patched, helpers.schema_version(), strict=True)
+    return patched
+
+
+@pytest.mark.parametrize(
+    ("values", "slots"),
+    [
+        ({"gpu_percent": "50", "gpu_memory": "20Gi"}, "1"),
+        ({"gpu_memory": "8Gi"}, "1"),
+        ({"gpu_count": "4"}, "4"),
+    ],
+)
+def test_with_the_node_agent_the_container_asks_for_slots_and_gets_no_gpu_env(
+    values: dict[str, str], slots: str
+) -> None:
+    gpu = spec(**values)
+    pod = mutate_for_agent(helpers.pod(), gpu)
+    container = pod["spec"]["containers"][0]
+    for part in ("requests", "limits"):
+        assert container["resources"][part][keys.RESOURCE_GPU] == slots
+    # the agent's Allocate answer is the one source of the container's GPU env
+    assert "env" not in container
+    without = mutate(helpers.pod(), gpu)
+    assert keys.RESOURCE_GPU not in without["spec"]["containers"][0]["resources"]["limits"]
+
+
+def test_slots_left_by_hand_are_removed_without_the_node_agent() -> None:
+    gpu = spec(gpu_count="1")
+    container = {
+        "name": "c",
+        "image": "x",
+        "resources": {"limits": {keys.RESOURCE_GPU: "8"}, "requests": {keys.RESOURCE_GPU: "8"}},
+    }
+    patched = mutate(helpers.pod(containers=[container]), gpu)
+    resources = patched["spec"]["containers"][0]["resources"]
+    assert keys.RESOURCE_GPU not in resources["limits"]
+    assert keys.RESOURCE_GPU not in resources["requests"]
+    # and with the agent, a hand-written count is corrected to the granted GPU count
+    fixed = mutate_for_agent(helpers.pod(containers=[container]), gpu)
+    assert fixed["spec"]["containers"][0]["resources"]["limits"][keys.RESOURCE_GPU] == "1"

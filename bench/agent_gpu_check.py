@@ -1,0 +1,182 @@
+"""The node agent on a real GPU machine (no kubelet there): what CI, without a GPU, cannot
+show. Not run in this repository's CI; written for the check on a lent GPU.
+
+1. discovery (`agent.discovery` over the real NVML) equals `nvidia-smi`: index, UUID,
+   model, memory (MiB), PCI bus id;
+2. the agent's own supervisor (`agent.mps`) starts the real `nvidia-cuda-mps-control` for
+   the first GPU, with its per-GPU pipe directory, and it answers;
+3. the device plugin's Allocate answer for a share of that GPU (`bench/agent_answer.py`:
+   the real plugin over real gRPC, the kubelet stand-in admitting it), turned into the env
+   of a host process; a client started with exactly that env allocates device memory
+   through the CUDA driver API (ctypes, no framework needed): half the granted memory
+   must succeed, the grant plus 512 MiB must fail;
+4. the daemon is killed (SIGKILL); the supervisor starts it again, it answers again, and a
+   new client is capped again.
+
+Prints JSON; exit status 1 when a check fails. Needs the NVIDIA driver (libcuda,
+libnvidia-ml, nvidia-smi, nvidia-cuda-mps-control on PATH).
+
+    .venv/bin/python bench/agent_gpu_check.py [--milli 250] [--memory-mib 2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from prometheus_client import CollectorRegistry  # noqa: E402
+
+from agent import discovery, mps, nvml  # noqa: E402
+from bench import agent_answer  # noqa: E402
+
+CLIENT = r"""
+import ctypes, json, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+def check(code, what):
+    if code != 0:
+        print(json.dumps({"error": what, "code": code})); sys.exit(0)
+check(cuda.cuInit(0), "cuInit")
+device, context = ctypes.c_int(), ctypes.c_void_p()
+check(cuda.cuDeviceGet(ctypes.byref(device), 0), "cuDeviceGet")
+check(cuda.cuCtxCreate_v2(ctypes.byref(context), 0, device), "cuCtxCreate")
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+check(cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)), "cuMemGetInfo")
+results = {}
+for mib in map(int, sys.argv[1:]):
+    pointer = ctypes.c_uint64()
+    code = cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(mib << 20))
+    results[mib] = code
+    if code == 0:
+        cuda.cuMemFree_v2(pointer)
+print(json.dumps({"free_mib": free.value >> 20, "total_mib": total.value >> 20,
+                  "alloc_result_by_mib": results}))
+"""
+
+
+def smi() -> list[dict[str, Any]]:
+    fields = "index,uuid,name,memory.total,pci.bus_id"
+    out = subprocess.run(
+        ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = []
+    for line in out.strip().splitlines():
+        index, uuid, name, memory, bus = (part.strip() for part in line.split(","))
+        rows.append(
+            {"index": int(index), "uuid": uuid, "model": name, "memory_mib": int(memory),
+             "pci": nvml.bus_id(bus)}
+        )  # fmt: skip
+    return rows
+
+
+def discovered() -> list[dict[str, Any]]:
+    reading = nvml.Real()
+    try:
+        found = discovery.discover(reading)
+    finally:
+        reading.close()
+    return [
+        {"index": gpu.index, "uuid": gpu.uuid, "model": gpu.model,
+         "memory_mib": gpu.memory_mib, "pci": gpu.pci_bus_id}
+        for gpu in found.gpus
+    ]  # fmt: skip
+
+
+def client(env: dict[str, str], sizes: list[int]) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", CLIENT, *map(str, sizes)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def capped(result: dict[str, Any], small: int, big: int) -> bool:
+    codes = result.get("alloc_result_by_mib", {})
+    return bool(codes.get(str(small)) == 0 and codes.get(str(big), 0) != 0)
+
+
+async def check(args: argparse.Namespace) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    seen, truth = discovered(), smi()
+    report["discovery_equals_nvidia_smi"] = seen == truth
+    report["gpus"] = truth
+    uuid = truth[0]["uuid"]
+    root = Path(tempfile.mkdtemp(prefix="mps", dir="/tmp"))
+    base_env = {
+        name: os.environ[name] for name in ("PATH", "LD_LIBRARY_PATH") if name in os.environ
+    }
+    config = mps.MpsConfig(layout=mps.Layout(root), base_env=base_env, probe_interval_seconds=1.0)
+    supervisor = mps.Supervisor(config, CollectorRegistry())
+    small, big = args.memory_mib // 2, args.memory_mib + 512
+    try:
+        await supervisor.set_gpus([uuid])
+        report["daemon_ready"] = await supervisor.wait_ready(30)
+        grant = argparse.Namespace(
+            uuid=[uuid], count=1, milli=args.milli, memory_mib=args.memory_mib,
+            pipe_dir=str(config.layout.pipe_directory(uuid)), strategy="envvar",
+        )  # fmt: skip
+        answered = await agent_answer.answer(grant)
+        env: dict[str, str] = answered["host_env"]
+        report["allocate_response"] = answered["allocate_response"]
+        report["client_env"] = env
+        first = client(env, [small, big])
+        report["client"] = first
+        report["capped"] = capped(first, small, big)
+        unlimited = client({"CUDA_VISIBLE_DEVICES": uuid}, [small, big])
+        report["client_without_mps"] = unlimited
+        daemon = supervisor.daemons[uuid]
+        killed = daemon.pid
+        assert killed is not None
+        os.kill(killed, signal.SIGKILL)
+        started = time.monotonic()
+        while not (daemon.restarts >= 1 and supervisor.ready(uuid)):
+            if time.monotonic() - started > 60:
+                break
+            await asyncio.sleep(0.1)
+        report["daemon_back_after_kill"] = daemon.restarts >= 1 and supervisor.ready(uuid)
+        report["daemon_back_seconds"] = round(time.monotonic() - started, 2)
+        again = client(env, [small, big])
+        report["client_after_restart"] = again
+        report["capped_after_restart"] = capped(again, small, big)
+    finally:
+        await supervisor.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--milli", type=int, default=250)
+    parser.add_argument("--memory-mib", type=int, default=2048)
+    report = asyncio.run(check(parser.parse_args()))
+    print(json.dumps(report, indent=2))
+    passed = all(
+        report.get(key)
+        for key in ("discovery_equals_nvidia_smi", "daemon_ready", "capped",
+                    "daemon_back_after_kill", "capped_after_restart")
+    )  # fmt: skip
+    sys.exit(0 if passed else 1)
+
+
+if __name__ == "__main__":
+    main()

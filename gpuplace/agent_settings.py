@@ -1,0 +1,122 @@
+"""The node agent's settings (`gpuplace node-agent`): one frozen object per process, built
+once in the entry point, like `gpuplace.settings` for `gpuplace serve`.
+
+Every field is a flag (`--node-name`) and an environment variable (`GPUPLACE_NODE_NAME`); a
+flag wins over the variable, which wins over the default.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from agent import mps as agent_mps
+from gpuplace.settings import ENV_PREFIX
+
+
+class AgentSettings(BaseSettings):
+    """What one node agent needs to know; see docs/node-agent.md."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
+
+    # --- the node and the API ---------------------------------------------------------------
+    node_name: str = Field(
+        min_length=1,
+        description="the Node this agent runs on (the DaemonSet passes spec.nodeName)",
+    )
+    kubeconfig: Path | None = Field(
+        None, description="kubeconfig for the API (default: in-cluster service account)"
+    )
+    kube_timeout_seconds: float = Field(10.0, gt=0, description="seconds for one API request")
+
+    # --- discovery and publishing ------------------------------------------------------------
+    nvml_replay: Path | None = Field(
+        None,
+        description="answer NVML from this captured reading (nvml-*.json) instead of the "
+        "driver: for tests, demos and benchmarks, never on a real node",
+    )
+    discover_seconds: float = Field(
+        5.0, gt=0, description="how often NVML is read (health, XID events)"
+    )
+    heartbeat_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="the Node's gpuplace.io/agent-heartbeat is renewed this often; keep the "
+        "sidecar's --agent-silence-seconds a few times larger",
+    )
+
+    # --- the device plugin -------------------------------------------------------------------
+    device_plugin_dir: Path = Field(
+        Path("/var/lib/kubelet/device-plugins"),
+        description="the kubelet's device-plugin directory (its kubelet.sock and ours)",
+    )
+    device_list_strategy: Literal["volume-mounts", "cdi", "envvar"] = Field(
+        "volume-mounts",
+        description="how a container's GPUs reach the runtime: volume-mounts (the NVIDIA "
+        "runtime with deploy/node/'s settings), cdi (a runtime with CDI on and a spec from "
+        "nvidia-ctk cdi generate), envvar (only where no pod can set NVIDIA_VISIBLE_DEVICES)",
+    )
+    allocate_wait_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="how long Allocate waits for its pod (and a share for its MPS daemon) "
+        "before it refuses",
+    )
+
+    # --- MPS -------------------------------------------------------------------------------------
+    mps: bool = Field(
+        True,
+        description="run an MPS control daemon per GPU so that shares' limits hold; off: "
+        "no daemon, and shares run without limits (docs/node-agent.md)",
+    )
+    mps_root: Path = Field(
+        agent_mps.Layout().root,
+        description="host directory of the daemons' pipe, log and shm directories (the "
+        "same path inside the agent's container)",
+    )
+    mps_control: str = Field(
+        "nvidia-cuda-mps-control",
+        min_length=1,
+        description="the MPS control binary (a command line; the agent adds -f)",
+    )
+    mps_start_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="a daemon that does not answer within this time after its start is "
+        "killed and started again; the device plugin waits as long for the first start",
+    )
+    mps_probe_seconds: float = Field(
+        5.0, gt=0, description="how often each daemon is asked get_server_list"
+    )
+
+    # --- operations ------------------------------------------------------------------------
+    metrics_address: str = Field("0.0.0.0", description="address of /metrics /healthz /readyz")
+    metrics_port: int = Field(9090, ge=0, le=65535, description="plain HTTP port of the above")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="threshold of the JSON process log (stderr)"
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("mps_root")
+    @classmethod
+    def _short_enough(cls, value: Path) -> Path:
+        agent_mps.Layout(value)  # raises ValueError when socket paths would not fit
+        return value
+
+    def mps_config(self, base_env: dict[str, str]) -> agent_mps.MpsConfig:
+        """The supervisor's configuration; `base_env` is what the daemons inherit."""
+        return agent_mps.MpsConfig(
+            layout=agent_mps.Layout(self.mps_root),
+            command=tuple(shlex.split(self.mps_control)),
+            base_env=base_env,
+            probe_interval_seconds=self.mps_probe_seconds,
+            start_timeout_seconds=self.mps_start_timeout_seconds,
+        )

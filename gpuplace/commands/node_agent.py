@@ -1,0 +1,263 @@
+"""`gpuplace node-agent`: the node agent, one per opted-in GPU node (a DaemonSet; see
+docs/node-agent.md). It discovers the node's GPUs and their health through NVML and keeps
+them and a heartbeat on its Node (agent.publishing), answers the kubelet's device-plugin
+API so that each container gets exactly its grant (agent.plugin), runs one MPS control
+daemon per GPU and restarts it when it dies (agent.mps), and serves /metrics, /healthz
+and /readyz.
+
+Order at start: the node's pod informer, the first discovery, then the MPS daemons of
+the node's GPUs, which must answer before a share is handed out (a client that starts
+without its daemon runs with no limits), then the device plugin (registered with the
+kubelet) and the periodic discovery and heartbeat.
+
+Every flag is also an environment variable `GPUPLACE_<FLAG>`. Exit codes: 0 after
+SIGTERM/SIGINT, 2 for invalid settings, 1 when it cannot start (no API, no NVML, port in
+use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import prometheus_client
+
+from agent import allocating, discovery, mps, nvml, plugin, publishing
+from cluster import connecting, kube, watching
+from gpuplace import logs, serving, settings
+from gpuplace.agent_settings import AgentSettings
+
+log = logging.getLogger(__name__)
+
+INHERITED_ENV = ("PATH", "LD_LIBRARY_PATH")
+"""What the MPS daemons inherit from the agent: where the container toolkit put the
+driver's binaries (nvidia-cuda-mps-server) and libraries."""
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "node-agent",
+        help="run the node agent: GPU discovery and heartbeat, MPS daemons, ops endpoints",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    settings.add_arguments(parser, AgentSettings)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = settings.build_or_explain(AgentSettings, args, "node-agent")
+    if config is None:
+        return 2
+    logs.configure(config.log_level)
+    registry = serving.process_registry()
+    try:
+        return asyncio.run(_serve(config, registry))
+    except (OSError, nvml.NvmlError) as error:
+        log.error("cannot start", extra={"error": str(error)})
+        return 1
+
+
+def shareable(found: discovery.Discovery | None) -> list[str]:
+    """The GPUs that get an MPS daemon: every GPU with a known UUID that is not in MIG
+    mode (a share may be granted on any of them at any time, and its daemon must already
+    answer then). Whole-GPU grants never reach a daemon: their containers get no pipe
+    directory. O(GPUs)."""
+    if found is None:
+        return []
+    return [gpu.uuid for gpu in found.gpus if gpu.uuid is not None and gpu.mig is not True]
+
+
+def node_gpus(found: discovery.Discovery | None) -> list[allocating.NodeGpu]:
+    """The GPUs the device plugin lists: those with a known UUID (a GPU NVML cannot name
+    cannot be granted by UUID), healthy or not as discovered. O(GPUs)."""
+    if found is None:
+        return []
+    return [
+        allocating.NodeGpu(gpu.index, gpu.uuid, healthy=gpu.health.healthy, numa=gpu.numa)
+        for gpu in found.gpus
+        if gpu.uuid is not None
+    ]
+
+
+@dataclass(slots=True)
+class AgentProcess:
+    """The parts of one `gpuplace node-agent` process, built and not yet started."""
+
+    config: AgentSettings
+    server: serving.Server
+    api: kube.Kube
+    nvml: nvml.Nvml
+    publisher: publishing.Publisher
+    supervisor: mps.Supervisor | None
+    plugin: plugin.PluginServer
+    informer: watching.Informer[dict[str, Any]]
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def not_published_reason(self) -> str | None:
+        if self.publisher.beat_at is None:
+            return "the node's GPUs are not published yet" + (
+                f" ({self.publisher.last_error})" if self.publisher.last_error else ""
+            )
+        return None
+
+    def not_serving_reason(self) -> str | None:
+        if not self.informer.synced.is_set():
+            return "the node's pods are not listed yet"
+        if not self.plugin.registered.is_set():
+            return "the device plugin is not registered with the kubelet"
+        return None
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _discovered(self, found: discovery.Discovery) -> None:
+        """A GPU appeared, went or changed health: the plugin lists the new GPUs, and the
+        shareable ones get exactly one daemon each."""
+        self.plugin.set_gpus(node_gpus(found))
+        if self.supervisor is not None:
+            self._spawn(self.supervisor.set_gpus(shareable(found)), "mps set_gpus")
+
+    def _mps_changed(self) -> None:
+        """A daemon started, stopped, became ready or stopped answering: the plugin knows
+        each GPU's pipe directory and looks again at the shares waiting for their daemon
+        (it hands out a share only while `supervisor.ready(uuid)`)."""
+        supervisor = self.supervisor
+        if supervisor is None:
+            return
+        layout = supervisor.layout
+        daemons = {
+            uuid: allocating.Mps(
+                pipe_dir=str(layout.pipe_directory(uuid)), shm_dir=str(layout.shm_directory)
+            )
+            for uuid in supervisor.daemons
+        }
+        options = self.plugin.options
+        self.plugin.options = allocating.Options(options.strategy, options.cdi_kind, daemons)
+        self.plugin.mps_changed()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        publisher, supervisor = self.publisher, self.supervisor
+        self._spawn(self.informer.run(), "pod informer")
+        try:
+            await publisher.publish_once()
+        except kube.ApiError as error:  # published by the loop below once the API answers
+            log.warning("node GPUs not published yet", extra={"error": str(error)})
+        self.plugin.set_gpus(node_gpus(publisher.discovery))
+        publisher.on_change.append(self._discovered)
+        if supervisor is not None:
+            supervisor.subscribe(self._mps_changed)
+            await supervisor.set_gpus(shareable(publisher.discovery))
+            self._mps_changed()
+            if not await supervisor.wait_ready(self.config.mps_start_timeout_seconds):
+                log.warning(
+                    "mps daemons not ready", extra={"reason": supervisor.not_ready_reason()}
+                )
+        stop_plugin = asyncio.Event()
+        self._spawn(self.plugin.run(stop_plugin), "device plugin")
+        self._spawn(publisher.run(), "publishing")
+        try:
+            yield
+        finally:
+            stop_plugin.set()
+            for task in list(self.tasks):
+                if task.get_name() != "device plugin":
+                    task.cancel()
+            for task in list(self.tasks):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if supervisor is not None:
+                await supervisor.stop()
+            await self.api.close()
+            close(self.nvml)
+
+
+def close(reading: nvml.Nvml) -> None:
+    """Shut NVML down (a replay holds nothing)."""
+    if isinstance(reading, nvml.Real):
+        reading.close()
+
+
+def open_nvml(config: AgentSettings) -> nvml.Nvml:
+    """The driver's NVML, or the captured reading `--nvml-replay` names."""
+    if config.nvml_replay is not None:
+        return nvml.Replay.load(config.nvml_replay)
+    return nvml.Real()
+
+
+async def compose(
+    config: AgentSettings,
+    registry: prometheus_client.CollectorRegistry,
+    *,
+    base_env: dict[str, str] | None = None,
+) -> AgentProcess:
+    """The process as configured; run it with `process.server.run(stop)`. Raises
+    `ConnectError` (no API), `NvmlError` (no driver), `OSError` (replay file)."""
+    reading = open_nvml(config)
+    try:
+        client = await connecting.api_client(config.kubeconfig)
+    except BaseException:
+        close(reading)
+        raise
+    api = kube.Kube(client, timeout=config.kube_timeout_seconds)
+    publisher = publishing.Publisher(
+        api,
+        config.node_name,
+        reading,
+        heartbeat_seconds=config.heartbeat_seconds,
+        discover_seconds=config.discover_seconds,
+        registry=registry,
+    )
+    if base_env is None:
+        base_env = {name: os.environ[name] for name in INHERITED_ENV if name in os.environ}
+    supervisor = mps.Supervisor(config.mps_config(base_env), registry) if config.mps else None
+    view = plugin.PodView()
+    informer = plugin.pod_informer(api, config.node_name, view, watching.InformerMetrics(registry))
+    server_of_plugin = plugin.PluginServer(
+        node=config.node_name,
+        gpus=(),
+        pods=view,
+        # No MPS until the daemons run: a share is refused rather than run unlimited.
+        options=allocating.Options(allocating.Strategy(config.device_list_strategy), mps=None),
+        # A share of a GPU is handed out only while that GPU's own daemon answers; without
+        # MPS (--mps=false) never (an event nobody sets).
+        mps_ready=supervisor.ready if supervisor is not None else asyncio.Event(),
+        directory=str(config.device_plugin_dir),
+        wait_seconds=config.allocate_wait_seconds,
+        registry=registry,
+    )
+    server = serving.Server(registry)
+    process = AgentProcess(
+        config, server, api, reading, publisher, supervisor, server_of_plugin, informer
+    )
+    server.add_site("ops", serving.ops_app(server), config.metrics_address, config.metrics_port)
+    server.add_context(process.running)
+    server.add_readiness("publishing", process.not_published_reason)
+    server.add_readiness("device plugin", process.not_serving_reason)
+    if supervisor is not None:
+        server.add_readiness("mps", supervisor.not_ready_reason)
+    return process
+
+
+async def _serve(config: AgentSettings, registry: prometheus_client.CollectorRegistry) -> int:
+    try:
+        process = await compose(config, registry)
+    except connecting.ConnectError as error:
+        log.error("cannot reach the Kubernetes API", extra={"error": str(error)})
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await process.server.run(stop)
+    return 0

@@ -1,0 +1,263 @@
+"""`gpuplace node-agent` composed as it runs on a node: the real API client against the
+fake API server as the agent's own ServiceAccount (the RBAC deploy/ ships is enforced),
+NVML replayed from the captured H100 readings (8 GPUs derived from it), MPS daemons from
+the stand-in control binary, the kubelet stand-in speaking the device-plugin gRPC on unix
+sockets, the ops endpoints on a real port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agent import nvml
+from cluster import keys
+from gpuplace import cli
+from gpuplace.agent_settings import AgentSettings
+from gpuplace.commands import node_agent
+from tests import fakeapi
+from tests.agent import kubelet as standin
+from tests.fakeapi import objects
+
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "gpu"
+STANDIN = Path(__file__).resolve().parents[1] / "agent" / "mps_standin.py"
+NODE = "h100-0"
+
+
+@pytest.fixture
+def mps_root() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="mps", dir="/tmp"))  # short: socket paths
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def kubelet() -> AsyncIterator[standin.Kubelet]:
+    directory = Path(tempfile.mkdtemp(prefix="dp", dir="/tmp"))  # short: socket paths
+    made = standin.Kubelet(directory)
+    await made.start()
+    yield made
+    await made.stop()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[fakeapi.Server]:
+    # enforcing the RBAC deploy/ ships: the agent may make exactly its calls
+    enforced = fakeapi.FakeApi(bookmark_interval=0.2, access=fakeapi.Access.shipped())
+    async with fakeapi.serve(enforced) as running:
+        running.api.create(objects.node(NODE, gpus=0))
+        yield running
+
+
+def eight_gpus(tmp_path: Path) -> Path:
+    reading = nvml.Replay.load(FIXTURES / "nvml-idle.json").reading
+    path = tmp_path / "nvml-8.json"
+    path.write_text(json.dumps(nvml.derived(reading, 8, nvlink_domains=[range(8)])))
+    return path
+
+
+def agent_settings(
+    api: fakeapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet, **values: Any
+) -> Any:
+    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig", fakeapi.NODE_AGENT)
+    return AgentSettings(
+        device_plugin_dir=kubelet.directory,
+        allocate_wait_seconds=1.0,
+        node_name=NODE,
+        kubeconfig=kubeconfig,
+        nvml_replay=eight_gpus(tmp_path),
+        metrics_address="127.0.0.1",
+        metrics_port=0,
+        mps_root=mps_root,
+        mps_control=f"{sys.executable} {STANDIN}",
+        mps_probe_seconds=0.05,
+        mps_start_timeout_seconds=5.0,
+        discover_seconds=0.1,
+        **values,
+    )
+
+
+async def until(condition: Callable[[], Any], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_the_agent_publishes_runs_mps_serves_the_kubelet_and_reports(
+    api: fakeapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet
+) -> None:
+    config = agent_settings(api, tmp_path, mps_root, kubelet)
+    process = await node_agent.compose(config, CollectorRegistry(), base_env={})
+    stop = asyncio.Event()
+    running = asyncio.create_task(process.server.run(stop))
+    try:
+        await asyncio.wait_for(process.server.started.wait(), 20)
+        base = f"http://127.0.0.1:{process.server.port('ops')}"
+        async with aiohttp.ClientSession() as http:
+
+            async def ready() -> bool:
+                async with http.get(f"{base}/readyz") as response:
+                    return response.status == 200
+
+            async def get(path: str) -> str:
+                async with http.get(f"{base}{path}") as response:
+                    return await response.text()
+
+            await until(ready)
+            # published as the agent's own identity: the RBAC allows exactly that
+            node = api.api.get("nodes", NODE)
+            gpus = json.loads(node["metadata"]["annotations"][keys.NODE_GPUS])
+            uuids = [gpu["uuid"] for gpu in gpus]
+            assert len(uuids) == 8 and keys.AGENT_HEARTBEAT in node["metadata"]["annotations"]
+            # one daemon per GPU, each answering through its own pipe directory
+            assert process.supervisor is not None
+            assert sorted(process.supervisor.daemons) == sorted(uuids)
+            for uuid in uuids:
+                assert (mps_root / uuid / "pipe" / "control").is_socket()
+            metrics = await get("/metrics")
+            for uuid in uuids:
+                assert f'gpuplace_mps_daemon_ready{{gpu="{uuid}"}} 1.0' in metrics
+            assert 'gpuplace_agent_gpus{health="healthy"} 8.0' in metrics
+            assert json.loads(await get("/healthz")) == {"status": "ok"}
+
+            # the kubelet: 100 slots per GPU, and a share gets its own GPU's daemon
+            async def listed() -> bool:
+                return len(kubelet.devices) == 800
+
+            await until(listed)
+            share = standin.pod("share", [3], [uuids[3]], milli=250, memory_mib=2048, node=NODE)
+            api.api.create(share)
+            answer = await kubelet.admit(1)
+            mounts = {m.container_path: m.host_path for m in answer.mounts}
+            assert mounts == {
+                f"/var/run/nvidia-container-devices/{uuids[3]}": "/dev/null",
+                "/tmp/nvidia-mps": str(mps_root / uuids[3] / "pipe"),
+                "/dev/shm": str(mps_root / "shm"),
+            }
+            assert dict(answer.envs) == {
+                "NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices",
+                "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2048M",
+            }
+            # a container with no grant gets nothing
+            with pytest.raises(grpc.aio.AioRpcError):
+                await kubelet.admit(1)
+            api.api.set_phase("research", "share", "Running")
+
+            # per GPU: while GPU 5 has no daemon, a share there is refused (it would run
+            # unlimited); a share on GPU 2, whose daemon answers, is served meanwhile
+            supervisor = process.supervisor
+            await supervisor.set_gpus([u for u in uuids if u != uuids[5]])
+            api.api.create(standin.pod("on-5", [5], [uuids[5]], milli=500, node=NODE))
+            with pytest.raises(grpc.aio.AioRpcError, match="MPS"):
+                await kubelet.admit(1)
+            api.api.set_phase("research", "on-5", "Failed")
+            api.api.create(standin.pod("on-2", [2], [uuids[2]], milli=500, node=NODE))
+            answer = await kubelet.admit(1)
+            assert answer.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+            await supervisor.set_gpus(uuids)
+            assert await supervisor.wait_ready(10)
+
+            # a daemon killed on the node: /readyz says so, then it is back
+            daemon = process.supervisor.daemons[uuids[3]]
+            assert daemon.pid is not None
+            os.kill(daemon.pid, signal.SIGKILL)
+
+            async def not_ready() -> bool:
+                return not await ready()
+
+            await until(not_ready)
+            async with http.get(f"{base}/readyz") as response:
+                body = await response.json()
+            assert uuids[3] in body["reasons"]["mps"]
+            await until(ready)
+            metrics = await get("/metrics")
+            assert f'gpuplace_mps_daemon_restarts_total{{gpu="{uuids[3]}"}} 1.0' in metrics
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 30)
+    # stopped: every daemon quit
+    assert all(d.process and d.process.returncode == 0 for d in process.supervisor.daemons.values())
+
+
+async def test_without_mps_shares_are_refused_and_whole_gpus_served(
+    api: fakeapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet
+) -> None:
+    config = agent_settings(api, tmp_path, mps_root, kubelet, mps=False)
+    process = await node_agent.compose(config, CollectorRegistry(), base_env={})
+    assert process.supervisor is None
+    assert set(process.server.readiness) == {"publishing", "device plugin"}
+    stop = asyncio.Event()
+    running = asyncio.create_task(process.server.run(stop))
+    try:
+        await asyncio.wait_for(process.server.started.wait(), 20)
+        await kubelet.listed(1)
+        uuids = [gpu.uuid for gpu in process.plugin.gpus]
+        api.api.create(standin.pod("share", [0], [uuids[0]], milli=500, node=NODE))
+        with pytest.raises(grpc.aio.AioRpcError, match="MPS"):  # it would run unlimited
+            await kubelet.admit(1)
+        # the kubelet fails a pod whose admission was refused
+        api.api.set_phase("research", "share", "Failed")
+        api.api.create(standin.pod("whole", [5], [uuids[5]], node=NODE))
+
+        async def seen() -> bool:
+            return any(p["metadata"]["name"] == "whole" for p in process.plugin.pods.pods.values())
+
+        await until(seen)
+        answer = await kubelet.admit(1)
+        assert [m.container_path for m in answer.mounts] == [
+            f"/var/run/nvidia-container-devices/{uuids[5]}"  # no MPS for a whole GPU
+        ]
+        assert not any(name.startswith("CUDA_MPS_") for name in answer.envs)
+        assert process.server.not_ready() == {}
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 30)
+    assert list(mps_root.iterdir()) == []
+
+
+def test_mig_gpus_and_unknown_uuids_get_no_daemon() -> None:
+    reading = nvml.derived(nvml.Replay.load(FIXTURES / "nvml-idle.json").reading, 3)
+    reading["gpus"][1]["mig_mode"] = [1, 1]
+    reading["gpus"][2]["uuid"] = {"nvml_error": "Unknown Error"}
+    from agent import discovery
+
+    found = discovery.discover(nvml.Replay(reading))
+    assert node_agent.shareable(found) == [found.gpus[0].uuid]
+    assert node_agent.shareable(None) == []
+
+
+def test_help_lists_every_setting_with_its_env() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuplace.cli", "node-agent", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for name in AgentSettings.model_fields:
+        assert f"--{name.replace('_', '-')}" in done.stdout
+        assert f"GPUPLACE_{name.upper()}" in done.stdout.replace("\n", "").replace(" ", "")
+
+
+def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    args = cli.build_parser().parse_args(["node-agent", "--mps-root", "/" + "x" * 70])
+    assert args.run(args) == 2
+    err = capsys.readouterr().err
+    assert "--node-name" in err and "--mps-root" in err
