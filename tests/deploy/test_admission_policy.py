@@ -217,6 +217,7 @@ def _bypass_table() -> list[tuple[str, Obj, bool]]:
     plain = helpers.pod()
     running = annotated(share(), **{keys.ASSIGNED_GPUS: "0", keys.ASSIGNED_NODE: "h100-0"})
     all_gpus = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}
+    no_gpu = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
     from_user = {
         "name": "NVIDIA_VISIBLE_DEVICES",
         "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['mine']"}},
@@ -230,6 +231,7 @@ def _bypass_table() -> list[tuple[str, Obj, bool]]:
     node = "system:node:h100-0"
     return [
         ("plain pod", request("CREATE", plain), False),
+        ("a CPU pod that asks for no GPU", request("CREATE", with_env(plain, no_gpu)), False),
         ("NVIDIA_VISIBLE_DEVICES=all", request("CREATE", with_env(plain, all_gpus)), True),
         ("... in an init container", request("CREATE", with_env(plain, all_gpus,
                                                                field="initContainers")), True),
@@ -305,7 +307,11 @@ FIELD_PATHS = st.sampled_from(
     [f"metadata.annotations['{keys.VISIBLE_DEVICES}']", "metadata.annotations['mine']"]
 )
 ENTRY = st.one_of(
-    st.builds(lambda n, v: {"name": n, "value": v}, NAMES, st.sampled_from(["all", "0", "50"])),
+    st.builds(
+        lambda n, v: {"name": n, "value": v},
+        NAMES,
+        st.sampled_from(["all", "0", "50", "void", "none", "", "NONE"]),
+    ),
     st.builds(
         lambda n, p: {"name": n, "valueFrom": {"fieldRef": {"fieldPath": p}}}, NAMES, FIELD_PATHS
     ),
@@ -313,9 +319,11 @@ ENTRY = st.one_of(
 
 
 def allowed_entry(entry: Obj) -> bool:
-    """The rule, said in Python."""
+    """The rule, said in Python: `void`, `none` or empty ask the runtime for no GPU."""
     name: str = entry["name"]
-    return name != "NVIDIA_VISIBLE_DEVICES" and not name.startswith("CUDA_MPS_")
+    if name == "NVIDIA_VISIBLE_DEVICES":
+        return entry.get("value") in ("void", "none", "")
+    return not name.startswith("CUDA_MPS_")
 
 
 @given(st.lists(ENTRY, max_size=5), st.booleans(), st.booleans())
