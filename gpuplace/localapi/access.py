@@ -43,7 +43,7 @@ Obj = dict[str, Any]
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 """deploy/ of the source tree this package was loaded from (absent in an installed wheel)."""
-SHIPPED = "overlays/self-managed"
+SHIPPED = "overlays/self-managed-node-agent"
 
 RBAC_KINDS = ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
 RBAC_GROUP = "rbac.authorization.k8s.io"
@@ -310,14 +310,17 @@ RENAMING = (
     "namePrefix",
     "nameSuffix",
     "namespace",
-    "patches",
     "patchesStrategicMerge",
     "patchesJson6902",
     "replacements",
-    "components",
 )
 """kustomization fields that could change RBAC objects; reading the files as they are
-would then be wrong, so `shipped_objects` refuses them."""
+would then be wrong, so `shipped_objects` refuses them (and `patches` that target RBAC or
+ServiceAccounts; `components` are followed like `resources`)."""
+
+
+_PATCHABLE = frozenset({"Deployment", "DaemonSet"})
+"""Kinds a shipped `patches` entry may target: nothing the RBAC read here depends on."""
 
 
 class ManifestsMissing(RuntimeError):
@@ -342,12 +345,20 @@ def shipped_objects(tree: str = SHIPPED, deploy: Path = DEPLOY) -> list[Obj]:
 def _walk(directory: Path) -> Iterator[Obj]:
     kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text()) or {}
     refused = [field for field in RENAMING if kustomization.get(field)]
+    if any(
+        ((patch or {}).get("target") or {}).get("kind") not in _PATCHABLE
+        for patch in kustomization.get("patches") or ()
+    ):
+        refused.append("patches of RBAC objects (or without a target kind)")
     if refused:
         raise ValueError(
             f"{directory}/kustomization.yaml uses {', '.join(refused)}: read the RBAC from "
             "`kustomize build` instead"
         )
-    for entry in kustomization.get("resources") or ():
+    for entry in [
+        *(kustomization.get("resources") or ()),
+        *(kustomization.get("components") or ()),
+    ]:
         path = (directory / entry).resolve()
         if path.is_dir():
             yield from _walk(path)

@@ -17,7 +17,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-OVERLAYS = ("self-managed", "cert-manager")
+OVERLAYS = ("self-managed", "cert-manager", "self-managed-node-agent")
+NODE_AGENT = "overlays/self-managed-node-agent"
+"""The shipped overlay that turns the node agent on (components/node-agent)."""
 TREES = ("base", *(f"overlays/{name}" for name in OVERLAYS))
 
 Obj = dict[str, Any]

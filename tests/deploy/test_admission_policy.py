@@ -1,6 +1,6 @@
-"""The ValidatingAdmissionPolicies of deploy/base/admission-policy.yaml, evaluated by
-cel-python the way kube-apiserver evaluates them (matchConditions, then the variables in
-order, then each validation; `has` as strict as cel-go's, see tests.deploy.matching):
+"""The ValidatingAdmissionPolicies of deploy/components/node-agent/admission-policy.yaml,
+evaluated by cel-python the way kube-apiserver evaluates them (matchConditions, then the
+variables in order, then each validation; `has` as strict as cel-go's, see tests.deploy.matching):
 against every captured AdmissionReview as the API server sent it, the same pods mutated by
 gpuplace's own webhook, a table of bypass attempts, and random env lists. An expression
 that fails would refuse the request (failurePolicy Fail), so every evaluation must succeed.
@@ -41,7 +41,7 @@ FIXTURES = rendering.ROOT.parent / "shared" / "fixtures" / "admission"
 
 
 def policy(name: str) -> Obj:
-    return rendering.one(rendering.render("base"), "ValidatingAdmissionPolicy", name)
+    return rendering.one(rendering.render(rendering.NODE_AGENT), "ValidatingAdmissionPolicy", name)
 
 
 @functools.cache
@@ -111,9 +111,9 @@ def request(
 def deployed_reviewer() -> admission.Reviewer:
     """gpuplace's webhook as deploy/ runs it: with `--node-agent=true`."""
     args = rendering.container(
-        rendering.one(rendering.render("base"), "Deployment", "gpuplace")["spec"]["template"][
-            "spec"
-        ],
+        rendering.one(rendering.render(rendering.NODE_AGENT), "Deployment", "gpuplace")["spec"][
+            "template"
+        ]["spec"],
         "gpuplace",
     )["args"]
     assert "--node-agent=true" in args
@@ -338,7 +338,7 @@ def test_env_is_refused_exactly_when_it_names_gpus_or_mps(
 
 
 def test_the_binding_spares_only_the_nodes_own_machinery() -> None:
-    objects = rendering.render("base")
+    objects = rendering.render(rendering.NODE_AGENT)
     binding = rendering.one(objects, "ValidatingAdmissionPolicyBinding", BYPASS)
     assert binding["spec"]["policyName"] == BYPASS
     assert binding["spec"]["validationActions"] == ["Deny"]

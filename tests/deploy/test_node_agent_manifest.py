@@ -22,7 +22,7 @@ ACCOUNT = "gpuplace-node-agent"
 
 @pytest.fixture(scope="module")
 def daemonset() -> Obj:
-    return one(render("overlays/self-managed"), "DaemonSet", "gpuplace-node-agent")
+    return one(render(rendering.NODE_AGENT), "DaemonSet", "gpuplace-node-agent")
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_its_arguments_and_env_are_settings_the_agent_has(pod: Obj) -> None:
 
 
 def test_its_identity_is_the_one_the_policies_and_rbac_name(pod: Obj) -> None:
-    objects = render("overlays/self-managed")
+    objects = render(rendering.NODE_AGENT)
     assert pod["serviceAccountName"] == ACCOUNT
     account = one(objects, "ServiceAccount", ACCOUNT)
     assert account["metadata"]["namespace"] == NAMESPACE
@@ -119,10 +119,30 @@ def test_its_identity_is_the_one_the_policies_and_rbac_name(pod: Obj) -> None:
 
 
 def test_its_metrics_are_reachable_from_monitoring_only() -> None:
-    policy = one(render("base"), "NetworkPolicy", "gpuplace-node-agent")
+    policy = one(render(rendering.NODE_AGENT), "NetworkPolicy", "gpuplace-node-agent")
     (ingress,) = policy["spec"]["ingress"]
     assert [p["port"] for p in ingress["ports"]] == [9090]
     (source,) = ingress["from"]
     assert source["namespaceSelector"]["matchLabels"] == {
         "kubernetes.io/metadata.name": "monitoring"
     }
+
+
+def test_the_node_agent_is_opt_in() -> None:
+    """deploy/base and its overlays run the webhook's env path (GPU pods request only
+    gpuplace.io/gpu-percent and gpu-memory, which the sidecar advertises): a cluster whose
+    GPU nodes have no agent yet, or nodes that are API objects only, still places and binds.
+    components/node-agent adds the DaemonSet, the no-bypass policies and --node-agent=true
+    on the sidecar's container, together."""
+    for tree in ("base", "overlays/self-managed", "overlays/cert-manager"):
+        objects = render(tree)
+        sidecar = container(one(objects, "Deployment", "gpuplace")["spec"]["template"]["spec"],
+                            "gpuplace")  # fmt: skip
+        assert "--node-agent=true" not in sidecar["args"], tree
+        assert not [o for o in objects if o["kind"] in ("DaemonSet", "ValidatingAdmissionPolicy")]
+    objects = render(rendering.NODE_AGENT)
+    sidecar = container(one(objects, "Deployment", "gpuplace")["spec"]["template"]["spec"],
+                        "gpuplace")  # fmt: skip
+    assert sidecar["args"].count("--node-agent=true") == 1
+    assert one(objects, "DaemonSet", ACCOUNT)
+    assert one(objects, "ValidatingAdmissionPolicy", "gpuplace-no-gpu-bypass")

@@ -108,7 +108,7 @@ def bindings_of(objects: list[Obj], account: str) -> set[tuple[str, str, str, st
 
 @pytest.fixture(scope="module")
 def objects() -> list[Obj]:
-    return render("overlays/self-managed")
+    return render(rendering.NODE_AGENT)  # every identity deploy/ ships
 
 
 def test_each_identity_is_bound_to_exactly_its_roles(objects: list[Obj]) -> None:
@@ -183,7 +183,7 @@ def test_leases_named_in_rbac_are_the_scheduler_lease(objects: list[Obj]) -> Non
 RBAC_SOURCES = [
     rendering.DEPLOY / "base" / "rbac-gpuplace.yaml",
     rendering.DEPLOY / "base" / "rbac-scheduler.yaml",
-    rendering.DEPLOY / "base" / "rbac-node-agent.yaml",
+    rendering.DEPLOY / "components" / "node-agent" / "rbac-node-agent.yaml",
     rendering.DEPLOY / "overlays" / "self-managed" / "certs-rotation.yaml",
 ]
 
