@@ -71,7 +71,7 @@ class AgentSettings(BaseSettings):
     mps: bool = Field(
         True,
         description="run an MPS control daemon per GPU so that shares' limits hold; off: "
-        "no daemon, and shares run without limits (docs/node-agent.md)",
+        "no daemon, and shares are refused (whole GPUs still served)",
     )
     mps_root: Path = Field(
         agent_mps.Layout().root,

@@ -1,18 +1,26 @@
-"""docs/extender.md's flags table stays true to the sidecar's settings: every setting
-is listed, and nothing listed is gone."""
+"""The flags tables stay true to the settings: docs/extender.md lists every setting of the
+sidecar and docs/node-agent.md every setting of the node agent, and neither lists a flag
+that is gone."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
+from pydantic_settings import BaseSettings
+
+from gpuplace.agent_settings import AgentSettings
 from gpuplace.sidecar import SidecarSettings
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "extender.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
-def test_the_flags_table_lists_every_sidecar_setting() -> None:
-    listed = set(re.findall(r"^\| `--([a-z0-9-]+)`", DOC.read_text(), re.MULTILINE))
-    settings = {name.replace("_", "-") for name in SidecarSettings.model_fields}
-    assert sorted(settings - listed) == [], "settings missing from docs/extender.md"
-    assert sorted(listed - settings) == [], "docs/extender.md lists flags that do not exist"
+@pytest.mark.parametrize(
+    ("settings", "doc"), [(SidecarSettings, "extender.md"), (AgentSettings, "node-agent.md")]
+)
+def test_the_flags_table_lists_every_setting(settings: type[BaseSettings], doc: str) -> None:
+    listed = set(re.findall(r"^\| `--([a-z0-9-]+)`", (DOCS / doc).read_text(), re.MULTILINE))
+    names = {name.replace("_", "-") for name in settings.model_fields}
+    assert sorted(names - listed) == [], f"settings missing from docs/{doc}"
+    assert sorted(listed - names) == [], f"docs/{doc} lists flags that do not exist"
