@@ -22,6 +22,7 @@ COPY extender/ extender/
 COPY cluster/ cluster/
 COPY certs/ certs/
 COPY agent/ agent/
+COPY usage/ usage/
 COPY gpuplace/ gpuplace/
 # The C helpers are optional in setup.py (installs without a compiler); the image
 # must have them, so the build fails here if the wheel lacks one.

@@ -207,7 +207,7 @@ GROUP_OF = {"core": "", "coordination": "coordination.k8s.io"}
 """`cluster.kube.Kube`'s generated clients, by attribute, and their API groups."""
 
 KUBE = rendering.ROOT / "cluster" / "kube.py"
-SIDECAR_ROOMS = ("cluster", "extender", "webhook", "gpuplace", "agent")
+SIDECAR_ROOMS = ("cluster", "extender", "webhook", "gpuplace", "agent", "usage")
 """The rooms whose API calls must all go through `cluster.kube` (the node agent's too)."""
 OWN_CLIENTS = {rendering.ROOT / "gpuplace" / "certs_k8s.py"}
 """The certs job's calls (identity gpuplace-certs), checked by their own test below."""
