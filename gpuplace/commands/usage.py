@@ -1,0 +1,225 @@
+"""`gpuplace usage --prometheus URL`: asked vs used, per pod, GPU and node.
+
+Reads each managed pod's grant from its assignment annotations (the API: kubeconfig, as
+`gpuplace explain`), and what it really used over the window from Prometheus: the node
+agent's series (--metrics gpuplace) or NVIDIA dcgm-exporter's (--metrics dcgm). Prints
+per pod per GPU asked vs used (peak and p95 of memory and SM utilisation), the totals
+per GPU and node, then the pods that over-ask with the request to write instead.
+
+Over-asking: on every GPU the pod holds, its memory peak stayed below --threshold of its
+gpu-memory (suggested: peak x --headroom rounded up to the next GiB), or its p95 SM
+utilisation below --threshold of its gpu-percent (suggested: p95 x --headroom rounded up
+to the next 5%); judged only with --min-samples samples or more, and never from a whole
+GPU's reading shared by several pods (dcgm-exporter on a shared GPU). See docs/usage.md.
+
+Exit status: 0 report printed; 2 Prometheus or the API could not answer (the message
+says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from cluster import connecting, keys, kube
+from usage import prometheus, report
+from usage.loads import UsageUnavailable
+
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d|w)?")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def duration(text: str) -> float:
+    """`1h`, `30m`, `90s`, `2d`, `1h30m` or plain seconds, as seconds (at least 1)."""
+    raw = text.strip()
+    parts = _DURATION.findall(raw)
+    if not raw or "".join(number + unit for number, unit in parts) != raw:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 1h, 30m or 90s")
+    seconds = sum(float(number) * _UNIT[unit or "s"] for number, unit in parts)
+    if seconds < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the window must be at least 1 s")
+    return seconds
+
+
+def moment(text: str) -> float:
+    """An RFC 3339 time (`2026-11-24T09:00:00Z`) or POSIX seconds."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text.strip().replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an RFC 3339 time (2026-11-24T09:00:00Z) or POSIX seconds"
+        ) from None
+
+
+def ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a number in (0, 1]")
+    return value
+
+
+def headroom(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 1 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a number from 1 to 100")
+    return value
+
+
+def add_prometheus_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    """The flags that say where GPU use is read (shared with `gpuplace explain`)."""
+    parser.add_argument(
+        "--prometheus",
+        metavar="URL",
+        required=required,
+        help="Prometheus' base URL (e.g. http://prometheus.monitoring:9090)"
+        + ("" if required else ": adds an asked-vs-used section"),
+    )
+    parser.add_argument(
+        "--metrics",
+        choices=prometheus.METRICS,
+        default="gpuplace",
+        help="which series: the node agent's (gpuplace, per pod) or NVIDIA dcgm-exporter's "
+        "(dcgm, per GPU: a shared GPU's use is not split between its pods) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--window",
+        type=duration,
+        default=3600.0,
+        metavar="DURATION",
+        help="how far back to look: 1h, 30m, 2d, ... (default: 1h)",
+    )
+    parser.add_argument(
+        "--at",
+        type=moment,
+        metavar="TIME",
+        help="the window ends at this RFC 3339 time or POSIX seconds (default: now)",
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="file holding a bearer token for Prometheus (sent, never printed)",
+    )
+    parser.add_argument(
+        "--prometheus-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds for each Prometheus query (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--threshold",
+        type=ratio,
+        default=report.Rule().threshold,
+        help="a pod over-asks when its memory peak (or SM p95) stays below this share of its "
+        "grant (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--headroom",
+        type=headroom,
+        default=report.Rule().headroom,
+        help="suggested request = used x this, rounded up to a GiB or 5%% (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--min-samples",
+        type=int,
+        default=report.Rule().min_samples,
+        metavar="N",
+        help="pods with fewer samples in the window are not judged (default: %(default)s)",
+    )
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "usage",
+        help="asked vs used per pod, GPU and node from Prometheus; names the pods that over-ask",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_prometheus_arguments(parser, required=True)
+    parser.add_argument("--namespace", "-n", help="only this namespace's pods (default: all)")
+    parser.add_argument(
+        "--kubeconfig", type=Path, help="kubeconfig (default: $KUBECONFIG, ~/.kube/config)"
+    )
+    parser.add_argument("--context", help="kubeconfig context (default: its current one)")
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    parser.set_defaults(run=run)
+
+
+def source_of(args: argparse.Namespace) -> prometheus.Source:
+    return prometheus.Source(
+        url=args.prometheus,
+        metrics=args.metrics,
+        token_file=args.token_file,
+        timeout_seconds=max(args.prometheus_timeout, 0.1),
+    )
+
+
+def rule_of(args: argparse.Namespace) -> report.Rule:
+    return report.Rule(
+        threshold=args.threshold, headroom=args.headroom, min_samples=max(args.min_samples, 1)
+    )
+
+
+async def read(
+    args: argparse.Namespace, asked: list[report.Asked], *, namespace: str | None = None
+) -> report.Report:
+    """The report for `asked` from the Prometheus the flags name (only `namespace`'s pods
+    when given). Raises UsageUnavailable."""
+    async with prometheus.Reader(source_of(args)) as reader:
+        usage = await reader.read(args.window, args.at)
+    return report.build(usage, asked, rule_of(args), namespace=namespace)
+
+
+async def managed_pods(api: kube.Kube) -> list[dict[str, Any]]:
+    """Every pod labelled gpuplace.io/managed=true, page by page."""
+    found: list[dict[str, Any]] = []
+    token = ""
+    while True:
+        page = await api.list_page("pods", label_selector=f"{keys.MANAGED}=true", token=token)
+        found.extend(page.get("items") or [])
+        token = str((page.get("metadata") or {}).get("continue") or "")
+        if not token:
+            return found
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_usage(args))
+    except (UsageUnavailable, connecting.ConnectError) as error:
+        print(f"gpuplace usage: {error}", file=sys.stderr)
+        return 2
+    except kube.ApiError as error:
+        print(
+            f"gpuplace usage: the API answered {error.status} {error.reason}: {error.message}",
+            file=sys.stderr,
+        )
+        return 2
+
+
+async def _usage(args: argparse.Namespace) -> int:
+    client = await connecting.api_client(args.kubeconfig, context=args.context, in_cluster=False)
+    api = kube.Kube(client)
+    try:
+        pods = await managed_pods(api)
+    finally:
+        await api.close()
+    asked = [item for item in map(report.asked_of, pods) if item is not None]
+    result = await read(args, asked, namespace=args.namespace or None)
+    print(result.as_json() if args.output == "json" else report.render(result))
+    return 0

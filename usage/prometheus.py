@@ -1,0 +1,470 @@
+"""Reading GPU use back from Prometheus: its HTTP API's instant queries
+(`/api/v1/query`), over one of two metric sets, into `usage.readings` values.
+
+- `gpuplace`: the node agent's series (`usage.names`), per pod per GPU from the agent's
+  per-process accounting, with what each pod was granted;
+- `dcgm`: NVIDIA dcgm-exporter's (`DCGM_FI_DEV_FB_USED` in MiB, `DCGM_FI_DEV_GPU_UTIL` in
+  percent, `DCGM_FI_PROF_SM_ACTIVE` as a ratio where profiling metrics are on), node from
+  `Hostname`, GPU from `gpu`, pod and namespace from `pod`/`namespace` or, where the scrape
+  renamed them, `exported_pod`/`exported_namespace`. dcgm-exporter labels a GPU's readings
+  with the pod(s) holding the device: they are the whole GPU's, so such pod rows are
+  marked `gpu_reading` (docs/usage.md, "dcgm-exporter and shared GPUs").
+
+Each figure is one PromQL instant query over the window (`max_over_time`,
+`quantile_over_time(0.95, …)`, `count_over_time`, `avg_over_time`, `last_over_time`),
+aggregated `max by` the identifying labels so that duplicate series (two scrapes of one
+exporter, an agent restarted under another instance) count once. Every failure (down,
+timeout, refused query, a body that is not the API's) is a `UsageUnavailable` whose
+message names the server and the reason, never the bearer token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TypeVar
+
+import aiohttp
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+from yarl import URL
+
+from usage import names
+from usage.loads import GpuLoad, GpuLoads, UsageUnavailable
+from usage.readings import GpuUse, PodGpuUse, Usage
+
+_K = TypeVar("_K")
+Metrics = Literal["gpuplace", "dcgm"]
+METRICS: tuple[Metrics, ...] = ("gpuplace", "dcgm")
+MIB = 1 << 20
+MAX_BODY = 64 << 20
+"""Largest answer read (bytes): a cluster's worth of per-pod series fits many times over."""
+
+
+class Source(BaseModel):
+    """Where and what to read."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str
+    """Prometheus' base URL (`http://prometheus.monitoring:9090`, or a path prefix behind a
+    proxy: the API is `<url>/api/v1/query`)."""
+    metrics: Metrics = "gpuplace"
+    """Which series: the node agent's (`gpuplace`) or dcgm-exporter's (`dcgm`)."""
+    token_file: Path | None = None
+    """File holding a bearer token (read at each query, so a rotated token is picked up);
+    sent as `Authorization: Bearer`, never logged or shown."""
+    timeout_seconds: float = Field(default=10.0, gt=0)
+    """For one query, connect to last byte."""
+
+
+# -- the API's answer (https://prometheus.io/docs/prometheus/latest/querying/api/) ------------
+
+
+class Sample(BaseModel):
+    """One element of an instant vector."""
+
+    metric: dict[str, str]
+    value: tuple[float, str]
+    """(evaluation time, the value as a string: "1.5", "NaN", "+Inf")."""
+
+
+class _Data(BaseModel):
+    resultType: str  # noqa: N815 (the API's spelling)
+    result: list[Sample] | object
+
+
+class Answer(BaseModel):
+    status: Literal["success", "error"]
+    data: _Data | None = None
+    errorType: str = ""  # noqa: N815
+    error: str = ""
+    warnings: list[str] = []
+
+
+def shown(url: str) -> str:
+    """`url` without any user or password in it (fit for messages)."""
+    try:
+        parsed = URL(url)
+    except (TypeError, ValueError):
+        return "<an unreadable URL>"
+    return str(parsed.with_user(None)) if parsed.user or parsed.password else str(parsed)
+
+
+class Client:
+    """Instant queries against one Prometheus. Use as `async with Client(source) as c`.
+    Raises `UsageUnavailable`."""
+
+    def __init__(self, source: Source, session: aiohttp.ClientSession | None = None) -> None:
+        self.source = source
+        self._session = session
+        self._owned = session is None
+        base = source.url.rstrip("/")
+        try:
+            url = URL(base)
+        except (TypeError, ValueError):
+            url = URL()
+        if url.scheme not in ("http", "https") or not url.host:
+            raise UsageUnavailable(
+                f"the Prometheus URL {shown(source.url)!r} is not an http(s) URL with a host"
+            )
+        self.endpoint = url / "api" / "v1" / "query"
+        self.where = shown(base)
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owned and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _headers(self) -> dict[str, str]:
+        if self.source.token_file is None:
+            return {}
+        try:
+            token = self.source.token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as error:
+            reason = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
+            raise UsageUnavailable(
+                f"cannot read the token file {self.source.token_file}: {reason}"
+            ) from None
+        if not token:
+            raise UsageUnavailable(f"the token file {self.source.token_file} is empty")
+        return {"Authorization": f"Bearer {token}"}
+
+    async def vector(self, promql: str, at: float) -> list[Sample]:
+        """The instant vector `promql` evaluates to at POSIX time `at`."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        headers = self._headers()
+        timeout = aiohttp.ClientTimeout(total=self.source.timeout_seconds)
+        params = {"query": promql, "time": f"{at:.3f}"}
+        try:
+            async with self._session.get(
+                self.endpoint, params=params, headers=headers, timeout=timeout
+            ) as response:
+                body = await response.content.read(MAX_BODY + 1)
+                status = response.status
+        except TimeoutError:
+            raise UsageUnavailable(
+                f"Prometheus at {self.where} did not answer within "
+                f"{self.source.timeout_seconds:g} s"
+            ) from None
+        except aiohttp.ClientError as error:
+            raise UsageUnavailable(
+                f"Prometheus at {self.where} cannot be reached: "
+                f"{str(error) or type(error).__name__}"
+            ) from None
+        if len(body) > MAX_BODY:
+            raise UsageUnavailable(f"Prometheus at {self.where} answered over {MAX_BODY} bytes")
+        return self._parse(promql, status, body)
+
+    def _parse(self, promql: str, status: int, body: bytes) -> list[Sample]:
+        try:
+            answer = Answer.model_validate_json(body)
+        except pydantic.ValidationError:
+            if status in (401, 403):
+                raise UsageUnavailable(
+                    f"Prometheus at {self.where} refused the credentials (HTTP {status}); "
+                    "give --token-file a valid bearer token"
+                ) from None
+            raise UsageUnavailable(
+                f"{self.where} answered HTTP {status} with something other than Prometheus' "
+                "query API (is the URL Prometheus' base URL?)"
+            ) from None
+        if answer.status == "error" or status >= 400:
+            raise UsageUnavailable(
+                f"Prometheus at {self.where} refused the query "
+                f"({answer.errorType or f'HTTP {status}'}: {answer.error[:300]}): {promql}"
+            )
+        if answer.data is None or answer.data.resultType != "vector":
+            kind = answer.data.resultType if answer.data is not None else "no data"
+            raise UsageUnavailable(f"Prometheus answered a {kind}, not a vector: {promql}")
+        result = answer.data.result
+        if not isinstance(result, list):
+            raise UsageUnavailable(f"Prometheus answered a malformed vector: {promql}")
+        return result
+
+
+def value_of(sample: Sample) -> float | None:
+    """The sample's value, or None when it is not a finite number."""
+    try:
+        number = float(sample.value[1])
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+# -- the two metric sets -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSet:
+    """Where one exporter keeps each figure, and in which unit."""
+
+    node: str
+    gpu: str
+    pods: tuple[str, ...]
+    """Pod labels, in the order read (the first non-empty wins)."""
+    namespaces: tuple[str, ...]
+    pod_memory: str
+    pod_memory_scale: float
+    pod_util: tuple[tuple[str, float], ...]
+    """(metric, scale to a 0-1 ratio), the first that has a series wins."""
+    gpu_memory: str
+    gpu_memory_scale: float
+    gpu_total: str
+    """PromQL (with `{w}` for the range) of each GPU's memory in bytes."""
+    gpu_util: tuple[tuple[str, float], ...]
+    load_util: tuple[str, float]
+    """GpuLoad's utilisation: share of time a kernel ran."""
+    granted_memory: str | None
+    granted_share: str | None
+    gpu_reading: bool
+
+
+GPUPLACE = MetricSet(
+    node="node",
+    gpu="gpu",
+    pods=("pod",),
+    namespaces=("namespace",),
+    pod_memory=names.POD_MEMORY_USED,
+    pod_memory_scale=1.0,
+    pod_util=((names.POD_SM_UTILIZATION, 1.0),),
+    gpu_memory=names.GPU_MEMORY_USED,
+    gpu_memory_scale=1.0,
+    gpu_total=f"last_over_time({names.GPU_MEMORY_TOTAL}[{{w}}])",
+    gpu_util=((names.GPU_UTILIZATION, 1.0),),
+    load_util=(names.GPU_UTILIZATION, 1.0),
+    granted_memory=names.POD_MEMORY_GRANTED,
+    granted_share=names.POD_SHARE_GRANTED,
+    gpu_reading=False,
+)
+DCGM = MetricSet(
+    node=names.DCGM_HOSTNAME,
+    gpu=names.DCGM_GPU,
+    # exported_* first: where it exists, the scrape's own `pod` label names the exporter
+    pods=tuple(reversed(names.DCGM_POD)),
+    namespaces=tuple(reversed(names.DCGM_NAMESPACE)),
+    pod_memory=names.DCGM_FB_USED,
+    pod_memory_scale=MIB,
+    pod_util=((names.DCGM_SM_ACTIVE, 1.0), (names.DCGM_GPU_UTIL, 0.01)),
+    gpu_memory=names.DCGM_FB_USED,
+    gpu_memory_scale=MIB,
+    gpu_total=(
+        f"(last_over_time({names.DCGM_FB_USED}[{{w}}]) + "
+        f"last_over_time({names.DCGM_FB_FREE}[{{w}}])) * {MIB}"
+    ),
+    gpu_util=((names.DCGM_SM_ACTIVE, 1.0), (names.DCGM_GPU_UTIL, 0.01)),
+    load_util=(names.DCGM_GPU_UTIL, 0.01),
+    granted_memory=None,
+    granted_share=None,
+    gpu_reading=True,
+)
+SETS: Mapping[Metrics, MetricSet] = {"gpuplace": GPUPLACE, "dcgm": DCGM}
+
+PodKey = tuple[str, str, str, int]
+"""(namespace, pod, node, gpu)"""
+GpuKey = tuple[str, int]
+
+
+def _range(window_seconds: float) -> str:
+    if not math.isfinite(window_seconds) or window_seconds < 1:
+        raise UsageUnavailable(f"the window must be at least 1 s, not {window_seconds!r}")
+    return f"{round(window_seconds)}s"
+
+
+class Reader:
+    """Reads `Usage` (and, as a `usage.loads.LoadReader`, `GpuLoads`) from Prometheus.
+
+    One read is 13 to 15 instant queries, sent together; each is O(series of its metric)
+    on the server and here.
+    """
+
+    def __init__(self, source: Source, session: aiohttp.ClientSession | None = None) -> None:
+        self.source = source
+        self.set = SETS[source.metrics]
+        self.client = Client(source, session)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def __aenter__(self) -> Reader:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- keys ----------------------------------------------------------------------------------
+
+    def _gpu_key(self, labels: Mapping[str, str]) -> GpuKey | None:
+        node = labels.get(self.set.node, "")
+        gpu = labels.get(self.set.gpu, "")
+        if not node or not gpu.isdigit():
+            return None
+        return (node, int(gpu))
+
+    def _pod_key(self, labels: Mapping[str, str]) -> PodKey | None:
+        where = self._gpu_key(labels)
+        pod = next((labels[key] for key in self.set.pods if labels.get(key)), "")
+        namespace = next((labels[key] for key in self.set.namespaces if labels.get(key)), "")
+        if where is None or not pod:
+            return None
+        return (namespace, pod, *where)
+
+    def _pod_by(self) -> str:
+        return ", ".join((self.set.node, self.set.gpu, *self.set.pods, *self.set.namespaces))
+
+    def _gpu_by(self) -> str:
+        return f"{self.set.node}, {self.set.gpu}"
+
+    # -- queries -------------------------------------------------------------------------------
+
+    async def _pods(self, expr: str, at: float, scale: float = 1.0) -> dict[PodKey, float]:
+        found: dict[PodKey, float] = {}
+        for sample in await self.client.vector(f"max by ({self._pod_by()}) ({expr})", at):
+            key = self._pod_key(sample.metric)
+            number = value_of(sample)
+            if key is not None and number is not None:
+                found[key] = max(found.get(key, number), number)
+        return {key: number * scale for key, number in found.items()}
+
+    async def _gpus(self, expr: str, at: float, scale: float = 1.0) -> dict[GpuKey, float]:
+        found: dict[GpuKey, float] = {}
+        for sample in await self.client.vector(f"max by ({self._gpu_by()}) ({expr})", at):
+            key = self._gpu_key(sample.metric)
+            number = value_of(sample)
+            if key is not None and number is not None:
+                found[key] = number * scale
+        return found
+
+    async def read(self, window_seconds: float, at: float | None = None) -> Usage:
+        """Peak, p95 and sample count of every pod's and GPU's memory and utilisation over
+        the `window_seconds` ending at `at` (default: now)."""
+        when = time.time() if at is None else at
+        w = _range(window_seconds)
+        s = self.set
+
+        def over(function: str, metric: str) -> str:
+            if function == "quantile":
+                return f"quantile_over_time(0.95, {metric}[{w}])"
+            return f"{function}_over_time({metric}[{w}])"
+
+        pod_queries = [
+            self._pods(over("max", s.pod_memory), when, s.pod_memory_scale),
+            self._pods(over("quantile", s.pod_memory), when, s.pod_memory_scale),
+            self._pods(over("count", s.pod_memory), when),
+        ]
+        for metric, scale in s.pod_util:
+            pod_queries.append(self._pods(over("max", metric), when, scale))
+            pod_queries.append(self._pods(over("quantile", metric), when, scale))
+        for granted in (s.granted_memory, s.granted_share):
+            if granted is not None:
+                pod_queries.append(self._pods(over("last", granted), when))
+        gpu_queries = [
+            self._gpus(over("max", s.gpu_memory), when, s.gpu_memory_scale),
+            self._gpus(over("quantile", s.gpu_memory), when, s.gpu_memory_scale),
+            self._gpus(over("count", s.gpu_memory), when),
+            self._gpus(s.gpu_total.format(w=w), when),
+        ]
+        for metric, scale in s.gpu_util:
+            gpu_queries.append(self._gpus(over("max", metric), when, scale))
+            gpu_queries.append(self._gpus(over("quantile", metric), when, scale))
+        pod_results = await asyncio.gather(*pod_queries)
+        gpu_results = await asyncio.gather(*gpu_queries)
+        return Usage(
+            source=self.source.metrics,
+            window_seconds=float(round(window_seconds)),
+            at=when,
+            pods=self._pod_rows(pod_results),
+            gpus=self._gpu_rows(gpu_results),
+        )
+
+    def _pod_rows(self, results: Sequence[Mapping[PodKey, float]]) -> tuple[PodGpuUse, ...]:
+        peak, p95, count = results[0], results[1], results[2]
+        utils = [(results[3 + 2 * i], results[4 + 2 * i]) for i in range(len(self.set.pod_util))]
+        rest = results[3 + 2 * len(self.set.pod_util) :]
+        granted_memory = rest[0] if self.set.granted_memory is not None else {}
+        granted_share = rest[1] if self.set.granted_share is not None else {}
+        rows = []
+        for key in sorted(peak):
+            namespace, pod, node, gpu = key
+            util_peak, util_p95 = _first(utils, key)
+            memory = granted_memory.get(key)
+            rows.append(
+                PodGpuUse(
+                    namespace=namespace,
+                    pod=pod,
+                    node=node,
+                    gpu=gpu,
+                    memory_peak_bytes=round(peak[key]),
+                    memory_p95_bytes=round(p95.get(key, peak[key])),
+                    util_peak=util_peak,
+                    util_p95=util_p95,
+                    samples=round(count.get(key, 0)),
+                    granted_memory_bytes=round(memory) if memory is not None else None,
+                    granted_share=granted_share.get(key),
+                    gpu_reading=self.set.gpu_reading,
+                )
+            )
+        return tuple(rows)
+
+    def _gpu_rows(self, results: Sequence[Mapping[GpuKey, float]]) -> tuple[GpuUse, ...]:
+        peak, p95, count, total = results[0], results[1], results[2], results[3]
+        utils = [(results[4 + 2 * i], results[5 + 2 * i]) for i in range(len(self.set.gpu_util))]
+        rows = []
+        for key in sorted(set(peak) | set(total)):
+            util_peak, util_p95 = _first(utils, key)
+            memory_total = total.get(key)
+            rows.append(
+                GpuUse(
+                    node=key[0],
+                    gpu=key[1],
+                    memory_peak_bytes=round(peak.get(key, 0)),
+                    memory_p95_bytes=round(p95.get(key, peak.get(key, 0))),
+                    memory_total_bytes=round(memory_total) if memory_total is not None else None,
+                    util_peak=util_peak,
+                    util_p95=util_p95,
+                    samples=round(count.get(key, 0)),
+                )
+            )
+        return tuple(rows)
+
+    async def gpu_loads(self, window_seconds: float) -> GpuLoads:
+        """`usage.loads.LoadReader`: each GPU's mean utilisation and memory over the window."""
+        now = time.time()
+        w = _range(window_seconds)
+        metric, scale = self.set.load_util
+        util, memory = await asyncio.gather(
+            self._gpus(f"avg_over_time({metric}[{w}])", now, scale),
+            self._gpus(
+                f"avg_over_time({self.set.gpu_memory}[{w}])", now, self.set.gpu_memory_scale
+            ),
+        )
+        loads: GpuLoads = {}
+        for (node, gpu), ratio in util.items():
+            loads.setdefault(node, {})[gpu] = GpuLoad(
+                node=node,
+                gpu=gpu,
+                utilization=min(max(ratio, 0.0), 1.0),
+                memory_used_bytes=round(memory.get((node, gpu), 0.0)),
+            )
+        return loads
+
+
+def _first(
+    candidates: Sequence[tuple[Mapping[_K, float], Mapping[_K, float]]], key: _K
+) -> tuple[float | None, float | None]:
+    """(peak, p95) from the first candidate metric that has `key`."""
+    for peak, p95 in candidates:
+        if key in peak:
+            return (peak[key], p95.get(key, peak[key]))
+    return (None, None)
