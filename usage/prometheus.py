@@ -112,6 +112,10 @@ class Client:
             raise UsageUnavailable(
                 f"the Prometheus URL {shown(source.url)!r} is not an http(s) URL with a host"
             )
+        if (url.user or url.password) and source.token_file is not None:
+            raise UsageUnavailable(
+                "give Prometheus' credentials either in its URL or as a token file, not both"
+            )
         self.endpoint = url / "api" / "v1" / "query"
         self.where = shown(base)
 
@@ -312,16 +316,21 @@ class Reader:
             return None
         return (node, int(gpu))
 
-    def _pod_key(self, labels: Mapping[str, str]) -> PodKey | None:
+    def _pod_key(self, labels: Mapping[str, str], renamed: bool) -> PodKey | None:
+        """`renamed`: the series' scrape job renamed the exporter's pod labels (its own
+        `pod` is the exporter's pod), so only the `exported_*` labels name the workload."""
         where = self._gpu_key(labels)
-        pod = next((labels[key] for key in self.set.pods if labels.get(key)), "")
-        namespace = next((labels[key] for key in self.set.namespaces if labels.get(key)), "")
+        pods = self.set.pods[:1] if renamed else self.set.pods
+        namespaces = self.set.namespaces[:1] if renamed else self.set.namespaces
+        pod = next((labels[key] for key in pods if labels.get(key)), "")
+        namespace = next((labels[key] for key in namespaces if labels.get(key)), "")
         if where is None or not pod:
             return None
         return (namespace, pod, *where)
 
     def _pod_by(self) -> str:
-        return ", ".join((self.set.node, self.set.gpu, *self.set.pods, *self.set.namespaces))
+        labels = (self.set.node, self.set.gpu, *self.set.pods, *self.set.namespaces)
+        return ", ".join((*labels, "job") if len(self.set.pods) > 1 else labels)
 
     def _gpu_by(self) -> str:
         return f"{self.set.node}, {self.set.gpu}"
@@ -330,8 +339,11 @@ class Reader:
 
     async def _pods(self, expr: str, at: float, scale: float = 1.0) -> dict[PodKey, float]:
         found: dict[PodKey, float] = {}
-        for sample in await self.client.vector(f"max by ({self._pod_by()}) ({expr})", at):
-            key = self._pod_key(sample.metric)
+        samples = await self.client.vector(f"max by ({self._pod_by()}) ({expr})", at)
+        exported = self.set.pods[0]
+        renamed = {sample.metric.get("job", "") for sample in samples if exported in sample.metric}
+        for sample in samples:
+            key = self._pod_key(sample.metric, sample.metric.get("job", "") in renamed)
             number = value_of(sample)
             if key is not None and number is not None:
                 found[key] = max(found.get(key, number), number)
@@ -378,8 +390,8 @@ class Reader:
         for metric, scale in s.gpu_util:
             gpu_queries.append(self._gpus(over("max", metric), when, scale))
             gpu_queries.append(self._gpus(over("quantile", metric), when, scale))
-        pod_results = await asyncio.gather(*pod_queries)
-        gpu_results = await asyncio.gather(*gpu_queries)
+        results = await asyncio.gather(*pod_queries, *gpu_queries)
+        pod_results, gpu_results = results[: len(pod_queries)], results[len(pod_queries) :]
         return Usage(
             source=self.source.metrics,
             window_seconds=float(round(window_seconds)),

@@ -1,0 +1,181 @@
+"""The Prometheus reader against a real Prometheus: both metric sets, exact peaks and
+95th percentiles from backfilled history, live scrapes, and every way it can fail."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from tests.usage import harness, scenario
+from tests.usage.conftest import Setup
+from usage import prometheus, report
+from usage.loads import GpuLoad, UsageUnavailable
+
+GIB = scenario.GIB
+MIB = scenario.MIB
+
+
+async def read(prom: harness.Prometheus, metrics: prometheus.Metrics) -> prometheus.Usage:
+    source = prometheus.Source(url=prom.url, metrics=metrics)
+    async with prometheus.Reader(source) as reader:
+        return await reader.read(3600, at=scenario.T_END)
+
+
+async def test_agent_series_report(prom: harness.Prometheus) -> None:
+    usage = await read(prom, "gpuplace")
+    pods = {(use.pod, use.gpu): use for use in usage.pods}
+    train = pods[("train", 0)]
+    assert (train.memory_peak_bytes, train.memory_p95_bytes) == (21 * GIB, 20 * GIB)
+    assert train.util_peak == pytest.approx(0.50) and train.util_p95 == pytest.approx(0.49)
+    assert train.samples == 21 and not train.gpu_reading
+    assert train.granted_memory_bytes == 40 * GIB and train.granted_share == 0.5
+    idle = pods[("idle", 1)]
+    assert idle.memory_peak_bytes == 6 * GIB
+    assert idle.memory_p95_bytes == pytest.approx(5.8 * GIB, abs=1)
+    assert pods[("short", 0)].samples == 5
+    gpus = {(gpu.node, gpu.gpu): gpu for gpu in usage.gpus}
+    assert gpus[("h-a", 0)].memory_total_bytes == 80 * GIB
+    assert gpus[("h-a", 1)].util_p95 == pytest.approx(0.20)
+
+    result = report.build(usage, scenario.AGENT_ASKED)
+    over = {(item.pod, item.what): item for item in result.over}
+    assert set(over) == {
+        ("idle", "memory"),
+        ("idle", "compute"),
+        ("ghost", "memory"),
+        ("ghost", "compute"),
+    }
+    assert over[("idle", "memory")].line == 'gpuplace.io/gpu-memory: "8Gi"'
+    assert over[("idle", "compute")].line == 'gpuplace.io/gpu-percent: "25"'
+    assert over[("ghost", "memory")].value == "2Gi"  # asked from the granted series
+    assert over[("ghost", "compute")].value == "5"
+    assert any(text.startswith("default/short: 5 samples") for text in result.unjudged)
+    nodes = {row.node: row for row in result.nodes}
+    assert nodes["h-a"].asked_memory_bytes == 64 * GIB and nodes["h-a"].asked_percent == 150
+
+
+async def test_dcgm_series_report(prom: harness.Prometheus) -> None:
+    usage = await read(prom, "dcgm")
+    pods = {use.pod: use for use in usage.pods if use.node == "d-a"}
+    assert set(pods) == {"train-d", "infer-d", "solo-d"}
+    assert all(use.gpu_reading for use in pods.values())
+    assert pods["train-d"].memory_peak_bytes == 12240 * MIB  # MiB -> bytes
+    assert pods["train-d"].memory_p95_bytes == 12140 * MIB
+    assert pods["train-d"].util_p95 == pytest.approx(0.59)  # percent -> ratio
+    assert pods["solo-d"].util_p95 == pytest.approx(0.19)  # SM_ACTIVE wins over GPU_UTIL
+    gpus = {(gpu.node, gpu.gpu): gpu for gpu in usage.gpus}
+    assert gpus[("d-a", 2)].memory_peak_bytes == 30000 * MIB
+    assert gpus[("d-a", 2)].memory_total_bytes == 81920 * MIB
+    assert gpus[("d-a", 2)].util_peak == pytest.approx(0.70)
+
+    result = report.build(usage, scenario.DCGM_ASKED)
+    rows = {row.pod: row for row in result.pods}
+    assert rows["train-d"].shared and rows["infer-d"].shared
+    assert not rows["solo-d"].shared and rows["solo-d"].gpu_reading
+    assert rows["unlabelled-d"].memory_peak_bytes == 30000 * MIB  # from the GPU's series
+    over = {(item.pod, item.what): item.value for item in result.over}
+    assert over == {("solo-d", "memory"): "3Gi", ("solo-d", "compute"): "25"}
+    assert any("train-d: its GPU is shared" in text for text in result.unjudged)
+    gpu0 = next(row for row in result.gpus if (row.node, row.gpu) == ("d-a", 0))
+    assert gpu0.pods == 2 and gpu0.asked_percent == 100
+
+
+async def test_live_scrapes_exported_pod_and_loads(prom: harness.Prometheus) -> None:
+    source = prometheus.Source(url=prom.url, metrics="dcgm")
+    async with prometheus.Reader(source) as reader:
+        usage = await reader.read(30)
+        loads = await reader.gpu_loads(30)
+    live = [use for use in usage.pods if use.node == "live-0"]
+    # the scrape's pod label (the exporter's own) moved dcgm's to exported_pod: read that
+    assert [(use.namespace, use.pod, use.gpu) for use in live] == [("default", "live-pod", 0)]
+    assert live[0].memory_peak_bytes == 5120 * MIB
+    assert loads["live-0"] == {
+        0: GpuLoad("live-0", 0, 0.25, 5120 * MIB),
+        1: GpuLoad("live-0", 1, 0.0, 0),
+    }
+    source = prometheus.Source(url=prom.url, metrics="gpuplace")
+    async with prometheus.Reader(source) as reader:
+        loads = await reader.gpu_loads(30)
+        usage = await reader.read(30)
+    assert loads == {"live-1": {0: GpuLoad("live-1", 0, 0.25, 3 * GIB)}}
+    (agent,) = usage.pods
+    assert (agent.pod, agent.util_peak, agent.granted_share) == ("live-agent", 0.125, 0.25)
+
+
+async def test_refused_query_is_a_clear_error(prom: harness.Prometheus) -> None:
+    async with prometheus.Client(prometheus.Source(url=prom.url)) as client:
+        with pytest.raises(UsageUnavailable, match=r"refused the query \(bad_data: .*\): max_"):
+            await client.vector("max_over_time(", 0.0)
+
+
+async def test_down_not_prometheus_and_slow(setup: Setup, tmp_path: Path) -> None:
+    port = harness.free_port()
+    down = prometheus.Reader(prometheus.Source(url=f"http://127.0.0.1:{port}"))
+    with pytest.raises(UsageUnavailable, match=f"at http://127.0.0.1:{port} cannot be reached"):
+        await down.read(60)
+    await down.close()
+    exporter = setup.agent.url.removesuffix("/metrics")
+    other = prometheus.Reader(prometheus.Source(url=exporter))
+    with pytest.raises(UsageUnavailable, match="HTTP 404 with something other than Prometheus"):
+        await other.gpu_loads(60)
+    await other.close()
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site_port = harness.free_port()
+    await web.TCPSite(runner, "127.0.0.1", site_port).start()
+    try:
+        source = prometheus.Source(url=f"http://127.0.0.1:{site_port}", timeout_seconds=0.3)
+        async with prometheus.Reader(source) as reader:
+            with pytest.raises(UsageUnavailable, match=r"did not answer within 0.3 s"):
+                await reader.read(60)
+    finally:
+        await runner.cleanup()
+
+
+async def test_token_file_is_sent_never_shown(tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    async def refuse(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization", ""))
+        return web.Response(status=401, text="Unauthorized")
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = harness.free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    try:
+        source = prometheus.Source(url=f"http://127.0.0.1:{port}/", token_file=token)
+        async with prometheus.Client(source) as client:
+            with pytest.raises(UsageUnavailable) as caught:
+                await client.vector("up", 0.0)
+        assert seen == ["Bearer s3cret-token"]
+        assert "refused the credentials (HTTP 401)" in str(caught.value)
+        assert "s3cret" not in str(caught.value)
+        basic = prometheus.Source(url=f"http://user:hunter2@127.0.0.1:{port}/")
+        async with prometheus.Client(basic) as client:
+            with pytest.raises(UsageUnavailable) as caught:
+                await client.vector("up", 0.0)
+        assert seen[1].startswith("Basic ") and "hunter2" not in str(caught.value)
+        both = prometheus.Source(url=f"http://user:hunter2@127.0.0.1:{port}/", token_file=token)
+        with pytest.raises(UsageUnavailable, match="either in its URL or as a token file"):
+            prometheus.Client(both)
+        missing = prometheus.Source(url=f"http://127.0.0.1:{port}", token_file=tmp_path / "no")
+        async with prometheus.Client(missing) as client:
+            with pytest.raises(UsageUnavailable, match="cannot read the token file"):
+                await client.vector("up", 0.0)
+    finally:
+        await runner.cleanup()
