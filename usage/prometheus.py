@@ -390,8 +390,14 @@ class Reader:
         for metric, scale in s.gpu_util:
             gpu_queries.append(self._gpus(over("max", metric), when, scale))
             gpu_queries.append(self._gpus(over("quantile", metric), when, scale))
-        results = await asyncio.gather(*pod_queries, *gpu_queries)
-        pod_results, gpu_results = results[: len(pod_queries)], results[len(pod_queries) :]
+        pods = asyncio.gather(*pod_queries)
+        gpus = asyncio.gather(*gpu_queries)
+        try:
+            pod_results, gpu_results = await asyncio.gather(pods, gpus)
+        except BaseException:
+            pods.cancel()
+            gpus.cancel()
+            raise
         return Usage(
             source=self.source.metrics,
             window_seconds=float(round(window_seconds)),

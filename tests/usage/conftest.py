@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,7 +29,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         harness.serve_metrics(scenario.dcgm_text) as dcgm,
         harness.serve_metrics(scenario.agent_text) as agent,
     ):
-        jobs = {
+        jobs: dict[str, dict[str, Any]] = {
             # the scrape's own pod/namespace target labels (as a kubernetes_sd relabel
             # would add): Prometheus renames dcgm-exporter's to exported_pod/_namespace
             "dcgm": {

@@ -13,12 +13,13 @@ from tests.usage import harness, scenario
 from tests.usage.conftest import Setup
 from usage import prometheus, report
 from usage.loads import GpuLoad, UsageUnavailable
+from usage.readings import Usage
 
 GIB = scenario.GIB
 MIB = scenario.MIB
 
 
-async def read(prom: harness.Prometheus, metrics: prometheus.Metrics) -> prometheus.Usage:
+async def read(prom: harness.Prometheus, metrics: prometheus.Metrics) -> Usage:
     source = prometheus.Source(url=prom.url, metrics=metrics)
     async with prometheus.Reader(source) as reader:
         return await reader.read(3600, at=scenario.T_END)
