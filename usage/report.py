@@ -546,3 +546,24 @@ def render(report: Report) -> str:
         lines.append("Not judged:")
         lines.extend(f"  {text}" for text in report.unjudged)
     return "\n".join(lines)
+
+
+def pod_section(report: Report, namespace: str, pod: str) -> list[str]:
+    """`gpuplace explain`'s asked-vs-used section for one pod."""
+    rows, over = report.of_pod(namespace, pod)
+    head = f"Asked vs used over {report.window_seconds:g} s ({report.source} metrics):"
+    if not rows:
+        return [head, "  no gpuplace grant recorded on this pod: nothing to compare."]
+    lines = [head, *(f"  {line}" for line in pod_lines(rows))]
+    name = f"{namespace}/{pod}: "
+    lines.extend(
+        f"  not judged: {text.removeprefix(name)}"
+        for text in report.unjudged
+        if text.startswith(name)
+    )
+    if over:
+        lines.append("  over-asking:")
+        lines.extend(f"  {line}" for line in over_lines(over))
+    elif not any(text.startswith(name) for text in report.unjudged):
+        lines.append("  uses what it asked for (not over-asking).")
+    return lines

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from cluster import connecting, kube, mirroring, nodes, pods
 from cluster.syncing import LedgerSync
 from extender import explaining
 from extender.workloads import PolicyHolder
+from gpuplace.commands import usage as usage_command
 from placement import policies
+from usage import report
+from usage.loads import UsageUnavailable
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--all", action="store_true", help="show every node, not the first 40")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    usage_command.add_prometheus_arguments(parser, required=False)
     parser.set_defaults(run=run)
 
 
@@ -83,6 +89,7 @@ async def _explain(args: argparse.Namespace, namespace: str, name: str) -> int:
         )
         await mirroring.Mirror(api, sync).load()
         events = await api.pod_events(namespace, name)
+        managed = await usage_command.managed_pods(api) if args.prometheus else []
     finally:
         await api.close()
     events.sort(key=lambda event: str(event.get("lastTimestamp") or event.get("eventTime") or ""))
@@ -90,8 +97,45 @@ async def _explain(args: argparse.Namespace, namespace: str, name: str) -> int:
     holder = PolicyHolder(sync, args.policy, refresh_seconds=0.0)
     conditions = (pod.get("status") or {}).get("conditions") or []
     explanation = explaining.explain(sync, holder, record, events=events, conditions=conditions)
+    used: report.Report | None = None
+    unavailable = ""
+    if args.prometheus:
+        asked = [item for item in map(report.asked_of, [*managed, pod]) if item is not None]
+        try:
+            used = await usage_command.read(args, asked)
+        except UsageUnavailable as error:
+            unavailable = str(error)
     if args.output == "json":
-        print(explanation.as_json())
+        data: dict[str, Any] = json.loads(explanation.as_json())
+        if args.prometheus:
+            data["usage"] = _usage_json(used, namespace, name, unavailable)
+        print(json.dumps(data, indent=2))
     else:
         print(explaining.render(explanation, limit=None if args.all else 40))
+        if used is not None:
+            print()
+            print("\n".join(report.pod_section(used, namespace, name)))
+    if unavailable:
+        print(f"gpuplace explain: asked vs used: {unavailable}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _usage_json(
+    used: report.Report | None, namespace: str, name: str, unavailable: str
+) -> dict[str, Any]:
+    """The pod's part of the asked-vs-used report (or why there is none)."""
+    if used is None:
+        return {"error": unavailable}
+    data = used.as_dict()
+
+    def mine(item: dict[str, Any]) -> bool:
+        return (item["namespace"], item["pod"]) == (namespace, name)
+
+    return {
+        "source": used.source,
+        "window_seconds": used.window_seconds,
+        "pods": [item for item in data["pods"] if mine(item)],
+        "over": [item for item in data["over"] if mine(item)],
+        "unjudged": [text for text in used.unjudged if text.startswith(f"{namespace}/{name}:")],
+    }
