@@ -140,8 +140,8 @@ class NodeRow:
     pods: int
     asked_percent: int
     asked_memory_bytes: int
-    memory_total_bytes: int
-    """Sum over the GPUs whose total is known."""
+    memory_total_bytes: int | None
+    """Sum over the GPUs whose total is known; None: none is."""
     memory_peak_bytes: int
     """Sum of the GPUs' own peaks (not the peak of the sum)."""
 
@@ -404,7 +404,11 @@ def _totals(report: Report, gpus: Mapping[tuple[str, int], GpuUse]) -> None:
                 pods=len({(pod.namespace, pod.pod) for pod in report.pods if pod.node == node}),
                 asked_percent=sum(row.asked_percent for row in of_node),
                 asked_memory_bytes=sum(row.asked_memory_bytes for row in of_node),
-                memory_total_bytes=sum(row.memory_total_bytes or 0 for row in of_node),
+                memory_total_bytes=(
+                    sum(row.memory_total_bytes or 0 for row in of_node)
+                    if any(row.memory_total_bytes is not None for row in of_node)
+                    else None
+                ),
                 memory_peak_bytes=sum(row.memory_peak_bytes or 0 for row in of_node),
             )
         )

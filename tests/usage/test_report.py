@@ -1,0 +1,136 @@
+"""The asked-vs-used report's rules as properties: a suggestion is never below what was
+used, a pod using at least the threshold of its grant is never named, totals add up."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from usage import report
+from usage.readings import GpuUse, PodGpuUse, Usage
+
+GIB = report.GIB
+MIB = report.MIB
+
+rules = st.builds(
+    report.Rule,
+    threshold=st.floats(0.05, 1.0),
+    headroom=st.floats(1.0, 3.0),
+    min_samples=st.integers(1, 30),
+    percent_step=st.sampled_from([1, 5, 10]),
+)
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[Usage, list[report.Asked]]:
+    count = draw(st.integers(0, 12))
+    asked: list[report.Asked] = []
+    uses: list[PodGpuUse] = []
+    gpus: dict[tuple[str, int], GpuUse] = {}
+    for index in range(count):
+        node = draw(st.sampled_from(["n0", "n1", "n2"]))
+        many = draw(st.integers(1, 3))
+        held = tuple(sorted(draw(st.sets(st.integers(0, 7), min_size=many, max_size=many))))
+        milli = 1000 if many > 1 else draw(st.sampled_from([0, 50, 200, 500, 1000]))
+        memory = draw(st.integers(0, 81920)) if milli else draw(st.integers(1, 81920))
+        item = report.Asked("ns", f"p{index}", node, held, milli, memory)
+        asked.append(item)
+        for gpu in held:
+            if draw(st.integers(0, 9)):  # now and then a GPU nobody measured
+                peak = draw(st.integers(0, 90 * GIB))
+                util = draw(st.floats(0, 1))
+                uses.append(
+                    PodGpuUse(
+                        namespace="ns",
+                        pod=item.pod,
+                        node=node,
+                        gpu=gpu,
+                        memory_peak_bytes=peak,
+                        memory_p95_bytes=draw(st.integers(0, peak)),
+                        util_peak=util,
+                        util_p95=draw(st.floats(0, util)),
+                        samples=draw(st.integers(0, 40)),
+                    )
+                )
+            gpus[(node, gpu)] = GpuUse(node, gpu, 0, 0, 80 * GIB, None, None, 10)
+    usage = Usage("gpuplace", 3600.0, 0.0, tuple(uses), tuple(gpus.values()))
+    return usage, asked
+
+
+@given(st.integers(0, 1 << 42), rules)
+def test_memory_suggestion_never_below_peak(peak: int, rule: report.Rule) -> None:
+    suggested = report.suggest_memory(peak, rule)
+    assert suggested >= peak and suggested >= GIB and suggested % GIB == 0
+    assert suggested - GIB < max(peak * rule.headroom, GIB)  # rounded up, not further
+
+
+@given(st.floats(0, 1), rules)
+def test_percent_suggestion_never_below_p95(p95: float, rule: report.Rule) -> None:
+    percent = report.suggest_percent(p95, rule)
+    assert percent >= min(p95 * 100, 100) and 1 <= percent <= 100
+    assert percent % rule.percent_step == 0 or percent == 100
+
+
+@settings(max_examples=300)
+@given(cases(), rules)
+def test_report_rules_and_totals(case: tuple[Usage, list[report.Asked]], rule: report.Rule) -> None:
+    usage, asked = case
+    result = report.build(usage, asked, rule)
+    grants = {item.pod: item for item in asked}
+    rows: dict[str, list[report.PodRow]] = {}
+    for row in result.pods:
+        rows.setdefault(row.pod, []).append(row)
+    for item in result.over:
+        mine = rows[item.pod]
+        assert min(row.samples for row in mine) >= rule.min_samples
+        assert item.suggested < item.asked
+        if item.what == "memory":
+            peak = max(row.memory_peak_bytes or 0 for row in mine)
+            assert item.used == peak and item.suggested >= peak
+            assert peak < rule.threshold * grants[item.pod].memory_mib * MIB
+            assert item.value == f"{item.suggested // GIB}Gi"
+        else:
+            p95 = mine[0].util_p95
+            assert p95 is not None and p95 < rule.threshold * grants[item.pod].milli / 1000
+            assert item.suggested >= p95 * 100 and len(mine) == 1
+    named = {(item.pod, item.what) for item in result.over}
+    for pod, mine in rows.items():
+        grant = grants[pod]
+        peak = max(row.memory_peak_bytes or 0 for row in mine)
+        if grant.memory_mib and peak >= rule.threshold * grant.memory_mib * MIB:
+            assert (pod, "memory") not in named
+        p95 = mine[0].util_p95
+        if p95 is not None and p95 >= rule.threshold * grant.milli / 1000:
+            assert (pod, "compute") not in named
+    # totals add up: pods -> GPUs -> nodes
+    assert sum(row.asked_memory_bytes for row in result.gpus) == sum(
+        row.asked_memory_bytes or 0 for row in result.pods
+    )
+    assert sum(row.pods for row in result.gpus) == len(result.pods)
+    for node in result.nodes:
+        of_node = [row for row in result.gpus if row.node == node.node]
+        assert node.gpus == len(of_node)
+        assert node.asked_percent == sum(row.asked_percent for row in of_node)
+        assert node.asked_memory_bytes == sum(row.asked_memory_bytes for row in of_node)
+        assert node.memory_total_bytes == sum(row.memory_total_bytes or 0 for row in of_node)
+    assert {row.node for row in result.nodes} == {row.node for row in result.gpus}
+
+
+def test_rule_refuses_nonsense() -> None:
+    with pytest.raises(ValueError, match="headroom must be at least 1"):
+        report.Rule(headroom=0.9)
+    with pytest.raises(ValueError, match="threshold"):
+        report.Rule(threshold=0)
+
+
+def test_shared_dcgm_reading_is_never_judged() -> None:
+    reading = PodGpuUse("ns", "a", "n", 0, GIB, GIB, 0.01, 0.01, 40, gpu_reading=True)
+    usage = Usage("dcgm", 3600.0, 0.0, (reading,), ())
+    asked = [
+        report.Asked("ns", "a", "n", (0,), 500, 40 * 1024),
+        report.Asked("ns", "b", "n", (0,), 500, 40 * 1024),
+    ]
+    result = report.build(usage, asked)
+    assert result.over == []
+    assert [row.shared for row in result.pods] == [True, True]
