@@ -180,6 +180,13 @@ class Client:
                     f"Prometheus at {self.where} refused the credentials (HTTP {status}); "
                     "give --token-file a valid bearer token"
                 ) from None
+            if status >= 500:
+                text = "".join(
+                    ch if ch.isprintable() else " " for ch in body[:200].decode("utf-8", "replace")
+                )
+                raise UsageUnavailable(
+                    f"Prometheus at {self.where} failed: HTTP {status} {text.strip()}"
+                ) from None
             raise UsageUnavailable(
                 f"{self.where} answered HTTP {status} with something other than Prometheus' "
                 "query API (is the URL Prometheus' base URL?)"

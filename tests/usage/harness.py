@@ -16,8 +16,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,24 @@ def serve_metrics(
         loop.call_soon_threadsafe(stop.set)
         thread.join(10)
         loop.close()
+
+
+@asynccontextmanager
+async def answering(
+    handler: Callable[[web.Request], Awaitable[web.Response]],
+) -> AsyncIterator[str]:
+    """A server on 127.0.0.1 (this loop) answering /api/v1/query with `handler`: a stand-in
+    for a Prometheus that fails in one way. Yields its base URL."""
+    app = web.Application()
+    app.router.add_get("/api/v1/query", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
 
 
 # -- OpenMetrics history for promtool --------------------------------------------------------

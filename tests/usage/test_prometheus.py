@@ -12,7 +12,7 @@ from aiohttp import web
 from tests.usage import harness, scenario
 from tests.usage.conftest import Setup
 from usage import prometheus, report
-from usage.loads import GpuLoad, UsageUnavailable
+from usage.loads import GpuLoad, LoadReader, UsageUnavailable
 from usage.readings import Usage
 
 GIB = scenario.GIB
@@ -99,7 +99,8 @@ async def test_live_scrapes_exported_pod_and_loads(prom: harness.Prometheus) -> 
     }
     source = prometheus.Source(url=prom.url, metrics="gpuplace")
     async with prometheus.Reader(source) as reader:
-        loads = await reader.gpu_loads(30)
+        load_reader: LoadReader = reader  # the sidecar's protocol, checked by mypy
+        loads = await load_reader.gpu_loads(30)
         usage = await reader.read(30)
     assert loads == {"live-1": {0: GpuLoad("live-1", 0, 0.25, 3 * GIB)}}
     (agent,) = usage.pods
@@ -128,19 +129,11 @@ async def test_down_not_prometheus_and_slow(setup: Setup, tmp_path: Path) -> Non
         await asyncio.sleep(5)
         return web.Response()
 
-    app = web.Application()
-    app.router.add_get("/api/v1/query", slow)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site_port = harness.free_port()
-    await web.TCPSite(runner, "127.0.0.1", site_port).start()
-    try:
-        source = prometheus.Source(url=f"http://127.0.0.1:{site_port}", timeout_seconds=0.3)
+    async with harness.answering(slow) as url:
+        source = prometheus.Source(url=url, timeout_seconds=0.3)
         async with prometheus.Reader(source) as reader:
             with pytest.raises(UsageUnavailable, match=r"did not answer within 0.3 s"):
                 await reader.read(60)
-    finally:
-        await runner.cleanup()
 
 
 async def test_token_file_is_sent_never_shown(tmp_path: Path) -> None:
@@ -150,33 +143,37 @@ async def test_token_file_is_sent_never_shown(tmp_path: Path) -> None:
         seen.append(request.headers.get("Authorization", ""))
         return web.Response(status=401, text="Unauthorized")
 
-    app = web.Application()
-    app.router.add_get("/api/v1/query", refuse)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = harness.free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
     token = tmp_path / "token"
     token.write_text("s3cret-token\n")
-    try:
-        source = prometheus.Source(url=f"http://127.0.0.1:{port}/", token_file=token)
+    async with harness.answering(refuse) as url:
+        source = prometheus.Source(url=f"{url}/", token_file=token)
         async with prometheus.Client(source) as client:
             with pytest.raises(UsageUnavailable) as caught:
                 await client.vector("up", 0.0)
         assert seen == ["Bearer s3cret-token"]
         assert "refused the credentials (HTTP 401)" in str(caught.value)
         assert "s3cret" not in str(caught.value)
-        basic = prometheus.Source(url=f"http://user:hunter2@127.0.0.1:{port}/")
-        async with prometheus.Client(basic) as client:
+        with_password = url.replace("http://", "http://user:hunter2@")
+        async with prometheus.Client(prometheus.Source(url=with_password)) as client:
             with pytest.raises(UsageUnavailable) as caught:
                 await client.vector("up", 0.0)
         assert seen[1].startswith("Basic ") and "hunter2" not in str(caught.value)
-        both = prometheus.Source(url=f"http://user:hunter2@127.0.0.1:{port}/", token_file=token)
+        both = prometheus.Source(url=with_password, token_file=token)
         with pytest.raises(UsageUnavailable, match="either in its URL or as a token file"):
             prometheus.Client(both)
-        missing = prometheus.Source(url=f"http://127.0.0.1:{port}", token_file=tmp_path / "no")
+        missing = prometheus.Source(url=url, token_file=tmp_path / "no")
         async with prometheus.Client(missing) as client:
             with pytest.raises(UsageUnavailable, match="cannot read the token file"):
                 await client.vector("up", 0.0)
-    finally:
-        await runner.cleanup()
+
+
+async def test_server_failure_is_named() -> None:
+    async def broken(request: web.Request) -> web.Response:
+        return web.Response(status=503, text="Service Unavailable\n")
+
+    async with (
+        harness.answering(broken) as url,
+        prometheus.Client(prometheus.Source(url=url)) as client,
+    ):
+        with pytest.raises(UsageUnavailable, match=r"failed: HTTP 503 Service Unavailable$"):
+            await client.vector("up", 0.0)
