@@ -74,7 +74,8 @@ def test_idle_gpu_has_totals_and_no_pod_series(tmp_path: Path) -> None:
     (gpu,) = sample.gpus
     assert gpu == measuring.GpuUse(0, H100, 503316480, H100_MEMORY, 0.0)
     assert sample.pods == () and sample.attributed == sample.unattributed == 0
-    # no capture holds per-process samples: the driver's Not Supported, counted
+    # no capture holds per-process samples: Replay answers Not Supported there (as a
+    # driver without the call would), and the failed call is counted
     assert ("process_utilization", "Not Supported") in sample.errors
 
 
