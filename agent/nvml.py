@@ -5,7 +5,10 @@ usage make, behind one Protocol, `Nvml`.
 `Replay` answers the same calls from readings captured on a real machine, in the
 format of `../shared/fixtures/gpu/nvml-*.json` (one object per GPU; a field recorded as
 `{"nvml_error": "Not Supported"}` means that call raised NVMLError with that message
-there, and replaying it raises `NvmlError` with the same message). `derived` builds
+there, and replaying it raises `NvmlError` with the same message). Per-process SM samples
+(`process_utilization`) are not in the captures: a reading without the optional key
+`process_utilization` answers Not Supported there, as a driver without the call would.
+`derived` builds
 larger replays for tests and benchmarks from one captured GPU: the copies are marked
 `"derived": true` with what was varied, so that nothing derived passes for a capture.
 
@@ -45,6 +48,17 @@ class Process:
 
     pid: int
     used_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """One of NVML's per-process utilisation samples on a GPU: the share of the GPU's SMs
+    the process kept busy over the driver's sample period (percent, 0-100), stamped with
+    the driver's CPU time in microseconds."""
+
+    pid: int
+    timestamp_us: int
+    sm_percent: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +104,17 @@ class Nvml(Protocol):
 
     def compute_processes(self, index: int) -> Sequence[Process]: ...
     def mps_processes(self, index: int) -> Sequence[Process]: ...
+    def utilization(self, index: int) -> int:
+        """Percent of the last sample period (1/6 s to 1 s by GPU) during which a kernel
+        ran on the GPU (nvmlDeviceGetUtilizationRates().gpu)."""
+        ...
+
+    def process_utilization(self, index: int, since_us: int) -> Sequence[ProcessSample]:
+        """The per-process samples the driver holds that are newer than `since_us` (its
+        timestamps; 0: all it holds). Empty when no process ran a kernel since (NVML's
+        Not Found). Raises `NvmlError` (Not Supported) where the driver cannot say."""
+        ...
+
     def xid_events(self) -> Sequence[Xid]:
         """Critical XID events since the last call (never blocks). Raises `NvmlError`
         (Not Supported) where the GPUs cannot deliver them."""
@@ -200,6 +225,27 @@ class Real:
     def mps_processes(self, index: int) -> Sequence[Process]:
         return self._processes("nvmlDeviceGetMPSComputeRunningProcesses", index)
 
+    def utilization(self, index: int) -> int:
+        return int(self._call("nvmlDeviceGetUtilizationRates", self._handle(index)).gpu)
+
+    def process_utilization(self, index: int, since_us: int) -> Sequence[ProcessSample]:
+        nvml, handle = self._nvml, self._handle(index)
+        # The older call first (every driver since Maxwell); the newer one, where a driver
+        # drops the older.
+        for call in ("nvmlDeviceGetProcessUtilization", "nvmlDeviceGetProcessesUtilizationInfo"):
+            try:
+                found = getattr(nvml, call)(handle, since_us)
+            except nvml.NVMLError as error:
+                # NVML says Not Found when it holds no sample newer than `since_us`; the
+                # wrapper raises Success when the count it asked for first was 0.
+                if error.value in (nvml.NVML_ERROR_NOT_FOUND, nvml.NVML_SUCCESS):
+                    return []
+                if error.value == nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    continue
+                raise NvmlError(str(error)) from error
+            return [ProcessSample(int(s.pid), int(s.timeStamp), int(s.smUtil)) for s in found]
+        raise NvmlError("Function Not Found")
+
     def xid_events(self) -> Sequence[Xid]:
         nvml = self._nvml
         if self._events_error:
@@ -249,7 +295,9 @@ class Replay:
     """`Nvml` answered from one captured reading (the fixtures' JSON). Optional keys a
     capture may lack: `nvlink` entries `{"state": 0|1, "remote_pci_bus_id": "..."}`
     (the fixtures only hold errors there), top-level `xid_events` `[{"index", "xid"}]`
-    delivered once each (absent: none happened while capturing). `replace` swaps the
+    delivered once each (absent: none happened while capturing), and per GPU
+    `process_utilization` `[{"pid", "timeStamp", "smUtil"}]` (NVML's sample fields; absent:
+    Not Supported, as in every capture; tests that add it say so). `replace` swaps the
     reading, as a GPU changing under a running agent would."""
 
     def __init__(self, reading: Mapping[str, Any]) -> None:
@@ -334,6 +382,17 @@ class Replay:
 
     def mps_processes(self, index: int) -> Sequence[Process]:
         return self._processes(index, "mps_processes")
+
+    def utilization(self, index: int) -> int:
+        return int(_answer(self._field(index, "utilization")["gpu"]))
+
+    def process_utilization(self, index: int, since_us: int) -> Sequence[ProcessSample]:
+        samples = self._field(index, "process_utilization")
+        return [
+            ProcessSample(int(s["pid"]), int(s["timeStamp"]), int(s["smUtil"]))
+            for s in samples
+            if int(s["timeStamp"]) > since_us
+        ]
 
     def xid_events(self) -> Sequence[Xid]:
         self.calls += 1

@@ -11,7 +11,14 @@ show. Not run in this repository's CI; written for the check on a lent GPU.
    through the CUDA driver API (ctypes, no framework needed): half the granted memory
    must succeed, the grant plus 512 MiB must fail;
 4. the daemon is killed (SIGKILL); the supervisor starts it again, it answers again, and a
-   new client is capped again.
+   new client is capped again;
+5. what a pod uses (`agent.measuring` over the real NVML): a client under the daemon holds
+   half the granted memory and keeps the GPU busy (memsets) for a few seconds, its PID
+   written into a temporary proc root as a pod's; NVML must list it among the MPS clients
+   under the PID it has here (host PIDs: the agent's hostPID), and the pod's memory must
+   be at least what it holds. Reported, not judged: its SM share, and whose PIDs the
+   driver's per-process samples name under MPS (the client's, the server's, none, or Not
+   Supported), which decides whether the pods' SM series exist on this driver.
 
 Prints JSON; exit status 1 when a check fails. Needs the NVIDIA driver (libcuda,
 libnvidia-ml, nvidia-smi, nvidia-cuda-mps-control on PATH).
@@ -39,7 +46,7 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from agent import discovery, mps, nvml  # noqa: E402
+from agent import cgroups, discovery, measuring, mps, nvml  # noqa: E402
 from bench import agent_answer  # noqa: E402
 
 CLIENT = r"""
@@ -63,6 +70,24 @@ for mib in map(int, sys.argv[1:]):
         cuda.cuMemFree_v2(pointer)
 print(json.dumps({"free_mib": free.value >> 20, "total_mib": total.value >> 20,
                   "alloc_result_by_mib": results}))
+"""
+
+
+BUSY_CLIENT = r"""
+import ctypes, json, sys, time
+cuda = ctypes.CDLL("libcuda.so.1")
+device, context, pointer = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+assert cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), 0) == 0
+assert cuda.cuCtxCreate_v2(ctypes.byref(context), 0, device) == 0
+size = int(sys.argv[1]) << 20
+assert cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(size)) == 0
+print("holding", flush=True)
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    for _ in range(50):
+        cuda.cuMemsetD8_v2(pointer, 7, ctypes.c_size_t(size))
+    cuda.cuCtxSynchronize()
+print(json.dumps({"done": True}), flush=True)
 """
 
 
@@ -115,6 +140,63 @@ def capped(result: dict[str, Any], small: int, big: int) -> bool:
     return bool(codes.get(str(small)) == 0 and codes.get(str(big), 0) != 0)
 
 
+async def usage(env: dict[str, str], hold_mib: int, seconds: float) -> dict[str, Any]:
+    """Step 5: the busy client sampled by `agent.measuring` over the real NVML."""
+    report: dict[str, Any] = {}
+    busy = subprocess.Popen(
+        [sys.executable, "-c", BUSY_CLIENT, str(hold_mib), str(seconds)],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    proc = Path(tempfile.mkdtemp(prefix="proc"))
+    uid = "00000000-0000-4000-8000-000000000001"
+    pod = {"metadata": {"uid": uid, "namespace": "check", "name": "busy"}, "spec": {}}
+    reading = nvml.Real()
+    try:
+        assert busy.stdout is not None
+        report["client_holding"] = busy.stdout.readline().strip() == "holding"
+        (proc / str(busy.pid)).mkdir()
+        (proc / str(busy.pid) / "cgroup").write_text(
+            f"0::/kubepods/besteffort/pod{uid}/{'0' * 64}\n"
+        )
+        meter = measuring.Meter(reading, "check", cgroups.Proc(proc))
+        meter.measure([pod])  # the first: samples since the driver's buffer began
+        await asyncio.sleep(min(2.0, seconds / 2))
+        clients = [p.pid for p in reading.mps_processes(0)]
+        compute = [p.pid for p in reading.compute_processes(0)]
+        try:
+            named = sorted({s.pid for s in reading.process_utilization(0, 0)})
+            samples: Any = (
+                "client" if busy.pid in named
+                else "server" if set(named) & (set(compute) - set(clients))
+                else "none" if not named else f"other pids {named}"
+            )  # fmt: skip
+        except nvml.NvmlError as error:
+            samples = str(error)
+        sample = meter.measure([pod])
+        use = next((u for u in sample.pods if u.uid == uid), None)
+        report.update(
+            nvml_lists_client_by_its_pid=busy.pid in clients,
+            mps_clients=clients,
+            compute_processes=compute,
+            per_process_samples_name=samples,
+            pod_memory_used_mib=None
+            if use is None or use.memory_used is None
+            else use.memory_used >> 20,
+            pod_sm=None if use is None else use.sm,
+            gpu_utilization=sample.gpus[0].utilization if sample.gpus else None,
+            errors=[list(error) for error in sample.errors],
+        )
+        report["pod_memory_at_least_held"] = (report["pod_memory_used_mib"] or 0) >= hold_mib
+    finally:
+        busy.kill()
+        busy.wait()
+        reading.close()
+        shutil.rmtree(proc, ignore_errors=True)
+    return report
+
+
 async def check(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {}
     seen, truth = discovered(), smi()
@@ -158,6 +240,7 @@ async def check(args: argparse.Namespace) -> dict[str, Any]:
         again = client(env, [small, big])
         report["client_after_restart"] = again
         report["capped_after_restart"] = capped(again, small, big)
+        report["usage"] = await usage(env, small, args.busy_seconds)
     finally:
         await supervisor.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -168,13 +251,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--milli", type=int, default=250)
     parser.add_argument("--memory-mib", type=int, default=2048)
+    parser.add_argument("--busy-seconds", type=float, default=6.0)
     report = asyncio.run(check(parser.parse_args()))
     print(json.dumps(report, indent=2))
+    used = report.get("usage") or {}
     passed = all(
         report.get(key)
         for key in ("discovery_equals_nvidia_smi", "daemon_ready", "capped",
                     "daemon_back_after_kill", "capped_after_restart")
-    )  # fmt: skip
+    ) and all(used.get(key) for key in ("nvml_lists_client_by_its_pid",
+                                         "pod_memory_at_least_held"))  # fmt: skip
     sys.exit(0 if passed else 1)
 
 

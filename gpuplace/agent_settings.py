@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agent import measuring as agent_measuring
 from agent import mps as agent_mps
 from gpuplace.settings import ENV_PREFIX
 
@@ -91,6 +92,18 @@ class AgentSettings(BaseSettings):
     )
     mps_probe_seconds: float = Field(
         5.0, gt=0, description="how often each daemon is asked get_server_list"
+    )
+
+    # --- what pods use ---------------------------------------------------------------------
+    usage_seconds: float = Field(
+        agent_measuring.USAGE_SECONDS,
+        gt=0,
+        description="how often the pods' GPU use (memory, SM) is sampled for /metrics",
+    )
+    proc_root: Path = Field(
+        Path("/proc"),
+        description="the proc file system whose <pid>/cgroup maps a GPU process to its pod "
+        "(the host's: the DaemonSet runs with hostPID)",
     )
 
     # --- operations ------------------------------------------------------------------------

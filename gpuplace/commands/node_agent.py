@@ -2,13 +2,13 @@
 docs/node-agent.md). It discovers the node's GPUs and their health through NVML and keeps
 them and a heartbeat on its Node (agent.publishing), answers the kubelet's device-plugin
 API so that each container gets exactly its grant (agent.plugin), runs one MPS control
-daemon per GPU and restarts it when it dies (agent.mps), and serves /metrics, /healthz
-and /readyz.
+daemon per GPU and restarts it when it dies (agent.mps), samples what each pod uses of its
+GPUs (agent.measuring), and serves /metrics, /healthz and /readyz.
 
 Order at start: the node's pod informer, the first discovery, then the MPS daemons of
 the node's GPUs, which must answer before a share is handed out (a client that starts
 without its daemon runs with no limits), then the device plugin (registered with the
-kubelet) and the periodic discovery and heartbeat.
+kubelet), the periodic discovery and heartbeat, and the usage sampler.
 
 Every flag is also an environment variable `GPUPLACE_<FLAG>`. Exit codes: 0 after
 SIGTERM/SIGINT, 2 for invalid settings, 1 when it cannot start (no API, no NVML, port in
@@ -29,7 +29,7 @@ from typing import Any
 
 import prometheus_client
 
-from agent import allocating, discovery, mps, nvml, plugin, publishing
+from agent import allocating, cgroups, discovery, measuring, mps, nvml, plugin, publishing
 from cluster import connecting, kube, watching
 from gpuplace import logs, serving, settings
 from gpuplace.agent_settings import AgentSettings
@@ -99,6 +99,7 @@ class AgentProcess:
     supervisor: mps.Supervisor | None
     plugin: plugin.PluginServer
     informer: watching.Informer[dict[str, Any]]
+    sampler: measuring.Sampler
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def not_published_reason(self) -> str | None:
@@ -166,6 +167,7 @@ class AgentProcess:
         stop_plugin = asyncio.Event()
         self._spawn(self.plugin.run(stop_plugin), "device plugin")
         self._spawn(publisher.run(), "publishing")
+        self._spawn(self.sampler.run(), "usage sampler")
         try:
             yield
         finally:
@@ -236,9 +238,20 @@ async def compose(
         wait_seconds=config.allocate_wait_seconds,
         registry=registry,
     )
+    sampler = measuring.Sampler(
+        measuring.Meter(reading, config.node_name, cgroups.Proc(config.proc_root)),
+        lambda: list(view.pods.values()),
+        seconds=config.usage_seconds,
+        registry=registry,
+    )
+    registry.register(
+        measuring.UsageCollector(
+            config.node_name, sampler, measuring.live_in(lambda: view.pods, config.node_name)
+        )
+    )
     server = serving.Server(registry)
     process = AgentProcess(
-        config, server, api, reading, publisher, supervisor, server_of_plugin, informer
+        config, server, api, reading, publisher, supervisor, server_of_plugin, informer, sampler
     )
     server.add_site("ops", serving.ops_app(server), config.metrics_address, config.metrics_port)
     server.add_context(process.running)

@@ -52,8 +52,14 @@ def test_its_privileges_are_the_stated_ones(pod: Obj) -> None:
     assert security["capabilities"] == {"drop": ["ALL"], "add": ["SETUID", "SETGID"]}
     assert pod["securityContext"]["runAsUser"] == 0
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    for forbidden in ("hostPID", "hostIPC", "hostNetwork"):
+    for forbidden in ("hostIPC", "hostNetwork"):
         assert not pod.get(forbidden), forbidden
+    # NVML names GPU processes by host PID: their /proc/<pid>/cgroup says which pod uses a
+    # GPU (docs/node-agent.md "What pods use"), read under the container's own /proc
+    assert pod["hostPID"] is True
+    assert not any(arg.startswith("--proc-root") for arg in agent["args"])
+    assert AgentSettings(node_name="n").proc_root == Path("/proc")
+    assert not any(m["mountPath"].startswith("/proc") for m in agent["volumeMounts"])
     assert (
         set(agent["resources"]["requests"])
         == set(agent["resources"]["limits"])

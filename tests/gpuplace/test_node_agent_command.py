@@ -7,6 +7,7 @@ sockets, the ops endpoints on a real port."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ import aiohttp
 import grpc
 import pytest
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from agent import nvml
 from cluster import keys
@@ -32,6 +34,7 @@ from gpuplace.commands import node_agent
 from tests import fakeapi
 from tests.agent import kubelet as standin
 from tests.fakeapi import objects
+from usage import names
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "gpu"
 STANDIN = Path(__file__).resolve().parents[1] / "agent" / "mps_standin.py"
@@ -75,21 +78,36 @@ def agent_settings(
     api: fakeapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet, **values: Any
 ) -> Any:
     kubeconfig = api.kubeconfig(tmp_path / "kubeconfig", fakeapi.NODE_AGENT)
-    return AgentSettings(
-        device_plugin_dir=kubelet.directory,
-        allocate_wait_seconds=1.0,
-        node_name=NODE,
-        kubeconfig=kubeconfig,
-        nvml_replay=eight_gpus(tmp_path),
-        metrics_address="127.0.0.1",
-        metrics_port=0,
-        mps_root=mps_root,
-        mps_control=f"{sys.executable} {STANDIN}",
-        mps_probe_seconds=0.05,
-        mps_start_timeout_seconds=5.0,
-        discover_seconds=0.1,
-        **values,
-    )
+    defaults: dict[str, Any] = {
+        "device_plugin_dir": kubelet.directory,
+        "allocate_wait_seconds": 1.0,
+        "node_name": NODE,
+        "kubeconfig": kubeconfig,
+        "metrics_address": "127.0.0.1",
+        "metrics_port": 0,
+        "mps_root": mps_root,
+        "mps_control": f"{sys.executable} {STANDIN}",
+        "mps_probe_seconds": 0.05,
+        "mps_start_timeout_seconds": 5.0,
+        "discover_seconds": 0.1,
+    }
+    if "nvml_replay" not in values:
+        defaults["nvml_replay"] = eight_gpus(tmp_path)
+    return AgentSettings(**{**defaults, **values})
+
+
+@contextlib.asynccontextmanager
+async def serving(config: AgentSettings) -> AsyncIterator[tuple[node_agent.AgentProcess, str]]:
+    """The agent composed from `config` and running; its ops endpoints' base URL."""
+    process = await node_agent.compose(config, CollectorRegistry(), base_env={})
+    stop = asyncio.Event()
+    running = asyncio.create_task(process.server.run(stop))
+    try:
+        await asyncio.wait_for(process.server.started.wait(), 20)
+        yield process, f"http://127.0.0.1:{process.server.port('ops')}"
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 30)
 
 
 async def until(condition: Callable[[], Any], timeout: float = 10.0) -> None:
@@ -231,6 +249,79 @@ async def test_without_mps_shares_are_refused_and_whole_gpus_served(
         stop.set()
         await asyncio.wait_for(running, 30)
     assert list(mps_root.iterdir()) == []
+
+
+async def test_the_metrics_endpoint_shows_what_pods_use_until_they_go(
+    api: fakeapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet
+) -> None:
+    """The captured plain client (pid 590, 3.6 GiB) in a granted pod's cgroup, written into
+    a proc root of the test's; /metrics scraped over 127.0.0.1 and parsed as Prometheus
+    does; the pod's series end once it is deleted."""
+    proc = tmp_path / "proc"
+    (proc / "590").mkdir(parents=True)
+    config = agent_settings(
+        api,
+        tmp_path,
+        mps_root,
+        kubelet,
+        mps=False,
+        nvml_replay=FIXTURES / "nvml-plain-client.json",
+        proc_root=proc,
+        usage_seconds=0.05,
+    )
+    async with serving(config) as (_, base):
+        uuid = nvml.Replay.load(FIXTURES / "nvml-plain-client.json").uuid(0)
+        created = api.api.create(standin.pod("train", [0], [uuid], milli=1000, node=NODE))
+        slice_ = f"kubepods-pod{created['metadata']['uid'].replace('-', '_')}.slice"
+        (proc / "590" / "cgroup").write_text(
+            f"0::/kubepods.slice/{slice_}/cri-containerd-{'c' * 64}.scope\n"
+        )
+        api.api.set_phase("research", "train", "Running")
+        async with aiohttp.ClientSession() as http:
+
+            async def families() -> dict[str, list[tuple[dict[str, str], float]]]:
+                async with http.get(f"{base}/metrics") as response:
+                    text = await response.text()
+                return {
+                    family.name: [(s.labels, s.value) for s in family.samples]
+                    for family in text_string_to_metric_families(text)
+                }
+
+            async def used() -> bool:
+                return bool((await families()).get(names.POD_MEMORY_USED))
+
+            await until(used)
+            series = await families()
+            labels = {"node": NODE, "gpu": "0", "uuid": uuid}
+            pod_labels = {**labels, "namespace": "research", "pod": "train"}
+            assert series[names.POD_MEMORY_USED] == [(pod_labels, 3860856832.0)]
+            assert series[names.POD_MEMORY_GRANTED] == [(pod_labels, 85520809984.0)]
+            assert series[names.POD_SHARE_GRANTED] == [(pod_labels, 1.0)]
+            assert series[names.POD_SM_UTILIZATION] == []  # not in the capture: absent
+            assert series[names.GPU_MEMORY_USED] == [(labels, 4373413888.0)]
+            assert series[names.GPU_MEMORY_TOTAL] == [(labels, 85520809984.0)]
+            assert series[names.GPU_UTILIZATION] == [(labels, 0.0)]
+            for name, values in series.items():
+                if name.startswith(("gpuplace_pod_gpu_", "gpuplace_gpu_")):
+                    wanted = names.POD_LABELS if "_pod_" in name else names.GPU_LABELS
+                    assert all(set(found) == set(wanted) for found, _ in values), name
+
+            api.api.delete("pods", "train", "research")
+
+            async def gone() -> bool:
+                found = await families()
+                return not any(
+                    found[name]
+                    for name in (
+                        names.POD_MEMORY_USED,
+                        names.POD_MEMORY_GRANTED,
+                        names.POD_SHARE_GRANTED,
+                    )
+                )
+
+            await until(gone)
+            # the process lingers in the capture: counted, on no pod
+            assert (await families())[names.GPU_MEMORY_USED] == [(labels, 4373413888.0)]
 
 
 def test_mig_gpus_and_unknown_uuids_get_no_daemon() -> None:

@@ -1,0 +1,325 @@
+"""What pods use of their GPUs, from the real NVML captures as they are (idle, one plain
+client, two MPS clients beside their server) with the processes' cgroups written into a
+temporary proc root; per-process SM samples only from synthetic readings (no capture has
+them, and each test that adds them says so); the series as Prometheus renders them."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent import cgroups, measuring, nvml
+from tests.agent.kubelet import pod as granted_pod
+from usage import names
+
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "gpu"
+NODE = "h100-0"
+H100 = "GPU-73fa5a53-ad78-0389-6c40-cf23e8e3170c"
+H100_MEMORY = 85520809984
+MIB = 1 << 20
+
+
+def reading(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = nvml.Replay.load(FIXTURES / f"nvml-{name}.json").reading  # type: ignore[assignment]
+    return loaded
+
+
+def uid_of(number: int) -> str:
+    return f"00000000-0000-4000-8000-{number:012d}"
+
+
+def pod(
+    name: str, number: int, *, milli: int | None = None, memory_mib: int = 0, **extra: Any
+) -> dict[str, Any]:
+    """A pod of this node: a gpuplace grant on the H100 when `milli` is given, else a plain
+    pod (e.g. the agent's own, or one with another device plugin's GPU)."""
+    if milli is not None:
+        made = granted_pod(name, [0], [H100], milli=milli, memory_mib=memory_mib, node=NODE)
+    else:
+        made = {"metadata": {"name": name, "namespace": "research"}, "spec": {"nodeName": NODE}}
+    made["metadata"]["uid"] = uid_of(number)
+    made["status"] = {"phase": "Running"}
+    for key, value in extra.items():
+        made["metadata"][key] = value
+    return made
+
+
+def in_pod(proc: Path, pid: int, number: int) -> None:
+    """Process `pid` in the pod `uid_of(number)`, as containerd + systemd write it."""
+    (proc / str(pid)).mkdir()
+    slice_ = f"kubepods-burstable-pod{uid_of(number).replace('-', '_')}.slice"
+    (proc / str(pid) / "cgroup").write_text(
+        f"0::/kubepods.slice/kubepods-burstable.slice/{slice_}/cri-containerd-{'a' * 64}.scope\n"
+    )
+
+
+def meter(source: Mapping[str, Any], proc: Path) -> measuring.Meter:
+    return measuring.Meter(nvml.Replay(source), NODE, cgroups.Proc(proc))
+
+
+def by_pod(sample: measuring.Sample) -> dict[str, measuring.PodUse]:
+    return {use.name: use for use in sample.pods}
+
+
+def test_idle_gpu_has_totals_and_no_pod_series(tmp_path: Path) -> None:
+    sample = meter(reading("idle"), tmp_path).measure([pod("agent", 1)])
+    (gpu,) = sample.gpus
+    assert gpu == measuring.GpuUse(0, H100, 503316480, H100_MEMORY, 0.0)
+    assert sample.pods == () and sample.attributed == sample.unattributed == 0
+    # no capture holds per-process samples: Replay answers Not Supported there (as a
+    # driver without the call would), and the failed call is counted
+    assert ("process_utilization", "Not Supported") in sample.errors
+
+
+def test_plain_client_memory_goes_to_its_pod(tmp_path: Path) -> None:
+    """nvml-plain-client.json: pid 590 holds 3.6 GiB; in tmp_path's proc it is in pod 5."""
+    in_pod(tmp_path, 590, 5)
+    sample = meter(reading("plain-client"), tmp_path).measure([pod("train", 5), pod("other", 6)])
+    assert by_pod(sample) == {
+        "train": measuring.PodUse(
+            uid_of(5), "research", "train", 0, H100, memory_used=3860856832, sm=None
+        )
+    }
+    assert (sample.attributed, sample.unattributed) == (1, 0)
+    (gpu,) = sample.gpus
+    assert gpu.memory_used == 4373413888  # the device's figure, context overheads included
+
+
+def test_mps_clients_go_to_their_pods_and_the_server_to_none(tmp_path: Path) -> None:
+    """nvml-mps-clients.json: clients 629 and 630, server 663 (in compute_processes only).
+    The server runs in the agent's own pod (its per-GPU daemon starts it): it must not be
+    charged there. Grants as the capture's limits: 30 %/8192M and 20 %/4096M."""
+    in_pod(tmp_path, 629, 1)
+    in_pod(tmp_path, 630, 2)
+    in_pod(tmp_path, 663, 9)
+    pods = [
+        pod("big", 1, milli=300, memory_mib=8192),
+        pod("small", 2, milli=200, memory_mib=4096),
+        pod("gpuplace-node-agent-x7k2p", 9),
+    ]
+    sample = meter(reading("mps-clients"), tmp_path).measure(pods)
+    assert by_pod(sample) == {
+        "big": measuring.PodUse(
+            uid_of(1), "research", "big", 0, H100, 2353004544, None, 8192 * MIB, 0.3
+        ),
+        "small": measuring.PodUse(
+            uid_of(2), "research", "small", 0, H100, 1224736768, None, 4096 * MIB, 0.2
+        ),
+    }
+    assert (sample.attributed, sample.unattributed) == (2, 0)
+
+
+def test_the_real_clients_cgroups_are_in_no_pod(tmp_path: Path) -> None:
+    """The capture's own /proc/<pid>/cgroup (mps-control.txt): `0::/process_api/...`."""
+    text = (FIXTURES / "mps-control.txt").read_text()
+    for section in text.split("== /proc/")[1:]:
+        header, _, body = section.partition("\n")
+        pid = header.split("/")[0]
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "cgroup").write_text(body)
+    pods = [pod("big", 1, milli=300, memory_mib=8192)]
+    sample = meter(reading("mps-clients"), tmp_path).measure(pods)
+    # the granted pod has no process on the GPU: 0 used (the list was read), its grant shown
+    assert by_pod(sample) == {
+        "big": measuring.PodUse(uid_of(1), "research", "big", 0, H100, 0, None, 8192 * MIB, 0.3)
+    }
+    assert (sample.attributed, sample.unattributed) == (0, 2)
+    (gpu,) = sample.gpus
+    assert gpu.memory_used == 4160487424  # still in the GPU's totals
+
+
+def test_a_whole_gpu_grant_is_its_memory_and_share_one(tmp_path: Path) -> None:
+    in_pod(tmp_path, 590, 5)
+    sample = meter(reading("plain-client"), tmp_path).measure([pod("whole", 5, milli=1000)])
+    use = by_pod(sample)["whole"]
+    assert (use.memory_granted, use.share_granted, use.memory_used) == (
+        H100_MEMORY,
+        1.0,
+        3860856832,
+    )
+
+
+def test_a_memory_only_share_has_share_zero(tmp_path: Path) -> None:
+    sample = meter(reading("idle"), tmp_path).measure([pod("mem", 3, milli=0, memory_mib=2048)])
+    use = by_pod(sample)["mem"]
+    assert (use.memory_granted, use.share_granted) == (2048 * MIB, 0.0)
+
+
+def test_a_process_of_a_pod_not_known_here_is_unattributed(tmp_path: Path) -> None:
+    in_pod(tmp_path, 590, 5)  # its pod is gone from the API, or not yet seen
+    sample = meter(reading("plain-client"), tmp_path).measure([pod("other", 6)])
+    assert sample.pods == () and (sample.attributed, sample.unattributed) == (0, 1)
+
+
+def test_a_static_pod_is_found_through_its_mirror(tmp_path: Path) -> None:
+    in_pod(tmp_path, 590, 5)  # the cgroup carries the static pod's UID
+    mirror = pod("static-train", 77, annotations={measuring.MIRROR: uid_of(5)})
+    sample = meter(reading("plain-client"), tmp_path).measure([mirror])
+    assert by_pod(sample)["static-train"].uid == uid_of(77)
+
+
+# --- per-process SM samples: synthetic (no capture has them) ---------------------------
+
+
+def with_samples(name: str, samples: list[dict[str, int]]) -> dict[str, Any]:
+    """A capture with per-process samples ADDED BY THIS TEST (synthetic, NVML's fields)."""
+    made = copy.deepcopy(reading(name))
+    made["gpus"][0]["process_utilization"] = samples
+    made["synthetic"] = "process_utilization added by tests/agent/test_measuring.py"
+    return made
+
+
+def test_sm_is_the_mean_of_the_samples_since_the_last_one(tmp_path: Path) -> None:
+    in_pod(tmp_path, 590, 5)
+    source = with_samples(
+        "plain-client",
+        [
+            {"pid": 590, "timeStamp": 1000, "smUtil": 40},
+            {"pid": 590, "timeStamp": 2000, "smUtil": 60},
+            {"pid": 590, "timeStamp": 2500, "smUtil": 2147483632},  # garbage a driver gave
+        ],
+    )
+    taking = meter(source, tmp_path)
+    assert by_pod(taking.measure([pod("train", 5)]))["train"].sm == pytest.approx(0.5)
+    # nothing newer: the process ran no kernel since, 0 (the driver answered)
+    assert by_pod(taking.measure([pod("train", 5)]))["train"].sm == 0.0
+    assert taking.since == {H100: 2500}
+
+
+def test_under_mps_the_clients_samples_add_up_per_pod(tmp_path: Path) -> None:
+    in_pod(tmp_path, 629, 1)
+    in_pod(tmp_path, 630, 1)  # two clients of one pod
+    source = with_samples(
+        "mps-clients",
+        [
+            {"pid": 629, "timeStamp": 10, "smUtil": 30},
+            {"pid": 630, "timeStamp": 11, "smUtil": 20},
+            {"pid": 663, "timeStamp": 12, "smUtil": 50},  # the server's own: nobody's
+        ],
+    )
+    sample = meter(source, tmp_path).measure([pod("both", 1)])
+    use = by_pod(sample)["both"]
+    assert use.sm == pytest.approx(0.5) and use.memory_used == 2353004544 + 1224736768
+
+
+def test_under_mps_samples_charged_to_the_server_leave_the_pods_sm_absent(
+    tmp_path: Path,
+) -> None:
+    in_pod(tmp_path, 629, 1)
+    in_pod(tmp_path, 630, 2)
+    source = with_samples("mps-clients", [{"pid": 663, "timeStamp": 10, "smUtil": 80}])
+    sample = meter(source, tmp_path).measure([pod("a", 1), pod("b", 2)])
+    assert [use.sm for use in sample.pods] == [None, None]
+    assert all(use.memory_used for use in sample.pods)
+
+
+def test_a_failing_gpu_is_left_out_and_counted_never_raised(tmp_path: Path) -> None:
+    source = copy.deepcopy(reading("plain-client"))
+    source["gpus"].append({"nvml_error": "GPU is lost"})
+    source["count"] = 2
+    in_pod(tmp_path, 590, 5)
+    sample = meter(source, tmp_path).measure([pod("train", 5)])
+    assert [gpu.index for gpu in sample.gpus] == [0]
+    assert ("uuid", "GPU is lost") in sample.errors
+    assert by_pod(sample)["train"].memory_used == 3860856832
+    broken = measuring.Meter(nvml.Replay({"count": {"nvml_error": "Driver Not Loaded"}}), NODE)
+    assert broken.measure([]) == measuring.Sample(errors=(("gpu_count", "Driver Not Loaded"),))
+
+
+# --- the exported series --------------------------------------------------------------
+
+
+def scrape(registry: CollectorRegistry) -> dict[str, list[tuple[dict[str, str], float]]]:
+    text = generate_latest(registry).decode()
+    return {
+        family.name: [(sample.labels, sample.value) for sample in family.samples]
+        for family in text_string_to_metric_families(text)
+    }
+
+
+async def test_series_carry_the_names_labels_and_end_with_the_pod(tmp_path: Path) -> None:
+    in_pod(tmp_path, 629, 1)
+    in_pod(tmp_path, 630, 2)
+    pods = {
+        uid_of(1): pod("big", 1, milli=300, memory_mib=8192),
+        uid_of(2): pod("small", 2, milli=200, memory_mib=4096),
+    }
+    registry = CollectorRegistry()
+    sampler = measuring.Sampler(
+        meter(reading("mps-clients"), tmp_path), lambda: list(pods.values()), registry=registry
+    )
+    registry.register(
+        measuring.UsageCollector(NODE, sampler, measuring.live_in(lambda: pods, NODE))
+    )
+    assert all(not values for name, values in scrape(registry).items() if "gpuplace_pod" in name)
+    await sampler.sample_once()
+    series = scrape(registry)
+    gpu_labels = {"node": NODE, "gpu": "0", "uuid": H100}
+    assert series[names.GPU_MEMORY_TOTAL] == [(gpu_labels, float(H100_MEMORY))]
+    assert series[names.GPU_MEMORY_USED] == [(gpu_labels, 4160487424.0)]
+    assert series[names.GPU_UTILIZATION] == [(gpu_labels, 0.0)]
+    big = {**gpu_labels, "namespace": "research", "pod": "big"}
+    small = {**gpu_labels, "namespace": "research", "pod": "small"}
+    assert sorted(series[names.POD_MEMORY_USED], key=str) == sorted(
+        [(big, 2353004544.0), (small, 1224736768.0)], key=str
+    )
+    assert series[names.POD_SM_UTILIZATION] == []  # no per-process samples: absent
+    assert {labels["pod"]: value for labels, value in series[names.POD_SHARE_GRANTED]} == {
+        "big": 0.3,
+        "small": 0.2,
+    }
+    for name in (names.POD_MEMORY_USED, names.POD_MEMORY_GRANTED, names.POD_SHARE_GRANTED):
+        assert all(set(labels) == set(names.POD_LABELS) for labels, _ in series[name])
+    assert all(set(labels) == set(names.GPU_LABELS) for labels, _ in series[names.GPU_MEMORY_USED])
+    # the errors are counted
+    text = generate_latest(registry).decode()
+    assert re.search(
+        r'gpuplace_agent_usage_errors_total\{call="process_utilization",error="Not Supported"\} 1',
+        text,
+    )
+
+    # "small" finishes (its grant released) and "big" is deleted: both series end at the
+    # next scrape, before the next sample
+    pods[uid_of(2)]["status"]["phase"] = "Succeeded"
+    del pods[uid_of(1)]
+    series = scrape(registry)
+    for name in (names.POD_MEMORY_USED, names.POD_MEMORY_GRANTED, names.POD_SHARE_GRANTED):
+        assert series[name] == [], name
+    assert series[names.GPU_MEMORY_USED] == [(gpu_labels, 4160487424.0)]
+    await sampler.sample_once()
+    assert scrape(registry)[names.POD_MEMORY_USED] == []
+
+
+async def test_the_loop_survives_a_failing_sample(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    calls = 0
+
+    def pods() -> list[dict[str, Any]]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug in a sample")
+        return []
+
+    sampler = measuring.Sampler(
+        meter(reading("idle"), tmp_path), pods, seconds=0.01, registry=registry
+    )
+    task = asyncio.create_task(sampler.run())
+    try:
+        for _ in range(200):
+            if sampler.last is not None:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+    assert sampler.last is not None and calls >= 2
+    text = generate_latest(registry).decode()
+    assert 'gpuplace_agent_usage_errors_total{call="sample",error="exception"} 1.0' in text
