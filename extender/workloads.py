@@ -22,6 +22,9 @@ the weight), half a GPU and a quarter of a GPU (a quarter each), any model, the
 minimum CPU. Against it a node is "fragmented" by idle shares smaller than a quarter
 GPU and by partly used GPUs, so the policy packs shares onto already-used GPUs and
 keeps whole GPUs whole, which is what a binpacker should do before it knows better.
+
+The sidecar's fragmentation metric is measured against the deciding policy's workload,
+or, under a policy that scores against none, one built alike (`PolicyHolder.measured`).
 """
 
 from __future__ import annotations
@@ -106,7 +109,7 @@ class PolicyHolder:
     def measured(self) -> Workload:
         """The typical workload the cluster's fragmentation is measured against (for
         metrics; never a decision): the deciding policy's, or for a policy that scores
-        against none (binpack, random), one built alike from the same requests and
+        against none (best-fit, first-fit, random), one built alike from the same requests and
         rebuilt on the same rule. O(1); O(window) on a rebuild."""
         workload = self.workload
         if workload is not None:
