@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -144,39 +145,57 @@ def exported() -> frozenset[str]:
 
 def panels(dashboard: Dashboard) -> Iterator[dict[str, Any]]:
     """Every panel that is not a row, also those inside a collapsed row."""
+    for _, panel in placed(dashboard):
+        yield panel
+
+
+def placed(dashboard: Dashboard) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(title of its row, panel) of every panel that is not a row: the row it is in
+    (collapsed) or under."""
+    row = ""
     for panel in dashboard.get("panels", []):
         if panel["type"] == "row":
-            yield from panel.get("panels", [])
+            row = panel.get("title", "")
+            for inner in panel.get("panels", []):
+                yield row, inner
         else:
-            yield panel
+            yield row, panel
 
 
 def variables(dashboard: Dashboard) -> dict[str, dict[str, Any]]:
     return {variable["name"]: variable for variable in dashboard["templating"]["list"]}
 
 
-def promql(expr: str, known: set[str]) -> str:
-    """`expr` with Grafana's variables put in as Grafana would: a duration for the
+def promql(expr: str, known: set[str], duration: str = "5m") -> str:
+    """`expr` with Grafana's variables put in as Grafana would: `duration` for the
     built-in intervals, a regex for the dashboard's own (they stand inside `=~"..."`).
     A variable the dashboard does not define fails."""
 
     def put(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(2)
         if name in DURATIONS:
-            return "5m"
+            return duration
         assert name in known, f"{expr!r} uses ${name}, which the dashboard does not define"
         return ".*"
 
     return VARIABLE.sub(put, expr)
 
 
-def queries(dashboard: Dashboard) -> list[tuple[str, str]]:
-    """(where, PromQL) of every panel target, variables put in."""
+@dataclass(frozen=True)
+class Query:
+    row: str
+    where: str
+    expr: str
+    """PromQL, variables put in."""
+
+
+def queries(dashboard: Dashboard, duration: str = "5m") -> list[Query]:
+    """Every panel target's query (see `promql`)."""
     known = set(variables(dashboard))
     return [
-        (f"panel {panel['id']} {panel.get('title', '')!r} {target['refId']}",
-         promql(target["expr"], known))
-        for panel in panels(dashboard)
+        Query(row, f"panel {panel['id']} {panel.get('title', '')!r} {target['refId']}",
+              promql(target["expr"], known, duration))
+        for row, panel in placed(dashboard)
         for target in panel.get("targets", [])
     ]  # fmt: skip
 
@@ -198,11 +217,12 @@ def metrics_of(expr: str) -> set[str]:
 def problems(dashboard: Dashboard, names: frozenset[str]) -> list[str]:
     """Each query or variable that names a metric not in `names`, or is not PromQL."""
     found: list[str] = []
-    for where, expr in queries(dashboard):
+    for query in queries(dashboard):
+        where = query.where
         try:
-            selected = metrics_of(expr)
+            selected = metrics_of(query.expr)
         except (ValueError, RuntimeError, SyntaxError) as error:
-            found.append(f"{where}: not PromQL ({error}): {expr}")
+            found.append(f"{where}: not PromQL ({error}): {query.expr}")
             continue
         found.extend(f"{where}: {name} is not exported" for name in sorted(selected - names))
     for name, variable in variables(dashboard).items():
@@ -323,8 +343,8 @@ def test_prometheus_own_parser_accepts_every_query(tmp_path: Path) -> None:
     if promtool is None:
         pytest.skip("promtool (Debian's prometheus package, which ./dev test installs) absent")
     rules = [
-        {"record": f"dashboard:query_{i}", "expr": expr}
-        for i, (_, expr) in enumerate(queries(load()))
+        {"record": f"dashboard:query_{i}", "expr": query.expr}
+        for i, query in enumerate(queries(load()))
     ]
     path = tmp_path / "dashboard-rules.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))

@@ -2,16 +2,26 @@
 /metrics endpoint (127.0.0.1), against the local API under the shipped RBAC:
 `gpuplace_pending_pods{reason}` follows the pods' lives (created, gated, found no node by
 kube-scheduler, bound) and `gpuplace_fragmentation_milligpus{measure}` /
-`gpuplace_ledger_free_milligpus` follow the binds."""
+`gpuplace_ledger_free_milligpus` follow the binds. Then a real Prometheus (Debian's
+package, which ./dev test installs) scrapes that endpoint and runs every query of the
+Grafana dashboard: all are accepted, and those of the sidecar's rows return series."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster import keys
@@ -19,6 +29,7 @@ from gpuplace import localapi
 from gpuplace.commands import serve
 from gpuplace.localapi import objects
 from placement.measuring import ClusterMeasure
+from tests.deploy import test_grafana_dashboard as grafana
 from tests.gpuplace.test_serve_cluster import enforcing, member, started, two_nodes_led_here
 from tests.webhook import helpers
 
@@ -132,3 +143,118 @@ async def test_pending_pods_by_reason_and_fragmentation_over_metrics(
             assert fragmentation(samples)["fgd"] == pytest.approx(500 * whole)
             fresh = ClusterMeasure().totals(sidecar.sync.ledger, workload)
             assert fragmentation(samples) == {"fgd": fresh.fgd, "stranded": fresh.stranded}
+
+
+async def bind_through_the_extender(
+    process: serve.Process, session: aiohttp.ClientSession, pod: dict[str, Any]
+) -> None:
+    """kube-scheduler's part for `pod`: filter, then bind on the first node passed."""
+    extender = f"http://127.0.0.1:{process.server.port('extender')}"
+    body = {"Pod": pod, "NodeNames": ["gpu-0", "gpu-1"], "Nodes": None}
+    async with session.post(f"{extender}/filter", json=body) as response:
+        node = (await response.json())["NodeNames"][0]
+    bind = {
+        "PodName": pod["metadata"]["name"],
+        "PodNamespace": pod["metadata"]["namespace"],
+        "PodUID": pod["metadata"]["uid"],
+        "Node": node,
+    }
+    async with session.post(f"{extender}/bind", json=bind) as response:
+        assert (await response.json())["Error"] == ""
+
+
+def require_prometheus() -> str:
+    found = shutil.which("prometheus")
+    if found is None:
+        reason = "Debian's prometheus package is not installed (./dev test as root installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return found
+
+
+@contextlib.contextmanager
+def prometheus(binary: str, target: str, tmp: Path) -> Iterator[str]:
+    """A Prometheus scraping `target` (host:port) every second; yields its base URL."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = tmp / "prometheus.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "scrape_configs": [
+                    {"job_name": "gpuplace", "static_configs": [{"targets": [target]}]}
+                ],
+            }
+        )
+    )
+    log = (tmp / "prometheus.log").open("w")
+    server = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(10)
+        log.close()
+
+
+async def query(session: aiohttp.ClientSession, base: str, expr: str) -> list[Any]:
+    async with session.get(f"{base}/api/v1/query", params={"query": expr}) as response:
+        body = await response.json()
+    assert body["status"] == "success", (expr, body)
+    result: list[Any] = body["data"]["result"]
+    return result
+
+
+async def test_every_dashboard_query_runs_on_a_prometheus_scraping_the_sidecar(
+    tls: tuple[Path, Path], tmp_path: Path
+) -> None:
+    binary = require_prometheus()
+    async with localapi.serve(enforcing()) as api_server:
+        api = api_server.api
+        process = await two_nodes_led_here(api_server, tls, tmp_path)
+        async with started(process) as session:
+            api.create(objects.pod("half", percent=50))
+            api.create(objects.pod("waits", percent=75))
+            for i in range(2):
+                api.create(member(f"w{i}", "train", 3))
+            await until_scraped(process, session, {"waiting": 2, "gated": 2})
+            pod = next(p for p in api.objects("pods") if p["metadata"]["name"] == "half")
+            await bind_through_the_extender(process, session, pod)
+            target = f"127.0.0.1:{process.server.port('ops')}"
+            with prometheus(binary, target, tmp_path) as base:
+                deadline = time.monotonic() + 30
+                while len(await query_or_none(session, base, "gpuplace_pending_pods")) < 5:
+                    assert time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()
+                    await asyncio.sleep(0.2)
+                await asyncio.sleep(2.5)  # a few more scrapes: rates have two samples
+                empty = []
+                for each in grafana.queries(grafana.load(), duration="1m"):
+                    found = await query(session, base, each.expr)
+                    if not found and each.row in SIDECAR_ROWS:
+                        empty.append(f"{each.where}: {each.expr}")
+                assert empty == []
+
+
+SIDECAR_ROWS = frozenset({"Allocation", "Fragmentation", "Pending GPU pods"})
+"""The rows whose every query has series as soon as a sidecar is scraped (asked vs used
+needs node agents on GPUs; the health rows' rates need traffic)."""
+
+
+async def query_or_none(session: aiohttp.ClientSession, base: str, expr: str) -> list[Any]:
+    """`query`, or [] while Prometheus is not up yet."""
+    try:
+        return await query(session, base, expr)
+    except (aiohttp.ClientError, AssertionError):
+        return []
