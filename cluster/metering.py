@@ -1,22 +1,35 @@
-"""Prometheus gauges of the ledger, computed when scraped (never on the decision path)."""
+"""Prometheus gauges of the ledger, computed when scraped (never on the decision path).
+
+Cluster-wide sums only, no per-node series (10,000 nodes would be 10,000 series a
+scrape): what is allocated and free, how fragmented the free compute is against the
+typical workload (`placement.measuring`, kept current from the ledger's change log), and
+the managed GPU pods not bound yet, by reason (`cluster.syncing.PENDING_REASONS`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from cluster.syncing import LedgerSync
+from cluster.syncing import PENDING_REASONS, LedgerSync
+from placement.fragmentation import Workload
 from placement.ledger import GrantState
+from placement.measuring import ClusterMeasure
 from placement.requests import WHOLE
 
 
 class LedgerCollector(Collector):
-    """gpuplace_ledger_* gauges from a LedgerSync. O(grants + nodes) per scrape."""
+    """gpuplace_ledger_* gauges and the rest of the module docstring from a LedgerSync.
+    O(grants + nodes) per scrape, the fragmentation sums O(changed nodes) of it (see
+    `placement.measuring`). `workload`: the typical workload to measure fragmentation
+    against (None: no fragmentation gauges)."""
 
-    def __init__(self, sync: LedgerSync) -> None:
+    def __init__(self, sync: LedgerSync, workload: Callable[[], Workload] | None = None) -> None:
         self.sync = sync
+        self.workload = workload
+        self._measure = ClusterMeasure()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         ledger = self.sync.ledger
@@ -67,3 +80,30 @@ class LedgerCollector(Collector):
             "Enabled nodes whose GPU labels or annotation cannot be read.",
             value=unreadable,
         )
+        pending = GaugeMetricFamily(
+            "gpuplace_pending_pods",
+            "Managed GPU pods not bound yet, by reason: gated (scheduling gates), unreadable "
+            "(annotations), reserved (GPUs held, bind or gang plan in flight), "
+            "unschedulable (kube-scheduler found no node), waiting (for kube-scheduler).",
+            labels=["reason"],
+        )
+        for reason in PENDING_REASONS:
+            pending.add_metric([reason], self.sync.unbound[reason])
+        yield pending
+        if self.workload is None:
+            return
+        totals = self._measure.totals(ledger, self.workload())
+        yield GaugeMetricFamily(
+            "gpuplace_ledger_free_milligpus",
+            "milli-GPU idle and open to new grants (closed nodes, unhealthy GPUs excluded).",
+            value=totals.free,
+        )
+        fragmentation = GaugeMetricFamily(
+            "gpuplace_fragmentation_milligpus",
+            "Idle milli-GPU the typical workload could not use, summed over nodes: fgd "
+            "(FGD's measure, one pod of each type) or stranded (repeated pods, CPU counted).",
+            labels=["measure"],
+        )
+        fragmentation.add_metric(["fgd"], totals.fgd)
+        fragmentation.add_metric(["stranded"], totals.stranded)
+        yield fragmentation

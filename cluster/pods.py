@@ -54,6 +54,9 @@ class PodRecord:
     """spec.priority (what its PriorityClass resolved to at creation; 0 without)."""
     nominated: str = ""
     """status.nominatedNodeName: the node kube-scheduler preempted for it ("" for none)."""
+    unschedulable: bool = False
+    """kube-scheduler's last try found no node: condition PodScheduled False, reason
+    Unschedulable (it tries again when the cluster changes)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -167,7 +170,26 @@ class Reader:
             gang=str(labels.get(keys.GANG_LABEL) or ""),
             priority=priority_of(spec.get("priority")),
             nominated=str(status.get("nominatedNodeName") or ""),
+            unschedulable=no_node_fits(status.get("conditions")),
         )
+
+
+UNSCHEDULABLE = "Unschedulable"
+"""The reason kube-scheduler gives its PodScheduled=False condition when no node fits."""
+
+
+def no_node_fits(conditions: object) -> bool:
+    """Whether status.conditions hold PodScheduled False with reason Unschedulable.
+    O(conditions); anything not a list of objects reads as no."""
+    if not isinstance(conditions, list):
+        return False
+    return any(
+        isinstance(condition, Mapping)
+        and condition.get("type") == "PodScheduled"
+        and condition.get("status") == "False"
+        and condition.get("reason") == UNSCHEDULABLE
+        for condition in conditions
+    )
 
 
 def priority_of(value: object) -> int:

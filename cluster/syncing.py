@@ -21,7 +21,9 @@ await in between.
 Also collected here, because only the pod stream sees them: the GPU requests of the
 managed pods that arrived most recently (`requests`), from which the extender builds
 the typical workload, and the request shapes of the pods waiting for a node
-(`pending`), which the extender scores ahead of kube-scheduler's calls for them.
+(`pending`), which the extender scores ahead of kube-scheduler's calls for them, and
+how many managed GPU pods are not bound yet and why (`unbound`, for
+`gpuplace_pending_pods`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from cluster import nodes
 from cluster.nodes import NodeRecord
@@ -44,6 +47,19 @@ from placement.requests import GpuRequest
 log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 10_000
+
+GATED = "gated"
+UNREADABLE = "unreadable"
+RESERVED = "reserved"
+UNSCHEDULABLE = "unschedulable"
+WAITING = "waiting"
+PENDING_REASONS = (GATED, UNREADABLE, RESERVED, UNSCHEDULABLE, WAITING)
+"""Why a managed GPU pod is not bound yet, one reason per pod, the first that holds:
+a scheduling gate is set (a gang waiting to be complete or to fit: kube-scheduler does
+not see it); its annotations cannot be read (gpuplace cannot place it); GPUs are
+reserved for it (a bind in flight, a gang's plan, a preemptor's hold); kube-scheduler's
+last try found no node (condition PodScheduled=False/Unschedulable); else it waits for
+kube-scheduler."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +109,11 @@ class LedgerSync:
         go), and holding no grant."""
         self._waiting: dict[str, GpuRequest] = {}
         """The scoring shape of each waiting pod, by UID (what `pending` counts)."""
+        self.unbound: Counter[str] = Counter()
+        """Managed GPU pods not bound, not finished and not being deleted, by reason
+        (`PENDING_REASONS`); `waiting` + `unschedulable` are the pods `pending` counts."""
+        self._reasons: dict[str, str] = {}
+        """The reason of each pod `unbound` counts, by UID."""
         self._unbound: set[str] = set()
         """UIDs of the pods annotated with a grant and neither bound nor finished (what
         `stale` looks among: a handful, where `pods` can hold 100,000)."""
@@ -235,23 +256,39 @@ class LedgerSync:
             self.requests_version += 1
 
     def _track_waiting(self, uid: str, record: PodRecord | None) -> None:
-        """Keep `pending` equal to the waiting pods' shapes after `uid` changed to
-        `record` (None: gone). O(1)."""
+        """Keep `pending` equal to the waiting pods' shapes, and `unbound` to the
+        unbound pods' reasons, after `uid` changed to `record` (None: gone). O(1)."""
         shape = self._waiting.pop(uid, None)
         if shape is not None:
-            left = self.pending[shape] - 1
-            if left > 0:
-                self.pending[shape] = left
-            else:
-                del self.pending[shape]
-        if record is None or record.node_name or record.terminal or record.deleting or record.gated:
+            _decrement(self.pending, shape)
+        reason = self._reasons.pop(uid, None)
+        if reason is not None:
+            _decrement(self.unbound, reason)
+        reason = self._unbound_reason(uid, record)
+        if reason is None:
             return
+        self._reasons[uid] = reason
+        self.unbound[reason] += 1
+        if reason in (WAITING, UNSCHEDULABLE) and record and record.request is not None:
+            shape = scoring_shape(record.request)
+            self._waiting[uid] = shape
+            self.pending[shape] += 1
+
+    def _unbound_reason(self, uid: str, record: PodRecord | None) -> str | None:
+        """Why `record` (a managed pod) is not bound (`PENDING_REASONS`), or None: bound,
+        finished, being deleted, gone, or asking for no GPU. O(1)."""
+        if record is None or record.node_name or record.terminal or record.deleting:
+            return None
         request = record.request
-        if request is None or not request.count or self.ledger.get(uid) is not None:
-            return
-        shape = scoring_shape(request)
-        self._waiting[uid] = shape
-        self.pending[shape] += 1
+        if (request is None and not record.problem) or (request is not None and not request.count):
+            return None
+        if record.gated:
+            return GATED
+        if request is None:
+            return UNREADABLE
+        if self.ledger.get(uid) is not None:
+            return RESERVED
+        return UNSCHEDULABLE if record.unschedulable else WAITING
 
     def _track_unbound(self, record: PodRecord) -> None:
         """Keep `_unbound` right after `record` changed. O(1)."""
@@ -327,6 +364,8 @@ class LedgerSync:
         self.requests.clear()
         self.pending.clear()
         self._waiting.clear()
+        self.unbound.clear()
+        self._reasons.clear()
         self._unbound.clear()
         for record in fresh.values():
             self._arrived(record)
@@ -338,6 +377,15 @@ class LedgerSync:
             for uid, gone in old.items():
                 if uid not in fresh:
                     listener(gone, None)
+
+
+def _decrement(counter: Counter[Any], key: object) -> None:
+    """One less of `key`, dropping it at zero. O(1)."""
+    left = counter[key] - 1
+    if left > 0:
+        counter[key] = left
+    else:
+        del counter[key]
 
 
 class _Nodes:

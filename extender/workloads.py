@@ -22,6 +22,9 @@ the weight), half a GPU and a quarter of a GPU (a quarter each), any model, the
 minimum CPU. Against it a node is "fragmented" by idle shares smaller than a quarter
 GPU and by partly used GPUs, so the policy packs shares onto already-used GPUs and
 keeps whole GPUs whole, which is what a binpacker should do before it knows better.
+
+The sidecar's fragmentation metric is measured against the deciding policy's workload,
+or, under a policy that scores against none, one built alike (`PolicyHolder.measured`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from collections.abc import Callable
 from cluster.syncing import LedgerSync
 from placement import choosing, policies
 from placement.fragmentation import MIN_CPU_MILLI, PRIOR, TaskType, Workload
+from placement.requests import GpuRequest
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,13 @@ FALLBACK = Workload(
     )
 )
 NEEDS_WORKLOAD = frozenset({"fgd", "default"})
+
+
+def typical(requests: list[GpuRequest]) -> Workload:
+    """The typical workload of `requests` (most recent last), with the prior; `FALLBACK`
+    where they give none. O(requests + types log types)."""
+    workload = Workload.from_requests(requests, prior=PRIOR) if requests else FALLBACK
+    return workload if workload.types else FALLBACK
 
 
 class PolicyHolder:
@@ -76,15 +87,13 @@ class PolicyHolder:
         self.staging: choosing.Chooser | None = None
         self.staged_event = asyncio.Event()
         """Set when a rebuilt Chooser is staged (the warmer waits on it)."""
+        self._measured: Workload | None = None
+        self._measured_from = -1
+        self._measured_at = -float("inf")
         self.chooser = self._build()
 
     def _build(self) -> choosing.Chooser:
-        workload = None
-        if self.name in NEEDS_WORKLOAD:
-            requests = list(self.sync.requests)
-            workload = Workload.from_requests(requests, prior=PRIOR) if requests else FALLBACK
-            if not workload.types:
-                workload = FALLBACK
+        workload = typical(list(self.sync.requests)) if self.name in NEEDS_WORKLOAD else None
         self._built_from = self.sync.requests_version
         # A fallback is replaced as soon as real requests exist, not a refresh later.
         self._built_at = -float("inf") if workload is FALLBACK else self._clock()
@@ -96,6 +105,23 @@ class PolicyHolder:
         """The typical workload the deciding Chooser's policy scores against."""
         workload = getattr(self.chooser.policy, "workload", None)
         return workload if isinstance(workload, Workload) else None
+
+    def measured(self) -> Workload:
+        """The typical workload the cluster's fragmentation is measured against (for
+        metrics; never a decision): the deciding policy's, or for a policy that scores
+        against none (best-fit, first-fit, random), one built alike from the same requests and
+        rebuilt on the same rule. O(1); O(window) on a rebuild."""
+        workload = self.workload
+        if workload is not None:
+            return workload
+        stale = (
+            self._measured is FALLBACK or self._clock() - self._measured_at >= self.refresh_seconds
+        )
+        if self._measured is None or (self.sync.requests_version != self._measured_from and stale):
+            self._measured = typical(list(self.sync.requests))
+            self._measured_from = self.sync.requests_version
+            self._measured_at = self._clock()
+        return self._measured
 
     def current(self) -> choosing.Chooser:
         """The Chooser to decide with. O(1); O(window) on a rebuild.

@@ -354,7 +354,7 @@ class Sidecar:
             self.sync.node_listeners.append(self.advertiser.observe)
         self._capabilities: Capabilities | None = None
         self.sync.node_listeners.append(self._nodes_changed)
-        registry.register(metering.LedgerCollector(self.sync))
+        registry.register(metering.LedgerCollector(self.sync, self.holder.measured))
         registry.register(api.refusals)  # gpuplace_api_refusals_total
         self.preempter = preempting.Preempter(
             self.sync,

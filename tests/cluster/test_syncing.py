@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster import assignments, nodes, pods
+from cluster import assignments, keys, nodes, pods, syncing
 from cluster.syncing import LedgerSync
 from placement.choosing import scoring_shape
 from placement.ledger import Grant, GrantState, LedgerError, Oversubscribed
@@ -36,13 +36,21 @@ def pod_record(
     phase: str = "Pending",
     percent: int = 50,
     gated: bool = False,
+    unschedulable: bool = False,
+    unreadable: bool = False,
 ) -> pods.PodRecord:
     body = objects.pod(name, percent=percent)
     if gated:
         body["spec"]["schedulingGates"] = [{"name": "gpuplace.io/gang"}]
+    if unreadable:
+        body["metadata"]["annotations"][keys.GPU_PERCENT] = "half"
     body["metadata"]["uid"] = f"uid-{name}"
     body["metadata"]["resourceVersion"] = "1"
     body["status"] = {"phase": phase}
+    if unschedulable:  # as kube-scheduler writes it after a failed try
+        body["status"]["conditions"] = [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+        ]
     if grant is not None:
         body["metadata"]["annotations"].update(assignments.annotations_for(grant, None, AT))
         if bound:
@@ -229,11 +237,44 @@ def waiting_from_scratch(synced: LedgerSync) -> Counter[GpuRequest]:
     )
 
 
+def unbound_from_scratch(synced: LedgerSync) -> Counter[str]:
+    """What `LedgerSync.unbound` must equal, from every pod (see `PENDING_REASONS`)."""
+    reasons: Counter[str] = Counter()
+    for uid, record in synced.pods.items():
+        request = record.request
+        if record.node_name or record.terminal or record.deleting:
+            continue
+        if (request is None and not record.problem) or (request is not None and not request.count):
+            continue
+        if record.gated:
+            reasons[syncing.GATED] += 1
+        elif request is None:
+            reasons[syncing.UNREADABLE] += 1
+        elif synced.ledger.get(uid) is not None:
+            reasons[syncing.RESERVED] += 1
+        elif record.unschedulable:
+            reasons[syncing.UNSCHEDULABLE] += 1
+        else:
+            reasons[syncing.WAITING] += 1
+    return reasons
+
+
 EVENTS = st.lists(
     st.tuples(
         st.sampled_from(["upsert", "upsert", "upsert", "delete", "relist", "hold", "unhold"]),
         st.sampled_from(["a", "b", "c", "d"]),
-        st.sampled_from(["waiting", "gated", "assigned", "bound", "Succeeded", "Failed"]),
+        st.sampled_from(
+            [
+                "waiting",
+                "gated",
+                "unschedulable",
+                "unreadable",
+                "assigned",
+                "bound",
+                "Succeeded",
+                "Failed",
+            ]
+        ),
         st.sampled_from([25, 50, 100]),
     ),
     max_size=30,
@@ -246,7 +287,8 @@ def test_pending_counts_the_shapes_of_the_pods_waiting_for_a_node(
     events: list[tuple[str, str, str, int]],
 ) -> None:
     """After any sequence of pod events and relists, `pending` counts exactly the waiting
-    pods' scoring shapes (what the warmer scores ahead), and `stale` finds exactly the
+    pods' scoring shapes (what the warmer scores ahead), `unbound` the unbound GPU pods by
+    reason (gpuplace_pending_pods), and `stale` finds exactly the
     annotated, unbound pods (what the reaper releases) without a pass over every pod."""
     synced = LedgerSync()
     synced.replace_nodes([node_record("n0", gpus=4), node_record("n1", gpus=4)])
@@ -264,20 +306,27 @@ def test_pending_counts_the_shapes_of_the_pods_waiting_for_a_node(
             synced.unhold(f"uid-{name}")
         else:
             given_grant = None
-            if state not in {"waiting", "gated"}:
+            unplaced = {"waiting", "gated", "unschedulable", "unreadable"}
+            if state not in unplaced:
                 given_grant = Grant(f"uid-{name}", "n0", (ord(name) % 4,), percent * 10, 0)
             phase = state if state in ("Succeeded", "Failed") else "Pending"
             synced.upsert_pod(
                 pod_record(
                     name,
                     grant=given_grant,
-                    bound=state not in {"waiting", "gated", "assigned"},
+                    bound=state not in {*unplaced, "assigned"},
                     phase=phase,
                     percent=percent,
                     gated=state == "gated",
+                    unschedulable=state == "unschedulable",
+                    unreadable=state == "unreadable",
                 )
             )
         assert synced.pending == waiting_from_scratch(synced)
+        assert synced.unbound == unbound_from_scratch(synced)
+        assert synced.unbound[syncing.WAITING] + synced.unbound[syncing.UNSCHEDULABLE] == sum(
+            synced.pending.values()
+        )
         assert {record.uid for record in synced.stale(float("inf"))} == {
             uid
             for uid, record in synced.pods.items()
@@ -301,3 +350,19 @@ def test_a_failed_bind_puts_its_pod_back_among_the_waiting(sync: LedgerSync) -> 
     sync.unhold("uid-a")
     assert sync.pending == waiting_from_scratch(sync)
     assert sum(sync.pending.values()) == 1
+
+
+def test_unbound_gpu_pods_are_counted_by_the_first_reason_that_holds(sync: LedgerSync) -> None:
+    sync.upsert_pod(pod_record("w"))
+    sync.upsert_pod(pod_record("u", unschedulable=True))
+    sync.upsert_pod(pod_record("g", gated=True, unschedulable=True))
+    sync.upsert_pod(pod_record("x", unreadable=True))
+    sync.upsert_pod(pod_record("r", grant=grant("r")))
+    sync.upsert_pod(pod_record("b", grant=grant("b", gpus=(1,)), bound=True))
+    assert sync.unbound == {"waiting": 1, "unschedulable": 1, "gated": 1, "unreadable": 1,
+                            "reserved": 1}  # fmt: skip
+    assert sync.hold(grant("u", node="n1"), seconds=60)  # a bind in flight
+    assert sync.unbound["unschedulable"] == 0 and sync.unbound["reserved"] == 2
+    sync.upsert_pod(pod_record("r", grant=grant("r"), bound=True))
+    sync.delete_pod(pod_record("x", unreadable=True))
+    assert sync.unbound == {"waiting": 1, "gated": 1, "reserved": 1}
