@@ -34,11 +34,14 @@ from gpuplace.commands import node_agent
 from tests import fakeapi
 from tests.agent import kubelet as standin
 from tests.fakeapi import objects
-from usage import names
+from tests.usage import harness as usage_harness
+from usage import names, prometheus
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "gpu"
 STANDIN = Path(__file__).resolve().parents[1] / "agent" / "mps_standin.py"
 NODE = "h100-0"
+UUID = "GPU-73fa5a53-ad78-0389-6c40-cf23e8e3170c"
+"""The captured H100's."""
 
 
 @pytest.fixture
@@ -352,3 +355,55 @@ def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert args.run(args) == 2
     err = capsys.readouterr().err
     assert "--node-name" in err and "--mps-root" in err
+
+
+async def test_a_real_prometheus_scraping_the_agent_reads_back_asked_vs_used(
+    api: fakeapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet
+) -> None:
+    """The whole chain of issue 22 with nothing stood in between: the agent (captured plain
+    client, pid 590, in a granted pod's cgroup) serves /metrics; Debian's Prometheus scrapes
+    it every second; `usage.prometheus.Reader` reads the pod's use beside its grant, and the
+    GPU's load, back under the agent's names."""
+    proc = tmp_path / "proc"
+    (proc / "590").mkdir(parents=True)
+    config = agent_settings(
+        api,
+        tmp_path,
+        mps_root,
+        kubelet,
+        mps=False,
+        nvml_replay=FIXTURES / "nvml-plain-client.json",
+        proc_root=proc,
+        usage_seconds=0.2,
+    )
+    async with serving(config) as (_, base):
+        created = api.api.create(standin.pod("train", [0], [UUID], milli=1000, node=NODE))
+        slice_ = f"kubepods-pod{created['metadata']['uid'].replace('-', '_')}.slice"
+        (proc / "590" / "cgroup").write_text(
+            f"0::/kubepods.slice/{slice_}/cri-containerd-{'c' * 64}.scope\n"
+        )
+        api.api.set_phase("research", "train", "Running")
+        target = base.removeprefix("http://").rstrip("/")
+        with contextlib.ExitStack() as stack:
+            # the launcher and its waits block: off the loop that serves the agent
+            prom = await asyncio.to_thread(
+                stack.enter_context,
+                usage_harness.run_prometheus(
+                    tmp_path / "prom", {"agent": {"static": {"targets": [target]}}}
+                ),
+            )
+            await asyncio.to_thread(
+                prom.wait_for, f"count_over_time({names.POD_MEMORY_USED}[1m])", 3
+            )
+            source = prometheus.Source(url=prom.url, metrics="gpuplace")
+            async with prometheus.Reader(source) as reader:
+                usage = await reader.read(60)
+                loads = await reader.gpu_loads(60)
+    [train] = [use for use in usage.pods if use.pod == "train"]
+    assert (train.namespace, train.node, train.gpu) == ("research", NODE, 0)
+    assert train.memory_peak_bytes == train.memory_p95_bytes == 3860856832
+    assert train.granted_memory_bytes == 85520809984 and train.granted_share == 1.0
+    assert train.util_peak is None  # no per-process samples in the capture: not measured
+    assert train.samples >= 3 and not train.gpu_reading
+    assert loads[NODE][0].memory_used_bytes == 4373413888
+    assert loads[NODE][0].utilization == 0.0
