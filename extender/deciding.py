@@ -18,8 +18,8 @@ Evaluations are the engine's own (`evaluate(shared=True)`): read only, and only 
 ledger generation they were made at, which every reuse checks. Synchronous: no await
 between reading the ledger and answering.
 
-With measured loads (`--load-aware`: `loads`, an `extender.loading.LoadBoard`), the
-nodes that tie at the policy's best score are ordered by the load of their GPUs in
+With measured loads (`--load-aware`: `loads`, an `extender.loading.LoadBoard`), of the
+nodes that tie at the policy's best score the least loaded alone gets 10 in
 prioritize, and bind takes the least loaded of the GPU sets the policy scores alike
 (`placement.loads`). That is applied to the evaluations when they are read, never
 stored in them: filter, its kept evaluations and kept answers do not depend on loads.

@@ -30,6 +30,7 @@ Pure: no I/O, clock or logging (see the package docstring).
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -53,6 +54,9 @@ class Loads:
     levels: Mapping[str, Mapping[int, int]]
     measured_at: float
     neutral: int = field(default=0)
+    floors: Mapping[str, int] = field(default_factory=dict)
+    """Per measured node, a level no GPU of it is below: its lightest measured GPU's,
+    or `neutral` if lower (a GPU not measured counts at that)."""
 
     @classmethod
     def measured(cls, utilization: Mapping[str, Mapping[int, float]], measured_at: float) -> Loads:
@@ -72,7 +76,8 @@ class Loads:
             if kept:
                 levels[node] = kept
         neutral = round(total / count) if count else 0
-        return cls(levels, measured_at, neutral)
+        floors = {node: min(*gpus.values(), neutral) for node, gpus in levels.items()}
+        return cls(levels, measured_at, neutral, floors)
 
     def fresh(self, now: float, max_age: float) -> bool:
         """Whether these loads are young enough to break ties at `now`. O(1)."""
@@ -162,62 +167,79 @@ Place = Callable[[str], float | None]
 """A node's place in line (`Policy.place`)."""
 
 
-def _top(found: Iterable[Choice | None]) -> tuple[float, float | None] | None:
-    """The highest policy score among `found`, and the highest below it (None: none
-    below); None when nothing is found. O(n)."""
-    top: float | None = None
-    below: float | None = None
-    for choice in found:
-        if choice is None:
-            continue
-        score = choice.policy_score
-        if top is None or score > top:
-            if top is not None:
-                below = top
-            top = score
-        elif score < top and (below is None or score > below):
-            below = score
-    return None if top is None else (top, below)
+def _lightest_of(
+    tied: list[tuple[int, Choice]], loads: Loads, states: States, lined: bool
+) -> list[tuple[int, Choice]]:
+    """Of `tied` (position, choice: nodes whose policy scores are equal), the least
+    loaded, each with its `pick`ed GPUs: with a line (`lined`: a choice's score then
+    folds in its place, the earliest highest), the earliest of them, else all of them.
+
+    Branch and bound: a node's load is at least its set size × its lightest GPU's level
+    (`Loads.floors`), so nodes are looked at in the order of that bound (then place)
+    and only while it could still beat the best found: O(tied) to order them + O(looked
+    at × `pick`), and in a cluster of alike nodes the first one looked at is mostly the
+    last."""
+    size = len(tied[0][1].gpus)
+    floors, neutral = loads.floors, loads.neutral
+    line = [(size * floors.get(choice.node, neutral), -choice.score, at) for at, choice in tied]
+    heapq.heapify(line)
+    by_position = dict(tied)
+    best: tuple[int, float] | None = None
+    found: list[tuple[int, Choice]] = []
+    while line:
+        bound, later, at = heapq.heappop(line)
+        if best is not None and (bound, later if lined else -math.inf) > best:
+            break
+        choice = by_position[at]
+        state = states(choice.node)
+        chosen = pick(state, choice, loads) if state is not None else choice
+        rank = (loads.of(choice.node, chosen.gpus), later if lined else -math.inf)
+        if best is None or rank < best:
+            best, found = rank, [(at, chosen)]
+        elif rank == best:
+            found.append((at, chosen))
+    return found[:1] if lined else found
+
+
+def _raised(choice: Choice, top: float) -> Choice:
+    """`choice` scored just above `top` (the best policy score, which no folded score
+    exceeds): the one prioritize gives 10. O(1)."""
+    return Choice(
+        choice.node,
+        choice.gpus,
+        max(top + choosing.TIE, math.nextafter(top, math.inf)),
+        base=top,
+        tied=choice.tied,
+    )
 
 
 def tie_broken(
     found: Sequence[Choice | None], loads: Loads | None, states: States, place: Place
 ) -> list[Choice | None]:
-    """prioritize's choices (per node, in order; None: none) with the load tie-break in
-    their scores: the nodes whose policy score ties with the best get, in place of it,
-    `top - unit × (load + place)` (the chosen set's load, `pick`ed; the place in line,
-    0 without one), where `unit` is `choosing.TIE`, or less where the next lower policy
-    score is nearer than 2 × (`LEVELS` × GPUs + 2) × TIE: so they stay above every
-    other node, and among them the lowest load and then the earliest place scores
-    highest. Every other choice is returned as it is; without loads, the list as it is.
+    """prioritize's choices (per node, in order; None: none) with the load tie-break:
+    of the nodes whose policy score ties with the best, the least loaded (its `pick`ed
+    GPUs; the earliest in line among equals, or, for a policy without a line, every
+    one of them) is scored just above that best score, so that it alone (they alone)
+    get 10; every other choice is returned as it is, so no policy score is passed by
+    another it was below. Without loads, or with one node at the best, the list as it is.
 
-    O(n) for the best scores, + O(nodes tied at the best × `pick`). Nothing is kept."""
+    O(n) to find the best score and its nodes + `_lightest_of` them. Nothing is kept."""
     listed = list(found)
     if loads is None:
         return listed
-    tops = _top(listed)
-    if tops is None:
+    top = max((choice.policy_score for choice in listed if choice is not None), default=None)
+    if top is None:
         return listed
-    top, below = tops
-    group = [
-        at for at, choice in enumerate(listed) if choice is not None and choice.policy_score == top
+    tied = [
+        (at, choice)
+        for at, choice in enumerate(listed)
+        if choice is not None and choice.policy_score == top
     ]
-    if len(group) < 2:
+    if len(tied) < 2:
         return listed
-    size = max(len(listed[at].gpus) for at in group)  # type: ignore[union-attr]
-    unit = choosing.TIE
-    if below is not None:
-        unit = min(unit, (top - below) / (2 * (LEVELS * max(size, 1) + 2)))
-    for at in group:
-        choice = listed[at]
-        assert choice is not None
-        state = states(choice.node)
-        chosen = pick(state, choice, loads) if state is not None else choice
-        load = loads.of(choice.node, chosen.gpus)
-        position = place(choice.node) or 0.0
-        listed[at] = Choice(
-            chosen.node, chosen.gpus, top - unit * (load + position), base=top, tied=choice.tied
-        )
+    lined = place(tied[0][1].node) is not None
+    for at, chosen in _lightest_of(tied, loads, states, lined):
+        listed[at] = _raised(chosen, top)
     return listed
 
 
@@ -232,7 +254,7 @@ def choose(
     with the best, the one whose (`pick`ed) GPUs carry the lowest load; among equal
     loads the earliest in the policy's line, or, without a line, one drawn uniformly by
     `rng`. Without loads, `chooser.choose` itself. O(names, default the candidates,
-    × outcome) + O(nodes tied × `pick`): no per-state shortcut, each node is looked at."""
+    × outcome) + `_lightest_of` the tied: no per-state shortcut, each node is looked at."""
     if loads is None:
         return chooser.choose(request, rng, names)
     listed = choosing.candidates(chooser.ledger, request) if names is None else names
@@ -241,20 +263,10 @@ def choose(
         for outcome in map(lambda name: chooser.outcome(name, request), listed)
         if type(outcome) is Choice
     ]
-    tops = _top(found)
-    if tops is None:
+    if not found:
         return None
-    top = tops[0]
-    line = chooser.policy.place
-    best: list[tuple[int, float, Choice]] = []
-    for choice in found:
-        if choice.policy_score != top:
-            continue
-        state = chooser.ledger.state(choice.node)
-        chosen = pick(state, choice, loads) if state is not None else choice
-        best.append((loads.of(choice.node, chosen.gpus), line(choice.node) or 0.0, chosen))
-    lowest = min(load for load, _, _ in best)
-    best = [entry for entry in best if entry[0] == lowest]
-    if line(best[0][2].node) is not None:
-        return min(best, key=lambda entry: entry[1])[2]
-    return best[rng.randrange(len(best))][2]
+    top = max(choice.policy_score for choice in found)
+    tied = [(at, choice) for at, choice in enumerate(found) if choice.policy_score == top]
+    lined = chooser.policy.place(tied[0][1].node) is not None
+    best = _lightest_of(tied, loads, chooser.ledger.state, lined)
+    return best[0][1] if lined else best[rng.randrange(len(best))][1]

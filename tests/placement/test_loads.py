@@ -30,6 +30,7 @@ def _first_in_line(policy: choosing.Policy, names: list[str]) -> str:
 def test_levels_are_whole_percent_and_unmeasured_gpus_count_at_the_mean() -> None:
     view = _view({"a": {0: 0.204, 1: 0.8, 2: float("nan")}, "b": {0: 1.7, 1: -0.2}})
     assert view.levels == {"a": {0: 20, 1: 80}, "b": {0: 100, 1: 0}}
+    assert view.floors == {"a": 20, "b": 0}
     assert view.neutral == 50
     assert view.level("a", 2) == 50 and view.level("c", 0) == 50
     assert view.of("a", (0, 1)) == 100 and view.of("c", (0, 1, 2)) == 150
@@ -110,6 +111,50 @@ def test_a_better_score_is_never_given_up_for_a_lower_load() -> None:
     chosen = [item if isinstance(item, choosing.Choice) else None for item in found]
     assert loads.tie_broken(chosen, view, book.state, policy.place) == chosen
     assert choosing.ranked_found(chosen)[0] == 10
+
+
+def test_without_a_line_every_least_loaded_node_gets_ten() -> None:
+    """random has no line: its exact ties are kube-scheduler's to draw, and stay so
+    among the nodes of the lowest load."""
+    book = ledger(node("a", 1), node("b", 1), node("c", 1))
+    policy = policies.make("random", rng=random.Random(0))
+    chooser = choosing.Chooser(book, policy, ties=True)
+    request = share(500)
+    chosen = [chooser.evaluate(request, ["a", "b", "c"]).choices.get(name) for name in "abc"]
+    assert choosing.ranked_found(chosen) == [10, 10, 10]
+    view = _view({"a": {0: 0.2}, "b": {0: 0.2}, "c": {0: 0.9}})
+    broken = loads.tie_broken(chosen, view, book.state, policy.place)
+    assert choosing.ranked_found(broken) == [10, 10, 0]
+    drawn = {
+        loads.choose(chooser, request, random.Random(seed), view).node  # type: ignore[union-attr]
+        for seed in range(20)
+    }
+    assert drawn == {"a", "b"}
+
+
+def test_many_alike_nodes_the_least_loaded_wins_wherever_it_stands() -> None:
+    """The bound (set size × lightest GPU) orders the look; a node whose lightest GPU is
+    idle but not interchangeable with the set still loses to a truly idle one."""
+    names = [f"n{i:02d}" for i in range(30)]
+    book = ledger(*(node(name, 2) for name in names))
+    book.reserve(choosing.grant_for("p", choosing.Choice("n00", (1,), 0.0), share(500)))
+    policy = policies.make("first-fit")
+    chooser = choosing.Chooser(book, policy, ties=True)
+    request = whole(1)
+    utilization = {name: {0: 0.5, 1: 0.5} for name in names}
+    utilization["n00"] = {0: 0.6, 1: 0.0}  # GPU 1 idle, but holds a share: not a candidate
+    utilization["n17"] = {0: 0.1, 1: 0.3}
+    view = _view(utilization)
+    chosen: list[choosing.Choice | None] = [
+        chooser.evaluate(request, names).choices.get(name) for name in names
+    ]
+    broken = loads.tie_broken(chosen, view, book.state, policy.place)
+    scores = choosing.ranked_found(broken)
+    assert [names[at] for at, score in enumerate(scores) if score == 10] == ["n17"]
+    winner = broken[names.index("n17")]
+    assert winner is not None and winner.gpus == (0,)
+    picked = loads.choose(chooser, request, random.Random(0), view)
+    assert picked is not None and (picked.node, picked.gpus) == ("n17", (0,))
 
 
 # --- properties -------------------------------------------------------------------------
