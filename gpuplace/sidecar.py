@@ -26,6 +26,7 @@ With `--load-aware`, the sidecar is given a factory of a `usage.loads.LoadReader
 background task reads GPU loads with it every `--load-refresh-seconds`
 (`extender.loading`), and the policy's exact ties are broken by them
 (`placement.loads`). Without a factory, `--load-aware` refuses to start (`NoLoadReader`).
+A reader with an `aclose()` or `close()` is closed when the sidecar stops.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 import logging
 import random
 import time
@@ -630,6 +632,8 @@ class Sidecar:
             if self.recorder is not None:
                 with contextlib.suppress(kube.ApiError):
                     await asyncio.wait_for(self.recorder.drain(), 2.0)
+            if self.load_poller is not None:
+                await _close(self.load_poller.reader)
             await self.api.close()
 
     async def cleanup_ctx(self, app: web.Application) -> AsyncIterator[None]:
@@ -655,6 +659,21 @@ FULL_PASS_NEVER = 1 << 30
 """gc threshold of the oldest generation once the sidecar runs its own full passes."""
 
 SIDECAR = web.AppKey("gpuplace.sidecar", Sidecar)
+
+
+async def _close(reader: object) -> None:
+    """Close a load reader that can be closed (an `aclose()` or `close()`, awaited when
+    it returns an awaitable: an HTTP session to Prometheus); the protocol asks for none."""
+    close = getattr(reader, "aclose", None) or getattr(reader, "close", None)
+    if not callable(close):
+        return
+    try:
+        result = close()
+        if inspect.isawaitable(result):
+            await result
+    except Exception as error:  # stopping anyway: only logged, by type (its text may
+        # carry what the reader was given)
+        log.warning("closing the reader of GPU loads failed", extra={"error": type(error).__name__})
 
 
 def _report(task: asyncio.Task[None]) -> None:

@@ -44,6 +44,10 @@ class DictReader:
         self.down = False
         self.reads = 0
         self.windows: list[float] = []
+        self.closed = False
+
+    async def aclose(self) -> None:
+        self.closed = True
 
     async def gpu_loads(self, window_seconds: float) -> GpuLoads:
         self.reads += 1
@@ -120,6 +124,8 @@ async def test_of_two_equal_nodes_the_less_loaded_wins_and_its_idle_gpu(
         assert (node, gpus) == (SECOND, "1")
         assert scores == {SECOND: 10, FIRST: 0}
         assert reader.windows[0] == 120.0
+        assert not reader.closed
+    assert reader.closed  # the sidecar closes its reader when it stops
 
 
 async def test_new_loads_between_filter_and_prioritize_are_not_missed(
