@@ -84,6 +84,9 @@ class Ahead:
     answer: bytes
     names_json: bytes
     """`passed` as filter's answer encoded them (see `ExtenderArgs.with_names`)."""
+    loads: object = None
+    """The measured loads its scores were tie-broken with (`Decider.current_loads`):
+    used only while those are still the loads in force, the same object."""
 
 
 @dataclass(slots=True)
@@ -191,11 +194,12 @@ class Service:
     def _answer_ahead(self, uid: str, passed: list[str], names_json: bytes) -> None:
         """Prepare prioritize's answer for the nodes filter passed (see `prioritize`)."""
         generation = self.sync.ledger.generation
-        chosen = self.decider.chosen_ahead(uid, passed)
+        view = self.decider.current_loads()
+        chosen = self.decider.chosen_ahead(uid, passed, view)
         if chosen is None:
             return
         answer = ranked_priorities_json(passed, chosen)
-        self.ahead[uid] = Ahead(generation, passed, answer, names_json)
+        self.ahead[uid] = Ahead(generation, passed, answer, names_json, view)
         self.ahead.move_to_end(uid)
         while len(self.ahead) > AHEAD_KEPT:
             self.ahead.popitem(last=False)
@@ -259,7 +263,8 @@ class Service:
     async def prioritize(self, args: ExtenderArgs) -> tuple[bytes, str]:
         """The nodes named and their scores, as JSON. The answer prepared ahead after
         this pod's filter is used when the nodes are those it passed and nothing the
-        scores depend on changed since (O(names) to compare); else scored now."""
+        scores depend on changed since (ledger, policy, request, the loads in force;
+        O(names) to compare); else scored now."""
         names = args.names()
         if not await self.ready():
             return b"[]", "not-synced"  # no scores: every node counts as 0
@@ -267,8 +272,10 @@ class Service:
         ahead = self.ahead.pop(uid, None) if uid else None
         answer = None
         if ahead is not None:
-            used = ahead.passed == names and self.decider.still_current(
-                args.pod, uid, ahead.generation
+            used = (
+                ahead.passed == names
+                and ahead.loads is self.decider.current_loads()
+                and self.decider.still_current(args.pod, uid, ahead.generation)
             )
             self.metrics.ahead.labels("used" if used else "stale").inc()
             answer = ahead.answer if used else None

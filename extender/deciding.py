@@ -17,6 +17,12 @@ policy's per-node cache (`choosing.Chooser`) re-scores only the nodes that chang
 Evaluations are the engine's own (`evaluate(shared=True)`): read only, and only at the
 ledger generation they were made at, which every reuse checks. Synchronous: no await
 between reading the ledger and answering.
+
+With measured loads (`--load-aware`: `loads`, an `extender.loading.LoadBoard`), of the
+nodes that tie at the policy's best score the least loaded alone gets 10 in
+prioritize, and bind takes the least loaded of the GPU sets the policy scores alike
+(`placement.loads`). That is applied to the evaluations when they are read, never
+stored in them: filter, its kept evaluations and kept answers do not depend on loads.
 """
 
 from __future__ import annotations
@@ -33,8 +39,10 @@ from cluster import pods
 from cluster.syncing import LedgerSync
 from extender import reasons
 from extender.gang_fences import Fences
+from extender.loading import LoadBoard
 from extender.workloads import PolicyHolder
 from placement import choosing, fit
+from placement import loads as load_breaking
 from placement import names as node_names
 from placement.choosing import Choice
 from placement.ledger import Grant
@@ -88,10 +96,13 @@ class Decider:
         cache_size: int = CACHE_SIZE,
         registry: CollectorRegistry | None = None,
         fences: Fences | None = None,
+        loads: LoadBoard | None = None,
     ) -> None:
         self.sync = sync
         self.holder = holder
         self.fences = fences
+        self.loads = loads
+        """Measured GPU loads for the tie-break (None: off, `--load-aware` false)."""
         """Capacity holds of a starving gang: filter does not offer their nodes to others."""
         self.mode: reasons.Mode = mode
         self.cache_size = cache_size
@@ -226,6 +237,21 @@ class Decider:
             )
         return verdict
 
+    def current_loads(self) -> load_breaking.Loads | None:
+        """The loads that break ties now (None: none, or too old, or off). O(1)."""
+        return self.loads.current() if self.loads is not None else None
+
+    def _tie_broken(
+        self, found: list[Choice | None], view: load_breaking.Loads | None
+    ) -> list[Choice | None]:
+        """`found` with the load tie-break among the nodes tied at the best policy score
+        (`placement.loads.tie_broken`); `found` itself without loads. O(found) + O(nodes
+        tied × GPUs of one)."""
+        if view is None:
+            return found
+        chooser = self.holder.current()
+        return load_breaking.tie_broken(found, view, self.sync.ledger.state, chooser.policy.place)
+
     def prioritize(self, pod: Mapping[str, Any], names: Sequence[str]) -> list[int]:
         """A 0-10 score per node of `names`, in their order: 10 only for the policy's best.
         (Plain ints, no pair per node: 10,000 tuples per call would feed the collector.)"""
@@ -235,7 +261,9 @@ class Decider:
         """Each of `names`' choice for the pod, in their order: the policy's, None where
         the request does not fit (or the pod asks for no GPU); for a pod holding a grant,
         the grant alone, on its node. prioritize ranks them (`choosing.ranked_found`,
-        `wire.ranked_priorities_json`). O(names) with the evaluation cached."""
+        `wire.ranked_priorities_json`). With loads, those tied at the best policy score
+        carry the load tie-break in their scores (`_tie_broken`). O(names) with the
+        evaluation cached."""
         metadata = pod.get("metadata") or {}
         uid = str(metadata.get("uid") or "")
         try:
@@ -249,11 +277,14 @@ class Decider:
             held = Choice(holding.node, holding.gpus, 1.0)
             return [held if name == holding.node else None for name in names]
         evaluation = self._evaluate(uid, request, names, reuse=bool(uid))
-        return list(map(evaluation.choices.get, names))
+        return self._tie_broken(list(map(evaluation.choices.get, names)), self.current_loads())
 
-    def chosen_ahead(self, uid: str, names: Sequence[str]) -> list[Choice] | None:
+    def chosen_ahead(
+        self, uid: str, names: Sequence[str], view: load_breaking.Loads | None = None
+    ) -> list[Choice | None] | None:
         """`chosen` for pod `uid` and the nodes its filter passed (each has a choice),
-        while the evaluation filter made is current; else None. O(names)."""
+        while the evaluation filter made is current; else None. With `view` (the loads
+        of `current_loads`), the load tie-break applied. O(names)."""
         entry = self._cache.get(uid)
         if (
             entry is None
@@ -265,10 +296,12 @@ class Decider:
         if entry.every_choice is names and len(choices) == len(names):
             # Same generation: a kept evaluation only gains nodes since (scored ahead,
             # appended), so with no more choices than then they are `names`, in order.
-            return list(choices.values())
-        if not all(map(choices.__contains__, names)):
+            found: list[Choice | None] = list(choices.values())
+        elif not all(map(choices.__contains__, names)):
             return None
-        return list(map(choices.__getitem__, names))
+        else:
+            found = list(map(choices.__getitem__, names))
+        return self._tie_broken(found, view)
 
     def still_current(self, pod: Mapping[str, Any], uid: str, generation: int) -> bool:
         """Whether prioritize for `pod` would use the evaluation filter made for it at
@@ -294,5 +327,12 @@ class Decider:
         return self.holder.current().every_node()
 
     def best_on(self, node: str, request: GpuRequest) -> choosing.Choice | fit.Misfit:
-        """The policy's GPUs for `request` on `node` now (bind). O(1) when cached."""
-        return self.holder.current().outcome(node, request)
+        """The policy's GPUs for `request` on `node` now (bind); with loads, the least
+        loaded of the sets it scores alike (`placement.loads.pick`). O(1) when cached,
+        + O(tied sets × GPUs log GPUs) with loads."""
+        found = self.holder.current().outcome(node, request)
+        view = self.current_loads()
+        if view is None or not isinstance(found, Choice):
+            return found
+        state = self.sync.ledger.state(node)
+        return found if state is None else load_breaking.pick(state, found, view)

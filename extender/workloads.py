@@ -70,7 +70,10 @@ class PolicyHolder:
         refresh_seconds: float = 60.0,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        ties: bool = False,
     ) -> None:
+        """`ties`: Choosers keep the GPU sets tied with each choice (`Choice.tied`), for
+        the load tie-break."""
         if name not in policies.NAMES:
             raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(policies.NAMES)}")
         self.sync = sync
@@ -78,6 +81,7 @@ class PolicyHolder:
         self.refresh_seconds = refresh_seconds
         self._rng = rng or random.Random()
         self._clock = clock
+        self._ties = ties
         self._built_from = -1
         self._built_at = -float("inf")
         self.version = 0
@@ -98,7 +102,7 @@ class PolicyHolder:
         # A fallback is replaced as soon as real requests exist, not a refresh later.
         self._built_at = -float("inf") if workload is FALLBACK else self._clock()
         policy = policies.make(self.name, workload=workload, rng=self._rng)
-        return choosing.Chooser(self.sync.ledger, policy)
+        return choosing.Chooser(self.sync.ledger, policy, ties=self._ties)
 
     @property
     def workload(self) -> Workload | None:

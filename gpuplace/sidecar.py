@@ -20,6 +20,13 @@ or, in a single aiohttp app: `app.cleanup_ctx.append(sidecar.cleanup_ctx)`.
 settings may merge them: anything with the attributes of `SidecarConfig` will do.
 `SidecarSettings.gangs` is off (a bare sidecar, as the extender tests build it);
 `gpuplace serve`'s settings turn it on by default (`--gangs false` turns it off).
+
+With `--load-aware`, the sidecar is given a factory of a `usage.loads.LoadReader`
+(`load_reader=`; `gpuplace serve` passes it through `commands.serve.compose`): a
+background task reads GPU loads with it every `--load-refresh-seconds`
+(`extender.loading`), and the policy's exact ties are broken by them
+(`placement.loads`). Without a factory, `--load-aware` refuses to start (`NoLoadReader`).
+A reader with an `aclose()` or `close()` is closed when the sidecar stops.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 import logging
 import random
 import time
@@ -58,6 +66,7 @@ from extender import (
     gang_leader,
     gang_store,
     gangs,
+    loading,
     preempting,
     repeating,
     warming,
@@ -71,6 +80,7 @@ from extender.gang_members import GangPod
 from placement import choosing, policies
 from placement import names as node_names
 from placement.inventory import Capabilities
+from usage.loads import LoadReader
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +144,14 @@ class SidecarConfig(Protocol):
     def agent_silence_seconds(self) -> float: ...
     @property
     def require_node_agent(self) -> bool: ...
+    @property
+    def load_aware(self) -> bool: ...
+    @property
+    def load_window_seconds(self) -> float: ...
+    @property
+    def load_refresh_seconds(self) -> float: ...
+    @property
+    def load_max_age_seconds(self) -> float: ...
 
 
 LEASE_PATTERN = r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -271,6 +289,26 @@ class SidecarSettings(BaseSettings):
         description="place GPU pods only on nodes whose node agent reports (else nodes "
         "without one are placed on from GPU Feature Discovery labels alone)",
     )
+    load_aware: bool = Field(
+        False,
+        description="among nodes and GPUs the policy scores exactly alike, prefer those "
+        "whose measured load (GPU utilisation, from Prometheus) is lower; never changes "
+        "which nodes fit nor admits more than was granted",
+    )
+    load_window_seconds: float = Field(
+        300.0, gt=0, description="with --load-aware: GPU load is averaged over this window"
+    )
+    load_refresh_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="with --load-aware: read GPU loads this often (a read taking longer fails)",
+    )
+    load_max_age_seconds: float = Field(
+        120.0,
+        gt=0,
+        description="with --load-aware: loads older than this (reads failing) break no "
+        "ties; decisions are then the policy's alone",
+    )
 
 
 class Sidecar:
@@ -284,8 +322,12 @@ class Sidecar:
         *,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        load_reader: Callable[[], LoadReader] | None = None,
+        load_clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`clock` times the typical workload's refresh (tests move it on)."""
+        """`clock` times the typical workload's refresh (tests move it on);
+        `load_reader` makes the reader of GPU loads (needed with `load_aware`), whose
+        age `load_clock` measures. Raises `NoLoadReader`."""
         self.settings = settings
         self.registry = registry
         self.api = api
@@ -307,7 +349,22 @@ class Sidecar:
             refresh_seconds=settings.workload_refresh_seconds,
             rng=rng,
             clock=clock,
+            ties=settings.load_aware,
         )
+        self.loads: loading.LoadBoard | None = None
+        """Measured GPU loads for the tie-break (None without `load_aware`)."""
+        self.load_poller: loading.LoadPoller | None = None
+        if settings.load_aware:
+            if load_reader is None:
+                raise NoLoadReader(NO_LOAD_READER)
+            self.loads = loading.LoadBoard(settings.load_max_age_seconds, clock=load_clock)
+            self.load_poller = loading.LoadPoller(
+                load_reader(),
+                self.loads,
+                window_seconds=settings.load_window_seconds,
+                refresh_seconds=settings.load_refresh_seconds,
+                registry=registry,
+            )
         self.activity = Activity()
         """Extender verbs in flight: the warmer gives way to them."""
         self.warmer = warming.Warmer(
@@ -329,6 +386,7 @@ class Sidecar:
             mode=settings.filter_reasons,
             registry=registry,
             fences=self.fences,
+            loads=self.loads,
         )
         self.recorder = recording.Recorder(api, registry=registry) if settings.pod_events else None
         self.binder = binding.Binder(
@@ -422,7 +480,9 @@ class Sidecar:
         cls, settings: SidecarConfig, registry: CollectorRegistry, **kwargs: Any
     ) -> Sidecar:
         """Connect to the API (kubeconfig, else in-cluster) and build the sidecar.
-        Raises `cluster.connecting.ConnectError`."""
+        Raises `cluster.connecting.ConnectError`, `NoLoadReader` (before connecting)."""
+        if settings.load_aware and kwargs.get("load_reader") is None:
+            raise NoLoadReader(NO_LOAD_READER)
         client = await connecting.api_client(settings.kubeconfig)
         return cls(
             settings, registry, kube.Kube(client, timeout=settings.kube_timeout_seconds), **kwargs
@@ -527,6 +587,8 @@ class Sidecar:
             work.append(self.warmer.run())
         if self.settings.gc_freeze_seconds > 0 or self.settings.gc_young_seconds > 0:
             work.append(self._collector_hygiene())
+        if self.load_poller is not None:
+            work.append(self.load_poller.run())
         if self.advertiser is not None:
             work.append(self.advertiser.run())
         if self.recorder is not None:
@@ -570,6 +632,8 @@ class Sidecar:
             if self.recorder is not None:
                 with contextlib.suppress(kube.ApiError):
                     await asyncio.wait_for(self.recorder.drain(), 2.0)
+            if self.load_poller is not None:
+                await _close(self.load_poller.reader)
             await self.api.close()
 
     async def cleanup_ctx(self, app: web.Application) -> AsyncIterator[None]:
@@ -579,6 +643,15 @@ class Sidecar:
             yield
 
 
+class NoLoadReader(ValueError):
+    """`--load-aware` without a source of measured GPU loads."""
+
+
+NO_LOAD_READER = (
+    "--load-aware needs a source of measured GPU loads (Prometheus), and none is configured"
+)
+
+
 AGENT_CHECK_SECONDS = 5.0
 """How often node agents' heartbeats are compared with the clock, at most."""
 
@@ -586,6 +659,21 @@ FULL_PASS_NEVER = 1 << 30
 """gc threshold of the oldest generation once the sidecar runs its own full passes."""
 
 SIDECAR = web.AppKey("gpuplace.sidecar", Sidecar)
+
+
+async def _close(reader: object) -> None:
+    """Close a load reader that can be closed (an `aclose()` or `close()`, awaited when
+    it returns an awaitable: an HTTP session to Prometheus); the protocol asks for none."""
+    close = getattr(reader, "aclose", None) or getattr(reader, "close", None)
+    if not callable(close):
+        return
+    try:
+        result = close()
+        if inspect.isawaitable(result):
+            await result
+    except Exception as error:  # stopping anyway: only logged, by type (its text may
+        # carry what the reader was given)
+        log.warning("closing the reader of GPU loads failed", extra={"error": type(error).__name__})
 
 
 def _report(task: asyncio.Task[None]) -> None:

@@ -52,6 +52,20 @@ class Choice:
     node: str
     gpus: tuple[int, ...]
     score: float
+    """The policy's score, with the node's place in line folded in where the chooser
+    has one (`Chooser.evaluate`)."""
+    base: float | None = field(default=None, compare=False)
+    """The policy's own score before the place in line was folded in (None: `score` is
+    it). Exact: `placement.loads` finds the nodes whose policy scores tie with it."""
+    tied: tuple[tuple[int, ...], ...] = field(default=(), compare=False)
+    """Other GPU sets of the node that tie exactly with `gpus` on the policy's score and
+    preference, in the order tried (only from a Chooser built with `ties`; the load
+    tie-break of `placement.loads` picks among them)."""
+
+    @property
+    def policy_score(self) -> float:
+        """The policy's own score of this choice, without the place in line. O(1)."""
+        return self.score if self.base is None else self.base
 
 
 @dataclass(slots=True)
@@ -77,18 +91,28 @@ class Evaluation:
         return [choice for choice in self.choices.values() if choice.score == top]
 
 
-def best_on(state: NodeState, request: GpuRequest, policy: Policy) -> Choice | fit.Misfit:
-    """The policy's best GPU set on one node, or why none fits. O(GPU sets × score)."""
+def best_on(
+    state: NodeState, request: GpuRequest, policy: Policy, *, ties: bool = False
+) -> Choice | fit.Misfit:
+    """The policy's best GPU set on one node, or why none fits; with `ties`, the other
+    sets that tie with it exactly on score and preference too (`Choice.tied`).
+    O(GPU sets × score)."""
     reason = fit.static_misfit(state, request) or fit.host_misfit(state, request)
     if reason is not None:
         return reason
     best: tuple[float, float, tuple[int, ...]] | None = None
+    tied: list[tuple[int, ...]] = []
     for gpus in fit.gpu_sets(state, request):
         rank = (policy.score(state, request, gpus), policy.prefer(state, request, gpus), gpus)
         if best is None or rank[:2] > best[:2]:
             best = rank
+            tied.clear()
+        elif ties and rank[:2] == best[:2]:
+            tied.append(gpus)
     if best is None:
         return fit.dynamic_misfit(state, request)
+    if tied:
+        return Choice(state.node.name, best[2], best[0], tied=tuple(tied))
     return Choice(state.node.name, best[2], best[0])
 
 
@@ -214,6 +238,11 @@ class Chooser:
     cluster scores one node per distinct state, tracked incrementally from the
     ledger's change log: O(changed nodes + distinct states) per decision, not
     O(nodes). Call `reset` when the policy's inputs change (a new typical workload).
+
+    With `ties`, each node's choice also lists the GPU sets tied with it
+    (`Choice.tied`) for the load tie-break (`placement.loads`), which is applied to the
+    cached choices when read, never inside them: measured load changes no cached
+    outcome, so a new measurement makes nothing here stale.
     """
 
     __slots__ = (
@@ -233,11 +262,13 @@ class Chooser:
         "_shapes",
         "ledger",
         "policy",
+        "ties",
     )
 
-    def __init__(self, ledger: Ledger, policy: Policy) -> None:
+    def __init__(self, ledger: Ledger, policy: Policy, *, ties: bool = False) -> None:
         self.ledger = ledger
         self.policy = policy
+        self.ties = ties
         self._ids: dict[GpuRequest, int] = {}
         self._cache: dict[str, tuple[int, dict[int, Outcome]]] = {}
         self._groups: dict[GroupKey, _Group] = {}
@@ -287,11 +318,17 @@ class Chooser:
             self._cache[name] = entry
         found = entry[1].get(rid)
         if found is None:
-            found = best_on(state, request, self.policy)
+            found = best_on(state, request, self.policy, ties=self.ties)
             if type(found) is Choice:
                 position = self.policy.place(name)
                 if position is not None:
-                    found = Choice(found.node, found.gpus, found.score - TIE * position)
+                    found = Choice(
+                        found.node,
+                        found.gpus,
+                        found.score - TIE * position,
+                        base=found.score,
+                        tied=found.tied,
+                    )
             entry[1][rid] = found
         return found
 

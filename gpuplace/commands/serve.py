@@ -16,6 +16,7 @@ import logging
 import random
 import signal
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,8 @@ import prometheus_client
 
 from cluster.connecting import ConnectError
 from gpuplace import logs, serving, settings
-from gpuplace.sidecar import Sidecar
+from gpuplace.sidecar import NoLoadReader, Sidecar
+from usage.loads import LoadReader
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +68,19 @@ async def compose(
     registry: prometheus_client.CollectorRegistry,
     *,
     rng: random.Random | None = None,
+    load_reader: Callable[[], LoadReader] | None = None,
 ) -> Process:
     """The process as configured: ops and webhook sites (`serving.build`) and, unless
     `--inventory` is given, the sidecar (its informers and background work as a context,
     its sync as a readiness check, the extender as a site, its live inventory as the
     webhook's). Run it with `process.server.run(stop)`. Used by `gpuplace serve` and
-    `gpuplace demo` alike. Raises `ConnectError` (no API), `OSError`/`ssl.SSLError`
-    (certificate), `serving.InventoryFileError` only later, at start."""
+    `gpuplace demo` alike. `load_reader` makes the sidecar's reader of measured GPU
+    loads (`--load-aware`). Raises `ConnectError` (no API), `NoLoadReader`
+    (`--load-aware` without one), `OSError`/`ssl.SSLError` (certificate),
+    `serving.InventoryFileError` only later, at start."""
     sidecar: Sidecar | None = None
     if config.inventory is None:
-        sidecar = await Sidecar.create(config, registry, rng=rng)
+        sidecar = await Sidecar.create(config, registry, rng=rng, load_reader=load_reader)
     try:
         server = serving.build(config, registry, capabilities=sidecar)
     except BaseException:
@@ -95,6 +100,9 @@ async def _serve(config: settings.Settings, registry: prometheus_client.Collecto
     except ConnectError as error:
         log.error("cannot reach the Kubernetes API", extra={"error": str(error)})
         return 1
+    except NoLoadReader as error:
+        log.error("cannot start", extra={"error": str(error)})
+        return 2
     except (OSError, ssl.SSLError) as error:
         log.error("cannot load the serving certificate", extra={"error": str(error)})
         return 1

@@ -17,6 +17,7 @@ from cluster import connecting, kube
 from gpuplace.sidecar import Sidecar, SidecarSettings
 from tests import fakeapi
 from tests.cluster.conftest import eventually
+from usage.loads import LoadReader
 
 
 def settings(**overrides: Any) -> SidecarSettings:
@@ -119,11 +120,21 @@ class Harness:
 
 @contextlib.asynccontextmanager
 async def harness(
-    server: fakeapi.Server, *, clock: Callable[[], float] | None = None, **overrides: Any
+    server: fakeapi.Server,
+    *,
+    clock: Callable[[], float] | None = None,
+    load_reader: Callable[[], LoadReader] | None = None,
+    load_clock: Callable[[], float] | None = None,
+    **overrides: Any,
 ) -> AsyncIterator[Harness]:
-    """A sidecar with `settings(**overrides)`; `clock` times its workload refresh."""
+    """A sidecar with `settings(**overrides)`; `clock` times its workload refresh,
+    `load_reader` makes its reader of GPU loads (`--load-aware`), `load_clock` their age."""
     api = kube.Kube(connecting.client_for(server.configuration(fakeapi.GPUPLACE)), timeout=5.0)
-    extra = {"clock": clock} if clock is not None else {}
+    extra: dict[str, Any] = {"clock": clock} if clock is not None else {}
+    if load_reader is not None:
+        extra["load_reader"] = load_reader
+    if load_clock is not None:
+        extra["load_clock"] = load_clock
     sidecar = Sidecar(
         settings(**overrides), CollectorRegistry(), api, rng=random.Random(7), **extra
     )

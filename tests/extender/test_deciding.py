@@ -27,7 +27,7 @@ def test_prioritize_ahead_reads_filters_choices_while_they_are_current() -> None
     want = choosing.ranked(verdict.passed, evaluation.choices)
     assert choosing.MAX_EXTENDER_SCORE in want
 
-    def ahead(names: list[str]) -> list[choosing.Choice]:
+    def ahead(names: list[str]) -> list[choosing.Choice | None]:
         chosen = decider.chosen_ahead("uid-p", names)
         assert chosen is not None
         assert chosen == [evaluation.choices[name] for name in names]

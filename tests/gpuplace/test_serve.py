@@ -142,6 +142,12 @@ def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--webhook-port" in capsys.readouterr().err
 
 
+def test_load_aware_without_a_load_reader_exits_2() -> None:
+    """Until a reader of GPU loads is configured, --load-aware refuses to start rather
+    than run without the tie-break it asked for (before any API connection)."""
+    assert cli.main(["serve", "--load-aware", "true"]) == 2
+
+
 def test_unloadable_certificate_exits_1(tmp_path: Path) -> None:
     missing = tmp_path / "missing.crt"
     assert cli.main(["serve", "--cert-file", str(missing), "--key-file", str(missing)]) == 1
