@@ -152,6 +152,12 @@ class SidecarConfig(Protocol):
     def load_refresh_seconds(self) -> float: ...
     @property
     def load_max_age_seconds(self) -> float: ...
+    @property
+    def usage_prometheus(self) -> str | None: ...
+    @property
+    def usage_metrics(self) -> Literal["gpuplace", "dcgm"]: ...
+    @property
+    def usage_token_file(self) -> Path | None: ...
 
 
 LEASE_PATTERN = r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -308,6 +314,21 @@ class SidecarSettings(BaseSettings):
         gt=0,
         description="with --load-aware: loads older than this (reads failing) break no "
         "ties; decisions are then the policy's alone",
+    )
+    usage_prometheus: str | None = Field(
+        None,
+        description="Prometheus base URL to read measured GPU use from (needed by "
+        "--load-aware), e.g. http://prometheus.monitoring:9090",
+    )
+    usage_metrics: Literal["gpuplace", "dcgm"] = Field(
+        "gpuplace",
+        description="which series --usage-prometheus holds: the node agent's (gpuplace) or "
+        "NVIDIA dcgm-exporter's (dcgm)",
+    )
+    usage_token_file: Path | None = Field(
+        None,
+        description="file with a bearer token for --usage-prometheus (read at each query, "
+        "never logged)",
     )
 
 
@@ -648,7 +669,8 @@ class NoLoadReader(ValueError):
 
 
 NO_LOAD_READER = (
-    "--load-aware needs a source of measured GPU loads (Prometheus), and none is configured"
+    "--load-aware needs a source of measured GPU loads: set --usage-prometheus to a "
+    "Prometheus that scrapes the node agents (or dcgm-exporter, with --usage-metrics=dcgm)"
 )
 
 

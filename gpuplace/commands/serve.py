@@ -25,6 +25,7 @@ import prometheus_client
 from cluster.connecting import ConnectError
 from gpuplace import logs, serving, settings
 from gpuplace.sidecar import NoLoadReader, Sidecar
+from usage import prometheus
 from usage.loads import LoadReader
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,18 @@ class Process:
     """The scheduler sidecar (None when offline: `--inventory FILE`)."""
 
 
+def prometheus_reader(config: settings.Settings) -> Callable[[], LoadReader]:
+    """The factory of the reader of measured GPU loads that `--usage-prometheus`,
+    `--usage-metrics` and `--usage-token-file` name."""
+    assert config.usage_prometheus is not None
+    source = prometheus.Source(
+        url=config.usage_prometheus,
+        metrics=config.usage_metrics,
+        token_file=config.usage_token_file,
+    )
+    return lambda: prometheus.Reader(source)
+
+
 async def compose(
     config: settings.Settings,
     registry: prometheus_client.CollectorRegistry,
@@ -75,10 +88,13 @@ async def compose(
     its sync as a readiness check, the extender as a site, its live inventory as the
     webhook's). Run it with `process.server.run(stop)`. Used by `gpuplace serve` and
     `gpuplace demo` alike. `load_reader` makes the sidecar's reader of measured GPU
-    loads (`--load-aware`). Raises `ConnectError` (no API), `NoLoadReader`
+    loads (`--load-aware`); by default the Prometheus reader that `--usage-prometheus`
+    names. Raises `ConnectError` (no API), `NoLoadReader`
     (`--load-aware` without one), `OSError`/`ssl.SSLError` (certificate),
     `serving.InventoryFileError` only later, at start."""
     sidecar: Sidecar | None = None
+    if load_reader is None and config.load_aware and config.usage_prometheus:
+        load_reader = prometheus_reader(config)
     if config.inventory is None:
         sidecar = await Sidecar.create(config, registry, rng=rng, load_reader=load_reader)
     try:
