@@ -197,8 +197,9 @@ class GangPreemptions:
             return underway.retry_at
         priority = gang_priority(members)
         signature = (self.sync.ledger.generation, tuple(m.uid for m in members), priority)
-        if underway is None and self._tried.get(key) == signature:
-            return None
+        retrying = underway is not None and underway.retry_at > 0
+        if not retrying and self._tried.get(key) == signature:
+            return None  # nothing changed since a plan found nothing (or all went)
         self._tried[key] = signature
         try:
             found = await self._plan(planned, policy, priority, exclude)
@@ -335,7 +336,7 @@ class GangPreemptions:
                 "refused": str(refusal[0]) if refusal else "",
             },
         )
-        for member in members:
+        for member in members if gone else ():
             self._emit(
                 member,
                 recording.NORMAL,
