@@ -336,14 +336,14 @@ GANG_PODS = st.lists(
 @given(
     pods=GANG_PODS,
     sizes=st.lists(st.integers(2, 4), min_size=3, max_size=3),
-    members=st.integers(2, 4),
+    size=st.integers(2, 4),
     wants=st.sampled_from([(1000, 1), (1000, 2), (700, 1), (400, 1)]),
     priority=st.integers(1, 5),
 )
 def test_after_any_gang_eviction_all_members_fit_and_no_victim_is_beyond_need(
     pods: list[tuple[int, int, int, int, int]],
     sizes: list[int],
-    members: int,
+    size: int,
     wants: tuple[int, int],
     priority: int,
 ) -> None:
@@ -354,14 +354,14 @@ def test_after_any_gang_eviction_all_members_fit_and_no_victim_is_beyond_need(
     book = ledger(*(node(f"n{i}", size) for i, size in enumerate(sizes)))
     by_gang: dict[int, list[tuple[Grant, int]]] = {}
     loose: list[Unit] = []
-    for i, (at, gpu, milli, pod_priority, gang) in enumerate(pods):
+    for i, (at, gpu, milli, pod_priority, in_gang) in enumerate(pods):
         grant = Grant(f"p{i:02}", f"n{at}", (gpu % sizes[at],), milli, 0, 100, 100)
         try:
             book.reserve(grant)
         except LedgerError:
             continue  # the GPU is full: this pod was never placed
-        if gang:
-            by_gang.setdefault(gang, []).append((grant, pod_priority))
+        if in_gang:
+            by_gang.setdefault(in_gang, []).append((grant, pod_priority))
         else:
             loose.append(Unit((grant.pod_uid,), (grant,), (pod_priority,)))
     running = [
@@ -380,7 +380,7 @@ def test_after_any_gang_eviction_all_members_fit_and_no_victim_is_beyond_need(
         if milli < 1000
         else GpuRequest(milli=1000, count=count, cpu_milli=100, host_memory_mib=100)
     )
-    gang = [gangs.Member(f"m{i}", request) for i in range(members)]
+    gang = [gangs.Member(f"m{i}", request) for i in range(size)]
     policy = policies.make("best-fit")
     found = preempting.for_gang(book, policy, gang, units)
     if found is None:
