@@ -238,6 +238,16 @@ def preemption_lines(
                 f"Being preempted: {condition.get('message') or 'for a higher priority pod'} "
                 "(its Events name the pod and the GPU it frees)."
             )
+        elif (
+            condition.get("type") == "DisruptionTarget"
+            and condition.get("status") == "True"
+            and condition.get("reason") == "EvictionByEvictionAPI"
+            and record.deleting
+        ):
+            lines.append(
+                "Being evicted through the Eviction API (a GpuPreempted Event names the gang "
+                "it makes room for, if gpuplace evicted it)."
+            )
     return lines
 
 

@@ -21,9 +21,11 @@ Everything kube-apiserver guarantees that gpuplace relies on, and nothing more:
 - the `eviction` subresource (`evict`), as pkg/registry/core/pod/storage/eviction.go:
   PodDisruptionBudget checked and decremented (429 TooManyRequests with a
   `DisruptionBudget` cause when it forbids), the pod recorded in the budget's
-  `disruptedPods`, then a graceful deletion: a running pod on a node gets
-  `deletionTimestamp` and stays until the kubelet (the test: `delete`) removes it; a
-  pending or finished pod goes at once. A plain DELETE still removes at once.
+  `disruptedPods`, the UID precondition checked, the `DisruptionTarget` condition
+  (reason `EvictionByEvictionAPI`) written, then a graceful deletion: a running pod on
+  a node gets `deletionTimestamp` and stays until the kubelet (the test: `delete`)
+  removes it; a pending or finished pod goes at once. A plain DELETE still removes at
+  once.
 
 All methods are synchronous and must run on the server's event loop thread.
 """
@@ -432,8 +434,35 @@ class Store:
             "deletionTimestamp"
         ):
             self._disrupt(namespace, pod)
+        if preconditions:
+            probe = {"metadata": {**pod["metadata"], **dict(preconditions)}}
+            self._preconditions(PODS, pod, probe)
+        pod = self._disruption_target(pod)
         self._terminate(pod, preconditions, options.get("gracePeriodSeconds"))
         return statuses.success(201)
+
+    def _disruption_target(self, pod: Obj) -> Obj:
+        """The condition kube-apiserver (PodDisruptionConditions, GA in 1.31) writes on a
+        pod it evicts, before deleting it."""
+        conditions = [
+            c
+            for c in (pod.get("status") or {}).get("conditions") or []
+            if c.get("type") != "DisruptionTarget"
+        ]
+        conditions.append(
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "EvictionByEvictionAPI",
+                "message": "Eviction API: evicting",
+                "lastTransitionTime": now(),
+            }
+        )
+        status = {**(pod.get("status") or {}), "conditions": conditions}
+        metadata = pod["metadata"]
+        return self.update(
+            PODS, metadata["namespace"], metadata["name"], {**pod, "status": status}, "status"
+        )
 
     def _disrupt(self, namespace: str, pod: Obj) -> None:
         """The PodDisruptionBudget part of an eviction: check and decrement."""

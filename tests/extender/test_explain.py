@@ -203,3 +203,6 @@ def test_a_gang_member_shows_its_gangs_pending_preemption() -> None:
     (line,) = explaining.preemption_lines(sync, member, (), [told])
     assert line.endswith("Now: none of the pods it names is terminating any more.")
     assert explaining.preemption_lines(sync, replace(member, gated=False), (), [told]) == []
+    evicted = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    (line,) = explaining.preemption_lines(sync, victim, [evicted])
+    assert line.startswith("Being evicted through the Eviction API")

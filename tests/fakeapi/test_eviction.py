@@ -112,6 +112,11 @@ async def test_an_eviction_without_budget_deletes_gracefully_and_answers_201(
     # a running pod on a node terminates: the kubelet removes it after its grace period
     left = server.api.get("pods", "web-0", "default")
     assert left["metadata"]["deletionTimestamp"]
+    (target,) = [c for c in left["status"]["conditions"] if c["type"] == "DisruptionTarget"]
+    assert (target["reason"], target["message"]) == (
+        "EvictionByEvictionAPI",
+        "Eviction API: evicting",
+    )
     assert left["metadata"]["deletionGracePeriodSeconds"] == 30
     # evicting it again while it terminates needs no budget and changes nothing more
     assert (await evict(server, "web-0"))[0] == 201
