@@ -2,7 +2,7 @@
 
 Every API call of the sidecar goes through here (a test fails when a generated `*Api`
 is used anywhere else, and reads the calls here to check the shipped RBAC): the generated
-`CoreV1Api` and `CoordinationV1Api` with `_preload_content=False`, decoded here with
+`CoreV1Api`, `CoordinationV1Api` and `PolicyV1Api` with `_preload_content=False`, decoded here with
 `json.loads`: pods and nodes stay the dicts the API server sent (the
 informers and the extender read them as such, and a model round trip costs more than
 the decision). A failure becomes one exception type, `ApiError`, carrying the parsed
@@ -118,6 +118,7 @@ class Kube:
         # the client accepts (and we send) plain dicts.
         self.core: Any = client.CoreV1Api(api_client)
         self.coordination: Any = client.CoordinationV1Api(api_client)
+        self.policy: Any = client.PolicyV1Api(api_client)
         self.timeout = timeout
         """Seconds for one request (watches use their own, longer, read timeout)."""
         self.refusals = refusals or refusing.Refusals()
@@ -326,14 +327,48 @@ class Kube:
             "metadata": metadata,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
+        await self._create_of_pod(
+            "pods/binding", self.core.create_namespaced_pod_binding, namespace, name, body
+        )
+
+    async def evict_pod(self, namespace: str, name: str, *, uid: str) -> None:
+        """Create pods/NAME/eviction (policy/v1 Eviction), the pod's UID as precondition:
+        the API server checks the pod's PodDisruptionBudget (429 TooManyRequests when it
+        forbids), then deletes the pod gracefully; 404 when it is gone, 409 when it was
+        replaced. The sidecar never DELETEs a pod (docs/gangs.md)."""
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        await self._create_of_pod(
+            "pods/eviction", self.core.create_namespaced_pod_eviction, namespace, name, body
+        )
+
+    async def _create_of_pod(
+        self, resource: str, method: Any, namespace: str, name: str, body: Mapping[str, Any]
+    ) -> None:
+        """POST a pod's subresource (binding, eviction) through generated `method`."""
         await self._ask(
             "create",
-            "pods/binding",
-            self.core.create_namespaced_pod_binding(
-                name, namespace, body, _preload_content=False, _request_timeout=self.timeout
+            resource,
+            method(
+                name, namespace, dict(body), _preload_content=False, _request_timeout=self.timeout
             ),
             namespace=namespace,
             name=name,
+        )
+
+    async def disruption_budgets(self, namespace: str) -> list[dict[str, Any]]:
+        """The policy/v1 PodDisruptionBudgets of one namespace (one list, no watch: read
+        only when a gang is about to preempt there)."""
+        return await self._items(
+            "poddisruptionbudgets.policy",
+            self.policy.list_namespaced_pod_disruption_budget(
+                namespace, _preload_content=False, _request_timeout=self.timeout
+            ),
+            namespace,
         )
 
     async def patch_pod_status(
@@ -387,8 +422,7 @@ class Kube:
 
     async def pod_events(self, namespace: str, name: str) -> list[dict[str, Any]]:
         """Events about one pod (for `gpuplace explain`)."""
-        listed = await self._ask(
-            "list",
+        return await self._items(
             "events",
             self.core.list_namespaced_event(
                 namespace,
@@ -396,8 +430,14 @@ class Kube:
                 _preload_content=False,
                 _request_timeout=self.timeout,
             ),
-            namespace=namespace,
+            namespace,
         )
+
+    async def _items(
+        self, resource: str, request: Awaitable[Any], namespace: str
+    ) -> list[dict[str, Any]]:
+        """The items of one list call (no paging: small namespaced lists)."""
+        listed = await self._ask("list", resource, request, namespace=namespace)
         items = listed.get("items") if isinstance(listed, dict) else None
         return [item for item in items or [] if isinstance(item, dict)]
 

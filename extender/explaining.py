@@ -116,7 +116,7 @@ def explain(
         )
     else:
         head.append("Pending: no GPUs assigned yet.")
-    head.extend(preemption_lines(sync, record, conditions))
+    head.extend(preemption_lines(sync, record, conditions, events))
     for condition in conditions:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
             head.append(f"kube-scheduler: {condition.get('message') or condition.get('reason')}")
@@ -180,13 +180,36 @@ def explain(
     return result
 
 
+GANG_PREEMPTION = ("GpuPreemption", "GangPreemptionRefused")
+"""Event reasons the gang controller writes on a member of a gang that preempts."""
+
+
 def preemption_lines(
-    sync: LedgerSync, record: PodRecord, conditions: Sequence[Mapping[str, Any]] = ()
+    sync: LedgerSync,
+    record: PodRecord,
+    conditions: Sequence[Mapping[str, Any]] = (),
+    events: Sequence[Mapping[str, Any]] = (),
 ) -> list[str]:
     """What a preemption under way means for the pod: as a preemptor (kube-scheduler
-    nominated a node and evicts pods there for it) or as a victim. O(pods) for a
-    preemptor, O(conditions) else."""
+    nominated a node and evicts pods there for it), as a member of a gated gang that
+    preempts (its latest gang-preemption Event, and which of the pods it names are
+    still terminating), or as a victim. O(pods) for a preemptor, O(events +
+    conditions) else."""
     lines = []
+    latest = next((e for e in reversed(events) if e.get("reason") in GANG_PREEMPTION), None)
+    if record.gated and not record.bound and latest is not None:
+        message = str(latest.get("message") or "")
+        going = sorted(
+            str(other)
+            for other in sync.pods.values()
+            if other.deleting and not other.terminal and str(other) in message
+        )
+        state = (
+            f"{len(going)} of its victims still terminating ({', '.join(going[:5])})"
+            if going
+            else "none of the pods it names is terminating any more"
+        )
+        lines.append(f"Gang preemption pending: {message} Now: {state}.")
     if record.nominated and not record.bound:
         node = record.nominated
         going = sorted(
@@ -214,6 +237,16 @@ def preemption_lines(
             lines.append(
                 f"Being preempted: {condition.get('message') or 'for a higher priority pod'} "
                 "(its Events name the pod and the GPU it frees)."
+            )
+        elif (
+            condition.get("type") == "DisruptionTarget"
+            and condition.get("status") == "True"
+            and condition.get("reason") == "EvictionByEvictionAPI"
+            and record.deleting
+        ):
+            lines.append(
+                "Being evicted through the Eviction API (a GpuPreempted Event names the gang "
+                "it makes room for, if gpuplace evicted it)."
             )
     return lines
 

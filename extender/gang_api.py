@@ -1,7 +1,8 @@
 """The API calls the gang controller makes, as a protocol, and their kubernetes-asyncio form.
 
 `PodApi` is all the controller needs: read a pod, merge-patch it, merge-patch its
-status (the GangReady condition). `KubePods` provides it over `cluster.kube.Kube`, the
+status (the GangReady condition), and for a preempting gang evict a pod (Eviction API)
+and list a namespace's PodDisruptionBudgets. `KubePods` provides it over `cluster.kube.Kube`, the
 one layer every API call goes through (tests/deploy/test_rbac.py checks it). Failures
 are `cluster.kube.ApiError`, as everywhere. Owns no state, never retries.
 """
@@ -25,6 +26,10 @@ class PodApi(Protocol):
         self, namespace: str, name: str, patch: Mapping[str, Any]
     ) -> dict[str, Any]: ...
 
+    async def evict_pod(self, namespace: str, name: str, *, uid: str) -> None: ...
+
+    async def disruption_budgets(self, namespace: str) -> list[dict[str, Any]]: ...
+
 
 class KubePods:
     """`PodApi` over a `cluster.kube.Kube`."""
@@ -45,3 +50,10 @@ class KubePods:
     ) -> dict[str, Any]:
         """JSON merge patch of pods/NAME/status. Raises `kube.ApiError`."""
         return await self.api.patch_pod_status(namespace, name, patch)
+
+    async def evict_pod(self, namespace: str, name: str, *, uid: str) -> None:
+        """pods/NAME/eviction with the UID as precondition. Raises `kube.ApiError`."""
+        await self.api.evict_pod(namespace, name, uid=uid)
+
+    async def disruption_budgets(self, namespace: str) -> list[dict[str, Any]]:
+        return await self.api.disruption_budgets(namespace)

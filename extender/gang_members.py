@@ -91,6 +91,8 @@ class GangPod:
     condition: tuple[str, str] | None
     """(status, reason) of the GangReady condition, if any."""
     problem: str = ""
+    preemption_policy: str = ""
+    """spec.preemptionPolicy ("Never": this member's gang never preempts)."""
 
     @property
     def key(self) -> GangKey:
@@ -198,4 +200,5 @@ class Reader:
             if found is not None
             else None,
             problem=problem,
+            preemption_policy=str(spec.get("preemptionPolicy") or ""),
         )

@@ -32,7 +32,12 @@ ledger changes (pods and nodes coming and going) and timers:
    complete but unplaceable for `starve_after_seconds` gets a capacity hold
    (`extender.gang_fences`): the nodes that would hold it once drained are kept free
    of *new* pods and of other gangs until it starts or times out. Holds no GPU.
-5. **Timeout** (`gang-timeout`, counted from the oldest member's creation): an Event
+5. **Preemption** (`extender.gang_preempting`): a complete gang that does not fit in
+   free capacity, before its timeout, displaces pods of lower priority than its lowest
+   member, all it needs or none (PodDisruptionBudget pre-check, then a fence on the
+   plan's nodes, then the Eviction API); not while its earlier victims terminate. The
+   fence is kept for it (over any starvation hold) until it starts or times out.
+6. **Timeout** (`gang-timeout`, counted from the oldest member's creation): an Event
    `GangTimeout` and the condition `gpuplace.io/GangReady=False` (reason
    `GangIncomplete` or `GangUnschedulable`, with why) on each member; the gang keeps
    no reservation and no fence, stays gated, and is tried again whenever the ledger
@@ -63,6 +68,7 @@ from extender import gang_affinity
 from extender.gang_api import PodApi
 from extender.gang_fences import Fence, Fences
 from extender.gang_members import GangKey, GangPod, PlanMark, gated, gates, plan_mark
+from extender.gang_preempting import GangPreemptions
 from extender.gang_store import GangStore
 from placement import gangs
 from placement.choosing import Policy
@@ -100,6 +106,11 @@ class GangSettings:
     """Wait after a wake-up so that bursts of events make one round."""
     write_attempts: int = 5
     """Attempts of one write that hits 409 Conflict (re-read in between)."""
+    preempt: bool = True
+    """A complete gang that does not fit may evict pods of lower priority (needs
+    `fences`; see `extender.gang_preempting`)."""
+    preempt_retry_seconds: float = 10.0
+    """After a refused eviction, the wait before the gang preempts again."""
 
 
 class GangMetrics:
@@ -260,6 +271,19 @@ class GangController:
         """Why this replica cannot tell whether it decides (the API refused the Lease
         read), e.g. `LeaseFollower.blocked_reason`: said in an Event on waiting members."""
         self.metrics = GangMetrics(registry)
+        self.preemptions = (
+            GangPreemptions(
+                api,
+                sync,
+                fences,
+                recorder=recorder,
+                registry=registry,
+                retry_seconds=self.settings.preempt_retry_seconds,
+            )
+            if fences is not None and self.settings.preempt
+            else None
+        )
+        """Preemption for waiting gangs (None without fences or with `preempt` off)."""
         self.rounds = 0
         """Completed rounds (tests wait on it)."""
         self._wake = asyncio.Event()
@@ -322,6 +346,8 @@ class GangController:
         count the waiting gangs anyway, and tell their members if gpuplace is blocked."""
         if self.fences is not None and self.fences.release() is not None:
             self.metrics.fenced.set(0)
+        if self.preemptions is not None:
+            self.preemptions.keep_only(())
         held = self._held()
         self.metrics.waiting.set(len({pod.key for pod in held}))
         reason = self.blocked() if self.blocked is not None else None
@@ -568,6 +594,8 @@ class GangController:
         if self.fences is not None and self.fences.owner == key:
             self.fences.release()
             self.metrics.fenced.set(0)
+        if self.preemptions is not None:
+            self.preemptions.forget(key)
         self._shortfalls.pop(key, None)
         self._tried.pop(key, None)
         self._timed_out.pop(key, None)
@@ -755,6 +783,8 @@ class GangController:
             self._alarm(wait.deadline, now)
             if shortfall.ever and self.fences is not None:
                 self._alarm(wait.since + self.settings.starve_after_seconds, now)
+            if shortfall.ever:
+                await self._preempt(wait, now)
             return
         await self._timeout(
             wait,
@@ -763,6 +793,25 @@ class GangController:
             f"{_duration(wait.timeout)}: {shortfall.reason}; it holds no GPUs and is tried "
             "again whenever capacity frees",
         )
+
+    async def _preempt(self, wait: Wait, now: float) -> None:
+        """Displace lower-priority pods for a complete gang that does not fit
+        (`extender.gang_preempting`); the fence it sets is kept by `_update_fence`."""
+        if self.preemptions is None or self.fences is None:
+            return
+        again = await self.preemptions.attempt(
+            wait.key,
+            wait.members,
+            self._members(wait),
+            self.policy(),
+            since=wait.since,
+            now=now,
+            exclude=self._exclude(wait.key),
+        )
+        if again is not None:
+            self._alarm(again, now)
+        if self.fences.owner == wait.key:
+            self.metrics.fenced.set(len(self.fences.nodes))
 
     def _waiting(self, wait: Wait, shortfall: gangs.Shortfall) -> None:
         for pod in wait.members:
@@ -858,6 +907,8 @@ class GangController:
             if self.fences is not None and self.fences.owner == wait.key:
                 self.fences.release()
                 self.metrics.fenced.set(0)
+            if self.preemptions is not None:
+                self.preemptions.forget(wait.key)
         for pod in wait.members:
             if self._told.first(pod.uid, f"{TIMEOUT}@{wait.since}"):
                 self._emit(pod, recording.WARNING, TIMEOUT, message)
@@ -908,6 +959,16 @@ class GangController:
     def _update_fence(self, waits: list[Wait], now: float) -> None:
         if self.fences is None:
             return
+        if self.preemptions is not None:
+            complete = [wait for wait in waits if wait.complete and now < wait.deadline]
+            self.preemptions.keep_only(wait.key for wait in complete)
+            for wait in complete:  # in order: a preemption under way keeps its fence
+                underway = self.preemptions.underway.get(wait.key)
+                if underway is not None:
+                    uids = frozenset(pod.uid for pod in wait.members)
+                    self.fences.hold(Fence(wait.key, underway.nodes, uids, wait.since))
+                    self.metrics.fenced.set(len(underway.nodes))
+                    return
         head = None
         for wait in waits:
             shortfall = self._shortfalls.get(wait.key)

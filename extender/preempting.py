@@ -68,6 +68,10 @@ log = logging.getLogger(__name__)
 PENDING_KEPT = 256
 """Preemptors whose answers are kept until kube-scheduler acts on one (oldest dropped)."""
 OWNER = "preemption"
+PREEMPTION = "GpuPreemption"
+"""Event reason on a preemptor (a pod, or each member of a gang) naming its victims."""
+PREEMPTED = "GpuPreempted"
+"""Event reason on a victim naming the GPUs freed and for whom."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,7 +409,7 @@ class Preempter:
         self.recorder.emit(
             recording.Subject(pending.namespace, pending.name, pending.uid),
             recording.NORMAL,
-            "GpuPreemption",
+            PREEMPTION,
             f"{where} is being freed for this pod ({wants}) by preempting "
             f"{', '.join(names)}; held for it until they have terminated",
         )
@@ -416,7 +420,7 @@ class Preempter:
             self.recorder.emit(
                 recording.Subject(record.namespace, record.name, record.uid),
                 recording.NORMAL,
-                "GpuPreempted",
+                PREEMPTED,
                 f"preempted to free {where} for {pending.namespace}/{pending.name} "
                 f"(priority {pending.priority}, {wants})",
             )

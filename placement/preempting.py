@@ -457,21 +457,70 @@ def for_gang(
     exclude: Collection[str] = frozenset(),
 ) -> GangEviction | None:
     """The pods a waiting gang would evict to start, all members at once, or None (evict
-    nothing) when even evicting every unit would not make room for all of them.
+    nothing) when even evicting every unit would not make room for all of them. A gang
+    that fits already gets a plan with no victims.
 
     1. plan the gang (`placement.gangs.plan`) on a scratch ledger without any of `units`
        (the pods of lower priority, whole gangs as one unit: the caller's choice);
     2. node by node of that plan, member by member, evict only what the member needs
        there (`evict` over the units on that node, a unit spanning nodes counted where
        it is looked at), so only pods on the GPUs the members take go, and as few as
-       needed; any member left without room: None.
+       needed; any member left without room: None;
+    3. the same with the members that fit in free capacity now placed there first and
+       only the others planned as above; the cheaper victims of the two (`cost`) win,
+       so a gang that half fits evicts for its other half only;
+    4. drop every chosen unit the members can do without (`place` still fits them all
+       on their nodes): a unit evicted for an early member may be spared once a later
+       member's victims freed enough. So no victim is beyond need.
 
     Unlike kube-scheduler's preemption, which evicts on the one node it nominates, the
     units may span nodes: a victim gang goes whole. The ledger is never changed.
-    O(grants) for the scratch ledger, plus the plan (see `placement.gangs`), plus per
-    member the `evict` search on its node."""
+    O(grants) for the scratch ledgers, plus at most (placed + 3) plans (see
+    `placement.gangs`), plus per member the `evict` search on its node, plus O(V)
+    `place` checks for V victims."""
     if not members:
         return None
+    fits = gangs.plan(ledger, policy, members, exclude=exclude)
+    if not isinstance(fits, gangs.Shortfall):
+        return GangEviction((), fits.choices, fits.nodes)
+    best = _evicting(ledger, policy, members, units, exclude)
+    for k in range(min(fits.placed, len(members) - 1), 0, -1):
+        first = gangs.plan(ledger, policy, members[:k], exclude=exclude)
+        if isinstance(first, gangs.Shortfall):
+            continue
+        base = Ledger(ledger.inventory)
+        base.restore([*ledger, *first.grants(members[:k])])
+        others = _evicting(base, policy, members[k:], units, exclude)
+        if others is not None and (best is None or cost(others.units) < cost(best.units)):
+            nodes = tuple(dict.fromkeys((*first.nodes, *others.nodes)))
+            best = GangEviction(others.units, {**first.choices, **others.choices}, nodes)
+        break
+    if best is None:
+        return None
+    victims = list(best.units)
+    where = {uid: choice.node for uid, choice in best.choices.items()}
+    choices: Mapping[str, Choice] = best.choices
+    if place(ledger, members, where, victims) is not None:
+        # a unit evicted for one member may be spared once a later member's victims
+        # freed enough: drop every unit the members can do without (most important first)
+        for candidate in sorted(victims, key=lambda u: cost([u]), reverse=True):
+            rest = [other for other in victims if other is not candidate]
+            if place(ledger, members, where, rest) is not None:
+                victims = rest
+        placed = place(ledger, members, where, victims)
+        if placed is not None:
+            choices = placed
+    return GangEviction(tuple(sorted(victims, key=lambda u: u.uids)), choices, best.nodes)
+
+
+def _evicting(
+    ledger: Ledger,
+    policy: Policy,
+    members: Sequence[gangs.Member],
+    units: Sequence[Unit],
+    exclude: Collection[str],
+) -> GangEviction | None:
+    """Steps 1 and 2 of `for_gang`."""
     gone = {uid for unit in units for uid in unit.uids}
     scratch = Ledger(ledger.inventory)
     scratch.restore(grant for grant in ledger if grant.pod_uid not in gone)
@@ -521,3 +570,38 @@ def for_gang(
             choices[member.uid] = Choice(node, gpus, 0.0)
     victims = tuple(sorted(chosen.values(), key=lambda unit: unit.uids))
     return GangEviction(victims, choices, planned.nodes)
+
+
+def place(
+    ledger: Ledger,
+    members: Sequence[gangs.Member],
+    where: Mapping[str, str],
+    units: Sequence[Unit],
+) -> dict[str, Choice] | None:
+    """Each member on its node (`where`, by UID) once `units` are gone, on the first GPU
+    set the engine's fit offers, in order; None when one finds no room. The check behind
+    "no victim beyond need" of `for_gang`. O(grants of the units + members × G log G)."""
+    states: dict[str, NodeState] = {}
+    choices: dict[str, Choice] = {}
+    for member in members:
+        node = where.get(member.uid)
+        if node is None:
+            return None
+        state = states.get(node)
+        if state is None:
+            live = ledger.state(node)
+            if live is None:
+                return None
+            here = []
+            for unit in units:
+                grants = tuple(grant for grant in unit.grants if grant.node == node)
+                if grants:
+                    uids = tuple(grant.pod_uid for grant in grants)
+                    here.append(Unit(uids, grants, (0,) * len(uids)))
+            state = states[node] = after(live, here)
+        if fit.misfit(state, member.request) is not None:
+            return None
+        gpus = fit.gpu_sets(state, member.request)[0]
+        gangs.take(state, member.request, gpus)
+        choices[member.uid] = Choice(node, gpus, 0.0)
+    return choices

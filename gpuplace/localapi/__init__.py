@@ -3,14 +3,16 @@ format, on 127.0.0.1. For `gpuplace demo` and for tests — never used against a
 cluster, and never imported by placement/, webhook/, extender/, cluster/ or certs/.
 
 What it serves (the kube-apiserver behaviour gpuplace relies on, nothing more): pods,
-nodes, events, namespaces, configmaps and coordination.k8s.io leases; list with label
-and field selectors and `limit`/`continue`; watch with ADDED/MODIFIED/DELETED, BOOKMARK
-and 410 ERROR events; create/get/put/delete, the three PATCH content types, `/status`
-subresources and `pods/NAME/binding`; resourceVersion, uid and creationTimestamp set by
-the server; optimistic concurrency (409), immutable pod fields (422), gate removal and
-gated-pod affinity rules. With `FakeApi(access=Access.shipped())`, bearer-token
-authentication and the RBAC that deploy/ ships (module `access`), so a missing rule
-fails as on a cluster; without it, no authentication. No admission, no persistence.
+nodes, events, namespaces, configmaps, coordination.k8s.io leases and policy/v1
+PodDisruptionBudgets; list with label and field selectors and `limit`/`continue`; watch
+with ADDED/MODIFIED/DELETED, BOOKMARK and 410 ERROR events; create/get/put/delete, the
+three PATCH content types, `/status` subresources, `pods/NAME/binding` and
+`pods/NAME/eviction` (with the disruption-budget check); resourceVersion, uid and
+creationTimestamp set by the server; optimistic concurrency (409), immutable pod fields
+(422), gate removal and gated-pod affinity rules. With `FakeApi(access=Access.shipped())`,
+bearer-token authentication and the RBAC that deploy/ ships (module `access`), so a
+missing rule fails as on a cluster; without it, no authentication. No admission, no
+persistence.
 
 Usage::
 
@@ -55,7 +57,7 @@ from gpuplace.localapi.access import (
     Rbac,
     User,
 )
-from gpuplace.localapi.resources import DEFAULT_RESOURCES, EVENTS, NODES, PODS, Resource
+from gpuplace.localapi.resources import DEFAULT_RESOURCES, EVENTS, NODES, PDBS, PODS, Resource
 from gpuplace.localapi.server import (
     Call,
     FakeApi,
@@ -75,6 +77,7 @@ __all__ = [
     "GPUPLACE",
     "NODES",
     "NODE_AGENT",
+    "PDBS",
     "PODS",
     "SCHEDULER",
     "Access",

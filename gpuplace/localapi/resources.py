@@ -20,7 +20,8 @@ class Resource:
     kind: str
     namespaced: bool
     subresources: frozenset[str] = frozenset({"status"})
-    """Subresources PATCH/PUT/GET may address ("status"); pods also have "binding"."""
+    """Subresources PATCH/PUT/GET may address ("status"); pods also have "binding" and
+    "eviction" (both POST only)."""
 
     @property
     def api_version(self) -> str:
@@ -46,11 +47,12 @@ class Resource:
         return "/".join(parts)
 
 
-PODS = Resource("", "v1", "pods", "Pod", True, frozenset({"status", "binding"}))
+PODS = Resource("", "v1", "pods", "Pod", True, frozenset({"status", "binding", "eviction"}))
 NODES = Resource("", "v1", "nodes", "Node", False)
 EVENTS = Resource("", "v1", "events", "Event", True, frozenset())
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", False)
 CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap", True, frozenset())
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", True, frozenset())
+PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
 
-DEFAULT_RESOURCES = (PODS, NODES, EVENTS, NAMESPACES, CONFIGMAPS, LEASES)
+DEFAULT_RESOURCES = (PODS, NODES, EVENTS, NAMESPACES, CONFIGMAPS, LEASES, PDBS)

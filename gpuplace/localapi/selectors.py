@@ -88,3 +88,31 @@ def parse_fields(selector: str | None) -> Callable[[Mapping[str, object]], bool]
         return "" if current is None else str(current)
 
     return lambda obj: all((lookup(obj, path) == value) != negate for path, value, negate in tests)
+
+
+def of_object(selector: object) -> Matcher | None:
+    """A `metav1.LabelSelector` object (matchLabels, matchExpressions) as a predicate, as
+    `LabelSelectorAsSelector` reads it; None when it is empty or malformed: for a
+    PodDisruptionBudget such a selector matches nothing (eviction.go)."""
+    if not isinstance(selector, Mapping):
+        return None
+    terms = [f"{key}={value}" for key, value in (selector.get("matchLabels") or {}).items()]
+    for expression in selector.get("matchExpressions") or []:
+        if not isinstance(expression, Mapping):
+            return None
+        key, operator = expression.get("key"), expression.get("operator")
+        values = ",".join(str(v) for v in expression.get("values") or [])
+        if operator in ("In", "NotIn") and values:
+            terms.append(f"{key} {operator.lower()} ({values})")
+        elif operator == "Exists":
+            terms.append(str(key))
+        elif operator == "DoesNotExist":
+            terms.append(f"!{key}")
+        else:
+            return None
+    if not terms:
+        return None
+    try:
+        return parse(",".join(terms))
+    except ValueError:
+        return None

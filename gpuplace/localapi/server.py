@@ -9,9 +9,10 @@ Routes (core group under /api/v1, other groups under /apis/GROUP/VERSION):
   seconds) and ERROR (a Status; 410 Expired when `resourceVersion` is older than the
   history); the stream ends after `timeoutSeconds`;
 - `GET`/`PUT`/`PATCH`/`DELETE` object and `/status`; `POST` collection (create,
-  `generateName`); `POST pods/NAME/binding` (201);
+  `generateName`); `POST pods/NAME/binding` (201); `POST pods/NAME/eviction` (201, or
+  429 when a PodDisruptionBudget forbids: `Store.evict`);
 - failures are `Status` bodies with the real codes and reasons (400, 404, 409
-  Conflict/AlreadyExists, 410 Expired, 415, 422 Invalid);
+  Conflict/AlreadyExists, 410 Expired, 415, 422 Invalid, 429 TooManyRequests);
 - with `access` (`localapi.access.Access`), every request is authenticated by its bearer
   token (401 without one) and authorized by RBAC (403 Forbidden) before it is routed, as
   kube-apiserver does; `Server.configuration(user)` / `kubeconfig(path, user)` present
@@ -323,6 +324,12 @@ class FakeApi:
                 raise statuses.ApiStatusError(400, "the body must be a Binding object")
             store.bind(namespace, name, body)
             return web.json_response(statuses.success(201), status=201)
+        if sub == "eviction":
+            if method != "POST" or namespace is None:
+                raise statuses.ApiStatusError(405, "evictions are created with POST")
+            if not isinstance(body, dict):
+                raise statuses.ApiStatusError(400, "the body must be an Eviction object")
+            return web.json_response(store.evict(namespace, name, body), status=201)
         if method == "GET":
             return web.json_response(store.get(resource, namespace, name))
         if method == "PUT":

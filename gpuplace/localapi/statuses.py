@@ -14,6 +14,7 @@ REASONS = {
     410: "Expired",
     415: "UnsupportedMediaType",
     422: "Invalid",
+    429: "TooManyRequests",
     500: "InternalError",
     503: "ServiceUnavailable",
 }
@@ -31,6 +32,8 @@ class ApiStatusError(Exception):
         kind: str = "",
         name: str = "",
         group: str = "",
+        causes: list[dict[str, str]] | None = None,
+        retry_after: int = 0,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -39,9 +42,13 @@ class ApiStatusError(Exception):
         self.kind = kind
         self.name = name
         self.group = group
+        self.causes = causes or []
+        """`details.causes` (metav1.StatusCause: reason, message)."""
+        self.retry_after = retry_after
+        """`details.retryAfterSeconds` (0: left out, as omitempty does)."""
 
     def body(self) -> dict[str, Any]:
-        return status(
+        body = status(
             self.code,
             self.message,
             reason=self.reason,
@@ -49,6 +56,13 @@ class ApiStatusError(Exception):
             name=self.name,
             group=self.group,
         )
+        if self.causes or self.retry_after:
+            details = body.setdefault("details", {})
+            if self.causes:
+                details["causes"] = list(self.causes)
+            if self.retry_after:
+                details["retryAfterSeconds"] = self.retry_after
+        return body
 
 
 def status(

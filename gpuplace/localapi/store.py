@@ -17,7 +17,15 @@ Everything kube-apiserver guarantees that gpuplace relies on, and nothing more:
 - pods: `spec.nodeName` is set only through the `binding` subresource (whose
   annotations are copied onto the pod, as kube-apiserver does), scheduling gates can
   only be removed, node affinity may change only while the pod is gated, other spec
-  fields are immutable (422).
+  fields are immutable (422);
+- the `eviction` subresource (`evict`), as pkg/registry/core/pod/storage/eviction.go:
+  PodDisruptionBudget checked and decremented (429 TooManyRequests with a
+  `DisruptionBudget` cause when it forbids), the pod recorded in the budget's
+  `disruptedPods`, the UID precondition checked, the `DisruptionTarget` condition
+  (reason `EvictionByEvictionAPI`) written, then a graceful deletion: a running pod on
+  a node gets `deletionTimestamp` and stays until the kubelet (the test: `delete`)
+  removes it; a pending or finished pod goes at once. A plain DELETE still removes at
+  once.
 
 All methods are synchronous and must run on the server's event loop thread.
 """
@@ -36,7 +44,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuplace.localapi import patching, selectors, statuses
-from gpuplace.localapi.resources import DEFAULT_RESOURCES, PODS, Resource
+from gpuplace.localapi.resources import DEFAULT_RESOURCES, PDBS, PODS, Resource
 
 Obj = dict[str, Any]
 
@@ -346,7 +354,12 @@ class Store:
         self._preconditions(resource, old, new)
         new["kind"], new["apiVersion"] = resource.kind, resource.api_version
         metadata = new["metadata"]
-        for immutable in ("uid", "creationTimestamp", "deletionTimestamp"):
+        for immutable in (
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+        ):
             if immutable in old["metadata"]:
                 metadata[immutable] = old["metadata"][immutable]
             else:
@@ -407,6 +420,123 @@ class Store:
         del self._objects[resource][_key(old)]
         self._record(resource, DELETED, gone, old)
         return gone
+
+    def evict(self, namespace: str, name: str, eviction: Mapping[str, Any]) -> Obj:
+        """POST pods/NAME/eviction (policy/v1 Eviction); returns the success Status or
+        raises the failure kube-apiserver answers (see the module docstring)."""
+        if (eviction.get("metadata") or {}).get("name") != name:
+            raise statuses.ApiStatusError(400, "name in URL does not match name in Eviction object")
+        options = eviction.get("deleteOptions") or {}
+        preconditions = options.get("preconditions") or {}
+        pod = self.get(PODS, namespace, name)
+        phase = (pod.get("status") or {}).get("phase")
+        if phase not in ("Succeeded", "Failed", "Pending") and not pod["metadata"].get(
+            "deletionTimestamp"
+        ):
+            self._disrupt(namespace, pod)
+        if preconditions:
+            probe = {"metadata": {**pod["metadata"], **dict(preconditions)}}
+            self._preconditions(PODS, pod, probe)
+        pod = self._disruption_target(pod)
+        self._terminate(pod, preconditions, options.get("gracePeriodSeconds"))
+        return statuses.success(201)
+
+    def _disruption_target(self, pod: Obj) -> Obj:
+        """The condition kube-apiserver (PodDisruptionConditions, GA in 1.31) writes on a
+        pod it evicts, before deleting it."""
+        conditions = [
+            c
+            for c in (pod.get("status") or {}).get("conditions") or []
+            if c.get("type") != "DisruptionTarget"
+        ]
+        conditions.append(
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "EvictionByEvictionAPI",
+                "message": "Eviction API: evicting",
+                "lastTransitionTime": now(),
+            }
+        )
+        status = {**(pod.get("status") or {}), "conditions": conditions}
+        metadata = pod["metadata"]
+        return self.update(
+            PODS, metadata["namespace"], metadata["name"], {**pod, "status": status}, "status"
+        )
+
+    def _disrupt(self, namespace: str, pod: Obj) -> None:
+        """The PodDisruptionBudget part of an eviction: check and decrement."""
+        labels = pod["metadata"].get("labels") or {}
+        budgets = []
+        for candidate in self.list(PDBS, namespace)[0]:
+            matcher = selectors.of_object((candidate.get("spec") or {}).get("selector"))
+            if matcher is not None and matcher(labels):
+                budgets.append(candidate)
+        if len(budgets) > 1:
+            raise statuses.ApiStatusError(
+                500,
+                "This pod has more than one PodDisruptionBudget, which the eviction "
+                "subresource does not support.",
+            )
+        if not budgets:
+            return
+        pdb = budgets[0]
+        status = dict(pdb.get("status") or {})
+        pdb_name = pdb["metadata"]["name"]
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (pod.get("status") or {}).get("conditions") or []
+        )
+        healthy, desired = status.get("currentHealthy", 0), status.get("desiredHealthy", 0)
+        if not ready and healthy >= desired and desired > 0:
+            return  # an unready pod does not count towards healthy: nothing to decrement
+        if status.get("observedGeneration", 0) < pdb["metadata"].get("generation", 1):
+            raise _too_many(
+                f"The disruption budget {pdb_name} is still being processed by the server.", 10
+            )
+        allowed = status.get("disruptionsAllowed", 0)
+        if allowed < 0:
+            raise statuses.ApiStatusError(
+                403,
+                f'poddisruptionbudget.policy "{pdb_name}" is forbidden: pdb disruptions '
+                "allowed is negative",
+            )
+        if allowed == 0:
+            raise _too_many(
+                f"The disruption budget {pdb_name} needs {desired} healthy pods and has "
+                f"{healthy} currently",
+                0,
+            )
+        disrupted = dict(status.get("disruptedPods") or {})
+        disrupted[pod["metadata"]["name"]] = now()
+        status.update(disruptionsAllowed=allowed - 1, disruptedPods=disrupted)
+        self.update(PDBS, namespace, pdb_name, {**pdb, "status": status}, "status")
+
+    def _terminate(self, pod: Obj, preconditions: Mapping[str, Any], grace: object = None) -> None:
+        """Delete a pod as kube-apiserver's pod strategy does: a pod bound to a node and
+        not finished gets `deletionTimestamp` (the kubelet removes it); others go now."""
+        metadata = pod["metadata"]
+        if preconditions:
+            probe = {"metadata": {**metadata, **dict(preconditions)}}
+            self._preconditions(PODS, pod, probe)
+        namespace, name = metadata["namespace"], metadata["name"]
+        phase = (pod.get("status") or {}).get("phase")
+        bound = (pod.get("spec") or {}).get("nodeName")
+        if not bound or phase in ("Succeeded", "Failed") or grace == 0:
+            self.delete(PODS, namespace, name)
+            return
+        if metadata.get("deletionTimestamp"):
+            return
+        seconds = grace if isinstance(grace, int) else None
+        if seconds is None:
+            given = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+            seconds = given if isinstance(given, int) else 30
+        new = copy.deepcopy(pod)
+        new["metadata"]["deletionTimestamp"] = now()
+        new["metadata"]["deletionGracePeriodSeconds"] = seconds
+        new["metadata"]["resourceVersion"] = str(self._next_rv())
+        self._objects[PODS][_key(pod)] = new
+        self._record(PODS, MODIFIED, new, pod)
 
     def bind(self, namespace: str, name: str, binding: Mapping[str, Any]) -> None:
         """POST pods/NAME/binding: set spec.nodeName once, with the Binding's annotations."""
@@ -536,6 +666,16 @@ class Store:
 
 
 _MUTABLE_POD_SPEC = ("schedulingGates", "affinity", "activeDeadlineSeconds", "tolerations")
+
+
+def _too_many(cause: str, retry_after: int) -> statuses.ApiStatusError:
+    """eviction.go's 429: the real message, a DisruptionBudget cause."""
+    return statuses.ApiStatusError(
+        429,
+        "Cannot evict pod as it would violate the pod's disruption budget.",
+        causes=[{"reason": "DisruptionBudget", "message": cause}],
+        retry_after=retry_after,
+    )
 
 
 def _check_pod_update(old: Obj, new: Obj) -> None:

@@ -27,7 +27,9 @@ GPUPLACE_CLUSTER: set[Grant] = {
     ("", "pods", "watch", ()),
     ("", "pods", "patch", ()),
     ("", "pods/binding", "create", ()),
+    ("", "pods/eviction", "create", ()),
     ("", "pods/status", "patch", ()),
+    ("policy", "poddisruptionbudgets", "list", ()),
     ("", "nodes", "list", ()),
     ("", "nodes", "watch", ()),
     ("", "nodes", "patch", ()),
@@ -150,7 +152,17 @@ def test_the_sidecar_cannot_read_secrets_or_touch_rbac_or_webhooks(objects: list
         "rolebindings",
         "clusterrolebindings",
     }
-    assert ("", "pods", "delete", ()) not in sidecar
+    # it removes pods only through the Eviction API (PodDisruptionBudgets hold), never
+    # by a plain DELETE, and deletes nothing else
+    assert not {verb for _, _, verb, _ in sidecar} & {"delete", "deletecollection"}
+    assert {(r, v) for _, r, v, _ in sidecar if r.startswith("pods")} >= {
+        ("pods/eviction", "create")
+    }
+    assert {r for _, r, _, _ in sidecar if r.startswith("pods/")} == {
+        "pods/binding",
+        "pods/eviction",
+        "pods/status",
+    }
 
 
 def test_no_wildcards_anywhere(objects: list[Obj]) -> None:
@@ -203,7 +215,7 @@ def test_every_verb_says_why(path: Path) -> None:
 CLI_ONLY = {("", "list_namespaced_event")}
 VERB_OF = {"read": ("get",), "list": ("list", "watch"), "patch": ("patch",),
            "create": ("create",), "replace": ("update",), "delete": ("delete",)}  # fmt: skip
-GROUP_OF = {"core": "", "coordination": "coordination.k8s.io"}
+GROUP_OF = {"core": "", "coordination": "coordination.k8s.io", "policy": "policy"}
 """`cluster.kube.Kube`'s generated clients, by attribute, and their API groups."""
 
 KUBE = rendering.ROOT / "cluster" / "kube.py"
@@ -237,10 +249,17 @@ def api_calls(path: Path = KUBE, clients: dict[str, str] = GROUP_OF) -> set[tupl
     return found
 
 
+ONE_OFF_LISTS = {"list_namespaced_pod_disruption_budget": "poddisruptionbudgets"}
+"""Lists made once, with no watch after them (no informer), and their resources."""
+
+
 def needed(method: str) -> set[tuple[str, str]]:
     """(resource, verb) a generated method needs: read_namespaced_pod -> (pods, get),
     patch_node_status -> (nodes/status, patch), list_pod_for_all_namespaces -> pods list
-    and watch (the informers list, then watch), read_namespaced_lease -> (leases, get)."""
+    and watch (the informers list, then watch), read_namespaced_lease -> (leases, get),
+    create_namespaced_pod_eviction -> (pods/eviction, create)."""
+    if method in ONE_OFF_LISTS:
+        return {(ONE_OFF_LISTS[method], "list")}
     action, _, rest = method.partition("_")
     rest = rest.removeprefix("namespaced_").removesuffix("_for_all_namespaces")
     kind, _, sub = rest.partition("_")
@@ -284,6 +303,8 @@ def test_rbac_covers_every_call_the_sidecar_makes(objects: list[Obj]) -> None:
     # the scan works, and sees every client Kube holds
     assert {("", "create_namespaced_pod_binding"), ("", "patch_node_status")} <= calls
     assert ("coordination.k8s.io", "read_namespaced_lease") in calls
+    assert ("", "create_namespaced_pod_eviction") in calls
+    assert ("", "delete_namespaced_pod") not in calls  # evicted, never deleted
     attributes = set(re.findall(r"self\.(\w+): Any = client\.\w+Api\(", KUBE.read_text()))
     assert attributes == set(GROUP_OF), "a client in Kube the scan does not read"
     wanted = {(group, r, v) for group, call in calls for r, v in needed(call)}

@@ -183,3 +183,26 @@ def test_victims_terminating_are_named() -> None:
     (line,) = explaining.preemption_lines(sync, waiting)
     assert line.startswith("Preemption under way: kube-scheduler nominated node n and is evicting")
     assert "default/low" in line
+
+
+def test_a_gang_member_shows_its_gangs_pending_preemption() -> None:
+    sync = LedgerSync()
+    victim = replace(pods.record(objects.pod("low")), uid="v", node_name="n", deleting=True)
+    member = replace(pods.record(objects.pod("w0")), uid="w", gated=True)
+    sync.upsert_pod(victim)
+    sync.upsert_pod(member)
+    told = {
+        "reason": "GpuPreemption",
+        "message": "gang train preempts lower-priority pods to start: evicted default/low; "
+        "nodes n are held for the gang until they have terminated",
+    }
+    (line,) = explaining.preemption_lines(sync, member, (), [told])
+    assert line.startswith("Gang preemption pending: gang train preempts")
+    assert line.endswith("Now: 1 of its victims still terminating (default/low).")
+    sync.delete_pod(victim)
+    (line,) = explaining.preemption_lines(sync, member, (), [told])
+    assert line.endswith("Now: none of the pods it names is terminating any more.")
+    assert explaining.preemption_lines(sync, replace(member, gated=False), (), [told]) == []
+    evicted = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    (line,) = explaining.preemption_lines(sync, victim, [evicted])
+    assert line.startswith("Being evicted through the Eviction API")

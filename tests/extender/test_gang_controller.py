@@ -385,9 +385,11 @@ async def test_a_starving_gang_gets_a_capacity_hold_that_other_gangs_respect(
             r.api.create(other(name, count=3))
         await r.quiet()
         assert await r.schedule_ungated() == []
-        # the big gang wants two whole nodes; each node has one GPU free
+        # the big gang wants two whole nodes; each node has one GPU free. It may not
+        # preempt (preemptionPolicy Never), so it waits and drains nodes towards it
+        never = {"preemptionPolicy": "Never"}
         for i in range(2):
-            r.api.create(member(f"big{i}", "big", 2, count=4, priority=10))
+            r.api.create(member(f"big{i}", "big", 2, count=4, priority=10, extra=never))
         await r.quiet()
         assert r.fences.current is None
         r.clock.offset = 61.0

@@ -156,7 +156,7 @@ async def rig(
     async with harness(server, **overrides) as h:
         store = gang_store.GangStore()
         informer = gang_store.informer(h.sidecar.api, store, page_size=50, watch_seconds=30)
-        fences = Fences()
+        fences = h.sidecar.fences  # the extender's filter consults these, as wired
         registry = CollectorRegistry()
         controller = GangController(
             KubePods(h.sidecar.api),

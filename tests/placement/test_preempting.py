@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placement import fit, gangs, policies, preempting
-from placement.ledger import Grant, Ledger
+from placement import choosing, fit, gangs, policies, preempting
+from placement.ledger import Grant, Ledger, LedgerError
 from placement.preempting import Unit
 from placement.requests import GpuRequest, Topology
 from tests.placement.clusters import ledger, node, share, whole
@@ -315,3 +315,87 @@ def test_with_memory_only_shares_any_answer_fits_and_needs_every_victim(
     for victim in found.units:
         rest = [other for other in found.units if other is not victim]
         assert not preempting.fits_after(state, request, rest), victim.uids
+
+
+# --- a waiting gang on random clusters ------------------------------------------------------
+
+GANG_PODS = st.lists(
+    st.tuples(
+        st.integers(0, 2),  # node
+        st.integers(0, 3),  # GPU (taken modulo the node's GPUs)
+        st.sampled_from([1000, 1000, 600, 500, 300]),  # share (1000: a whole GPU)
+        st.integers(0, 4),  # priority
+        st.integers(0, 3),  # running gang (0: none)
+    ),
+    min_size=4,
+    max_size=24,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pods=GANG_PODS,
+    sizes=st.lists(st.integers(2, 4), min_size=3, max_size=3),
+    size=st.integers(2, 4),
+    wants=st.sampled_from([(1000, 1), (1000, 2), (700, 1), (400, 1)]),
+    priority=st.integers(1, 5),
+)
+def test_after_any_gang_eviction_all_members_fit_and_no_victim_is_beyond_need(
+    pods: list[tuple[int, int, int, int, int]],
+    sizes: list[int],
+    size: int,
+    wants: tuple[int, int],
+    priority: int,
+) -> None:
+    """Random clusters of shares, whole GPUs and running gangs spanning nodes: a plan
+    evicts only units below the gang's priority (what the caller offers), every member
+    fits once they are gone (the ledger itself accepts the members' grants), and each
+    victim unit is needed (without it some member has no room)."""
+    book = ledger(*(node(f"n{i}", size) for i, size in enumerate(sizes)))
+    by_gang: dict[int, list[tuple[Grant, int]]] = {}
+    loose: list[Unit] = []
+    for i, (at, gpu, milli, pod_priority, in_gang) in enumerate(pods):
+        grant = Grant(f"p{i:02}", f"n{at}", (gpu % sizes[at],), milli, 0, 100, 100)
+        try:
+            book.reserve(grant)
+        except LedgerError:
+            continue  # the GPU is full: this pod was never placed
+        if in_gang:
+            by_gang.setdefault(in_gang, []).append((grant, pod_priority))
+        else:
+            loose.append(Unit((grant.pod_uid,), (grant,), (pod_priority,)))
+    running = [
+        Unit(
+            tuple(g.pod_uid for g, _ in group),
+            tuple(g for g, _ in group),
+            tuple(p for _, p in group),
+        )
+        for group in by_gang.values()
+    ]
+    # the caller's choice: pods of lower priority only, a running gang whole or not at all
+    units = [u for u in (*loose, *running) if max(u.priorities) < priority]
+    milli, count = wants
+    request = (
+        share(milli, cpu=100, ram=100)
+        if milli < 1000
+        else GpuRequest(milli=1000, count=count, cpu_milli=100, host_memory_mib=100)
+    )
+    gang = [gangs.Member(f"m{i}", request) for i in range(size)]
+    policy = policies.make("best-fit")
+    found = preempting.for_gang(book, policy, gang, units)
+    if found is None:
+        return
+    offered = {id(u) for u in units}
+    assert all(id(victim) in offered for victim in found.units)
+    assert all(max(victim.priorities) < priority for victim in found.units)
+    # every member fits once the victims are gone: the ledger takes their grants
+    gone = set(found.uids)
+    scratch = Ledger(book.inventory)
+    scratch.restore(grant for grant in book if grant.pod_uid not in gone)
+    for member in gang:
+        scratch.reserve(choosing.grant_for(member.uid, found.choices[member.uid], request))
+    # no victim beyond need: without any one of them, some member has no room
+    where = {uid: choice.node for uid, choice in found.choices.items()}
+    for victim in found.units:
+        rest = [other for other in found.units if other is not victim]
+        assert preempting.place(book, gang, where, rest) is None, victim.uids

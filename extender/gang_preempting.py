@@ -1,0 +1,390 @@
+"""A waiting gang of higher priority displaces lower-priority pods: all it needs, or none.
+
+The gang controller asks `GangPreemptions.attempt` for a complete gang that does not fit
+in free capacity (docs/gangs.md, "Priority and preemption"). Who may preempt and who
+may go, as kube-scheduler's DefaultPreemption decides for one pod:
+
+- the gang's priority is its *lowest* member's `spec.priority`; a gang with a member
+  whose `spec.preemptionPolicy` is `Never` never preempts;
+- victims are bound, unfinished pods gpuplace granted GPUs to, of strictly lower
+  priority; a running gang is one unit across all its nodes, and a victim only when all
+  its live members are of lower priority (evicted whole or not at all);
+- while victims this gang evicted earlier are still terminating, it does not preempt
+  again (their GPUs are on their way back).
+
+An attempt:
+
+1. plan (`placement.preempting.for_gang`): the victims that make room for every member,
+   only on the GPUs the members take, none beyond need; no plan: evict nothing;
+2. PodDisruptionBudget pre-check (`cluster.disruptions.refused`, with fresh reads of the
+   victims and their namespaces' budgets): a unit with a victim the API server would
+   refuse is excluded and the plan made again without it, until one passes or none is
+   left (evict nothing);
+3. fence the plan's nodes for the gang (`extender.gang_fences`: no new pod and no other
+   gang goes there), then evict every victim through the Eviction API (UID
+   precondition: never a plain DELETE). An eviction still refused (429 from a budget
+   that changed meanwhile, 404/409: the pod went or was replaced) stops the evictions:
+   the fence stays, a Warning Event `GangPreemptionRefused` says which victim and why,
+   and the gang tries again after `retry_seconds`. A race with another disruption can
+   therefore leave a preemption partial; the fence keeps what was freed for the gang.
+
+Events: `GpuPreempted` on each victim (the gang, and the GPUs freed), `GpuPreemption` on
+each member (victims and nodes). The controller owns the fence's lifetime: it keeps it
+while `underway(key)` and releases it when the gang starts, times out or goes away.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter
+
+from cluster import disruptions, kube, recording
+from cluster.pods import PodRecord
+from cluster.syncing import LedgerSync
+from extender import app, preempting
+from extender.gang_fences import Fence, Fences
+from extender.gang_members import GangKey, GangPod
+from placement import gangs
+from placement import preempting as engine
+from placement.choosing import Policy
+
+log = logging.getLogger(__name__)
+
+REFUSED = "GangPreemptionRefused"
+NEVER = "Never"
+
+
+class EvictionApi(Protocol):
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    async def evict_pod(self, namespace: str, name: str, *, uid: str) -> None: ...
+
+    async def disruption_budgets(self, namespace: str) -> list[dict[str, Any]]: ...
+
+
+@dataclass(slots=True)
+class Underway:
+    """A gang's preemption in progress: what it evicted, where, and when to try again."""
+
+    nodes: frozenset[str]
+    evicted: set[str] = field(default_factory=set)
+    """UIDs of the victims whose eviction the API accepted."""
+    retry_at: float = 0.0
+    """After a refused eviction: no new attempt before this (POSIX seconds)."""
+
+
+class GangPreemptionMetrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.preemptions = Counter(
+            "gpuplace_gang_preemptions_total",
+            "Preemptions started for a waiting gang (its victims' evictions sent), by "
+            "result: complete, or partial (an eviction was refused; retried later).",
+            ["result"],
+            registry=registry,
+        )
+        self.victims = Counter(
+            "gpuplace_gang_preemption_victims_total",
+            "Pods evicted to make room for a waiting gang.",
+            registry=registry,
+        )
+
+
+def gang_priority(members: Iterable[GangPod]) -> int:
+    """A gang's priority for preemption: its lowest member's."""
+    return min(member.priority for member in members)
+
+
+def never_preempts(members: Iterable[GangPod]) -> bool:
+    return any(member.preemption_policy == NEVER for member in members)
+
+
+def victim_units(sync: LedgerSync, below: int, spare: Iterable[str] = ()) -> list[engine.Unit]:
+    """Every unit that may be evicted for a gang of priority `below`: bound, unfinished
+    pods holding a grant, of lower priority; a running gang whole (all its live members
+    lower) or not at all. `spare`: UIDs never to evict. O(pods + grants)."""
+    records = sync.pods
+    spared = set(spare)
+    by_gang: dict[tuple[str, str], list[PodRecord]] = {}
+    for each in records.values():
+        if each.gang and not each.terminal:
+            by_gang.setdefault((each.namespace, each.gang), []).append(each)
+    units: list[engine.Unit] = []
+    seen: set[str] = set()
+    for grant in sync.ledger:
+        record = records.get(grant.pod_uid)
+        if record is None or record.uid in seen or record.terminal or not record.bound:
+            continue
+        if record.node_name != grant.node:
+            continue
+        members = (
+            by_gang.get((record.namespace, record.gang), [record]) if record.gang else [record]
+        )
+        seen.update(member.uid for member in members)
+        if any(m.priority >= below or m.uid in spared for m in members):
+            continue
+        held = tuple(g for m in members if (g := sync.ledger.get(m.uid)) is not None)
+        units.append(
+            engine.Unit(tuple(m.uid for m in members), held, tuple(m.priority for m in members))
+        )
+    return units
+
+
+class GangPreemptions:
+    """See the module docstring. `attempt` is called by the gang controller's round."""
+
+    def __init__(
+        self,
+        api: EvictionApi,
+        sync: LedgerSync,
+        fences: Fences,
+        *,
+        recorder: recording.Recorder | None = None,
+        registry: CollectorRegistry | None = None,
+        retry_seconds: float = 10.0,
+    ) -> None:
+        self.api = api
+        self.sync = sync
+        self.fences = fences
+        self.recorder = recorder
+        self.retry_seconds = retry_seconds
+        self.metrics = GangPreemptionMetrics(registry)
+        self.underway: dict[GangKey, Underway] = {}
+        self._tried: dict[GangKey, tuple[object, ...]] = {}
+
+    def forget(self, key: GangKey) -> None:
+        """The gang started, timed out or went away: nothing of its preemption is kept."""
+        self.underway.pop(key, None)
+        self._tried.pop(key, None)
+
+    def keep_only(self, keys: Iterable[GangKey]) -> None:
+        alive = set(keys)
+        for memo in (self.underway, self._tried):
+            for key in [key for key in memo if key not in alive]:
+                del memo[key]
+
+    def terminating(self, key: GangKey) -> list[PodRecord]:
+        """Victims this gang evicted that have not finished terminating."""
+        found = self.underway.get(key)
+        if found is None:
+            return []
+        records = (self.sync.pods.get(uid) for uid in found.evicted)
+        return [r for r in records if r is not None and not r.terminal]
+
+    async def attempt(
+        self,
+        key: GangKey,
+        members: Sequence[GangPod],
+        planned: Sequence[gangs.Member],
+        policy: Policy,
+        *,
+        since: float,
+        now: float,
+        exclude: frozenset[str] = frozenset(),
+    ) -> float | None:
+        """Preempt for the complete gang `key` if it may and needs to (module docstring).
+        Returns when to try again (POSIX seconds), or None. Never raises on API failures
+        of the pre-check (logged; the gang is tried again next round)."""
+        if not members or never_preempts(members):
+            return None
+        if self.terminating(key):
+            return None
+        underway = self.underway.get(key)
+        if underway is not None and now < underway.retry_at:
+            return underway.retry_at
+        priority = gang_priority(members)
+        signature = (self.sync.ledger.generation, tuple(m.uid for m in members), priority)
+        retrying = underway is not None and underway.retry_at > 0
+        if not retrying and self._tried.get(key) == signature:
+            return None  # nothing changed since a plan found nothing (or all went)
+        self._tried[key] = signature
+        try:
+            found = await self._plan(planned, policy, priority, exclude)
+        except kube.ApiError as error:
+            log.warning(
+                "gang preemption pre-check failed",
+                extra={"gang": "/".join(key), "status": error.status, "reason": error.reason},
+            )
+            self._tried.pop(key, None)
+            return now + self.retry_seconds
+        if found is None:
+            return None
+        if isinstance(found, str):  # only budgets stand in the way: they may change
+            log.info("gang preemption blocked", extra={"gang": "/".join(key), "why": found})
+            self._tried.pop(key, None)
+            return now + self.retry_seconds
+        eviction, victims = found
+        nodes = frozenset(eviction.nodes)
+        if underway is None:
+            underway = self.underway[key] = Underway(nodes)
+        else:
+            underway.nodes = nodes
+        self.fences.hold(Fence(key, nodes, frozenset(m.uid for m in members), since))
+        return await self._evict(
+            key, members=members, eviction=eviction, victims=victims, underway=underway, now=now
+        )
+
+    async def _plan(
+        self,
+        planned: Sequence[gangs.Member],
+        policy: Policy,
+        priority: int,
+        exclude: frozenset[str],
+    ) -> tuple[engine.GangEviction, list[PodRecord]] | str | None:
+        """The eviction plan that passes the budget pre-check (victims in name order), or
+        why budgets forbid every plan, or None (no plan at all). Each round of the loop
+        excludes at least one more unit, so it ends within (units + 1) plans."""
+        spared: set[str] = set()
+        blocked = ""
+        budgets: dict[str, list[disruptions.Budget]] = {}
+        fresh: dict[str, disruptions.Victim | None] = {}
+        while True:
+            units = victim_units(self.sync, priority, spared)
+            eviction = engine.for_gang(self.sync.ledger, policy, planned, units, exclude=exclude)
+            if eviction is None or not eviction.units:
+                return blocked or None
+            records = sorted(
+                (self.sync.pods[uid] for uid in eviction.uids if uid in self.sync.pods),
+                key=lambda record: record.key,
+            )
+            if len(records) != len(eviction.uids):
+                return None  # a victim went meanwhile: the ledger changes, next round
+            for record in records:
+                if record.uid not in fresh:
+                    fresh[record.uid] = await self._victim(record)
+                if record.namespace not in budgets:
+                    listed = await self.api.disruption_budgets(record.namespace)
+                    budgets[record.namespace] = [disruptions.budget(pdb) for pdb in listed]
+            if any(fresh[record.uid] is None for record in records):
+                return None
+            victims = [v for r in records if (v := fresh[r.uid]) is not None]
+            refused = disruptions.refused([b for bs in budgets.values() for b in bs], victims)
+            if not refused:
+                return eviction, records
+            blocked = "; ".join(
+                f"{record}: {refused[record.uid]}" for record in records if record.uid in refused
+            )
+            for unit in eviction.units:
+                if any(uid in refused for uid in unit.uids):
+                    spared.update(unit.uids)
+
+    async def _victim(self, record: PodRecord) -> disruptions.Victim | None:
+        """A victim as the API has it now (labels for its budgets); None when it is gone
+        or was replaced."""
+        try:
+            body = await self.api.get_pod(record.namespace, record.name)
+        except kube.ApiError as error:
+            if error.not_found:
+                return None
+            raise
+        metadata = body.get("metadata") or {}
+        if metadata.get("uid") != record.uid:
+            return None
+        return disruptions.Victim(
+            uid=record.uid,
+            namespace=record.namespace,
+            name=record.name,
+            labels={str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
+            phase=str((body.get("status") or {}).get("phase") or ""),
+            deleting=bool(metadata.get("deletionTimestamp")),
+        )
+
+    async def _evict(
+        self,
+        key: GangKey,
+        *,
+        members: Sequence[GangPod],
+        eviction: engine.GangEviction,
+        victims: list[PodRecord],
+        underway: Underway,
+        now: float,
+    ) -> float | None:
+        """Evict every victim, in order; stop at the first refusal (module docstring)."""
+        freed = _freed(self.sync, victims)
+        wants = ", ".join(sorted({app.describe(m.request) for m in members if m.request}))
+        gone: list[PodRecord] = []
+        refusal: tuple[PodRecord, kube.ApiError] | None = None
+        for victim in victims:
+            try:
+                await self.api.evict_pod(victim.namespace, victim.name, uid=victim.uid)
+            except kube.ApiError as refused:
+                refusal = (victim, refused)
+                break
+            gone.append(victim)
+            underway.evicted.add(victim.uid)
+            self._emit(
+                victim,
+                recording.NORMAL,
+                preempting.PREEMPTED,
+                f"preempted to free {freed.get(victim.uid, 'its GPUs')} for gang "
+                f"{key[0]}/{key[1]} (priority {gang_priority(members)}, "
+                f"{len(members)} members: {wants})",
+            )
+        self.metrics.victims.inc(len(gone))
+        self.metrics.preemptions.labels("partial" if refusal else "complete").inc()
+        nodes = ", ".join(sorted(eviction.nodes))
+        names = ", ".join(str(v) for v in gone) or "none"
+        log.info(
+            "gang preemption",
+            extra={
+                "gang": "/".join(key),
+                "nodes": sorted(eviction.nodes),
+                "evicted": [str(v) for v in gone],
+                "refused": str(refusal[0]) if refusal else "",
+            },
+        )
+        for member in members if gone else ():
+            self._emit(
+                member,
+                recording.NORMAL,
+                preempting.PREEMPTION,
+                f"gang {key[1]} preempts lower-priority pods to start: evicted {names}; nodes "
+                f"{nodes} are held for the gang until they have terminated",
+            )
+        if refusal is None:
+            underway.retry_at = 0.0
+            return None
+        victim, error = refusal
+        underway.retry_at = now + self.retry_seconds
+        why = _why(error)
+        for member in members:
+            self._emit(
+                member,
+                recording.WARNING,
+                REFUSED,
+                f"gang {key[1]}: the eviction of {victim} was refused ({why}); "
+                f"{len(gone)} of {len(victims)} victims were evicted, nodes {nodes} stay "
+                f"held for the gang, and it tries again in {self.retry_seconds:g}s",
+            )
+        return underway.retry_at
+
+    def _emit(self, pod: GangPod | PodRecord, kind: str, reason: str, message: str) -> None:
+        if self.recorder is not None:
+            self.recorder.emit(
+                recording.Subject(pod.namespace, pod.name, pod.uid), kind, reason, message
+            )
+
+
+def _freed(sync: LedgerSync, victims: Sequence[PodRecord]) -> Mapping[str, str]:
+    """Per victim, the GPUs it frees ("GPUs 0,1 of node gpu-3")."""
+    shown: dict[str, str] = {}
+    for victim in victims:
+        grant = sync.ledger.get(victim.uid)
+        if grant is not None:
+            plural = "s" if len(grant.gpus) > 1 else ""
+            gpus = ",".join(map(str, grant.gpus))
+            shown[victim.uid] = f"GPU{plural} {gpus} of node {grant.node}"
+    return shown
+
+
+def _why(error: kube.ApiError) -> str:
+    if error.status == 429:
+        return f"a PodDisruptionBudget forbids it now: {error.message}"
+    if error.not_found:
+        return "the pod is gone"
+    if error.conflict:
+        return "the pod was replaced"
+    return f"{error.status} {error.reason}: {error.message}"

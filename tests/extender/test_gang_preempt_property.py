@@ -1,0 +1,111 @@
+"""A waiting gang's preemption on random clusters (extender.gang_preempting over a
+LedgerSync, no HTTP): the units offered are only bound pods of strictly lower priority
+than the gang's lowest member, a running gang whole across its nodes or not at all;
+after the plan every member fits (the ledger accepts their grants), no victim is of the
+gang's priority or above, and none is beyond need."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cluster import pods
+from cluster.nodes import NodeRecord
+from cluster.syncing import LedgerSync
+from extender import gang_preempting
+from placement import choosing, gangs, policies, preempting
+from placement.ledger import Grant, Ledger, LedgerError
+from placement.requests import GpuRequest
+from tests.fakeapi import objects
+from tests.placement.clusters import node
+
+NODES = ("n0", "n1", "n2")
+
+PODS = st.lists(
+    st.tuples(
+        st.sampled_from(NODES),
+        st.integers(0, 3),  # GPU
+        st.sampled_from([1000, 1000, 500, 300]),  # share
+        st.sampled_from([0, 10, 50, 100]),  # priority
+        st.sampled_from(["", "", "", "g", "h"]),  # running gang
+        st.sampled_from([True, True, True, False]),  # bound (else a reservation)
+    ),
+    min_size=12,
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pods_=PODS,
+    priorities=st.lists(st.sampled_from([10, 50, 100, 100]), min_size=2, max_size=4),
+    wants=st.sampled_from([(1000, 1), (1000, 2), (1000, 2), (1000, 4), (600, 1)]),
+)
+def test_gang_preemption_plans_evict_only_lower_whole_and_needed_units(
+    pods_: list[tuple[str, int, int, int, str, bool]],
+    priorities: list[int],
+    wants: tuple[int, int],
+) -> None:
+    sync = LedgerSync()
+    for name in NODES:
+        sync.put_node(NodeRecord(name, name, True, node(name, 4)))
+    records = {}
+    for i, (at, gpu, share, priority, gang, bound) in enumerate(pods_):
+        uid = f"p{i:02}"
+        grant = Grant(uid, at, (gpu,), share, 0, 0, 0)
+        if sync.ledger.state(at) is None or not _room(sync.ledger, grant):
+            continue
+        labels = {"gpuplace.io/gang": gang} if gang else None
+        base = pods.record(objects.pod(uid, labels=labels))
+        record = replace(
+            base,
+            uid=uid,
+            node_name=at if bound else "",
+            grant=grant,
+            priority=priority,
+            gang=gang,
+        )
+        sync.upsert_pod(record)
+        records[uid] = record
+    gang_priority = min(priorities)
+    units = gang_preempting.victim_units(sync, gang_priority)
+    in_units = [uid for unit in units for uid in unit.uids]
+    assert len(in_units) == len(set(in_units))
+    for unit in units:
+        members = [records[uid] for uid in unit.uids]
+        assert all(m.priority < gang_priority for m in members)
+        if members[0].gang:  # every live member of that gang, across nodes
+            mates = {r.uid for r in records.values() if r.gang == members[0].gang}
+            assert set(unit.uids) == mates
+        else:
+            assert len(members) == 1 and members[0].bound
+    for record in records.values():  # a lower, bound pod outside a gang is always offered
+        if not record.gang and record.bound and record.priority < gang_priority:
+            assert record.uid in in_units
+    milli, count = wants
+    request = GpuRequest(milli=milli, count=count, cpu_milli=0, host_memory_mib=0)
+    waiting = [gangs.Member(f"m{i}", request) for i in range(len(priorities))]
+    found = preempting.for_gang(sync.ledger, policies.make("best-fit"), waiting, units)
+    if found is None:
+        return
+    assert all(records[uid].priority < gang_priority for uid in found.uids)
+    gone = set(found.uids)
+    scratch = Ledger(sync.ledger.inventory)
+    scratch.restore(grant for grant in sync.ledger if grant.pod_uid not in gone)
+    for member in waiting:
+        scratch.reserve(choosing.grant_for(member.uid, found.choices[member.uid], request))
+    where = {uid: choice.node for uid, choice in found.choices.items()}
+    for victim in found.units:
+        rest = [other for other in found.units if other is not victim]
+        assert preempting.place(sync.ledger, waiting, where, rest) is None, victim.uids
+
+
+def _room(ledger: Ledger, grant: Grant) -> bool:
+    try:
+        ledger.reserve(grant)
+    except LedgerError:
+        return False
+    ledger.release(grant.pod_uid)
+    return True
