@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 _NAME = r"[0-9A-Za-z_.]+"
@@ -82,9 +83,9 @@ class Proc:
 
     root: Path = Path("/proc")
 
-    def pod_uid(self, pid: int) -> str | None:
-        """The pod UID of process `pid`, or None: not in a pod, gone, or unreadable (a
-        process that exited between NVML's list and this read)."""
+    def pod_uid(self, pid: int | Literal["self"]) -> str | None:
+        """The pod UID of process `pid` (`self`: the caller), or None: not in a pod, gone,
+        or unreadable (a process that exited between NVML's list and this read)."""
         try:
             with (self.root / str(pid) / "cgroup").open("rb") as file:
                 raw = file.read(MAX_BYTES)

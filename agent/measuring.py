@@ -7,10 +7,13 @@ One sample (`Meter.measure`, in a worker thread: driver calls block):
 2. per GPU, the processes holding it: under MPS the MPS *clients*
    (`mps_processes`; `compute_processes` also lists the MPS server, which belongs to no
    pod, and the agent's own per-GPU daemons would put it in the agent's pod), otherwise
-   `compute_processes`;
+   `compute_processes` less the MPS servers the control daemons answer (`servers()`: an
+   idle server stays up after its last client exits, with no client listed);
 3. per process its pod: host PID → `/proc/<pid>/cgroup` (`agent.cgroups`, under
    `--proc-root`; host PIDs need `hostPID: true`) → pod UID → the pod among this node's
-   pods (the device plugin's pod informer, `agent.plugin.PodView`). A process in no pod
+   pods (the device plugin's pod informer, `agent.plugin.PodView`). A process in the
+   agent's own pod (`own`: the MPS servers its daemons start, whatever lists them) is
+   charged to no pod and counted nowhere, like a server. A process in no pod
    known here is *unattributed*: counted in the GPU's totals and in
    `gpuplace_agent_usage_processes{attribution="none"}`, never in a pod's series;
 4. per process its SM utilisation: the mean of NVML's per-process samples newer than the
@@ -40,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -126,6 +129,11 @@ class Meter:
     nvml: nvml_seam.Nvml
     node: str
     proc: cgroups.Proc = field(default_factory=cgroups.Proc)
+    own: str | None = None
+    """The agent's own pod UID: its processes (MPS servers) are never a pod's use."""
+    servers: Callable[[], Collection[int]] = frozenset
+    """The MPS servers' PIDs the control daemons answer now (called from the sampling
+    thread)."""
     since: dict[str, int] = field(default_factory=dict)
     """GPU UUID → newest per-process sample timestamp seen (the driver's microseconds)."""
 
@@ -168,6 +176,8 @@ class Meter:
                     uid = self.proc.pod_uid(process.pid)
                     pod_of[process.pid] = mirrors.get(uid, uid) if uid else None
                 uid = pod_of[process.pid]
+                if uid is not None and uid == self.own:
+                    continue
                 if uid is None or uid not in by_uid:
                     unattributed += 1
                     continue
@@ -188,16 +198,18 @@ class Meter:
         self, asking: _Asking, index: int, uuid: str
     ) -> tuple[Sequence[nvml_seam.Process], dict[int, float], bool] | None:
         """GPU `index`'s pod-side processes (its MPS clients where it has any, else its
-        compute processes), each PID's SM share since the last sample, and whether those
-        shares are known; None when no process list could be read."""
+        compute processes but the known MPS servers), each PID's SM share since the last
+        sample, and whether those shares are known; None when no process list could be
+        read."""
         ask, reading = asking.ask, self.nvml
         clients = ask(reading.mps_processes, index) or []
         compute = ask(reading.compute_processes, index)
+        servers = set(self.servers())
         if clients:
             processes: Sequence[nvml_seam.Process] = clients
-            servers = {process.pid for process in compute or []} - {p.pid for p in clients}
+            servers |= {process.pid for process in compute or []} - {p.pid for p in clients}
         elif compute is not None:
-            processes, servers = compute, set()
+            processes = [process for process in compute if process.pid not in servers]
         else:
             return None
         since = self.since.get(uuid, 0)

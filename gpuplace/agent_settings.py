@@ -106,6 +106,14 @@ class AgentSettings(BaseSettings):
         "(the host's: the DaemonSet runs with hostPID)",
     )
 
+    pod_uid: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+        description="the agent's own pod UID (the DaemonSet passes metadata.uid): its "
+        "processes, the MPS servers, are never charged to a pod (default: read from its "
+        "own /proc/self/cgroup, which names no pod inside a private cgroup namespace)",
+    )
+
     # --- operations ------------------------------------------------------------------------
     metrics_address: str = Field("0.0.0.0", description="address of /metrics /healthz /readyz")
     metrics_port: int = Field(9090, ge=0, le=65535, description="plain HTTP port of the above")

@@ -323,3 +323,47 @@ async def test_the_loop_survives_a_failing_sample(tmp_path: Path) -> None:
     assert sampler.last is not None and calls >= 2
     text = generate_latest(registry).decode()
     assert 'gpuplace_agent_usage_errors_total{call="sample",error="exception"} 1.0' in text
+
+
+# --- the MPS server stays up idle after its clients exit --------------------------------
+
+
+def idle_server() -> dict[str, Any]:
+    """nvml-mps-clients.json after its clients exited, as NVIDIA's server stays up idle
+    (it quits only when a client of another UID arrives): no MPS client listed, the
+    server (663) alone in the compute list. The capture EDITED BY THIS TEST."""
+    made = copy.deepcopy(reading("mps-clients"))
+    gpu = made["gpus"][0]
+    gpu["mps_processes"] = []
+    gpu["compute_processes"] = [p for p in gpu["compute_processes"] if p["pid"] == 663]
+    made["edited"] = "clients removed by tests/agent/test_measuring.py"
+    return made
+
+
+def test_an_idle_mps_server_in_the_agents_pod_is_charged_to_no_pod(tmp_path: Path) -> None:
+    """The server is the child of the agent's control daemon: its cgroup names the agent's
+    pod, which the agent knows (the downward API's metadata.uid)."""
+    in_pod(tmp_path, 663, 9)
+    agent = pod("gpuplace-node-agent-x", 9, namespace="kube-system")
+    taking = measuring.Meter(
+        nvml.Replay(idle_server()), NODE, cgroups.Proc(tmp_path), own=uid_of(9)
+    )
+    sample = taking.measure([agent, pod("big", 1, milli=300, memory_mib=8192)])
+    assert by_pod(sample) == {
+        "big": measuring.PodUse(uid_of(1), "research", "big", 0, H100, 0, None, 8192 * MIB, 0.3)
+    }
+    assert (sample.attributed, sample.unattributed) == (0, 0)
+
+
+def test_a_server_the_daemons_report_is_charged_to_no_pod_without_clients(
+    tmp_path: Path,
+) -> None:
+    """Whatever cgroup it shows (from inside the agent's cgroup namespace its own is `/`),
+    a PID the control daemons answer in get_server_list is never a pod's process."""
+    in_pod(tmp_path, 663, 9)
+    agent = pod("gpuplace-node-agent-x", 9, namespace="kube-system")
+    taking = measuring.Meter(
+        nvml.Replay(idle_server()), NODE, cgroups.Proc(tmp_path), servers=lambda: {663}
+    )
+    sample = taking.measure([agent])
+    assert sample.pods == () and (sample.attributed, sample.unattributed) == (0, 0)
