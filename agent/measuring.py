@@ -30,7 +30,11 @@ One sample (`Meter.measure`, in a worker thread: driver calls block):
 
 `UsageCollector` builds the metric families at scrape time from the last sample, keeping
 only pods still on this node and not finished, so a pod's series end when it leaves the
-node or finishes (its grant released), at the next scrape, not at the next sample.
+node or finishes (its grant released), at the next scrape, not at the next sample. A
+sample older than `stale_after` (3 × `--usage-seconds`: an NVML call that never returns,
+as on a GPU fallen off the bus, holds the loop) is not exported at all: no pod or GPU
+series, `gpuplace_agent_usage_stale_scrapes_total` counts the scrapes, and
+`gpuplace_agent_usage_sample_age_seconds` says how old the last sample is.
 
 Cost of one sample: O(GPUs × processes) NVML calls and file reads (one cgroup read per
 distinct PID, at most `cgroups.MAX_BYTES` each) + O(pods × GPUs per grant). Nothing here
@@ -334,6 +338,17 @@ class SamplerMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0),
             registry=registry,
         )
+        self.stale = Counter(
+            "gpuplace_agent_usage_stale_scrapes_total",
+            "Scrapes that exported no pod or GPU series because the last usage sample was "
+            "older than its bound (an NVML call that does not return holds the sampler).",
+            registry=registry,
+        )
+        self.age = Gauge(
+            "gpuplace_agent_usage_sample_age_seconds",
+            "Seconds since the last usage sample began (none yet: 0).",
+            registry=registry,
+        )
         self.processes = Gauge(
             "gpuplace_agent_usage_processes",
             "GPU processes in the last sample, by attribution: pod (a pod of this node) "
@@ -343,9 +358,14 @@ class SamplerMetrics:
         )
 
 
+STALE_SAMPLES = 3
+"""A sample older than this many periods is not exported."""
+
+
 class Sampler:
     """`Meter.measure` every `seconds` over the pods `pods()` returns (called on the event
-    loop: a snapshot), keeping the last sample for the collector. Never raises out of
+    loop: a snapshot), keeping the last sample for the collector while it is at most
+    `stale_after` seconds old (default `STALE_SAMPLES` periods). Never raises out of
     `run`: a sample that fails is logged and counted, and the next one is tried."""
 
     def __init__(
@@ -354,16 +374,45 @@ class Sampler:
         pods: Callable[[], list[dict[str, Any]]],
         *,
         seconds: float = USAGE_SECONDS,
+        stale_after: float | None = None,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.meter = meter
         self.pods = pods
         self.seconds = seconds
+        self.stale_after = STALE_SAMPLES * seconds if stale_after is None else stale_after
         self.last: Sample | None = None
+        self.last_at: float | None = None
+        """`time.monotonic()` when the last sample began."""
+        self._said_stale = False
         self.metrics = SamplerMetrics(registry)
+        self.metrics.age.set_function(self.age)
+
+    def age(self) -> float:
+        """Seconds since the last sample began; 0 before the first."""
+        return 0.0 if self.last_at is None else time.monotonic() - self.last_at
+
+    def fresh(self) -> Sample | None:
+        """The last sample, or None when there is none or it is stale (counted; logged
+        once each time the sampler falls behind)."""
+        if self.last is None:
+            return None
+        age = self.age()
+        if age <= self.stale_after:
+            self._said_stale = False
+            return self.last
+        self.metrics.stale.inc()
+        if not self._said_stale:
+            self._said_stale = True
+            log.warning(
+                "usage sample stale, exporting none",
+                extra={"age_seconds": round(age, 1), "bound_seconds": self.stale_after},
+            )
+        return None
 
     async def sample_once(self) -> Sample:
         snapshot = self.pods()
+        began = time.monotonic()
         started = time.perf_counter()
         sample = await asyncio.to_thread(self.meter.measure, snapshot)
         self.metrics.duration.observe(time.perf_counter() - started)
@@ -371,7 +420,7 @@ class Sampler:
             self.metrics.errors.labels(call, error).inc()
         self.metrics.processes.labels("pod").set(sample.attributed)
         self.metrics.processes.labels("none").set(sample.unattributed)
-        self.last = sample
+        self.last, self.last_at = sample, began
         return sample
 
     async def run(self) -> None:
@@ -388,8 +437,9 @@ class Sampler:
 
 
 class UsageCollector(Collector):
-    """The usage families, built at each scrape from `sampler.last`, keeping the rows of
-    pods that `live(uid)` says are still on the node and not finished."""
+    """The usage families, built at each scrape from `sampler.fresh()` (empty when the
+    last sample is stale), keeping the rows of pods that `live(uid)` says are still on the
+    node and not finished."""
 
     def __init__(self, node: str, sampler: Sampler, live: Callable[[str], bool]) -> None:
         self.node = node
@@ -400,7 +450,7 @@ class UsageCollector(Collector):
         return list(self._families(None))
 
     def collect(self) -> Iterable[Metric]:
-        return list(self._families(self.sampler.last))
+        return list(self._families(self.sampler.fresh()))
 
     def _families(self, sample: Sample | None) -> Iterator[Metric]:
         pod_families = {

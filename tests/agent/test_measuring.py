@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -367,3 +368,86 @@ def test_a_server_the_daemons_report_is_charged_to_no_pod_without_clients(
     )
     sample = taking.measure([agent])
     assert sample.pods == () and (sample.attributed, sample.unattributed) == (0, 0)
+
+
+# --- an NVML call that never returns ------------------------------------------------------
+
+
+class Hanging(nvml.Replay):
+    """The captured reading, whose memory call blocks while `hung` is set: a GPU fallen off
+    the bus, whose driver call does not return."""
+
+    def __init__(self, source: Mapping[str, Any]) -> None:
+        super().__init__(source)
+        self.hung = threading.Event()
+        self.released = threading.Event()
+
+    def memory_used(self, index: int) -> int:
+        if self.hung.is_set():
+            self.released.wait()
+        return super().memory_used(index)
+
+
+async def test_a_sample_held_by_a_hung_nvml_call_stops_being_exported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    in_pod(tmp_path, 590, 5)
+    pods = {uid_of(5): pod("train", 5, milli=1000)}
+    hanging = Hanging(reading("plain-client"))
+    registry = CollectorRegistry()
+    sampler = measuring.Sampler(
+        measuring.Meter(hanging, NODE, cgroups.Proc(tmp_path)),
+        lambda: list(pods.values()),
+        seconds=0.05,
+        registry=registry,
+    )
+    assert sampler.stale_after == pytest.approx(0.15)  # 3 periods
+    registry.register(
+        measuring.UsageCollector(NODE, sampler, measuring.live_in(lambda: pods, NODE))
+    )
+
+    async def exported() -> bool:
+        series = scrape(registry)
+        return bool(series[names.POD_MEMORY_USED]) and bool(series[names.GPU_MEMORY_USED])
+
+    async def until(condition: Callable[[], Awaitable[bool]]) -> None:
+        for _ in range(500):
+            if await condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("condition not reached in time")
+
+    async def nothing() -> bool:
+        series = scrape(registry)
+        return not any(
+            series[name] for name in (*POD_FAMILIES, names.GPU_MEMORY_USED, names.GPU_MEMORY_TOTAL)
+        )
+
+    task = asyncio.create_task(sampler.run())
+    try:
+        await until(exported)
+        hanging.hung.set()
+        with caplog.at_level("WARNING", logger="agent.measuring"):
+            await until(nothing)
+            scrape(registry)
+        text = generate_latest(registry).decode()
+        stale = re.search(r"^gpuplace_agent_usage_stale_scrapes_total ([0-9.]+)$", text, re.M)
+        assert stale is not None and float(stale.group(1)) >= 2
+        age = re.search(r"^gpuplace_agent_usage_sample_age_seconds ([0-9.]+)$", text, re.M)
+        assert age is not None and float(age.group(1)) > 0.15
+        said = [r for r in caplog.records if r.getMessage() == "usage sample stale, exporting none"]
+        assert len(said) == 1  # once per falling behind, not once per scrape
+        hanging.released.set()  # the driver answers again: the next sample is exported
+        hanging.hung.clear()
+        await until(exported)
+    finally:
+        hanging.released.set()
+        task.cancel()
+
+
+POD_FAMILIES = (
+    names.POD_MEMORY_USED,
+    names.POD_SM_UTILIZATION,
+    names.POD_MEMORY_GRANTED,
+    names.POD_SHARE_GRANTED,
+)
