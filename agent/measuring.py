@@ -35,6 +35,10 @@ sample older than `stale_after` (3 × `--usage-seconds`: an NVML call that never
 as on a GPU fallen off the bus, holds the loop) is not exported at all: no pod or GPU
 series, `gpuplace_agent_usage_stale_scrapes_total` counts the scrapes, and
 `gpuplace_agent_usage_sample_age_seconds` says how old the last sample is.
+The memory peak (`names.POD_MEMORY_PEAK`) is the most memory a pod used on a GPU in the
+samples of the last `peak_seconds` (kept by the sampler, at most that many seconds of
+samples), computed at the scrape: a peak between two scrapes is not lost, and nothing is
+reset by a scrape, so every Prometheus replica reads the same figure.
 
 Cost of one sample: O(GPUs × processes) NVML calls and file reads (one cgroup read per
 distinct PID, at most `cgroups.MAX_BYTES` each) + O(pods × GPUs per grant). Nothing here
@@ -47,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -67,6 +72,8 @@ T = TypeVar("T")
 
 USAGE_SECONDS = 10.0
 """Default sample period: Prometheus' usual scrape interval is 15 s or more."""
+PEAK_SECONDS = 60.0
+"""Default window of the memory peak: at least a scrape interval, so no peak is lost."""
 MIB = 1 << 20
 FINISHED = ("Succeeded", "Failed")
 MIRROR = "kubernetes.io/config.mirror"
@@ -375,15 +382,19 @@ class Sampler:
         *,
         seconds: float = USAGE_SECONDS,
         stale_after: float | None = None,
+        peak_seconds: float = PEAK_SECONDS,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.meter = meter
         self.pods = pods
         self.seconds = seconds
         self.stale_after = STALE_SAMPLES * seconds if stale_after is None else stale_after
+        self.peak_seconds = peak_seconds
         self.last: Sample | None = None
         self.last_at: float | None = None
         """`time.monotonic()` when the last sample began."""
+        self.recent: deque[tuple[float, Sample]] = deque()
+        """(began, sample) of the samples of the last `peak_seconds`, oldest first."""
         self._said_stale = False
         self.metrics = SamplerMetrics(registry)
         self.metrics.age.set_function(self.age)
@@ -421,7 +432,24 @@ class Sampler:
         self.metrics.processes.labels("pod").set(sample.attributed)
         self.metrics.processes.labels("none").set(sample.unattributed)
         self.last, self.last_at = sample, began
+        self.recent.append((began, sample))
+        while self.recent[0][0] < began - self.peak_seconds:
+            self.recent.popleft()
         return sample
+
+    def peaks(self) -> dict[tuple[str, str], int]:
+        """(pod UID, GPU UUID) → the most memory the pod used there in the samples of the
+        last `peak_seconds` that knew it. O(peak_seconds / seconds × rows)."""
+        since = time.monotonic() - self.peak_seconds
+        found: dict[tuple[str, str], int] = {}
+        for began, sample in tuple(self.recent):
+            if began < since:
+                continue
+            for use in sample.pods:
+                if use.memory_used is not None:
+                    key = (use.uid, use.uuid)
+                    found[key] = max(found.get(key, 0), use.memory_used)
+        return found
 
     async def run(self) -> None:
         while True:
@@ -450,12 +478,18 @@ class UsageCollector(Collector):
         return list(self._families(None))
 
     def collect(self) -> Iterable[Metric]:
-        return list(self._families(self.sampler.fresh()))
+        sample = self.sampler.fresh()
+        return list(self._families(sample, self.sampler.peaks() if sample else {}))
 
-    def _families(self, sample: Sample | None) -> Iterator[Metric]:
+    def _families(
+        self, sample: Sample | None, peaks: Mapping[tuple[str, str], int] | None = None
+    ) -> Iterator[Metric]:
+        peaks = peaks or {}
         pod_families = {
             names.POD_MEMORY_USED: "Device memory the pod's processes hold on the GPU "
             "(NVML; under MPS its MPS clients), bytes.",
+            names.POD_MEMORY_PEAK: "The most device memory the pod's processes held on the "
+            f"GPU in the samples of the last {self.sampler.peak_seconds:g} s, bytes.",
             names.POD_SM_UTILIZATION: "Share of the GPU's SMs the pod's processes kept "
             "busy since the previous sample (NVML per-process samples), 0-1; absent where "
             "the driver gives none.",
@@ -501,6 +535,7 @@ class UsageCollector(Collector):
                 labels = [self.node, str(pod.index), pod.uuid, pod.namespace, pod.name]
                 for metric, value in (
                     (names.POD_MEMORY_USED, pod.memory_used),
+                    (names.POD_MEMORY_PEAK, peaks.get((pod.uid, pod.uuid))),
                     (names.POD_SM_UTILIZATION, pod.sm),
                     (names.POD_MEMORY_GRANTED, pod.memory_granted),
                     (names.POD_SHARE_GRANTED, pod.share_granted),

@@ -100,6 +100,12 @@ class AgentSettings(BaseSettings):
         gt=0,
         description="how often the pods' GPU use (memory, SM) is sampled for /metrics",
     )
+    usage_peak_seconds: float = Field(
+        agent_measuring.PEAK_SECONDS,
+        gt=0,
+        description="gpuplace_pod_gpu_memory_peak_bytes is the most memory used in the "
+        "samples of this many seconds; keep it at least Prometheus' scrape interval",
+    )
     proc_root: Path = Field(
         Path("/proc"),
         description="the proc file system whose <pid>/cgroup maps a GPU process to its pod "

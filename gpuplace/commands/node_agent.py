@@ -249,6 +249,7 @@ async def compose(
         ),
         lambda: list(view.pods.values()),
         seconds=config.usage_seconds,
+        peak_seconds=config.usage_peak_seconds,
         registry=registry,
     )
     registry.register(

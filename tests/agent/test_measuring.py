@@ -451,3 +451,40 @@ POD_FAMILIES = (
     names.POD_MEMORY_GRANTED,
     names.POD_SHARE_GRANTED,
 )
+
+
+async def test_the_memory_peak_of_the_window_outlives_the_sample_that_saw_it(
+    tmp_path: Path,
+) -> None:
+    """The plain client's 3.6 GiB, then (the capture EDITED BY THIS TEST) 1 GiB: the used
+    series says 1 GiB, the peak 3.6 GiB until the sample that saw it leaves the window."""
+    in_pod(tmp_path, 590, 5)
+    pods = {uid_of(5): pod("train", 5, milli=1000)}
+    replay = nvml.Replay(reading("plain-client"))
+    registry = CollectorRegistry()
+    sampler = measuring.Sampler(
+        measuring.Meter(replay, NODE, cgroups.Proc(tmp_path)),
+        lambda: list(pods.values()),
+        peak_seconds=0.5,
+        registry=registry,
+    )
+    registry.register(
+        measuring.UsageCollector(NODE, sampler, measuring.live_in(lambda: pods, NODE))
+    )
+
+    def value(name: str) -> float:
+        ((labels, found),) = scrape(registry)[name]
+        assert labels["pod"] == "train"
+        return found
+
+    await sampler.sample_once()
+    assert value(names.POD_MEMORY_PEAK) == value(names.POD_MEMORY_USED) == 3860856832
+    lower = copy.deepcopy(reading("plain-client"))
+    lower["gpus"][0]["compute_processes"][0]["usedGpuMemory"] = 1 << 30
+    replay.replace(lower)
+    await sampler.sample_once()
+    assert (value(names.POD_MEMORY_USED), value(names.POD_MEMORY_PEAK)) == (1 << 30, 3860856832)
+    await asyncio.sleep(0.6)  # the first sample leaves the window
+    await sampler.sample_once()
+    assert value(names.POD_MEMORY_PEAK) == 1 << 30
+    assert len(sampler.recent) == 1  # what left the window is not kept

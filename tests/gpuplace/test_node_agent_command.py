@@ -300,6 +300,7 @@ async def test_the_metrics_endpoint_shows_what_pods_use_until_they_go(
             labels = {"node": NODE, "gpu": "0", "uuid": uuid}
             pod_labels = {**labels, "namespace": "research", "pod": "train"}
             assert series[names.POD_MEMORY_USED] == [(pod_labels, 3860856832.0)]
+            assert series[names.POD_MEMORY_PEAK] == [(pod_labels, 3860856832.0)]
             assert series[names.POD_MEMORY_GRANTED] == [(pod_labels, 85520809984.0)]
             assert series[names.POD_SHARE_GRANTED] == [(pod_labels, 1.0)]
             assert series[names.POD_SM_UTILIZATION] == []  # not in the capture: absent
@@ -319,6 +320,7 @@ async def test_the_metrics_endpoint_shows_what_pods_use_until_they_go(
                     found[name]
                     for name in (
                         names.POD_MEMORY_USED,
+                        names.POD_MEMORY_PEAK,
                         names.POD_MEMORY_GRANTED,
                         names.POD_SHARE_GRANTED,
                     )
