@@ -373,6 +373,26 @@ def test_a_server_the_daemons_report_is_charged_to_no_pod_without_clients(
 # --- an NVML call that never returns ------------------------------------------------------
 
 
+def training(
+    source: nvml.Nvml, proc: Path, **options: float
+) -> tuple[measuring.Sampler, CollectorRegistry]:
+    """A sampler of `source` and its exported series, for one whole-GPU pod "train" whose
+    process is the plain client's (pid 590)."""
+    in_pod(proc, 590, 5)
+    pods = {uid_of(5): pod("train", 5, milli=1000)}
+    registry = CollectorRegistry()
+    sampler = measuring.Sampler(
+        measuring.Meter(source, NODE, cgroups.Proc(proc)),
+        lambda: list(pods.values()),
+        registry=registry,
+        **options,
+    )
+    registry.register(
+        measuring.UsageCollector(NODE, sampler, measuring.live_in(lambda: pods, NODE))
+    )
+    return sampler, registry
+
+
 class Hanging(nvml.Replay):
     """The captured reading, whose memory call blocks while `hung` is set: a GPU fallen off
     the bus, whose driver call does not return."""
@@ -391,20 +411,9 @@ class Hanging(nvml.Replay):
 async def test_a_sample_held_by_a_hung_nvml_call_stops_being_exported(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    in_pod(tmp_path, 590, 5)
-    pods = {uid_of(5): pod("train", 5, milli=1000)}
     hanging = Hanging(reading("plain-client"))
-    registry = CollectorRegistry()
-    sampler = measuring.Sampler(
-        measuring.Meter(hanging, NODE, cgroups.Proc(tmp_path)),
-        lambda: list(pods.values()),
-        seconds=0.05,
-        registry=registry,
-    )
+    sampler, registry = training(hanging, tmp_path, seconds=0.05)
     assert sampler.stale_after == pytest.approx(0.15)  # 3 periods
-    registry.register(
-        measuring.UsageCollector(NODE, sampler, measuring.live_in(lambda: pods, NODE))
-    )
 
     async def exported() -> bool:
         series = scrape(registry)
@@ -458,19 +467,8 @@ async def test_the_memory_peak_of_the_window_outlives_the_sample_that_saw_it(
 ) -> None:
     """The plain client's 3.6 GiB, then (the capture EDITED BY THIS TEST) 1 GiB: the used
     series says 1 GiB, the peak 3.6 GiB until the sample that saw it leaves the window."""
-    in_pod(tmp_path, 590, 5)
-    pods = {uid_of(5): pod("train", 5, milli=1000)}
     replay = nvml.Replay(reading("plain-client"))
-    registry = CollectorRegistry()
-    sampler = measuring.Sampler(
-        measuring.Meter(replay, NODE, cgroups.Proc(tmp_path)),
-        lambda: list(pods.values()),
-        peak_seconds=0.5,
-        registry=registry,
-    )
-    registry.register(
-        measuring.UsageCollector(NODE, sampler, measuring.live_in(lambda: pods, NODE))
-    )
+    sampler, registry = training(replay, tmp_path, peak_seconds=0.5)
 
     def value(name: str) -> float:
         ((labels, found),) = scrape(registry)[name]
