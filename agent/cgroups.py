@@ -7,7 +7,11 @@ v2 (one line, `0::/...`):
 
 - systemd: `/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice/
   cri-containerd-<id>.scope` (`kubepods-pod<uid>.slice` for Guaranteed pods,
-  `kubepods-besteffort-pod<uid>.slice`); the UID's dashes are written `_`;
+  `kubepods-besteffort-pod<uid>.slice`); the UID's dashes are written `_`. Under a
+  kubelet `cgroupRoot` systemd prefixes every slice with its parents' names (kind and
+  nvkind's `/kubelet`: `/kubelet.slice/kubelet-kubepods.slice/.../
+  kubelet-kubepods-besteffort-pod<uid>.slice/...`); containerd may write the container's
+  cgroup in its own `slice:prefix:name` form (`kubepods-pod<uid>.slice:cri-containerd:<id>`);
 - cgroupfs: `/kubepods/burstable/pod<uid>/<id>` (`/kubepods/pod<uid>/<id>`,
   `/kubepods/besteffort/pod<uid>/<id>`).
 
@@ -28,9 +32,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-_SYSTEMD = re.compile(r"kubepods(?:-(?:burstable|besteffort))?-pod([0-9a-f_]{36})\.slice")
+_NAME = r"[0-9A-Za-z_.]+"
+"""One dash-free part of a systemd unit name (a slice's name is its parents' joined by `-`)."""
+_SYSTEMD = re.compile(
+    rf"(?:{_NAME}-)*kubepods(?:-(?:burstable|besteffort))?-pod([0-9a-f_]{{36}})\.slice"
+    rf"(?::[0-9A-Za-z_.-]+:[0-9A-Za-z_.-]+)?"
+)
 _CGROUPFS = re.compile(rf"pod({_UUID})")
 _UID = re.compile(_UUID)
 _CGROUPFS_PARENTS = frozenset({"kubepods", "burstable", "besteffort", ".."})
@@ -73,9 +83,9 @@ class Proc:
 
     root: Path = Path("/proc")
 
-    def pod_uid(self, pid: int) -> str | None:
-        """The pod UID of process `pid`, or None: not in a pod, gone, or unreadable (a
-        process that exited between NVML's list and this read)."""
+    def pod_uid(self, pid: int | Literal["self"]) -> str | None:
+        """The pod UID of process `pid` (`self`: the caller), or None: not in a pod, gone,
+        or unreadable (a process that exited between NVML's list and this read)."""
         try:
             with (self.root / str(pid) / "cgroup").open("rb") as file:
                 raw = file.read(MAX_BYTES)

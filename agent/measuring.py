@@ -7,10 +7,13 @@ One sample (`Meter.measure`, in a worker thread: driver calls block):
 2. per GPU, the processes holding it: under MPS the MPS *clients*
    (`mps_processes`; `compute_processes` also lists the MPS server, which belongs to no
    pod, and the agent's own per-GPU daemons would put it in the agent's pod), otherwise
-   `compute_processes`;
+   `compute_processes` less the MPS servers the control daemons answer (`servers()`: an
+   idle server stays up after its last client exits, with no client listed);
 3. per process its pod: host PID → `/proc/<pid>/cgroup` (`agent.cgroups`, under
    `--proc-root`; host PIDs need `hostPID: true`) → pod UID → the pod among this node's
-   pods (the device plugin's pod informer, `agent.plugin.PodView`). A process in no pod
+   pods (the device plugin's pod informer, `agent.plugin.PodView`). A process in the
+   agent's own pod (`own`: the MPS servers its daemons start, whatever lists them) is
+   charged to no pod and counted nowhere, like a server. A process in no pod
    known here is *unattributed*: counted in the GPU's totals and in
    `gpuplace_agent_usage_processes{attribution="none"}`, never in a pod's series;
 4. per process its SM utilisation: the mean of NVML's per-process samples newer than the
@@ -27,7 +30,15 @@ One sample (`Meter.measure`, in a worker thread: driver calls block):
 
 `UsageCollector` builds the metric families at scrape time from the last sample, keeping
 only pods still on this node and not finished, so a pod's series end when it leaves the
-node or finishes (its grant released), at the next scrape, not at the next sample.
+node or finishes (its grant released), at the next scrape, not at the next sample. A
+sample older than `stale_after` (3 × `--usage-seconds`: an NVML call that never returns,
+as on a GPU fallen off the bus, holds the loop) is not exported at all: no pod or GPU
+series, `gpuplace_agent_usage_stale_scrapes_total` counts the scrapes, and
+`gpuplace_agent_usage_sample_age_seconds` says how old the last sample is.
+The memory peak (`names.POD_MEMORY_PEAK`) is the most memory a pod used on a GPU in the
+samples of the last `peak_seconds` (kept by the sampler, at most that many seconds of
+samples), computed at the scrape: a peak between two scrapes is not lost, and nothing is
+reset by a scrape, so every Prometheus replica reads the same figure.
 
 Cost of one sample: O(GPUs × processes) NVML calls and file reads (one cgroup read per
 distinct PID, at most `cgroups.MAX_BYTES` each) + O(pods × GPUs per grant). Nothing here
@@ -40,7 +51,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -60,6 +72,8 @@ T = TypeVar("T")
 
 USAGE_SECONDS = 10.0
 """Default sample period: Prometheus' usual scrape interval is 15 s or more."""
+PEAK_SECONDS = 60.0
+"""Default window of the memory peak: at least a scrape interval, so no peak is lost."""
 MIB = 1 << 20
 FINISHED = ("Succeeded", "Failed")
 MIRROR = "kubernetes.io/config.mirror"
@@ -126,6 +140,11 @@ class Meter:
     nvml: nvml_seam.Nvml
     node: str
     proc: cgroups.Proc = field(default_factory=cgroups.Proc)
+    own: str | None = None
+    """The agent's own pod UID: its processes (MPS servers) are never a pod's use."""
+    servers: Callable[[], Collection[int]] = frozenset
+    """The MPS servers' PIDs the control daemons answer now (called from the sampling
+    thread)."""
     since: dict[str, int] = field(default_factory=dict)
     """GPU UUID → newest per-process sample timestamp seen (the driver's microseconds)."""
 
@@ -168,6 +187,8 @@ class Meter:
                     uid = self.proc.pod_uid(process.pid)
                     pod_of[process.pid] = mirrors.get(uid, uid) if uid else None
                 uid = pod_of[process.pid]
+                if uid is not None and uid == self.own:
+                    continue
                 if uid is None or uid not in by_uid:
                     unattributed += 1
                     continue
@@ -188,16 +209,18 @@ class Meter:
         self, asking: _Asking, index: int, uuid: str
     ) -> tuple[Sequence[nvml_seam.Process], dict[int, float], bool] | None:
         """GPU `index`'s pod-side processes (its MPS clients where it has any, else its
-        compute processes), each PID's SM share since the last sample, and whether those
-        shares are known; None when no process list could be read."""
+        compute processes but the known MPS servers), each PID's SM share since the last
+        sample, and whether those shares are known; None when no process list could be
+        read."""
         ask, reading = asking.ask, self.nvml
         clients = ask(reading.mps_processes, index) or []
         compute = ask(reading.compute_processes, index)
+        servers = set(self.servers())
         if clients:
             processes: Sequence[nvml_seam.Process] = clients
-            servers = {process.pid for process in compute or []} - {p.pid for p in clients}
+            servers |= {process.pid for process in compute or []} - {p.pid for p in clients}
         elif compute is not None:
-            processes, servers = compute, set()
+            processes = [process for process in compute if process.pid not in servers]
         else:
             return None
         since = self.since.get(uuid, 0)
@@ -322,6 +345,17 @@ class SamplerMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0),
             registry=registry,
         )
+        self.stale = Counter(
+            "gpuplace_agent_usage_stale_scrapes_total",
+            "Scrapes that exported no pod or GPU series because the last usage sample was "
+            "older than its bound (an NVML call that does not return holds the sampler).",
+            registry=registry,
+        )
+        self.age = Gauge(
+            "gpuplace_agent_usage_sample_age_seconds",
+            "Seconds since the last usage sample began (none yet: 0).",
+            registry=registry,
+        )
         self.processes = Gauge(
             "gpuplace_agent_usage_processes",
             "GPU processes in the last sample, by attribution: pod (a pod of this node) "
@@ -331,9 +365,14 @@ class SamplerMetrics:
         )
 
 
+STALE_SAMPLES = 3
+"""A sample older than this many periods is not exported."""
+
+
 class Sampler:
     """`Meter.measure` every `seconds` over the pods `pods()` returns (called on the event
-    loop: a snapshot), keeping the last sample for the collector. Never raises out of
+    loop: a snapshot), keeping the last sample for the collector while it is at most
+    `stale_after` seconds old (default `STALE_SAMPLES` periods). Never raises out of
     `run`: a sample that fails is logged and counted, and the next one is tried."""
 
     def __init__(
@@ -342,16 +381,49 @@ class Sampler:
         pods: Callable[[], list[dict[str, Any]]],
         *,
         seconds: float = USAGE_SECONDS,
+        stale_after: float | None = None,
+        peak_seconds: float = PEAK_SECONDS,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.meter = meter
         self.pods = pods
         self.seconds = seconds
+        self.stale_after = STALE_SAMPLES * seconds if stale_after is None else stale_after
+        self.peak_seconds = peak_seconds
         self.last: Sample | None = None
+        self.last_at: float | None = None
+        """`time.monotonic()` when the last sample began."""
+        self.recent: deque[tuple[float, Sample]] = deque()
+        """(began, sample) of the samples of the last `peak_seconds`, oldest first."""
+        self._said_stale = False
         self.metrics = SamplerMetrics(registry)
+        self.metrics.age.set_function(self.age)
+
+    def age(self) -> float:
+        """Seconds since the last sample began; 0 before the first."""
+        return 0.0 if self.last_at is None else time.monotonic() - self.last_at
+
+    def fresh(self) -> Sample | None:
+        """The last sample, or None when there is none or it is stale (counted; logged
+        once each time the sampler falls behind)."""
+        if self.last is None:
+            return None
+        age = self.age()
+        if age <= self.stale_after:
+            self._said_stale = False
+            return self.last
+        self.metrics.stale.inc()
+        if not self._said_stale:
+            self._said_stale = True
+            log.warning(
+                "usage sample stale, exporting none",
+                extra={"age_seconds": round(age, 1), "bound_seconds": self.stale_after},
+            )
+        return None
 
     async def sample_once(self) -> Sample:
         snapshot = self.pods()
+        began = time.monotonic()
         started = time.perf_counter()
         sample = await asyncio.to_thread(self.meter.measure, snapshot)
         self.metrics.duration.observe(time.perf_counter() - started)
@@ -359,8 +431,25 @@ class Sampler:
             self.metrics.errors.labels(call, error).inc()
         self.metrics.processes.labels("pod").set(sample.attributed)
         self.metrics.processes.labels("none").set(sample.unattributed)
-        self.last = sample
+        self.last, self.last_at = sample, began
+        self.recent.append((began, sample))
+        while self.recent[0][0] < began - self.peak_seconds:
+            self.recent.popleft()
         return sample
+
+    def peaks(self) -> dict[tuple[str, str], int]:
+        """(pod UID, GPU UUID) → the most memory the pod used there in the samples of the
+        last `peak_seconds` that knew it. O(peak_seconds / seconds × rows)."""
+        since = time.monotonic() - self.peak_seconds
+        found: dict[tuple[str, str], int] = {}
+        for began, sample in tuple(self.recent):
+            if began < since:
+                continue
+            for use in sample.pods:
+                if use.memory_used is not None:
+                    key = (use.uid, use.uuid)
+                    found[key] = max(found.get(key, 0), use.memory_used)
+        return found
 
     async def run(self) -> None:
         while True:
@@ -376,8 +465,9 @@ class Sampler:
 
 
 class UsageCollector(Collector):
-    """The usage families, built at each scrape from `sampler.last`, keeping the rows of
-    pods that `live(uid)` says are still on the node and not finished."""
+    """The usage families, built at each scrape from `sampler.fresh()` (empty when the
+    last sample is stale), keeping the rows of pods that `live(uid)` says are still on the
+    node and not finished."""
 
     def __init__(self, node: str, sampler: Sampler, live: Callable[[str], bool]) -> None:
         self.node = node
@@ -388,12 +478,18 @@ class UsageCollector(Collector):
         return list(self._families(None))
 
     def collect(self) -> Iterable[Metric]:
-        return list(self._families(self.sampler.last))
+        sample = self.sampler.fresh()
+        return list(self._families(sample, self.sampler.peaks() if sample else {}))
 
-    def _families(self, sample: Sample | None) -> Iterator[Metric]:
+    def _families(
+        self, sample: Sample | None, peaks: Mapping[tuple[str, str], int] | None = None
+    ) -> Iterator[Metric]:
+        peaks = peaks or {}
         pod_families = {
             names.POD_MEMORY_USED: "Device memory the pod's processes hold on the GPU "
             "(NVML; under MPS its MPS clients), bytes.",
+            names.POD_MEMORY_PEAK: "The most device memory the pod's processes held on the "
+            f"GPU in the samples of the last {self.sampler.peak_seconds:g} s, bytes.",
             names.POD_SM_UTILIZATION: "Share of the GPU's SMs the pod's processes kept "
             "busy since the previous sample (NVML per-process samples), 0-1; absent where "
             "the driver gives none.",
@@ -439,6 +535,7 @@ class UsageCollector(Collector):
                 labels = [self.node, str(pod.index), pod.uuid, pod.namespace, pod.name]
                 for metric, value in (
                     (names.POD_MEMORY_USED, pod.memory_used),
+                    (names.POD_MEMORY_PEAK, peaks.get((pod.uid, pod.uuid))),
                     (names.POD_SM_UTILIZATION, pod.sm),
                     (names.POD_MEMORY_GRANTED, pod.memory_granted),
                     (names.POD_SHARE_GRANTED, pod.share_granted),

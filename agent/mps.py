@@ -21,7 +21,9 @@ plugin.
 
 The daemon runs in the foreground (`-f`) as the agent's child: its death is seen at once
 (no PID file to poll, no orphan after an agent restart). Readiness is the control daemon
-answering `get_server_list` through its pipe, the way the real client does; a daemon whose
+answering `get_server_list` through its pipe, the way the real client does (the server PIDs
+it answers are kept: `Supervisor.server_pids`, which the usage sampler never charges to a
+pod, an idle server included); a daemon whose
 process lives but that fails `probe_failures` probes in a row is killed and restarted.
 
 Never: decides who gets a share (the plugin does, from the pod's grant); runs a daemon for
@@ -176,6 +178,11 @@ async def send(config: MpsConfig, uuid: str, command: str) -> str | None:
     return out.decode(errors="replace")
 
 
+def server_pids(answer: str) -> frozenset[int]:
+    """The PIDs in a `get_server_list` answer (one per line: `663\\n`)."""
+    return frozenset(int(word) for word in answer.split() if word.isdecimal())
+
+
 class Daemon:
     """The control daemon of one GPU: started, probed, restarted until `stop()`."""
 
@@ -193,6 +200,8 @@ class Daemon:
         self.state = State.STOPPED
         self.restarts = 0
         self.process: asyncio.subprocess.Process | None = None
+        self.servers: frozenset[int] = frozenset()
+        """The MPS servers' PIDs in the daemon's last `get_server_list` answer."""
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         metrics.ready.labels(uuid).set(0)
@@ -296,7 +305,9 @@ class Daemon:
                         extra={"gpu": self.uuid, "returncode": process.returncode},
                     )
                     return
-                if await send(self.config, self.uuid, PROBE_COMMAND) is not None:
+                answer = await send(self.config, self.uuid, PROBE_COMMAND)
+                if answer is not None:
+                    self.servers = server_pids(answer)
                     failures = 0
                     self._set(State.READY)
                     continue
@@ -316,7 +327,8 @@ class Daemon:
         finally:
             for task in (exited, stopping):
                 task.cancel()
-            await self._kill(process)
+            await self._kill(process)  # its servers with it
+            self.servers = frozenset()
             await relay
 
     async def _relay(self, process: asyncio.subprocess.Process) -> None:
@@ -378,6 +390,11 @@ class Supervisor:
         """For /readyz: the GPUs whose daemon does not answer, or None."""
         waiting = sorted(u for u, d in self.daemons.items() if d.state is not State.READY)
         return f"MPS daemon not ready on {', '.join(waiting)}" if waiting else None
+
+    def server_pids(self) -> frozenset[int]:
+        """Every daemon's MPS servers (the usage sampler never charges them to a pod).
+        Safe from another thread: the daemons are copied in one step."""
+        return frozenset().union(*(daemon.servers for daemon in tuple(self.daemons.values())))
 
     async def set_gpus(self, uuids: Iterable[str]) -> None:
         """Run a daemon for exactly these GPUs: start the new ones, quit the others."""

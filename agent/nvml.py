@@ -231,10 +231,14 @@ class Real:
     def process_utilization(self, index: int, since_us: int) -> Sequence[ProcessSample]:
         nvml, handle = self._nvml, self._handle(index)
         # The older call first (every driver since Maxwell); the newer one, where a driver
-        # drops the older.
+        # drops the older. An older nvidia-ml-py has no wrapper for the newer: as if the
+        # driver lacked it (Function Not Found, which callers take for Not Supported).
         for call in ("nvmlDeviceGetProcessUtilization", "nvmlDeviceGetProcessesUtilizationInfo"):
+            wrapper = getattr(nvml, call, None)
+            if wrapper is None:
+                continue
             try:
-                found = getattr(nvml, call)(handle, since_us)
+                found = wrapper(handle, since_us)
             except nvml.NVMLError as error:
                 # NVML says Not Found when it holds no sample newer than `since_us`; the
                 # wrapper raises Success when the count it asked for first was 0.

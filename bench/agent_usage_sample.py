@@ -6,7 +6,8 @@ compute processes and one per-process SM sample each (both SYNTHETIC: no capture
 temporary proc root (systemd driver, cgroup v2), the processes spread over `--pods` pods
 of this node that hold gpuplace shares. Measures `agent.measuring.Meter.measure` (NVML
 replayed, so the driver's own call cost is not in it: `nvml_calls` says how many a real
-sample makes) and `generate_latest` of the registry with the usage collector. Prints JSON.
+sample makes) and `generate_latest` of the registry with the usage collector (the memory
+peak over a full default window: 6 samples). Prints JSON.
 
     .venv/bin/python bench/agent_usage_sample.py [--gpus 8] [--processes 50] [--pods 100]
 """
@@ -95,7 +96,12 @@ def main() -> None:
             started = time.perf_counter()
             sample = meter.measure(pods)
             took.append(time.perf_counter() - started)
-            sampler.last = sample
+            # as the loop keeps them: the last sample, and the window of the memory peak
+            now = time.monotonic()
+            sampler.last, sampler.last_at = sample, now
+            sampler.recent.append((now, sample))
+            while len(sampler.recent) > sampler.peak_seconds / sampler.seconds:
+                sampler.recent.popleft()
             started = time.perf_counter()
             body = generate_latest(registry)
             scraped.append(time.perf_counter() - started)

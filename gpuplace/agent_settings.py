@@ -100,10 +100,24 @@ class AgentSettings(BaseSettings):
         gt=0,
         description="how often the pods' GPU use (memory, SM) is sampled for /metrics",
     )
+    usage_peak_seconds: float = Field(
+        agent_measuring.PEAK_SECONDS,
+        gt=0,
+        description="gpuplace_pod_gpu_memory_peak_bytes is the most memory used in the "
+        "samples of this many seconds; keep it at least Prometheus' scrape interval",
+    )
     proc_root: Path = Field(
         Path("/proc"),
         description="the proc file system whose <pid>/cgroup maps a GPU process to its pod "
         "(the host's: the DaemonSet runs with hostPID)",
+    )
+
+    pod_uid: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+        description="the agent's own pod UID (the DaemonSet passes metadata.uid): its "
+        "processes, the MPS servers, are never charged to a pod (default: read from its "
+        "own /proc/self/cgroup, which names no pod inside a private cgroup namespace)",
     )
 
     # --- operations ------------------------------------------------------------------------

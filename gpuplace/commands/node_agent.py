@@ -238,10 +238,18 @@ async def compose(
         wait_seconds=config.allocate_wait_seconds,
         registry=registry,
     )
+    proc = cgroups.Proc(config.proc_root)
     sampler = measuring.Sampler(
-        measuring.Meter(reading, config.node_name, cgroups.Proc(config.proc_root)),
+        measuring.Meter(
+            reading,
+            config.node_name,
+            proc,
+            own=config.pod_uid or proc.pod_uid("self"),
+            servers=supervisor.server_pids if supervisor is not None else frozenset,
+        ),
         lambda: list(view.pods.values()),
         seconds=config.usage_seconds,
+        peak_seconds=config.usage_peak_seconds,
         registry=registry,
     )
     registry.register(

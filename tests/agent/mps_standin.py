@@ -9,7 +9,8 @@ shared/fixtures/gpu/mps-control.txt and mps-control.log, for the supervision tes
 Like the real one it takes CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps) and
 CUDA_MPS_LOG_DIRECTORY (control.log, the real log's line format), refuses to start when a
 daemon already answers on the pipe directory, and answers `get_server_list` (empty until a
-client would connect: the real daemon starts a server only then),
+client would connect: the real daemon starts a server only then; STANDIN_SERVERS, e.g.
+"663", for one that is up),
 `get_default_active_thread_percentage` (100.0) and `quit` (exit 0). Test hooks that the real
 daemon lacks: `die` (exit 3 at once, no answer), `hang` (stop answering, stay alive), and
 STANDIN_START_DELAY (seconds before the control socket exists), STANDIN_EXIT_AT_START (exit
@@ -80,7 +81,11 @@ def daemon() -> int:
             if command == "hang":
                 while True:
                     time.sleep(3600)
-            answers = {"get_server_list": "", "get_default_active_thread_percentage": "100.0\n"}
+            servers = "".join(f"{pid}\n" for pid in os.environ.get("STANDIN_SERVERS", "").split())
+            answers = {
+                "get_server_list": servers,
+                "get_default_active_thread_percentage": "100.0\n",
+            }
             if command == "quit":
                 connection.sendall(b"")
                 logline("Exit with status 0")

@@ -59,6 +59,16 @@ def test_the_real_mps_clients_are_in_no_pod() -> None:
         f".slice/cri-containerd-{CID}.scope\n0::/\n",
         # the pod's sandbox (pause) or a process in the pod cgroup itself
         f"0::/kubepods.slice/kubepods-pod{SYSTEMD_UID}.slice\n",
+        # kind / nvkind: the kubelet's cgroupRoot is /kubelet, systemd prefixes every slice
+        f"0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice"
+        f"/kubelet-kubepods-besteffort-pod{SYSTEMD_UID}.slice/cri-containerd-{CID}.scope\n",
+        f"0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{SYSTEMD_UID}.slice"
+        f"/cri-containerd-{CID}.scope\n",
+        f"0::/a.slice/a-b.slice/a-b-kubepods.slice/a-b-kubepods-burstable.slice"
+        f"/a-b-kubepods-burstable-pod{SYSTEMD_UID}.slice/crio-{CID}.scope\n",
+        # containerd's systemd cgroup path (slice:prefix:name)
+        f"0::/kubepods-burstable-pod{SYSTEMD_UID}.slice:cri-containerd:{CID}\n",
+        f"0::/kubepods.slice/kubepods-pod{SYSTEMD_UID}.slice:cri-containerd:{CID}\n",
     ],
 )
 def test_every_kubepods_layout_names_its_pod(text: str) -> None:
@@ -86,6 +96,16 @@ OTHER = "9d8c7b6a-5f4e-4d3c-8b2a-1f0e9d8c7b6a"
         # v1 hierarchies that disagree name no pod
         f"12:memory:/kubepods/pod{UID}/{CID}\n11:cpu:/kubepods/pod{OTHER}/{CID}\n",
         "garbage\n\x00\xff:::\n",
+        # a prefix that is not a slice name's, or a suffix that is not slice:prefix:name
+        f"0::/x/-kubepods-pod{SYSTEMD_UID}.slice/x.scope\n",
+        f"0::/x/a--kubepods-pod{SYSTEMD_UID}.slice/x.scope\n",
+        f"0::/x/a b-kubepods-pod{SYSTEMD_UID}.slice/x.scope\n",
+        f"0::/x/akubepods-pod{SYSTEMD_UID}.slice/x.scope\n",
+        f"0::/x/kubepods-pod{SYSTEMD_UID}.slice:\n",
+        f"0::/x/kubepods-pod{SYSTEMD_UID}.slice:cri-containerd\n",
+        f"0::/x/kubepods-pod{SYSTEMD_UID}.slice:cri-containerd:\n",
+        f"0::/x/kubepods-pod{SYSTEMD_UID}.slice:a:b:c\n",
+        f"0::/x/kubepods-pod{SYSTEMD_UID}.slicex\n",
     ],
 )
 def test_anything_else_names_no_pod(text: str) -> None:
@@ -94,22 +114,46 @@ def test_anything_else_names_no_pod(text: str) -> None:
 
 QOS = st.sampled_from(["", "burstable", "besteffort"])
 RUNTIME = st.sampled_from(["cri-containerd", "crio", "docker"])
+ROOT = st.lists(
+    st.text("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.", min_size=1),
+    max_size=3,
+).filter(lambda names: all(name not in (".", "..") for name in names))
+"""The kubelet's cgroupRoot as systemd nests it (`/kubelet` on kind: `kubelet.slice/
+kubelet-kubepods.slice/...`): each name a slice name's segment."""
 
 
-@given(st.uuids(), QOS, RUNTIME, st.tuples(st.booleans(), st.booleans()), st.integers(0, 3))
+@given(
+    st.uuids(),
+    QOS,
+    RUNTIME,
+    st.tuples(st.booleans(), st.booleans(), st.booleans()),
+    st.tuples(st.integers(0, 3), ROOT),
+)
 def test_any_well_formed_path_round_trips_its_uid(
-    uid: uuidlib.UUID, qos: str, runtime: str, driver_and_v1: tuple[bool, bool], up: int
+    uid: uuidlib.UUID,
+    qos: str,
+    runtime: str,
+    driver_v1_colons: tuple[bool, bool, bool],
+    up_and_root: tuple[int, list[str]],
 ) -> None:
-    """Either driver (systemd or cgroupfs), v1 or v2, any QoS class and runtime, seen
-    from any depth of a cgroup namespace."""
-    systemd, v1 = driver_and_v1
+    """Either driver (systemd or cgroupfs), v1 or v2, any QoS class and runtime, under any
+    cgroupRoot, systemd's scope or containerd's `slice:prefix:name`, seen from any depth
+    of a cgroup namespace."""
+    systemd, v1, colons = driver_v1_colons
+    up, root = up_and_root
     text_uid = str(uid)
     if systemd:
-        tier = f"kubepods-{qos}" if qos else "kubepods"
-        parts = ["kubepods.slice"] + ([f"{tier}.slice"] if qos else [])
-        parts += [f"{tier}-pod{text_uid.replace('-', '_')}.slice", f"{runtime}-{CID}.scope"]
+        prefix = "".join(f"{name}-" for name in root)
+        parents = [f"{'-'.join(root[: n + 1])}.slice" for n in range(len(root))]
+        tier = f"{prefix}kubepods-{qos}" if qos else f"{prefix}kubepods"
+        parts = [*parents, f"{prefix}kubepods.slice"] + ([f"{tier}.slice"] if qos else [])
+        pod_slice = f"{tier}-pod{text_uid.replace('-', '_')}.slice"
+        if colons:
+            parts += [f"{pod_slice}:{runtime}:{CID}"]
+        else:
+            parts += [pod_slice, f"{runtime}-{CID}.scope"]
     else:
-        parts = ["kubepods"] + ([qos] if qos else []) + [f"pod{text_uid}", CID]
+        parts = [*root, "kubepods"] + ([qos] if qos else []) + [f"pod{text_uid}", CID]
     if up:  # a cgroup namespace cuts the leading segments off and climbs instead
         parts = [".."] * up + parts[min(up, len(parts) - 2) :]
     path = "/" + "/".join(parts)

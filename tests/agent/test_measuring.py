@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -323,3 +324,165 @@ async def test_the_loop_survives_a_failing_sample(tmp_path: Path) -> None:
     assert sampler.last is not None and calls >= 2
     text = generate_latest(registry).decode()
     assert 'gpuplace_agent_usage_errors_total{call="sample",error="exception"} 1.0' in text
+
+
+# --- the MPS server stays up idle after its clients exit --------------------------------
+
+
+def idle_server() -> dict[str, Any]:
+    """nvml-mps-clients.json after its clients exited, as NVIDIA's server stays up idle
+    (it quits only when a client of another UID arrives): no MPS client listed, the
+    server (663) alone in the compute list. The capture EDITED BY THIS TEST."""
+    made = copy.deepcopy(reading("mps-clients"))
+    gpu = made["gpus"][0]
+    gpu["mps_processes"] = []
+    gpu["compute_processes"] = [p for p in gpu["compute_processes"] if p["pid"] == 663]
+    made["edited"] = "clients removed by tests/agent/test_measuring.py"
+    return made
+
+
+def test_an_idle_mps_server_in_the_agents_pod_is_charged_to_no_pod(tmp_path: Path) -> None:
+    """The server is the child of the agent's control daemon: its cgroup names the agent's
+    pod, which the agent knows (the downward API's metadata.uid)."""
+    in_pod(tmp_path, 663, 9)
+    agent = pod("gpuplace-node-agent-x", 9, namespace="kube-system")
+    taking = measuring.Meter(
+        nvml.Replay(idle_server()), NODE, cgroups.Proc(tmp_path), own=uid_of(9)
+    )
+    sample = taking.measure([agent, pod("big", 1, milli=300, memory_mib=8192)])
+    assert by_pod(sample) == {
+        "big": measuring.PodUse(uid_of(1), "research", "big", 0, H100, 0, None, 8192 * MIB, 0.3)
+    }
+    assert (sample.attributed, sample.unattributed) == (0, 0)
+
+
+def test_a_server_the_daemons_report_is_charged_to_no_pod_without_clients(
+    tmp_path: Path,
+) -> None:
+    """Whatever cgroup it shows (from inside the agent's cgroup namespace its own is `/`),
+    a PID the control daemons answer in get_server_list is never a pod's process."""
+    in_pod(tmp_path, 663, 9)
+    agent = pod("gpuplace-node-agent-x", 9, namespace="kube-system")
+    taking = measuring.Meter(
+        nvml.Replay(idle_server()), NODE, cgroups.Proc(tmp_path), servers=lambda: {663}
+    )
+    sample = taking.measure([agent])
+    assert sample.pods == () and (sample.attributed, sample.unattributed) == (0, 0)
+
+
+# --- an NVML call that never returns ------------------------------------------------------
+
+
+def training(
+    source: nvml.Nvml, proc: Path, **options: float
+) -> tuple[measuring.Sampler, CollectorRegistry]:
+    """A sampler of `source` and its exported series, for one whole-GPU pod "train" whose
+    process is the plain client's (pid 590)."""
+    in_pod(proc, 590, 5)
+    pods = {uid_of(5): pod("train", 5, milli=1000)}
+    registry = CollectorRegistry()
+    sampler = measuring.Sampler(
+        measuring.Meter(source, NODE, cgroups.Proc(proc)),
+        lambda: list(pods.values()),
+        registry=registry,
+        **options,
+    )
+    registry.register(
+        measuring.UsageCollector(NODE, sampler, measuring.live_in(lambda: pods, NODE))
+    )
+    return sampler, registry
+
+
+class Hanging(nvml.Replay):
+    """The captured reading, whose memory call blocks while `hung` is set: a GPU fallen off
+    the bus, whose driver call does not return."""
+
+    def __init__(self, source: Mapping[str, Any]) -> None:
+        super().__init__(source)
+        self.hung = threading.Event()
+        self.released = threading.Event()
+
+    def memory_used(self, index: int) -> int:
+        if self.hung.is_set():
+            self.released.wait()
+        return super().memory_used(index)
+
+
+async def test_a_sample_held_by_a_hung_nvml_call_stops_being_exported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hanging = Hanging(reading("plain-client"))
+    sampler, registry = training(hanging, tmp_path, seconds=0.05)
+    assert sampler.stale_after == pytest.approx(0.15)  # 3 periods
+
+    async def exported() -> bool:
+        series = scrape(registry)
+        return bool(series[names.POD_MEMORY_USED]) and bool(series[names.GPU_MEMORY_USED])
+
+    async def until(condition: Callable[[], Awaitable[bool]]) -> None:
+        for _ in range(500):
+            if await condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("condition not reached in time")
+
+    async def nothing() -> bool:
+        series = scrape(registry)
+        return not any(
+            series[name] for name in (*POD_FAMILIES, names.GPU_MEMORY_USED, names.GPU_MEMORY_TOTAL)
+        )
+
+    task = asyncio.create_task(sampler.run())
+    try:
+        await until(exported)
+        hanging.hung.set()
+        with caplog.at_level("WARNING", logger="agent.measuring"):
+            await until(nothing)
+            scrape(registry)
+        text = generate_latest(registry).decode()
+        stale = re.search(r"^gpuplace_agent_usage_stale_scrapes_total ([0-9.]+)$", text, re.M)
+        assert stale is not None and float(stale.group(1)) >= 2
+        age = re.search(r"^gpuplace_agent_usage_sample_age_seconds ([0-9.]+)$", text, re.M)
+        assert age is not None and float(age.group(1)) > 0.15
+        said = [r for r in caplog.records if r.getMessage() == "usage sample stale, exporting none"]
+        assert len(said) == 1  # once per falling behind, not once per scrape
+        hanging.released.set()  # the driver answers again: the next sample is exported
+        hanging.hung.clear()
+        await until(exported)
+    finally:
+        hanging.released.set()
+        task.cancel()
+
+
+POD_FAMILIES = (
+    names.POD_MEMORY_USED,
+    names.POD_SM_UTILIZATION,
+    names.POD_MEMORY_GRANTED,
+    names.POD_SHARE_GRANTED,
+)
+
+
+async def test_the_memory_peak_of_the_window_outlives_the_sample_that_saw_it(
+    tmp_path: Path,
+) -> None:
+    """The plain client's 3.6 GiB, then (the capture EDITED BY THIS TEST) 1 GiB: the used
+    series says 1 GiB, the peak 3.6 GiB until the sample that saw it leaves the window."""
+    replay = nvml.Replay(reading("plain-client"))
+    sampler, registry = training(replay, tmp_path, peak_seconds=0.5)
+
+    def value(name: str) -> float:
+        ((labels, found),) = scrape(registry)[name]
+        assert labels["pod"] == "train"
+        return found
+
+    await sampler.sample_once()
+    assert value(names.POD_MEMORY_PEAK) == value(names.POD_MEMORY_USED) == 3860856832
+    lower = copy.deepcopy(reading("plain-client"))
+    lower["gpus"][0]["compute_processes"][0]["usedGpuMemory"] = 1 << 30
+    replay.replace(lower)
+    await sampler.sample_once()
+    assert (value(names.POD_MEMORY_USED), value(names.POD_MEMORY_PEAK)) == (1 << 30, 3860856832)
+    await asyncio.sleep(0.6)  # the first sample leaves the window
+    await sampler.sample_once()
+    assert value(names.POD_MEMORY_PEAK) == 1 << 30
+    assert len(sampler.recent) == 1  # what left the window is not kept

@@ -214,3 +214,20 @@ async def test_a_missing_binary_is_retried_and_never_ready(root: Path) -> None:
     await until(lambda: supervisor.daemons[GPU0].restarts >= 2)
     assert not supervisor.ready(GPU0)
     await supervisor.stop()
+
+
+async def test_the_servers_the_daemons_answer_are_kept_and_end_with_them(root: Path) -> None:
+    """get_server_list answers the servers' PIDs (mps-control.txt: `663`), one per line;
+    the usage sampler excludes them, so a daemon that dies takes them out too."""
+    supervisor = mps.Supervisor(config(root, STANDIN_SERVERS="663 664"), CollectorRegistry())
+    try:
+        assert supervisor.server_pids() == frozenset()
+        await supervisor.set_gpus([GPU0])
+        assert await supervisor.wait_ready(10)
+        await until(lambda: supervisor.server_pids() == {663, 664})
+        daemon = supervisor.daemons[GPU0]
+    finally:
+        await supervisor.stop()
+    assert daemon.servers == frozenset()  # quit, its servers with it
+    assert mps.server_pids("663\n") == {663} and mps.server_pids("") == frozenset()
+    assert mps.server_pids("Cannot find MPS control daemon process\n") == frozenset()

@@ -99,6 +99,7 @@ def test_its_arguments_and_env_are_settings_the_agent_has(pod: Obj) -> None:
     assert AgentSettings(node_name="n", device_list_strategy=args.device_list_strategy)
     env = {e["name"]: e for e in agent["env"]}
     assert env["GPUPLACE_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["GPUPLACE_POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     assert "node_name" in AgentSettings.model_fields
     assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "compute,utility"
     assert "NVIDIA_VISIBLE_DEVICES" not in env  # ignored for it too: it uses the mount

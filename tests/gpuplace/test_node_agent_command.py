@@ -100,9 +100,11 @@ def agent_settings(
 
 
 @contextlib.asynccontextmanager
-async def serving(config: AgentSettings) -> AsyncIterator[tuple[node_agent.AgentProcess, str]]:
+async def serving(
+    config: AgentSettings, base_env: dict[str, str] | None = None
+) -> AsyncIterator[tuple[node_agent.AgentProcess, str]]:
     """The agent composed from `config` and running; its ops endpoints' base URL."""
-    process = await node_agent.compose(config, CollectorRegistry(), base_env={})
+    process = await node_agent.compose(config, CollectorRegistry(), base_env=base_env or {})
     stop = asyncio.Event()
     running = asyncio.create_task(process.server.run(stop))
     try:
@@ -298,6 +300,7 @@ async def test_the_metrics_endpoint_shows_what_pods_use_until_they_go(
             labels = {"node": NODE, "gpu": "0", "uuid": uuid}
             pod_labels = {**labels, "namespace": "research", "pod": "train"}
             assert series[names.POD_MEMORY_USED] == [(pod_labels, 3860856832.0)]
+            assert series[names.POD_MEMORY_PEAK] == [(pod_labels, 3860856832.0)]
             assert series[names.POD_MEMORY_GRANTED] == [(pod_labels, 85520809984.0)]
             assert series[names.POD_SHARE_GRANTED] == [(pod_labels, 1.0)]
             assert series[names.POD_SM_UTILIZATION] == []  # not in the capture: absent
@@ -317,6 +320,7 @@ async def test_the_metrics_endpoint_shows_what_pods_use_until_they_go(
                     found[name]
                     for name in (
                         names.POD_MEMORY_USED,
+                        names.POD_MEMORY_PEAK,
                         names.POD_MEMORY_GRANTED,
                         names.POD_SHARE_GRANTED,
                     )
@@ -325,6 +329,70 @@ async def test_the_metrics_endpoint_shows_what_pods_use_until_they_go(
             await until(gone)
             # the process lingers in the capture: counted, on no pod
             assert (await families())[names.GPU_MEMORY_USED] == [(labels, 4373413888.0)]
+
+
+@pytest.mark.parametrize("known_by", ["pod uid", "server list"])
+async def test_an_idle_mps_server_in_the_agents_pod_is_charged_to_no_pod(
+    api: fakeapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet, known_by: str
+) -> None:
+    """nvml-mps-clients.json after its clients exited (EDITED here: the server, pid 663,
+    alone in the compute list, no MPS client), the server in the agent's own pod's cgroup
+    as its daemon's child. Known as the agent's by its pod UID (the DaemonSet's
+    GPUPLACE_POD_UID), or as a server by the daemons' get_server_list answer."""
+    reading = json.loads((FIXTURES / "nvml-mps-clients.json").read_text())
+    gpu = reading["gpus"][0]
+    gpu["mps_processes"] = []
+    gpu["compute_processes"] = [p for p in gpu["compute_processes"] if p["pid"] == 663]
+    replay = tmp_path / "nvml-idle-server.json"
+    replay.write_text(json.dumps(reading))
+    agent = api.api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "gpuplace-node-agent-x", "namespace": "kube-system"},
+            "spec": {"nodeName": NODE, "containers": [{"name": "node-agent", "image": "g"}]},
+        }
+    )
+    api.api.set_phase("kube-system", "gpuplace-node-agent-x", "Running")
+    uid = agent["metadata"]["uid"]
+    proc = tmp_path / "proc"
+    (proc / "663").mkdir(parents=True)
+    (proc / "663" / "cgroup").write_text(
+        f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-{'d' * 64}"
+        ".scope\n"
+    )
+    by_uid = known_by == "pod uid"
+    config = agent_settings(
+        api,
+        tmp_path,
+        mps_root,
+        kubelet,
+        mps=not by_uid,
+        nvml_replay=replay,
+        proc_root=proc,
+        usage_seconds=0.05,
+        pod_uid=uid if by_uid else None,
+    )
+    async with (
+        serving(config, {} if by_uid else {"STANDIN_SERVERS": "663"}) as (process, base),
+        aiohttp.ClientSession() as http,
+    ):
+
+        async def ready() -> bool:
+            servers = process.supervisor.server_pids() if process.supervisor else {663}
+            return uid in process.plugin.pods.pods and servers == {663}
+
+        await until(ready)
+        await asyncio.sleep(0.3)  # samples (every 0.05 s) taken since
+        async with http.get(f"{base}/metrics") as response:
+            text = await response.text()
+        series = {
+            family.name: [(s.labels, s.value) for s in family.samples]
+            for family in text_string_to_metric_families(text)
+        }
+        assert series[names.GPU_MEMORY_USED]  # sampled
+        assert series[names.POD_MEMORY_USED] == []
+        assert 'gpuplace_agent_usage_processes{attribution="pod"} 0.0' in text
 
 
 def test_mig_gpus_and_unknown_uuids_get_no_daemon() -> None:
