@@ -41,8 +41,11 @@ _K = TypeVar("_K")
 Metrics = Literal["gpuplace", "dcgm"]
 METRICS: tuple[Metrics, ...] = ("gpuplace", "dcgm")
 MIB = 1 << 20
-MAX_BODY = 64 << 20
-"""Largest answer read (bytes): a cluster's worth of per-pod series fits many times over."""
+MAX_BODY = 256 << 20
+"""Largest answer read (bytes). One series of an answer is about 110 bytes (gpu_loads'
+per-GPU ones) to 250 (`read`'s per-pod ones, all their labels): 10,000 nodes × 8 GPUs is
+80,000 GPU series (~9 MB) and, with up to 7 pods sharing each GPU, 560,000 pod series
+(~140 MB): both fit."""
 
 
 class Source(BaseModel):
@@ -155,7 +158,7 @@ class Client:
             async with self._session.get(
                 self.endpoint, params=params, headers=headers, timeout=timeout
             ) as response:
-                body = await response.content.read(MAX_BODY + 1)
+                body = await _bounded_body(response)
                 status = response.status
         except TimeoutError:
             raise UsageUnavailable(
@@ -167,7 +170,7 @@ class Client:
                 f"Prometheus at {self.where} cannot be reached: "
                 f"{str(error) or type(error).__name__}"
             ) from None
-        if len(body) > MAX_BODY:
+        if body is None:
             raise UsageUnavailable(f"Prometheus at {self.where} answered over {MAX_BODY} bytes")
         return self._parse(promql, status, body)
 
@@ -203,6 +206,19 @@ class Client:
         if not isinstance(result, list):
             raise UsageUnavailable(f"Prometheus answered a malformed vector: {promql}")
         return result
+
+
+async def _bounded_body(response: aiohttp.ClientResponse) -> bytes | None:
+    """The whole body, however many chunks it comes in; None past `MAX_BODY` bytes (the
+    rest is not read). O(body)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > MAX_BODY:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def value_of(sample: Sample) -> float | None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -176,4 +177,43 @@ async def test_server_failure_is_named() -> None:
         prometheus.Client(prometheus.Source(url=url)) as client,
     ):
         with pytest.raises(UsageUnavailable, match=r"failed: HTTP 503 Service Unavailable$"):
+            await client.vector("up", 0.0)
+
+
+async def test_large_answer_in_many_chunks_is_read_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An answer of 50,000 series (3.7 MB) written in 64 KiB chunks with pauses between
+    them, as a real Prometheus streams a large vector: every series comes back."""
+    series = 50_000
+    result = [
+        {
+            "metric": {"Hostname": f"node-{i // 8:05d}", "gpu": str(i % 8)},
+            "value": [1.0, str(i % 97)],
+        }
+        for i in range(series)
+    ]
+    body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    async def chunked(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        data = body.encode()
+        for start in range(0, len(data), 64 << 10):
+            await response.write(data[start : start + (64 << 10)])
+            await asyncio.sleep(0.002)
+        await response.write_eof()
+        return response
+
+    async with harness.answering(chunked) as url:
+        source = prometheus.Source(url=url, metrics="dcgm")
+        async with prometheus.Reader(source) as reader:
+            loads = await reader.gpu_loads(60)
+    assert len(body) > 3_000_000
+    assert sum(len(gpus) for gpus in loads.values()) == series
+    assert loads["node-00010"][3].utilization == pytest.approx(((10 * 8 + 3) % 97) / 100)
+    monkeypatch.setattr(prometheus, "MAX_BODY", 1 << 20)  # past the bound: refused, not cut
+    async with (
+        harness.answering(chunked) as url,
+        prometheus.Client(prometheus.Source(url=url)) as client,
+    ):
+        with pytest.raises(UsageUnavailable, match="answered over 1048576 bytes"):
             await client.vector("up", 0.0)
