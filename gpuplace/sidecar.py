@@ -44,7 +44,7 @@ from typing import Any, Literal, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cluster import (
@@ -80,6 +80,7 @@ from extender.gang_members import GangPod
 from placement import choosing, policies
 from placement import names as node_names
 from placement.inventory import Capabilities
+from usage import prometheus
 from usage.loads import LoadReader
 
 log = logging.getLogger(__name__)
@@ -330,6 +331,17 @@ class SidecarSettings(BaseSettings):
         description="file with a bearer token for --usage-prometheus (read at each query, "
         "never logged)",
     )
+
+    @field_validator("usage_prometheus")
+    @classmethod
+    def _prometheus_url(cls, value: str | None) -> str | None:
+        """An http(s) URL with a host, checked before anything connects (empty: none)."""
+        return prometheus.check_url(value) if value else None
+
+    @field_validator("usage_token_file")
+    @classmethod
+    def _one_credential(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return prometheus.check_credentials(info.data.get("usage_prometheus"), value)
 
 
 class Sidecar:

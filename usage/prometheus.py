@@ -30,7 +30,7 @@ from typing import Literal, TypeVar
 
 import aiohttp
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from yarl import URL
 
 from usage import names
@@ -63,6 +63,44 @@ class Source(BaseModel):
     sent as `Authorization: Bearer`, never logged or shown."""
     timeout_seconds: float = Field(default=10.0, gt=0)
     """For one query, connect to last byte."""
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        return check_url(value)
+
+    @field_validator("token_file")
+    @classmethod
+    def _one_credential(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return check_credentials(info.data.get("url"), value)
+
+
+def check_url(url: str) -> str:
+    """`url` when it is an http(s) URL with a host; else ValueError with a message that
+    names it (without any credentials in it)."""
+    try:
+        parsed = URL(url.rstrip("/"))
+    except (TypeError, ValueError):
+        parsed = URL()
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(
+            f"the Prometheus URL {shown(url)!r} is not an http(s) URL with a host "
+            "(e.g. http://prometheus.monitoring:9090)"
+        )
+    return url
+
+
+def check_credentials(url: str | None, token_file: Path | None) -> Path | None:
+    """`token_file`, unless `url` carries credentials too (ValueError: which to send?)."""
+    try:
+        parsed = URL(url or "")
+    except (TypeError, ValueError):
+        return token_file
+    if (parsed.user or parsed.password) and token_file is not None:
+        raise ValueError(
+            "give Prometheus' credentials either in its URL or as a token file, not both"
+        )
+    return token_file
 
 
 # -- the API's answer (https://prometheus.io/docs/prometheus/latest/querying/api/) ------------
@@ -106,19 +144,12 @@ class Client:
         self.source = source
         self._session = session
         self._owned = session is None
-        base = source.url.rstrip("/")
         try:
-            url = URL(base)
-        except (TypeError, ValueError):
-            url = URL()
-        if url.scheme not in ("http", "https") or not url.host:
-            raise UsageUnavailable(
-                f"the Prometheus URL {shown(source.url)!r} is not an http(s) URL with a host"
-            )
-        if (url.user or url.password) and source.token_file is not None:
-            raise UsageUnavailable(
-                "give Prometheus' credentials either in its URL or as a token file, not both"
-            )
+            base = check_url(source.url).rstrip("/")
+            check_credentials(base, source.token_file)
+        except ValueError as error:
+            raise UsageUnavailable(str(error)) from None
+        url = URL(base)
         self.endpoint = url / "api" / "v1" / "query"
         self.where = shown(base)
 

@@ -26,6 +26,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pydantic
+
 from cluster import connecting, keys, kube
 from usage import prometheus, report
 from usage.loads import UsageUnavailable
@@ -162,12 +164,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def source_of(args: argparse.Namespace) -> prometheus.Source:
-    return prometheus.Source(
-        url=args.prometheus,
-        metrics=args.metrics,
-        token_file=args.token_file,
-        timeout_seconds=max(args.prometheus_timeout, 0.1),
-    )
+    """Where the flags say to read. Raises UsageUnavailable (e.g. a URL without a scheme),
+    so that the command can refuse it before it connects to anything."""
+    try:
+        return prometheus.Source(
+            url=args.prometheus,
+            metrics=args.metrics,
+            token_file=args.token_file,
+            timeout_seconds=max(args.prometheus_timeout, 0.1),
+        )
+    except pydantic.ValidationError as error:
+        raise UsageUnavailable(
+            "; ".join(
+                item["msg"].removeprefix("Value error, ")
+                for item in error.errors(include_url=False)
+            )
+        ) from None
 
 
 def rule_of(args: argparse.Namespace) -> report.Rule:
@@ -200,6 +212,7 @@ async def managed_pods(api: kube.Kube) -> list[dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        source_of(args)  # a bad URL is refused before anything is connected
         return asyncio.run(_usage(args))
     except (UsageUnavailable, connecting.ConnectError) as error:
         print(f"gpuplace usage: {error}", file=sys.stderr)

@@ -140,3 +140,19 @@ def test_bad_flags_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
         cli.main(["usage", "--prometheus", "http://x", "--window", "an hour"])
     assert exit_.value.code == 2
     assert "'an hour' is not a duration such as 1h" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["usage"], ["explain", "default/idle"]])
+def test_a_bad_prometheus_url_is_refused_before_connecting(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No scheme: one line, exit 2, and the API is never reached (the kubeconfig named
+    does not even exist)."""
+    missing = str(tmp_path / "no-kubeconfig")
+    args = [*command, "--prometheus", "prometheus.monitoring:9090", "--kubeconfig", missing]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"gpuplace {command[0]}: the Prometheus URL 'prometheus.monitoring:9090' is not an "
+        "http(s) URL with a host (e.g. http://prometheus.monitoring:9090)\n"
+    )

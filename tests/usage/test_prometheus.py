@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from pydantic import ValidationError
 
 from tests.usage import harness, scenario
 from tests.usage.conftest import Setup
@@ -159,7 +160,9 @@ async def test_token_file_is_sent_never_shown(tmp_path: Path) -> None:
             with pytest.raises(UsageUnavailable) as caught:
                 await client.vector("up", 0.0)
         assert seen[1].startswith("Basic ") and "hunter2" not in str(caught.value)
-        both = prometheus.Source(url=with_password, token_file=token)
+        with pytest.raises(ValidationError, match="either in its URL or as a token file"):
+            prometheus.Source(url=with_password, token_file=token)
+        both = prometheus.Source.model_construct(url=with_password, token_file=token)
         with pytest.raises(UsageUnavailable, match="either in its URL or as a token file"):
             prometheus.Client(both)
         missing = prometheus.Source(url=url, token_file=tmp_path / "no")
@@ -217,3 +220,16 @@ async def test_large_answer_in_many_chunks_is_read_whole(monkeypatch: pytest.Mon
     ):
         with pytest.raises(UsageUnavailable, match="answered over 1048576 bytes"):
             await client.vector("up", 0.0)
+
+
+@pytest.mark.parametrize(
+    "url", ["prometheus.monitoring:9090", "ftp://prom", "http://", "/api", "", "http:///x"]
+)
+def test_a_url_without_http_scheme_and_host_is_refused(url: str) -> None:
+    with pytest.raises(ValidationError, match=r"is not an http\(s\) URL with a host"):
+        prometheus.Source(url=url)
+    secret = prometheus.Source.model_construct(url="ftp://user:hunter2@prom")
+    with pytest.raises(UsageUnavailable, match=r"is not an http\(s\) URL") as caught:
+        prometheus.Client(secret)
+    assert "hunter2" not in str(caught.value)
+    assert prometheus.Source(url="https://prom.example/prefix/").url.endswith("/prefix/")
