@@ -195,17 +195,21 @@ class Report:
 
 
 def _asked_from_series(rows: Sequence[PodGpuUse]) -> Asked | None:
-    """A grant read from the node agent's granted series (same node, the pod's GPUs)."""
+    """A grant read from the node agent's granted series (same node, the pod's GPUs).
+
+    The agent exports a whole GPU's granted memory as the GPU's total: a whole GPU asked
+    no memory of its own (as its annotations say), so none is read from the series."""
     first = rows[0]
     if first.granted_share is None and first.granted_memory_bytes is None:
         return None
+    milli = min(round((first.granted_share or 0.0) * 1000), 1000)
     return Asked(
         namespace=first.namespace,
         pod=first.pod,
         node=first.node,
         gpus=tuple(sorted(row.gpu for row in rows)),
-        milli=round((first.granted_share or 0.0) * 1000),
-        memory_mib=(first.granted_memory_bytes or 0) // MIB,
+        milli=milli,
+        memory_mib=0 if milli == 1000 else (first.granted_memory_bytes or 0) // MIB,
         source="series",
     )
 

@@ -134,3 +134,23 @@ def test_shared_dcgm_reading_is_never_judged() -> None:
     result = report.build(usage, asked)
     assert result.over == []
     assert [row.shared for row in result.pods] == [True, True]
+
+
+def test_deleted_whole_gpu_pod_from_series_asked_no_memory() -> None:
+    """A pod the API no longer lists, known from the agent's granted series only: for a
+    whole GPU the agent exports the GPU's total as its granted memory, which the pod never
+    asked for, so no memory suggestion (compute is still judged); a share's memory is its
+    own and is judged."""
+    whole = PodGpuUse(
+        "ns", "gone", "n", 0, 2 * GIB, 2 * GIB, 0.1, 0.1, 40, 80 * GIB, granted_share=1.0
+    )
+    share = PodGpuUse("ns", "half", "n", 1, GIB, GIB, 0.4, 0.4, 40, 40 * GIB, granted_share=0.5)
+    usage = Usage("gpuplace", 3600.0, 0.0, (whole, share), ())
+    result = report.build(usage, [])
+    assert {(item.pod, item.what, item.value) for item in result.over} == {
+        ("gone", "compute", "15"),
+        ("half", "memory", "2Gi"),
+    }
+    rows = {row.pod: row for row in result.pods}
+    assert rows["gone"].asked_percent == 100 and rows["gone"].asked_memory_bytes is None
+    assert rows["half"].asked_memory_bytes == 40 * GIB
