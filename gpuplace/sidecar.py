@@ -159,6 +159,8 @@ class SidecarConfig(Protocol):
     def usage_metrics(self) -> Literal["gpuplace", "dcgm"]: ...
     @property
     def usage_token_file(self) -> Path | None: ...
+    @property
+    def usage_step_seconds(self) -> float: ...
 
 
 LEASE_PATTERN = r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -330,6 +332,13 @@ class SidecarSettings(BaseSettings):
         None,
         description="file with a bearer token for --usage-prometheus (read at each query, "
         "never logged)",
+    )
+    usage_step_seconds: float = Field(
+        prometheus.STEP_SECONDS,
+        ge=0.001,
+        le=3600,
+        description="the scrape interval of the --usage-prometheus series: loads are "
+        "averaged over the de-duplicated series at this step",
     )
 
     @field_validator("usage_prometheus")

@@ -10,10 +10,13 @@
   with the pod(s) holding the device: they are the whole GPU's, so such pod rows are
   marked `gpu_reading` (docs/usage.md, "dcgm-exporter and shared GPUs").
 
-Each figure is one PromQL instant query over the window (`max_over_time`,
-`quantile_over_time(0.95, …)`, `count_over_time`, `avg_over_time`, `last_over_time`),
-aggregated `max by` the identifying labels so that duplicate series (two scrapes of one
-exporter, an agent restarted under another instance) count once. Every failure (down,
+Each figure is one PromQL instant query over the window, `max by` the identifying labels
+so that duplicate series (two scrapes of one exporter, an agent restarted under another
+instance) count once: peaks and last values (`max_over_time`, `last_over_time`) per
+series, then the max; p95s, sample counts and means (`quantile_over_time(0.95, …)`,
+`count_over_time`, `avg_over_time`) over a subquery of the de-duplicated series at
+`Source.step_seconds` (`Reader._over`), so that a series split in two by a restart is
+read whole. Every failure (down,
 timeout, refused query, a body that is not the API's) is a `UsageUnavailable` whose
 message names the server and the reason, never the bearer token.
 """
@@ -41,6 +44,8 @@ _K = TypeVar("_K")
 Metrics = Literal["gpuplace", "dcgm"]
 METRICS: tuple[Metrics, ...] = ("gpuplace", "dcgm")
 MIB = 1 << 20
+STEP_SECONDS = 15.0
+"""Default resolution of the p95s, sample counts and means (a common scrape interval)."""
 MAX_BODY = 256 << 20
 """Largest answer read (bytes). One series of an answer is about 110 bytes (gpu_loads'
 per-GPU ones) to 250 (`read`'s per-pod ones, all their labels): 10,000 nodes × 8 GPUs is
@@ -63,6 +68,9 @@ class Source(BaseModel):
     sent as `Authorization: Bearer`, never logged or shown."""
     timeout_seconds: float = Field(default=10.0, gt=0)
     """For one query, connect to last byte."""
+    step_seconds: float = Field(default=STEP_SECONDS, ge=0.001, le=3600)
+    """Resolution of the figures taken over the de-duplicated series (p95, sample counts,
+    means): set it to the scrape interval of the series."""
 
     @field_validator("url")
     @classmethod
@@ -329,6 +337,9 @@ DCGM = MetricSet(
 )
 SETS: Mapping[Metrics, MetricSet] = {"gpuplace": GPUPLACE, "dcgm": DCGM}
 
+_SUBQUERIED = frozenset({"quantile", "count", "avg"})
+"""Figures taken over the de-duplicated series (`Reader._over`)."""
+
 PodKey = tuple[str, str, str, int]
 """(namespace, pod, node, gpu)"""
 GpuKey = tuple[str, int]
@@ -412,6 +423,35 @@ class Reader:
                 found[key] = number * scale
         return found
 
+    def _over(self, function: str, metric: str, w: str, by: str) -> str:
+        """`function` over the window `w` of `metric`.
+
+        Peaks and last values are taken per series (then `max by`: the max of the parts
+        is the max of the whole). A p95, a count or a mean of parts is not the whole's:
+        an agent restarted under a new `instance` (a DaemonSet rollout) splits a pod's
+        window into two series, so these are taken over the de-duplicated series,
+        `max by` the identifying labels at each `step_seconds` (a subquery): the count
+        is then the number of steps with a value."""
+        if function not in _SUBQUERIED:
+            return f"{function}_over_time({metric}[{w}])"
+        step = f"{round(self.source.step_seconds * 1000)}ms"
+        first = "0.95, " if function == "quantile" else ""
+        return f"{function}_over_time({first}(max by ({by}) ({metric}))[{w}:{step}])"
+
+    def _pod_over(self, function: str, metric: str, w: str) -> str:
+        series = metric
+        if function in _SUBQUERIED and len(self.set.pods) > 1:
+            # where a scrape renamed the exporter's pod labels, `pod` names the exporter
+            # (a new one after each rollout): let the workload's name stand in for it
+            for target, source in zip(self.set.pods[1:], self.set.pods, strict=False):
+                series = f'label_replace({series}, "{target}", "$1", "{source}", "(.+)")'
+            for target, source in zip(self.set.namespaces[1:], self.set.namespaces, strict=False):
+                series = f'label_replace({series}, "{target}", "$1", "{source}", "(.+)")'
+        return self._over(function, series, w, self._pod_by())
+
+    def _gpu_over(self, function: str, metric: str, w: str) -> str:
+        return self._over(function, metric, w, self._gpu_by())
+
     async def read(self, window_seconds: float, at: float | None = None) -> Usage:
         """Peak, p95 and sample count of every pod's and GPU's memory and utilisation over
         the `window_seconds` ending at `at` (default: now)."""
@@ -419,31 +459,27 @@ class Reader:
         w = _range(window_seconds)
         s = self.set
 
-        def over(function: str, metric: str) -> str:
-            if function == "quantile":
-                return f"quantile_over_time(0.95, {metric}[{w}])"
-            return f"{function}_over_time({metric}[{w}])"
-
+        pod, gpu = self._pod_over, self._gpu_over
         pod_queries = [
-            self._pods(over("max", s.pod_memory), when, s.pod_memory_scale),
-            self._pods(over("quantile", s.pod_memory), when, s.pod_memory_scale),
-            self._pods(over("count", s.pod_memory), when),
+            self._pods(pod("max", s.pod_memory, w), when, s.pod_memory_scale),
+            self._pods(pod("quantile", s.pod_memory, w), when, s.pod_memory_scale),
+            self._pods(pod("count", s.pod_memory, w), when),
         ]
         for metric, scale in s.pod_util:
-            pod_queries.append(self._pods(over("max", metric), when, scale))
-            pod_queries.append(self._pods(over("quantile", metric), when, scale))
+            pod_queries.append(self._pods(pod("max", metric, w), when, scale))
+            pod_queries.append(self._pods(pod("quantile", metric, w), when, scale))
         for granted in (s.granted_memory, s.granted_share):
             if granted is not None:
-                pod_queries.append(self._pods(over("last", granted), when))
+                pod_queries.append(self._pods(pod("last", granted, w), when))
         gpu_queries = [
-            self._gpus(over("max", s.gpu_memory), when, s.gpu_memory_scale),
-            self._gpus(over("quantile", s.gpu_memory), when, s.gpu_memory_scale),
-            self._gpus(over("count", s.gpu_memory), when),
+            self._gpus(gpu("max", s.gpu_memory, w), when, s.gpu_memory_scale),
+            self._gpus(gpu("quantile", s.gpu_memory, w), when, s.gpu_memory_scale),
+            self._gpus(gpu("count", s.gpu_memory, w), when),
             self._gpus(s.gpu_total.format(w=w), when),
         ]
         for metric, scale in s.gpu_util:
-            gpu_queries.append(self._gpus(over("max", metric), when, scale))
-            gpu_queries.append(self._gpus(over("quantile", metric), when, scale))
+            gpu_queries.append(self._gpus(gpu("max", metric, w), when, scale))
+            gpu_queries.append(self._gpus(gpu("quantile", metric, w), when, scale))
         pods = asyncio.gather(*pod_queries)
         gpus = asyncio.gather(*gpu_queries)
         try:
@@ -516,9 +552,9 @@ class Reader:
         w = _range(window_seconds)
         metric, scale = self.set.load_util
         util, memory = await asyncio.gather(
-            self._gpus(f"avg_over_time({metric}[{w}])", now, scale),
+            self._gpus(self._gpu_over("avg", metric, w), now, scale),
             self._gpus(
-                f"avg_over_time({self.set.gpu_memory}[{w}])", now, self.set.gpu_memory_scale
+                self._gpu_over("avg", self.set.gpu_memory, w), now, self.set.gpu_memory_scale
             ),
         )
         loads: GpuLoads = {}

@@ -112,6 +112,14 @@ def add_prometheus_arguments(parser: argparse.ArgumentParser, *, required: bool)
         help="the window ends at this RFC 3339 time or POSIX seconds (default: now)",
     )
     parser.add_argument(
+        "--step",
+        type=duration,
+        default=prometheus.STEP_SECONDS,
+        metavar="DURATION",
+        help="the scrape interval of the series: p95s and sample counts are taken over the "
+        "de-duplicated series at this step (default: 15s)",
+    )
+    parser.add_argument(
         "--token-file",
         type=Path,
         metavar="FILE",
@@ -172,6 +180,7 @@ def source_of(args: argparse.Namespace) -> prometheus.Source:
             metrics=args.metrics,
             token_file=args.token_file,
             timeout_seconds=max(args.prometheus_timeout, 0.1),
+            step_seconds=args.step,
         )
     except pydantic.ValidationError as error:
         raise UsageUnavailable(

@@ -43,7 +43,11 @@ def cluster() -> Iterator[fakeapi.ThreadedServer]:
 def run(cluster: fakeapi.ThreadedServer, tmp_path: Path, prom_url: str, *args: str) -> int:
     config = cluster.server.kubeconfig(tmp_path / "kubeconfig")
     return cli.main(
-        [*args, "--prometheus", prom_url, "--at", str(scenario.T_END), "--kubeconfig", str(config)]
+        [
+            *args,
+            *("--prometheus", prom_url, "--at", str(scenario.T_END), "--step", "1m"),
+            *("--kubeconfig", str(config)),
+        ]
     )
 
 

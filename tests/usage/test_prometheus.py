@@ -22,7 +22,8 @@ MIB = scenario.MIB
 
 
 async def read(prom: harness.Prometheus, metrics: prometheus.Metrics) -> Usage:
-    source = prometheus.Source(url=prom.url, metrics=metrics)
+    # the backfilled history's samples are a minute apart: so is the step
+    source = prometheus.Source(url=prom.url, metrics=metrics, step_seconds=60)
     async with prometheus.Reader(source) as reader:
         return await reader.read(3600, at=scenario.T_END)
 
@@ -60,6 +61,17 @@ async def test_agent_series_report(prom: harness.Prometheus) -> None:
     assert nodes["h-a"].asked_memory_bytes == 64 * GIB and nodes["h-a"].asked_percent == 150
 
 
+async def test_a_pod_split_by_an_agent_restart_is_read_whole(prom: harness.Prometheus) -> None:
+    """Two series of one pod from two agent instances (before and after a rollout): the
+    p95 and the sample count are the union's, not the larger part's."""
+    usage = await read(prom, "gpuplace")
+    (rolled,) = [use for use in usage.pods if use.pod == "rolled"]
+    assert (rolled.memory_peak_bytes, rolled.memory_p95_bytes) == (21 * GIB, 20 * GIB)
+    assert rolled.util_p95 == pytest.approx(0.20) and rolled.samples == 21
+    gpus = {(gpu.node, gpu.gpu): gpu for gpu in usage.gpus}
+    assert gpus[("h-c", 0)].memory_p95_bytes == 20 * GIB and gpus[("h-c", 0)].samples == 21
+
+
 async def test_dcgm_series_report(prom: harness.Prometheus) -> None:
     usage = await read(prom, "dcgm")
     pods = {use.pod: use for use in usage.pods if use.node == "d-a"}
@@ -87,7 +99,8 @@ async def test_dcgm_series_report(prom: harness.Prometheus) -> None:
 
 
 async def test_live_scrapes_exported_pod_and_loads(prom: harness.Prometheus) -> None:
-    source = prometheus.Source(url=prom.url, metrics="dcgm")
+    # scraped every second: so is the step
+    source = prometheus.Source(url=prom.url, metrics="dcgm", step_seconds=1)
     async with prometheus.Reader(source) as reader:
         usage = await reader.read(30)
         loads = await reader.gpu_loads(30)
@@ -99,7 +112,7 @@ async def test_live_scrapes_exported_pod_and_loads(prom: harness.Prometheus) -> 
         0: GpuLoad("live-0", 0, 0.25, 5120 * MIB),
         1: GpuLoad("live-0", 1, 0.0, 0),
     }
-    source = prometheus.Source(url=prom.url, metrics="gpuplace")
+    source = prometheus.Source(url=prom.url, metrics="gpuplace", step_seconds=1)
     async with prometheus.Reader(source) as reader:
         load_reader: LoadReader = reader  # the sidecar's protocol, checked by mypy
         loads = await load_reader.gpu_loads(30)
