@@ -31,25 +31,17 @@ PODS = {
 def agent_text() -> str:
     registry = CollectorRegistry()
     gpu = {"node": "n1", "gpu": "0", "uuid": "GPU-n1-0"}
-    gauges = {
-        name: Gauge(name, name, names.POD_LABELS, registry=registry)
-        for name in (
-            names.POD_MEMORY_USED,
-            names.POD_MEMORY_GRANTED,
-            names.POD_SM_UTILIZATION,
-            names.POD_SHARE_GRANTED,
-        )
-    }
+    metrics = (
+        names.POD_MEMORY_USED,
+        names.POD_MEMORY_GRANTED,
+        names.POD_SM_UTILIZATION,
+        names.POD_SHARE_GRANTED,
+    )
+    gauges = [Gauge(name, name, names.POD_LABELS, registry=registry) for name in metrics]
     for pod, values in PODS.items():
         labels = {**gpu, "namespace": "team", "pod": pod}
-        metrics = (
-            names.POD_MEMORY_USED,
-            names.POD_MEMORY_GRANTED,
-            names.POD_SM_UTILIZATION,
-            names.POD_SHARE_GRANTED,
-        )
-        for name, value in zip(metrics, values, strict=True):
-            gauges[name].labels(**labels).set(value)
+        for gauge, value in zip(gauges, values, strict=True):
+            gauge.labels(**labels).set(value)
     for name, value in (
         (names.GPU_MEMORY_USED, 7.0 * GIB),
         (names.GPU_MEMORY_TOTAL, 80.0 * GIB),
