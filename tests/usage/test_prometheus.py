@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from pydantic import ValidationError
 
 from tests.usage import harness, scenario
 from tests.usage.conftest import Setup
-from usage import prometheus, report
+from usage import names, prometheus, report
 from usage.loads import GpuLoad, LoadReader, UsageUnavailable
 from usage.readings import Usage
 
@@ -246,3 +247,36 @@ def test_a_url_without_http_scheme_and_host_is_refused(url: str) -> None:
         prometheus.Client(secret)
     assert "hunter2" not in str(caught.value)
     assert prometheus.Source(url="https://prom.example/prefix/").url.endswith("/prefix/")
+
+
+def many_gpus_text() -> str:
+    """The node agent's GPU series of 500 nodes of 8 GPUs: 4,000 series a metric."""
+    lines = []
+    for name, value in ((names.GPU_UTILIZATION, "0.5"), (names.GPU_MEMORY_USED, "1073741824")):
+        lines.append(f"# TYPE {name} gauge")
+        lines.extend(
+            f'{name}{{node="n{node:03d}",gpu="{gpu}",uuid="GPU-{node}-{gpu}"}} {value}'
+            for node in range(500)
+            for gpu in range(8)
+        )
+    return "\n".join(lines) + "\n"
+
+
+async def test_real_prometheus_answer_of_thousands_of_series(tmp_path: Path) -> None:
+    """A real Prometheus' answers for 4,000 GPUs (about 0.5 MB each, which it streams in
+    several chunks): every GPU is read, by the sidecar's loads and by `read` alike."""
+    with contextlib.ExitStack() as stack:
+        agent = stack.enter_context(harness.serve_metrics(many_gpus_text))
+        job = {"static": {"targets": [agent.target]}, "honor_labels": True}
+        prom = await asyncio.to_thread(
+            stack.enter_context, harness.run_prometheus(tmp_path, {"agent": job})
+        )
+        await asyncio.to_thread(prom.wait_for, f"count({names.GPU_UTILIZATION})", 4000)
+        await asyncio.to_thread(prom.wait_for, f"count_over_time({names.GPU_UTILIZATION}[1m])", 3)
+        source = prometheus.Source(url=prom.url, step_seconds=1)
+        async with prometheus.Reader(source) as reader:
+            loads = await reader.gpu_loads(30)
+            usage = await reader.read(30)
+    assert sum(len(gpus) for gpus in loads.values()) == 4000
+    assert loads["n499"][7] == GpuLoad("n499", 7, 0.5, GIB)
+    assert len(usage.gpus) == 4000 and usage.gpus[0].memory_peak_bytes == GIB
