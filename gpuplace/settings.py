@@ -139,7 +139,8 @@ def build_or_explain(
     except ValidationError as error:
         for item in error.errors(include_url=False):
             name = ".".join(str(part) for part in item["loc"])
-            print(f"gpuplace {command}: {flag(name)}: {item['msg']}", file=sys.stderr)
+            message = item["msg"].removeprefix("Value error, ")
+            print(f"gpuplace {command}: {flag(name)}: {message}", file=sys.stderr)
         return None
 
 

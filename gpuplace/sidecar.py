@@ -44,7 +44,7 @@ from typing import Any, Literal, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cluster import (
@@ -80,6 +80,7 @@ from extender.gang_members import GangPod
 from placement import choosing, policies
 from placement import names as node_names
 from placement.inventory import Capabilities
+from usage import prometheus
 from usage.loads import LoadReader
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,8 @@ class SidecarConfig(Protocol):
     def usage_metrics(self) -> Literal["gpuplace", "dcgm"]: ...
     @property
     def usage_token_file(self) -> Path | None: ...
+    @property
+    def usage_step_seconds(self) -> float: ...
 
 
 LEASE_PATTERN = r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -330,6 +333,24 @@ class SidecarSettings(BaseSettings):
         description="file with a bearer token for --usage-prometheus (read at each query, "
         "never logged)",
     )
+    usage_step_seconds: float = Field(
+        prometheus.STEP_SECONDS,
+        ge=0.001,
+        le=3600,
+        description="the scrape interval of the --usage-prometheus series: loads are "
+        "averaged over the de-duplicated series at this step",
+    )
+
+    @field_validator("usage_prometheus")
+    @classmethod
+    def _prometheus_url(cls, value: str | None) -> str | None:
+        """An http(s) URL with a host, checked before anything connects (empty: none)."""
+        return prometheus.check_url(value) if value else None
+
+    @field_validator("usage_token_file")
+    @classmethod
+    def _one_credential(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return prometheus.check_credentials(info.data.get("usage_prometheus"), value)
 
 
 class Sidecar:

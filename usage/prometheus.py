@@ -10,10 +10,13 @@
   with the pod(s) holding the device: they are the whole GPU's, so such pod rows are
   marked `gpu_reading` (docs/usage.md, "dcgm-exporter and shared GPUs").
 
-Each figure is one PromQL instant query over the window (`max_over_time`,
-`quantile_over_time(0.95, …)`, `count_over_time`, `avg_over_time`, `last_over_time`),
-aggregated `max by` the identifying labels so that duplicate series (two scrapes of one
-exporter, an agent restarted under another instance) count once. Every failure (down,
+Each figure is one PromQL instant query over the window, `max by` the identifying labels
+so that duplicate series (two scrapes of one exporter, an agent restarted under another
+instance) count once: peaks and last values (`max_over_time`, `last_over_time`) per
+series, then the max; p95s, sample counts and means (`quantile_over_time(0.95, …)`,
+`count_over_time`, `avg_over_time`) over a subquery of the de-duplicated series at
+`Source.step_seconds` (`Reader._over`), so that a series split in two by a restart is
+read whole. Every failure (down,
 timeout, refused query, a body that is not the API's) is a `UsageUnavailable` whose
 message names the server and the reason, never the bearer token.
 """
@@ -30,7 +33,7 @@ from typing import Literal, TypeVar
 
 import aiohttp
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from yarl import URL
 
 from usage import names
@@ -41,8 +44,13 @@ _K = TypeVar("_K")
 Metrics = Literal["gpuplace", "dcgm"]
 METRICS: tuple[Metrics, ...] = ("gpuplace", "dcgm")
 MIB = 1 << 20
-MAX_BODY = 64 << 20
-"""Largest answer read (bytes): a cluster's worth of per-pod series fits many times over."""
+STEP_SECONDS = 15.0
+"""Default resolution of the p95s, sample counts and means (a common scrape interval)."""
+MAX_BODY = 256 << 20
+"""Largest answer read (bytes). One series of an answer is about 110 bytes (gpu_loads'
+per-GPU ones) to 250 (`read`'s per-pod ones, all their labels): 10,000 nodes × 8 GPUs is
+80,000 GPU series (~9 MB) and, with up to 7 pods sharing each GPU, 560,000 pod series
+(~140 MB): both fit."""
 
 
 class Source(BaseModel):
@@ -60,6 +68,47 @@ class Source(BaseModel):
     sent as `Authorization: Bearer`, never logged or shown."""
     timeout_seconds: float = Field(default=10.0, gt=0)
     """For one query, connect to last byte."""
+    step_seconds: float = Field(default=STEP_SECONDS, ge=0.001, le=3600)
+    """Resolution of the figures taken over the de-duplicated series (p95, sample counts,
+    means): set it to the scrape interval of the series."""
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        return check_url(value)
+
+    @field_validator("token_file")
+    @classmethod
+    def _one_credential(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return check_credentials(info.data.get("url"), value)
+
+
+def check_url(url: str) -> str:
+    """`url` when it is an http(s) URL with a host; else ValueError with a message that
+    names it (without any credentials in it)."""
+    try:
+        parsed = URL(url.rstrip("/"))
+    except (TypeError, ValueError):
+        parsed = URL()
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(
+            f"the Prometheus URL {shown(url)!r} is not an http(s) URL with a host "
+            "(e.g. http://prometheus.monitoring:9090)"
+        )
+    return url
+
+
+def check_credentials(url: str | None, token_file: Path | None) -> Path | None:
+    """`token_file`, unless `url` carries credentials too (ValueError: which to send?)."""
+    try:
+        parsed = URL(url or "")
+    except (TypeError, ValueError):
+        return token_file
+    if (parsed.user or parsed.password) and token_file is not None:
+        raise ValueError(
+            "give Prometheus' credentials either in its URL or as a token file, not both"
+        )
+    return token_file
 
 
 # -- the API's answer (https://prometheus.io/docs/prometheus/latest/querying/api/) ------------
@@ -103,19 +152,12 @@ class Client:
         self.source = source
         self._session = session
         self._owned = session is None
-        base = source.url.rstrip("/")
         try:
-            url = URL(base)
-        except (TypeError, ValueError):
-            url = URL()
-        if url.scheme not in ("http", "https") or not url.host:
-            raise UsageUnavailable(
-                f"the Prometheus URL {shown(source.url)!r} is not an http(s) URL with a host"
-            )
-        if (url.user or url.password) and source.token_file is not None:
-            raise UsageUnavailable(
-                "give Prometheus' credentials either in its URL or as a token file, not both"
-            )
+            base = check_url(source.url).rstrip("/")
+            check_credentials(base, source.token_file)
+        except ValueError as error:
+            raise UsageUnavailable(str(error)) from None
+        url = URL(base)
         self.endpoint = url / "api" / "v1" / "query"
         self.where = shown(base)
 
@@ -155,7 +197,7 @@ class Client:
             async with self._session.get(
                 self.endpoint, params=params, headers=headers, timeout=timeout
             ) as response:
-                body = await response.content.read(MAX_BODY + 1)
+                body = await _bounded_body(response)
                 status = response.status
         except TimeoutError:
             raise UsageUnavailable(
@@ -167,7 +209,7 @@ class Client:
                 f"Prometheus at {self.where} cannot be reached: "
                 f"{str(error) or type(error).__name__}"
             ) from None
-        if len(body) > MAX_BODY:
+        if body is None:
             raise UsageUnavailable(f"Prometheus at {self.where} answered over {MAX_BODY} bytes")
         return self._parse(promql, status, body)
 
@@ -203,6 +245,19 @@ class Client:
         if not isinstance(result, list):
             raise UsageUnavailable(f"Prometheus answered a malformed vector: {promql}")
         return result
+
+
+async def _bounded_body(response: aiohttp.ClientResponse) -> bytes | None:
+    """The whole body, however many chunks it comes in; None past `MAX_BODY` bytes (the
+    rest is not read). O(body)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > MAX_BODY:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def value_of(sample: Sample) -> float | None:
@@ -281,6 +336,9 @@ DCGM = MetricSet(
     gpu_reading=True,
 )
 SETS: Mapping[Metrics, MetricSet] = {"gpuplace": GPUPLACE, "dcgm": DCGM}
+
+_SUBQUERIED = frozenset({"quantile", "count", "avg"})
+"""Figures taken over the de-duplicated series (`Reader._over`)."""
 
 PodKey = tuple[str, str, str, int]
 """(namespace, pod, node, gpu)"""
@@ -365,6 +423,35 @@ class Reader:
                 found[key] = number * scale
         return found
 
+    def _over(self, function: str, metric: str, w: str, by: str) -> str:
+        """`function` over the window `w` of `metric`.
+
+        Peaks and last values are taken per series (then `max by`: the max of the parts
+        is the max of the whole). A p95, a count or a mean of parts is not the whole's:
+        an agent restarted under a new `instance` (a DaemonSet rollout) splits a pod's
+        window into two series, so these are taken over the de-duplicated series,
+        `max by` the identifying labels at each `step_seconds` (a subquery): the count
+        is then the number of steps with a value."""
+        if function not in _SUBQUERIED:
+            return f"{function}_over_time({metric}[{w}])"
+        step = f"{round(self.source.step_seconds * 1000)}ms"
+        first = "0.95, " if function == "quantile" else ""
+        return f"{function}_over_time({first}(max by ({by}) ({metric}))[{w}:{step}])"
+
+    def _pod_over(self, function: str, metric: str, w: str) -> str:
+        series = metric
+        if function in _SUBQUERIED and len(self.set.pods) > 1:
+            # where a scrape renamed the exporter's pod labels, `pod` names the exporter
+            # (a new one after each rollout): let the workload's name stand in for it
+            for target, source in zip(self.set.pods[1:], self.set.pods, strict=False):
+                series = f'label_replace({series}, "{target}", "$1", "{source}", "(.+)")'
+            for target, source in zip(self.set.namespaces[1:], self.set.namespaces, strict=False):
+                series = f'label_replace({series}, "{target}", "$1", "{source}", "(.+)")'
+        return self._over(function, series, w, self._pod_by())
+
+    def _gpu_over(self, function: str, metric: str, w: str) -> str:
+        return self._over(function, metric, w, self._gpu_by())
+
     async def read(self, window_seconds: float, at: float | None = None) -> Usage:
         """Peak, p95 and sample count of every pod's and GPU's memory and utilisation over
         the `window_seconds` ending at `at` (default: now)."""
@@ -372,31 +459,27 @@ class Reader:
         w = _range(window_seconds)
         s = self.set
 
-        def over(function: str, metric: str) -> str:
-            if function == "quantile":
-                return f"quantile_over_time(0.95, {metric}[{w}])"
-            return f"{function}_over_time({metric}[{w}])"
-
+        pod, gpu = self._pod_over, self._gpu_over
         pod_queries = [
-            self._pods(over("max", s.pod_memory), when, s.pod_memory_scale),
-            self._pods(over("quantile", s.pod_memory), when, s.pod_memory_scale),
-            self._pods(over("count", s.pod_memory), when),
+            self._pods(pod("max", s.pod_memory, w), when, s.pod_memory_scale),
+            self._pods(pod("quantile", s.pod_memory, w), when, s.pod_memory_scale),
+            self._pods(pod("count", s.pod_memory, w), when),
         ]
         for metric, scale in s.pod_util:
-            pod_queries.append(self._pods(over("max", metric), when, scale))
-            pod_queries.append(self._pods(over("quantile", metric), when, scale))
+            pod_queries.append(self._pods(pod("max", metric, w), when, scale))
+            pod_queries.append(self._pods(pod("quantile", metric, w), when, scale))
         for granted in (s.granted_memory, s.granted_share):
             if granted is not None:
-                pod_queries.append(self._pods(over("last", granted), when))
+                pod_queries.append(self._pods(pod("last", granted, w), when))
         gpu_queries = [
-            self._gpus(over("max", s.gpu_memory), when, s.gpu_memory_scale),
-            self._gpus(over("quantile", s.gpu_memory), when, s.gpu_memory_scale),
-            self._gpus(over("count", s.gpu_memory), when),
+            self._gpus(gpu("max", s.gpu_memory, w), when, s.gpu_memory_scale),
+            self._gpus(gpu("quantile", s.gpu_memory, w), when, s.gpu_memory_scale),
+            self._gpus(gpu("count", s.gpu_memory, w), when),
             self._gpus(s.gpu_total.format(w=w), when),
         ]
         for metric, scale in s.gpu_util:
-            gpu_queries.append(self._gpus(over("max", metric), when, scale))
-            gpu_queries.append(self._gpus(over("quantile", metric), when, scale))
+            gpu_queries.append(self._gpus(gpu("max", metric, w), when, scale))
+            gpu_queries.append(self._gpus(gpu("quantile", metric, w), when, scale))
         pods = asyncio.gather(*pod_queries)
         gpus = asyncio.gather(*gpu_queries)
         try:
@@ -469,9 +552,9 @@ class Reader:
         w = _range(window_seconds)
         metric, scale = self.set.load_util
         util, memory = await asyncio.gather(
-            self._gpus(f"avg_over_time({metric}[{w}])", now, scale),
+            self._gpus(self._gpu_over("avg", metric, w), now, scale),
             self._gpus(
-                f"avg_over_time({self.set.gpu_memory}[{w}])", now, self.set.gpu_memory_scale
+                self._gpu_over("avg", self.set.gpu_memory, w), now, self.set.gpu_memory_scale
             ),
         )
         loads: GpuLoads = {}

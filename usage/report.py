@@ -18,6 +18,13 @@ The over-ask rule (`Rule`, every number a flag of `gpuplace usage`), judged per 
   below `threshold` of its share. Suggested gpu-percent: p95 × `headroom` rounded up to
   the next 5, at least 5; never below the p95;
 - a suggestion not below what the pod asked is no suggestion: the pod is not named.
+
+Only a pod that held its GPUs during the window counts (as a row, in the per-GPU sums
+and as a holder that makes a GPU shared): bound to its node, not started after the
+window, not ended (finished or deleted) before it (`Asked.outside`). A Job's finished
+pod, kept by the API, or a reserved pod not yet bound must not make a dcgm GPU look
+shared, so that the pod really running there goes unjudged. A pod that ended inside the
+window counts, its rows marked `ended`.
 """
 
 from __future__ import annotations
@@ -26,9 +33,12 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 
 from cluster import assignments, keys
+from cluster.pods import TERMINAL_PHASES
+from placement.ledger import GrantState
 from usage.readings import GpuUse, PodGpuUse, Usage
 
 MIB = 1 << 20
@@ -73,10 +83,31 @@ class Asked:
     """MiB per GPU; 0 = none asked."""
     source: str = "annotations"
     """"annotations" or "series" (the node agent's granted series)."""
+    bound: bool = True
+    """Bound to the assigned node (spec.nodeName): only then did it hold the GPUs."""
+    started: float | None = None
+    """POSIX time the kubelet started it (status.startTime); None: not known."""
+    ended: float | None = None
+    """POSIX time it stopped holding its GPUs (finished: its containers' last
+    `finishedAt`; being deleted: its deletionTimestamp); None: still running."""
+
+    def outside(self, start: float, end: float) -> str:
+        """Why it held no GPU during the window [start, end] ("" when it did): unbound,
+        started after the window or ended before it. Only pods that held their GPUs in
+        the window count as holders (a finished Job's pod must not make a GPU look
+        shared, nor add to what the GPU was asked)."""
+        if not self.bound:
+            return "not bound to its node"
+        if self.started is not None and self.started > end:
+            return "started after the window"
+        if self.ended is not None and self.ended < start:
+            return "ended before the window"
+        return ""
 
 
 def asked_of(pod: Mapping[str, Any]) -> Asked | None:
-    """The grant a pod's assignment annotations record (None: none, or unreadable)."""
+    """The grant a pod's assignment annotations record (None: none, or unreadable), with
+    when the pod held it (bound, started, ended)."""
     try:
         grant = assignments.grant_of(pod)
     except assignments.AssignmentError:
@@ -84,6 +115,7 @@ def asked_of(pod: Mapping[str, Any]) -> Asked | None:
     if grant is None:
         return None
     metadata = pod.get("metadata") or {}
+    started, ended = lifetime(pod)
     return Asked(
         namespace=str(metadata.get("namespace") or "default"),
         pod=str(metadata.get("name") or ""),
@@ -91,7 +123,42 @@ def asked_of(pod: Mapping[str, Any]) -> Asked | None:
         gpus=grant.gpus,
         milli=grant.milli,
         memory_mib=grant.memory_mib,
+        bound=grant.state is GrantState.CONFIRMED,
+        started=started,
+        ended=ended,
     )
+
+
+def _moment(value: object) -> float | None:
+    """An RFC 3339 time of the API as POSIX seconds (None: absent or unreadable)."""
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def lifetime(pod: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """(started, ended) of a pod, POSIX seconds: status.startTime; for a Succeeded or
+    Failed pod the last `finishedAt` of its containers (else the last condition change,
+    else its start, else long ago), for a pod being deleted its deletionTimestamp (its
+    containers are stopped by then); ended None: still running. O(containers)."""
+    status = pod.get("status") or {}
+    started = _moment(status.get("startTime"))
+    if status.get("phase") in TERMINAL_PHASES:
+        finished = [
+            _moment(((item.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+            for item in status.get("containerStatuses") or []
+        ]
+        conditions = status.get("conditions") or []
+        changed = [_moment(item.get("lastTransitionTime")) for item in conditions]
+        for moments in (finished, changed):
+            known = [moment for moment in moments if moment is not None]
+            if known:
+                return started, max(known)
+        return started, started if started is not None else 0.0
+    return started, _moment((pod.get("metadata") or {}).get("deletionTimestamp"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +180,8 @@ class PodRow:
     """The figures are the whole GPU's and other pods hold it too: not the pod's own."""
     gpu_reading: bool
     """The figures are the whole GPU's (dcgm-exporter), whether shared or not."""
+    ended: bool = False
+    """The pod stopped holding the GPU inside the window (finished or deleted)."""
 
     @property
     def measured(self) -> bool:
@@ -178,6 +247,9 @@ class Report:
     over: list[OverAsk] = field(default_factory=list)
     unjudged: list[str] = field(default_factory=list)
     """"namespace/pod: why" for pods with a grant that were not judged."""
+    outside: list[str] = field(default_factory=list)
+    """"namespace/pod: why" for pods with a grant that held no GPU during the window
+    (unbound, finished before it...): neither shown nor counted as holders."""
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -195,17 +267,21 @@ class Report:
 
 
 def _asked_from_series(rows: Sequence[PodGpuUse]) -> Asked | None:
-    """A grant read from the node agent's granted series (same node, the pod's GPUs)."""
+    """A grant read from the node agent's granted series (same node, the pod's GPUs).
+
+    The agent exports a whole GPU's granted memory as the GPU's total: a whole GPU asked
+    no memory of its own (as its annotations say), so none is read from the series."""
     first = rows[0]
     if first.granted_share is None and first.granted_memory_bytes is None:
         return None
+    milli = min(round((first.granted_share or 0.0) * 1000), 1000)
     return Asked(
         namespace=first.namespace,
         pod=first.pod,
         node=first.node,
         gpus=tuple(sorted(row.gpu for row in rows)),
-        milli=round((first.granted_share or 0.0) * 1000),
-        memory_mib=(first.granted_memory_bytes or 0) // MIB,
+        milli=milli,
+        memory_mib=0 if milli == 1000 else (first.granted_memory_bytes or 0) // MIB,
         source="series",
     )
 
@@ -240,7 +316,14 @@ def build(
     report = Report(
         source=usage.source, window_seconds=usage.window_seconds, at=usage.at, rule=rule
     )
-    grants = {(item.namespace, item.pod): item for item in asked}
+    grants: dict[tuple[str, str], Asked] = {}
+    start = usage.at - usage.window_seconds
+    for item in asked:
+        why = item.outside(start, usage.at)
+        if not why:
+            grants[(item.namespace, item.pod)] = item
+        elif namespace is None or item.namespace == namespace:
+            report.outside.append(f"{item.namespace}/{item.pod}: {why}")
     uses: dict[tuple[str, str, str, int], PodGpuUse] = {}
     by_pod: dict[tuple[str, str], list[PodGpuUse]] = {}
     for read in usage.pods:
@@ -289,6 +372,7 @@ def build(
                     samples=use.samples if use is not None else 0,
                     shared=shared,
                     gpu_reading=reading,
+                    ended=item.ended is not None and item.ended <= usage.at,
                 )
             )
         report.pods.extend(rows)
@@ -461,13 +545,22 @@ def pod_lines(rows: Sequence[PodRow]) -> list[str]:
                 pct(row.util_peak),
                 pct(row.util_p95),
                 str(row.samples),
-                "shared GPU: the GPU's use"
-                if row.shared
-                else ("not measured" if not row.measured else ""),
+                _note(row),
             )
             for row in rows
         ],
     )
+
+
+def _note(row: PodRow) -> str:
+    notes = []
+    if row.shared:
+        notes.append("shared GPU: the GPU's use")
+    elif not row.measured:
+        notes.append("not measured")
+    if row.ended:
+        notes.append("ended in the window")
+    return "; ".join(notes)
 
 
 def over_lines(over: Sequence[OverAsk]) -> list[str]:
@@ -549,6 +642,11 @@ def render(report: Report) -> str:
     if report.unjudged:
         lines.append("Not judged:")
         lines.extend(f"  {text}" for text in report.unjudged)
+    if report.outside:
+        lines.append(
+            f"{len(report.outside)} pod(s) with a grant held no GPU during the window "
+            "(not bound, or finished before it): not shown (-o json lists them)."
+        )
     return "\n".join(lines)
 
 
@@ -557,6 +655,10 @@ def pod_section(report: Report, namespace: str, pod: str) -> list[str]:
     rows, over = report.of_pod(namespace, pod)
     head = f"Asked vs used over {report.window_seconds:g} s ({report.source} metrics):"
     if not rows:
+        name = f"{namespace}/{pod}: "
+        why = next((text for text in report.outside if text.startswith(name)), "")
+        if why:
+            return [head, f"  held no GPU during the window: {why.removeprefix(name)}."]
         return [head, "  no gpuplace grant recorded on this pod: nothing to compare."]
     lines = [head, *(f"  {line}" for line in pod_lines(rows))]
     name = f"{namespace}/{pod}: "

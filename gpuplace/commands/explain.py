@@ -60,6 +60,12 @@ def run(args: argparse.Namespace) -> int:
     namespace, _, name = str(args.pod).partition("/")
     if not name:
         namespace, name = "default", namespace
+    if args.prometheus:
+        try:
+            usage_command.source_of(args)
+        except UsageUnavailable as error:
+            print(f"gpuplace explain: {error}", file=sys.stderr)
+            return 2
     try:
         return asyncio.run(_explain(args, namespace, name))
     except connecting.ConnectError as error:

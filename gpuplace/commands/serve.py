@@ -72,6 +72,7 @@ def prometheus_reader(config: settings.Settings) -> Callable[[], LoadReader]:
         url=config.usage_prometheus,
         metrics=config.usage_metrics,
         token_file=config.usage_token_file,
+        step_seconds=config.usage_step_seconds,
     )
     return lambda: prometheus.Reader(source)
 

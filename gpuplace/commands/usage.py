@@ -26,6 +26,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pydantic
+
 from cluster import connecting, keys, kube
 from usage import prometheus, report
 from usage.loads import UsageUnavailable
@@ -110,6 +112,14 @@ def add_prometheus_arguments(parser: argparse.ArgumentParser, *, required: bool)
         help="the window ends at this RFC 3339 time or POSIX seconds (default: now)",
     )
     parser.add_argument(
+        "--step",
+        type=duration,
+        default=prometheus.STEP_SECONDS,
+        metavar="DURATION",
+        help="the scrape interval of the series: p95s and sample counts are taken over the "
+        "de-duplicated series at this step (default: 15s)",
+    )
+    parser.add_argument(
         "--token-file",
         type=Path,
         metavar="FILE",
@@ -162,12 +172,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def source_of(args: argparse.Namespace) -> prometheus.Source:
-    return prometheus.Source(
-        url=args.prometheus,
-        metrics=args.metrics,
-        token_file=args.token_file,
-        timeout_seconds=max(args.prometheus_timeout, 0.1),
-    )
+    """Where the flags say to read. Raises UsageUnavailable (e.g. a URL without a scheme),
+    so that the command can refuse it before it connects to anything."""
+    try:
+        return prometheus.Source(
+            url=args.prometheus,
+            metrics=args.metrics,
+            token_file=args.token_file,
+            timeout_seconds=max(args.prometheus_timeout, 0.1),
+            step_seconds=args.step,
+        )
+    except pydantic.ValidationError as error:
+        raise UsageUnavailable(
+            "; ".join(
+                item["msg"].removeprefix("Value error, ")
+                for item in error.errors(include_url=False)
+            )
+        ) from None
 
 
 def rule_of(args: argparse.Namespace) -> report.Rule:
@@ -200,6 +221,7 @@ async def managed_pods(api: kube.Kube) -> list[dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        source_of(args)  # a bad URL is refused before anything is connected
         return asyncio.run(_usage(args))
     except (UsageUnavailable, connecting.ConnectError) as error:
         print(f"gpuplace usage: {error}", file=sys.stderr)

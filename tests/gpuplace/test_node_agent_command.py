@@ -461,9 +461,10 @@ async def test_a_real_prometheus_scraping_the_agent_reads_back_asked_vs_used(
                 ),
             )
             await asyncio.to_thread(
-                prom.wait_for, f"count_over_time({names.POD_MEMORY_USED}[1m])", 3
+                prom.wait_for, f"count_over_time({names.POD_MEMORY_USED}[1m])", 5
             )
-            source = prometheus.Source(url=prom.url, metrics="gpuplace")
+            # scraped every second: so is the step of the p95s and counts
+            source = prometheus.Source(url=prom.url, metrics="gpuplace", step_seconds=1)
             async with prometheus.Reader(source) as reader:
                 usage = await reader.read(60)
                 loads = await reader.gpu_loads(60)

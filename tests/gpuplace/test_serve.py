@@ -142,6 +142,30 @@ def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--webhook-port" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "why"),
+    [
+        (
+            ["--usage-prometheus", "prometheus.monitoring:9090"],
+            "--usage-prometheus: the Prometheus URL 'prometheus.monitoring:9090' is not an "
+            "http(s) URL with a host (e.g. http://prometheus.monitoring:9090)",
+        ),
+        (
+            ["--usage-prometheus", "http://u:p@prom:9090", "--usage-token-file", "/t"],
+            "--usage-token-file: give Prometheus' credentials either in its URL or as a "
+            "token file, not both",
+        ),
+    ],
+)
+def test_bad_usage_prometheus_exits_2_before_connecting(
+    flags: list[str], why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Prometheus URL the reader could never use is a bad setting (one line, exit 2),
+    not a traceback once the sidecar has connected to the API."""
+    assert cli.main(["serve", "--load-aware", "true", *flags]) == 2
+    assert capsys.readouterr().err == f"gpuplace serve: {why}\n"
+
+
 def test_load_aware_without_a_load_reader_exits_2() -> None:
     """Until a reader of GPU loads is configured, --load-aware refuses to start rather
     than run without the tie-break it asked for (before any API connection)."""

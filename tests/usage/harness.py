@@ -96,7 +96,7 @@ def serve_metrics(
 
 @asynccontextmanager
 async def answering(
-    handler: Callable[[web.Request], Awaitable[web.Response]],
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
 ) -> AsyncIterator[str]:
     """A server on 127.0.0.1 (this loop) answering /api/v1/query with `handler`: a stand-in
     for a Prometheus that fails in one way. Yields its base URL."""

@@ -11,7 +11,12 @@ node agent's series (nodes h-a, h-b), all in namespace `default`:
           SM 0.01..0.21 (p95 0.20) → memory 8Gi (6 × 1.2 = 7.2 → 8), gpu-percent 25;
 - short   h-b GPU 0, 20 %, 10 GiB: 5 samples only → not judged;
 - ghost   h-b GPU 1, not in the API: 25 %, 16 GiB from the granted series, 1 GiB, SM
-          0.01 → memory 2Gi, gpu-percent 5.
+          0.01 → memory 2Gi, gpu-percent 5;
+- rolled  h-c GPU 0, no grant: its agent restarted mid-window (a DaemonSet rollout), so
+          two series told apart by `instance` only: memory 1..10 GiB and SM 0.01..0.10
+          from the old agent, 11..21 GiB and 0.11..0.21 from the new one. Read whole:
+          peak 21 GiB, p95 20 GiB (SM 0.20), 21 samples; read per series, the p95 would
+          be the new part's (20.5 GiB) and the count 11.
 
 dcgm-exporter's (Hostname d-a), MiB and percent:
 - GPU 0 held by train-d and infer-d (50 %, 20 GiB each), one copy of each reading per pod
@@ -46,7 +51,14 @@ TIMES = [T_END - 60 * k for k in range(20, -1, -1)]
 
 
 def _agent_pod(
-    pod: str, node: str, gpu: int, memory: list[float], sm: list[float], *, times: list[float]
+    pod: str,
+    node: str,
+    gpu: int,
+    memory: list[float],
+    sm: list[float],
+    *,
+    times: list[float],
+    instance: str = "",
 ) -> list[Series]:
     labels = {
         "node": node,
@@ -55,6 +67,8 @@ def _agent_pod(
         "namespace": "default",
         "pod": pod,
     }
+    if instance:  # the scrape target's label (the agent's pod IP): not the pod's identity
+        labels["instance"] = instance
     gpu_labels = {key: labels[key] for key in names.GPU_LABELS}
     return [
         (names.POD_MEMORY_USED, labels, list(zip(times, memory, strict=True))),
@@ -127,6 +141,24 @@ def history() -> list[Series]:
         *_granted("idle", "h-a", 1, 24 * GIB, 1.0),
         *_agent_pod("short", "h-b", 0, [1.0 * GIB] * 5, [0.1] * 5, times=short_times),
         *_agent_pod("ghost", "h-b", 1, [1.0 * GIB] * 21, [0.01] * 21, times=TIMES),
+        *_agent_pod(
+            "rolled",
+            "h-c",
+            0,
+            [(i + 1) * GIB for i in range(10)],
+            [(i + 1) / 100 for i in range(10)],
+            times=TIMES[:10],
+            instance="10.0.0.7:9090",
+        ),
+        *_agent_pod(
+            "rolled",
+            "h-c",
+            0,
+            [(i + 11) * GIB for i in range(11)],
+            [(i + 11) / 100 for i in range(11)],
+            times=TIMES[10:],
+            instance="10.0.0.8:9090",
+        ),
         *_granted("ghost", "h-b", 1, 16 * GIB, 0.25),
         *_dcgm(
             0, ["train-d", "infer-d"], [10240 + 100 * i for i in ramp], [40 + i for i in ramp], None

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from cluster import assignments
 from gpuplace import cli
+from placement.ledger import Grant
 from tests import fakeapi
 from tests.extender.test_explain import place
 from tests.fakeapi import objects
@@ -40,7 +43,11 @@ def cluster() -> Iterator[fakeapi.ThreadedServer]:
 def run(cluster: fakeapi.ThreadedServer, tmp_path: Path, prom_url: str, *args: str) -> int:
     config = cluster.server.kubeconfig(tmp_path / "kubeconfig")
     return cli.main(
-        [*args, "--prometheus", prom_url, "--at", str(scenario.T_END), "--kubeconfig", str(config)]
+        [
+            *args,
+            *("--prometheus", prom_url, "--at", str(scenario.T_END), "--step", "1m"),
+            *("--kubeconfig", str(config)),
+        ]
     )
 
 
@@ -140,3 +147,62 @@ def test_bad_flags_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
         cli.main(["usage", "--prometheus", "http://x", "--window", "an hour"])
     assert exit_.value.code == 2
     assert "'an hour' is not a duration such as 1h" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["usage"], ["explain", "default/idle"]])
+def test_a_bad_prometheus_url_is_refused_before_connecting(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No scheme: one line, exit 2, and the API is never reached (the kubeconfig named
+    does not even exist)."""
+    missing = str(tmp_path / "no-kubeconfig")
+    args = [*command, "--prometheus", "prometheus.monitoring:9090", "--kubeconfig", missing]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"gpuplace {command[0]}: the Prometheus URL 'prometheus.monitoring:9090' is not an "
+        "http(s) URL with a host (e.g. http://prometheus.monitoring:9090)\n"
+    )
+
+
+def test_finished_job_pod_does_not_hide_the_over_asker(
+    cluster: fakeapi.ThreadedServer,
+    prom: harness.Prometheus,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A Job's pod that ran on solo-d's GPU and finished a day before the window (the API
+    keeps it, Succeeded) and one reserved there but not bound: with dcgm, solo-d is still
+    the GPU's only holder, judged and named."""
+
+    def more() -> None:
+        api = cluster.server.api
+        place(api, "job-done", "d-a", (1,), 100, memory="40Gi")
+        finished = assignments.rfc3339(datetime.fromtimestamp(scenario.T_END - 86400, tz=UTC))
+        status = {
+            "phase": "Succeeded",
+            "containerStatuses": [
+                {"name": "main", "state": {"terminated": {"exitCode": 0, "finishedAt": finished}}}
+            ],
+        }
+        api.patch("pods", "job-done", {"status": status}, "default", subresource="status")
+        api.create(objects.pod("reserved", percent=100))
+        grant = Grant(
+            api.get("pods", "reserved", "default")["metadata"]["uid"], "d-a", (1,), 1000, 0
+        )
+        notes = assignments.annotations_for(grant, None, datetime(2026, 1, 1, tzinfo=UTC))
+        api.patch("pods", "reserved", {"metadata": {"annotations": notes}}, "default")
+
+    cluster.call(more)
+    assert run(cluster, tmp_path, prom.url, "usage", "--metrics", "dcgm", "-o", "json") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {(item["pod"], item["line"]) for item in data["over"]} == {
+        ("solo-d", 'gpuplace.io/gpu-memory: "3Gi"'),
+        ("solo-d", 'gpuplace.io/gpu-percent: "25"'),
+    }
+    assert sorted(data["outside"]) == [
+        "default/job-done: ended before the window",
+        "default/reserved: not bound to its node",
+    ]
+    gpu1 = next(row for row in data["gpus"] if (row["node"], row["gpu"]) == ("d-a", 1))
+    assert (gpu1["pods"], gpu1["asked_percent"]) == (1, 100)

@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 from pathlib import Path
 
 import pytest
 from aiohttp import web
+from pydantic import ValidationError
 
 from tests.usage import harness, scenario
 from tests.usage.conftest import Setup
-from usage import prometheus, report
+from usage import names, prometheus, report
 from usage.loads import GpuLoad, LoadReader, UsageUnavailable
 from usage.readings import Usage
 
@@ -20,7 +23,8 @@ MIB = scenario.MIB
 
 
 async def read(prom: harness.Prometheus, metrics: prometheus.Metrics) -> Usage:
-    source = prometheus.Source(url=prom.url, metrics=metrics)
+    # the backfilled history's samples are a minute apart: so is the step
+    source = prometheus.Source(url=prom.url, metrics=metrics, step_seconds=60)
     async with prometheus.Reader(source) as reader:
         return await reader.read(3600, at=scenario.T_END)
 
@@ -58,6 +62,17 @@ async def test_agent_series_report(prom: harness.Prometheus) -> None:
     assert nodes["h-a"].asked_memory_bytes == 64 * GIB and nodes["h-a"].asked_percent == 150
 
 
+async def test_a_pod_split_by_an_agent_restart_is_read_whole(prom: harness.Prometheus) -> None:
+    """Two series of one pod from two agent instances (before and after a rollout): the
+    p95 and the sample count are the union's, not the larger part's."""
+    usage = await read(prom, "gpuplace")
+    (rolled,) = [use for use in usage.pods if use.pod == "rolled"]
+    assert (rolled.memory_peak_bytes, rolled.memory_p95_bytes) == (21 * GIB, 20 * GIB)
+    assert rolled.util_p95 == pytest.approx(0.20) and rolled.samples == 21
+    gpus = {(gpu.node, gpu.gpu): gpu for gpu in usage.gpus}
+    assert gpus[("h-c", 0)].memory_p95_bytes == 20 * GIB and gpus[("h-c", 0)].samples == 21
+
+
 async def test_dcgm_series_report(prom: harness.Prometheus) -> None:
     usage = await read(prom, "dcgm")
     pods = {use.pod: use for use in usage.pods if use.node == "d-a"}
@@ -85,7 +100,8 @@ async def test_dcgm_series_report(prom: harness.Prometheus) -> None:
 
 
 async def test_live_scrapes_exported_pod_and_loads(prom: harness.Prometheus) -> None:
-    source = prometheus.Source(url=prom.url, metrics="dcgm")
+    # scraped every second: so is the step
+    source = prometheus.Source(url=prom.url, metrics="dcgm", step_seconds=1)
     async with prometheus.Reader(source) as reader:
         usage = await reader.read(30)
         loads = await reader.gpu_loads(30)
@@ -97,7 +113,7 @@ async def test_live_scrapes_exported_pod_and_loads(prom: harness.Prometheus) -> 
         0: GpuLoad("live-0", 0, 0.25, 5120 * MIB),
         1: GpuLoad("live-0", 1, 0.0, 0),
     }
-    source = prometheus.Source(url=prom.url, metrics="gpuplace")
+    source = prometheus.Source(url=prom.url, metrics="gpuplace", step_seconds=1)
     async with prometheus.Reader(source) as reader:
         load_reader: LoadReader = reader  # the sidecar's protocol, checked by mypy
         loads = await load_reader.gpu_loads(30)
@@ -158,7 +174,9 @@ async def test_token_file_is_sent_never_shown(tmp_path: Path) -> None:
             with pytest.raises(UsageUnavailable) as caught:
                 await client.vector("up", 0.0)
         assert seen[1].startswith("Basic ") and "hunter2" not in str(caught.value)
-        both = prometheus.Source(url=with_password, token_file=token)
+        with pytest.raises(ValidationError, match="either in its URL or as a token file"):
+            prometheus.Source(url=with_password, token_file=token)
+        both = prometheus.Source.model_construct(url=with_password, token_file=token)
         with pytest.raises(UsageUnavailable, match="either in its URL or as a token file"):
             prometheus.Client(both)
         missing = prometheus.Source(url=url, token_file=tmp_path / "no")
@@ -177,3 +195,88 @@ async def test_server_failure_is_named() -> None:
     ):
         with pytest.raises(UsageUnavailable, match=r"failed: HTTP 503 Service Unavailable$"):
             await client.vector("up", 0.0)
+
+
+async def test_large_answer_in_many_chunks_is_read_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An answer of 50,000 series (3.7 MB) written in 64 KiB chunks with pauses between
+    them, as a real Prometheus streams a large vector: every series comes back."""
+    series = 50_000
+    result = [
+        {
+            "metric": {"Hostname": f"node-{i // 8:05d}", "gpu": str(i % 8)},
+            "value": [1.0, str(i % 97)],
+        }
+        for i in range(series)
+    ]
+    body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    async def chunked(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        data = body.encode()
+        for start in range(0, len(data), 64 << 10):
+            await response.write(data[start : start + (64 << 10)])
+            await asyncio.sleep(0.002)
+        await response.write_eof()
+        return response
+
+    async with harness.answering(chunked) as url:
+        source = prometheus.Source(url=url, metrics="dcgm")
+        async with prometheus.Reader(source) as reader:
+            loads = await reader.gpu_loads(60)
+    assert len(body) > 3_000_000
+    assert sum(len(gpus) for gpus in loads.values()) == series
+    assert loads["node-00010"][3].utilization == pytest.approx(((10 * 8 + 3) % 97) / 100)
+    monkeypatch.setattr(prometheus, "MAX_BODY", 1 << 20)  # past the bound: refused, not cut
+    async with (
+        harness.answering(chunked) as url,
+        prometheus.Client(prometheus.Source(url=url)) as client,
+    ):
+        with pytest.raises(UsageUnavailable, match="answered over 1048576 bytes"):
+            await client.vector("up", 0.0)
+
+
+@pytest.mark.parametrize(
+    "url", ["prometheus.monitoring:9090", "ftp://prom", "http://", "/api", "", "http:///x"]
+)
+def test_a_url_without_http_scheme_and_host_is_refused(url: str) -> None:
+    with pytest.raises(ValidationError, match=r"is not an http\(s\) URL with a host"):
+        prometheus.Source(url=url)
+    secret = prometheus.Source.model_construct(url="ftp://user:hunter2@prom")
+    with pytest.raises(UsageUnavailable, match=r"is not an http\(s\) URL") as caught:
+        prometheus.Client(secret)
+    assert "hunter2" not in str(caught.value)
+    assert prometheus.Source(url="https://prom.example/prefix/").url.endswith("/prefix/")
+
+
+def many_gpus_text() -> str:
+    """The node agent's GPU series of 500 nodes of 8 GPUs: 4,000 series a metric."""
+    lines = []
+    for name, value in ((names.GPU_UTILIZATION, "0.5"), (names.GPU_MEMORY_USED, "1073741824")):
+        lines.append(f"# TYPE {name} gauge")
+        lines.extend(
+            f'{name}{{node="n{node:03d}",gpu="{gpu}",uuid="GPU-{node}-{gpu}"}} {value}'
+            for node in range(500)
+            for gpu in range(8)
+        )
+    return "\n".join(lines) + "\n"
+
+
+async def test_real_prometheus_answer_of_thousands_of_series(tmp_path: Path) -> None:
+    """A real Prometheus' answers for 4,000 GPUs (about 0.5 MB each, which it streams in
+    several chunks): every GPU is read, by the sidecar's loads and by `read` alike."""
+    with contextlib.ExitStack() as stack:
+        agent = stack.enter_context(harness.serve_metrics(many_gpus_text))
+        job = {"static": {"targets": [agent.target]}, "honor_labels": True}
+        prom = await asyncio.to_thread(
+            stack.enter_context, harness.run_prometheus(tmp_path, {"agent": job})
+        )
+        await asyncio.to_thread(prom.wait_for, f"count({names.GPU_UTILIZATION})", 4000)
+        await asyncio.to_thread(prom.wait_for, f"count_over_time({names.GPU_UTILIZATION}[1m])", 3)
+        source = prometheus.Source(url=prom.url, step_seconds=1)
+        async with prometheus.Reader(source) as reader:
+            loads = await reader.gpu_loads(30)
+            usage = await reader.read(30)
+    assert sum(len(gpus) for gpus in loads.values()) == 4000
+    assert loads["n499"][7] == GpuLoad("n499", 7, 0.5, GIB)
+    assert len(usage.gpus) == 4000 and usage.gpus[0].memory_peak_bytes == GIB

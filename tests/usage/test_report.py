@@ -3,10 +3,16 @@ used, a pod using at least the threshold of its grant is never named, totals add
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cluster import assignments
+from gpuplace.localapi import objects
+from placement.ledger import Grant
 from usage import report
 from usage.readings import GpuUse, PodGpuUse, Usage
 
@@ -134,3 +140,98 @@ def test_shared_dcgm_reading_is_never_judged() -> None:
     result = report.build(usage, asked)
     assert result.over == []
     assert [row.shared for row in result.pods] == [True, True]
+
+
+def test_deleted_whole_gpu_pod_from_series_asked_no_memory() -> None:
+    """A pod the API no longer lists, known from the agent's granted series only: for a
+    whole GPU the agent exports the GPU's total as its granted memory, which the pod never
+    asked for, so no memory suggestion (compute is still judged); a share's memory is its
+    own and is judged."""
+    whole = PodGpuUse(
+        "ns", "gone", "n", 0, 2 * GIB, 2 * GIB, 0.1, 0.1, 40, 80 * GIB, granted_share=1.0
+    )
+    share = PodGpuUse("ns", "half", "n", 1, GIB, GIB, 0.4, 0.4, 40, 40 * GIB, granted_share=0.5)
+    usage = Usage("gpuplace", 3600.0, 0.0, (whole, share), ())
+    result = report.build(usage, [])
+    assert {(item.pod, item.what, item.value) for item in result.over} == {
+        ("gone", "compute", "15"),
+        ("half", "memory", "2Gi"),
+    }
+    rows = {row.pod: row for row in result.pods}
+    assert rows["gone"].asked_percent == 100 and rows["gone"].asked_memory_bytes is None
+    assert rows["half"].asked_memory_bytes == 40 * GIB
+
+
+def _pod(
+    name: str, gpu: int, percent: int, *, phase: str = "Running", bound: bool = True
+) -> dict[str, Any]:
+    """A managed pod as the API holds it once the sidecar granted it `percent` of GPU
+    `gpu` on node n (24 GiB), started an hour before the window (`AT - 2 h`)."""
+    pod = objects.pod(name, percent=percent, memory="24Gi")
+    pod["metadata"]["uid"] = f"uid-{name}"
+    grant = Grant(f"uid-{name}", "n", (gpu,), percent * 10, 24 * 1024)
+    pod["metadata"]["annotations"].update(
+        assignments.annotations_for(grant, None, datetime(2026, 1, 1, tzinfo=UTC))
+    )
+    if bound:
+        pod["spec"]["nodeName"] = "n"
+        pod["status"] = {"phase": phase, "startTime": _rfc3339(AT - 7200)}
+    else:
+        pod["status"] = {"phase": "Pending"}
+    return pod
+
+
+def _rfc3339(moment: float) -> str:
+    return assignments.rfc3339(datetime.fromtimestamp(moment, tz=UTC))
+
+
+def _finished(pod: dict[str, Any], at: float) -> dict[str, Any]:
+    pod["status"]["phase"] = "Succeeded"
+    pod["status"]["containerStatuses"] = [
+        {"name": "main", "state": {"terminated": {"exitCode": 0, "finishedAt": _rfc3339(at)}}}
+    ]
+    return pod
+
+
+AT = 1_790_000_000.0
+
+
+def test_finished_and_unbound_pods_do_not_hold_a_dcgm_gpu() -> None:
+    """A Job's pod that finished before the window and a pod reserved but not yet bound,
+    both granted GPU 0 beside a running over-asker: with dcgm's whole-GPU readings the
+    running one is still judged and named, and GPU 0's asked sums are its alone. A pod
+    that finished inside the window did hold the GPU: it counts, marked ended."""
+    reading = PodGpuUse("default", "runner", "n", 0, GIB, GIB, 0.05, 0.05, 300, gpu_reading=True)
+    gpu_use = GpuUse("n", 0, GIB, GIB, 80 * GIB, 0.05, 0.05, 300)
+    usage = Usage("dcgm", 3600.0, AT, (reading,), (gpu_use,))
+    pods = [
+        _pod("runner", 0, 50),
+        _finished(_pod("done", 0, 50), AT - 3 * 3600),
+        _pod("waiting", 0, 50, bound=False),
+    ]
+    asked = [item for item in map(report.asked_of, pods) if item is not None]
+    result = report.build(usage, asked)
+    assert {(item.pod, item.what) for item in result.over} == {
+        ("runner", "memory"),
+        ("runner", "compute"),
+    }
+    assert [row.pod for row in result.pods] == ["runner"]
+    (gpu,) = result.gpus
+    assert (gpu.pods, gpu.asked_percent, gpu.asked_memory_bytes) == (1, 50, 24 * GIB)
+    assert sorted(result.outside) == [
+        "default/done: ended before the window",
+        "default/waiting: not bound to its node",
+    ]
+    assert report.pod_section(result, "default", "done")[1:] == [
+        "  held no GPU during the window: ended before the window."
+    ]
+
+    pods[1] = _finished(_pod("done", 0, 50), AT - 600)  # inside the window: a holder
+    asked = [item for item in map(report.asked_of, pods) if item is not None]
+    result = report.build(usage, asked)
+    assert result.over == []
+    rows = {row.pod: row for row in result.pods}
+    assert rows["done"].ended and rows["done"].shared and not rows["runner"].ended
+    assert "default/done" in report.render(result) and "ended in the window" in report.render(
+        result
+    )

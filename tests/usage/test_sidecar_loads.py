@@ -69,6 +69,7 @@ async def test_the_less_loaded_of_two_equal_nodes_wins_prioritize(
                 load_aware=True,
                 usage_prometheus=prom.url,
                 usage_metrics="dcgm",
+                usage_step_seconds=1,  # its scrape interval
                 load_window_seconds=60,
                 load_refresh_seconds=0.3,
             )
