@@ -295,6 +295,10 @@ class MetricSet:
     granted_memory: str | None
     granted_share: str | None
     gpu_reading: bool
+    pod_memory_peak: str | None = None
+    """A series of each pod's highest memory over the exporter's own recent samples (the
+    node agent's, kept over `--usage-peak-seconds`): a peak between two scrapes, which
+    `pod_memory`'s samples miss, still shows there."""
 
 
 GPUPLACE = MetricSet(
@@ -313,6 +317,7 @@ GPUPLACE = MetricSet(
     granted_memory=names.POD_MEMORY_GRANTED,
     granted_share=names.POD_SHARE_GRANTED,
     gpu_reading=False,
+    pod_memory_peak=names.POD_MEMORY_PEAK,
 )
 DCGM = MetricSet(
     node=names.DCGM_HOSTNAME,
@@ -471,6 +476,8 @@ class Reader:
         for granted in (s.granted_memory, s.granted_share):
             if granted is not None:
                 pod_queries.append(self._pods(pod("last", granted, w), when))
+        if s.pod_memory_peak is not None:
+            pod_queries.append(self._pods(pod("max", s.pod_memory_peak, w), when))
         gpu_queries = [
             self._gpus(gpu("max", s.gpu_memory, w), when, s.gpu_memory_scale),
             self._gpus(gpu("quantile", s.gpu_memory, w), when, s.gpu_memory_scale),
@@ -502,6 +509,9 @@ class Reader:
         rest = results[3 + 2 * len(self.set.pod_util) :]
         granted_memory = rest[0] if self.set.granted_memory is not None else {}
         granted_share = rest[1] if self.set.granted_share is not None else {}
+        if self.set.pod_memory_peak is not None:
+            # the exporter's own peaks: what happened between scrapes
+            peak = {key: max(value, rest[-1].get(key, value)) for key, value in peak.items()}
         rows = []
         for key in sorted(peak):
             namespace, pod, node, gpu = key

@@ -436,23 +436,28 @@ def _judge(report: Report, item: Asked, rows: Sequence[PodRow], rule: Rule) -> N
                     )
                 )
     p95 = rows[0].util_p95
-    if len(rows) == 1 and item.milli > 0 and p95 is not None:
-        share = item.milli / 1000
-        if p95 < rule.threshold * share:
-            percent = suggest_percent(p95, rule)
-            if percent < item.milli // 10:
-                report.over.append(
-                    OverAsk(
-                        namespace=item.namespace,
-                        pod=item.pod,
-                        what="compute",
-                        asked=item.milli // 10,
-                        used=round(p95 * 100, 2),
-                        suggested=percent,
-                        annotation=keys.GPU_PERCENT,
-                        value=str(percent),
-                    )
+    # threshold × milli / 1000, in that order, as the rule is written (and tested):
+    # threshold × (milli / 1000) rounds differently and named a pod at the threshold
+    if (
+        len(rows) == 1
+        and item.milli > 0
+        and p95 is not None
+        and p95 < rule.threshold * item.milli / 1000
+    ):
+        percent = suggest_percent(p95, rule)
+        if percent < item.milli // 10:
+            report.over.append(
+                OverAsk(
+                    namespace=item.namespace,
+                    pod=item.pod,
+                    what="compute",
+                    asked=item.milli // 10,
+                    used=round(p95 * 100, 2),
+                    suggested=percent,
+                    annotation=keys.GPU_PERCENT,
+                    value=str(percent),
                 )
+            )
 
 
 def _totals(report: Report, gpus: Mapping[tuple[str, int], GpuUse]) -> None:

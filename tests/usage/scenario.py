@@ -16,7 +16,11 @@ node agent's series (nodes h-a, h-b), all in namespace `default`:
           two series told apart by `instance` only: memory 1..10 GiB and SM 0.01..0.10
           from the old agent, 11..21 GiB and 0.11..0.21 from the new one. Read whole:
           peak 21 GiB, p95 20 GiB (SM 0.20), 21 samples; read per series, the p95 would
-          be the new part's (20.5 GiB) and the count 11.
+          be the new part's (20.5 GiB) and the count 11;
+- spiky   h-d GPU 0, not in the API: 25 %, 16 GiB granted; every scraped sample 2 GiB, but
+          the agent's own peak series (`gpuplace_pod_gpu_memory_peak_bytes`, its samples
+          between scrapes) once says 9 GiB → peak 9 GiB, memory 11Gi (10.8 → 11), never
+          the 3Gi the scraped samples alone would suggest.
 
 dcgm-exporter's (Hostname d-a), MiB and percent:
 - GPU 0 held by train-d and infer-d (50 %, 20 GiB each), one copy of each reading per pod
@@ -60,13 +64,7 @@ def _agent_pod(
     times: list[float],
     instance: str = "",
 ) -> list[Series]:
-    labels = {
-        "node": node,
-        "gpu": str(gpu),
-        "uuid": f"GPU-{node}-{gpu}",
-        "namespace": "default",
-        "pod": pod,
-    }
+    labels = _pod_labels(pod, node, gpu)
     if instance:  # the scrape target's label (the agent's pod IP): not the pod's identity
         labels["instance"] = instance
     gpu_labels = {key: labels[key] for key in names.GPU_LABELS}
@@ -79,14 +77,18 @@ def _agent_pod(
     ]
 
 
-def _granted(pod: str, node: str, gpu: int, memory: float, share: float) -> list[Series]:
-    labels = {
+def _pod_labels(pod: str, node: str, gpu: int) -> dict[str, str]:
+    return {
         "node": node,
         "gpu": str(gpu),
         "uuid": f"GPU-{node}-{gpu}",
         "namespace": "default",
         "pod": pod,
     }
+
+
+def _granted(pod: str, node: str, gpu: int, memory: float, share: float) -> list[Series]:
+    labels = _pod_labels(pod, node, gpu)
     return [
         (names.POD_MEMORY_GRANTED, labels, [(at, memory) for at in TIMES]),
         (names.POD_SHARE_GRANTED, labels, [(at, share) for at in TIMES]),
@@ -115,6 +117,11 @@ def _dcgm(
         if sm is not None:
             series.append((names.DCGM_SM_ACTIVE, labels, list(zip(TIMES, sm, strict=True))))
     return series
+
+
+def _peak(pod: str, node: str, gpu: int, memory: list[float]) -> list[Series]:
+    labels = _pod_labels(pod, node, gpu)
+    return [(names.POD_MEMORY_PEAK, labels, list(zip(TIMES, memory, strict=True)))]
 
 
 def history() -> list[Series]:
@@ -160,6 +167,9 @@ def history() -> list[Series]:
             instance="10.0.0.8:9090",
         ),
         *_granted("ghost", "h-b", 1, 16 * GIB, 0.25),
+        *_agent_pod("spiky", "h-d", 0, [2.0 * GIB] * 21, [0.2] * 21, times=TIMES),
+        *_peak("spiky", "h-d", 0, [2.0 * GIB] * 10 + [9.0 * GIB] + [2.0 * GIB] * 10),
+        *_granted("spiky", "h-d", 0, 16 * GIB, 0.25),
         *_dcgm(
             0, ["train-d", "infer-d"], [10240 + 100 * i for i in ramp], [40 + i for i in ramp], None
         ),

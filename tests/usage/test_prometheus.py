@@ -37,6 +37,8 @@ async def test_agent_series_report(prom: harness.Prometheus) -> None:
     assert train.util_peak == pytest.approx(0.50) and train.util_p95 == pytest.approx(0.49)
     assert train.samples == 21 and not train.gpu_reading
     assert train.granted_memory_bytes == 40 * GIB and train.granted_share == 0.5
+    spiky = pods[("spiky", 0)]  # a peak between two scrapes, from the agent's own series
+    assert (spiky.memory_peak_bytes, spiky.memory_p95_bytes) == (9 * GIB, 2 * GIB)
     idle = pods[("idle", 1)]
     assert idle.memory_peak_bytes == 6 * GIB
     assert idle.memory_p95_bytes == pytest.approx(5.8 * GIB, abs=1)

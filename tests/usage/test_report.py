@@ -235,3 +235,14 @@ def test_finished_and_unbound_pods_do_not_hold_a_dcgm_gpu() -> None:
     assert "default/done" in report.render(result) and "ended in the window" in report.render(
         result
     )
+
+
+def test_a_pod_exactly_at_the_compute_threshold_is_not_named() -> None:
+    """Found by the property above: threshold × (milli / 1000) rounds to a hair above
+    threshold × milli / 1000, which named a pod using exactly the threshold of its share."""
+    use = PodGpuUse("ns", "p0", "n0", 0, 0, 0, 0.0025, 0.0025, 10)
+    gpu = GpuUse("n0", 0, 0, 0, 80 * GIB, None, None, 10)
+    usage = Usage("gpuplace", 3600.0, 0.0, (use,), (gpu,))
+    asked = [report.Asked("ns", "p0", "n0", (0,), 50, 0)]
+    rule = report.Rule(threshold=0.05, headroom=1.0, min_samples=1, percent_step=1)
+    assert report.build(usage, asked, rule).over == []
