@@ -8,12 +8,16 @@ The rules are kube-apiserver's (pkg/registry/core/pod/storage/eviction.go):
 
 - a pod that is Pending, Succeeded, Failed or already being deleted is evicted without
   looking at budgets;
-- a budget matches a pod of its namespace whose labels its `spec.selector` selects; an
-  empty or malformed selector matches nothing;
+- a budget matches a pod of its namespace whose labels its `spec.selector` selects
+  (`LabelSelectorAsSelector`): an absent selector or a malformed one matches nothing, a
+  present but empty one (`selector: {}`) matches every pod of the namespace (policy/v1);
 - a pod matched by more than one budget cannot be evicted (the API answers 500);
 - a budget whose `status.observedGeneration` is behind its `metadata.generation` refuses
-  (429: "still being processed"); one with `status.disruptionsAllowed` of k allows k
-  evictions, so victims beyond the first k of a budget are refused.
+  (429: "still being processed"); one whose `status.disruptedPods` holds more than
+  `MAX_DISRUPTED_PODS` entries (evictions the disruption controller has not confirmed
+  yet) refuses (403; each eviction adds one entry); one with
+  `status.disruptionsAllowed` of k allows k evictions, so victims beyond the first k of
+  a budget are refused.
 
 Conservative where the API server is lenient (an unready pod it may evict without
 decrementing counts here as one disruption): the pre-check may spare a pod the API
@@ -30,6 +34,9 @@ Labels = Mapping[str, str]
 Matcher = Callable[[Labels], bool]
 
 IGNORED_PHASES = frozenset({"Pending", "Succeeded", "Failed"})
+MAX_DISRUPTED_PODS = 2000
+"""kube-apiserver's `MaxDisruptedPodSize`: a budget whose `status.disruptedPods` holds
+more entries refuses every eviction (403)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +49,8 @@ class Budget:
     """status.disruptionsAllowed."""
     observed: bool
     """status.observedGeneration has caught up with metadata.generation."""
+    disrupted: int = 0
+    """Entries in status.disruptedPods."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +81,9 @@ def _requirement(expression: Mapping[str, Any]) -> Matcher | None:
 
 
 def selector(raw: object) -> Matcher | None:
-    """A metav1.LabelSelector as a predicate; None when it is empty or malformed."""
+    """A metav1.LabelSelector as a predicate, as `LabelSelectorAsSelector` reads it: None
+    (selects nothing) when it is absent or malformed; a present but empty one selects
+    everything."""
     if not isinstance(raw, Mapping):
         return None
     wanted = raw.get("matchLabels") or {}
@@ -86,8 +97,6 @@ def selector(raw: object) -> Matcher | None:
         if test is None:
             return None
         tests.append(test)
-    if not pairs and not expressions:
-        return None
     return lambda labels: all(test(labels) for test in tests)
 
 
@@ -98,6 +107,7 @@ def budget(pdb: Mapping[str, Any]) -> Budget:
     allowed = status.get("disruptionsAllowed")
     generation = metadata.get("generation")
     observed = status.get("observedGeneration")
+    disrupted = status.get("disruptedPods")
     return Budget(
         namespace=str(metadata.get("namespace") or ""),
         name=str(metadata.get("name") or ""),
@@ -105,6 +115,7 @@ def budget(pdb: Mapping[str, Any]) -> Budget:
         allowed=allowed if isinstance(allowed, int) else 0,
         observed=not isinstance(generation, int)
         or (isinstance(observed, int) and observed >= generation),
+        disrupted=len(disrupted) if isinstance(disrupted, Mapping) else 0,
     )
 
 
@@ -133,6 +144,12 @@ def refused(budgets: Sequence[Budget], victims: Sequence[Victim]) -> dict[str, s
         key = (found.namespace, found.name)
         if not found.observed:
             why[victim.uid] = f"PodDisruptionBudget {found.name} is still being processed"
+            continue
+        if found.disrupted + used.get(key, 0) > MAX_DISRUPTED_PODS:
+            why[victim.uid] = (
+                f"PodDisruptionBudget {found.name} has too many evictions not confirmed by "
+                "the disruption controller"
+            )
             continue
         if used.get(key, 0) >= found.allowed:
             why[victim.uid] = (

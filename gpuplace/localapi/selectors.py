@@ -92,8 +92,9 @@ def parse_fields(selector: str | None) -> Callable[[Mapping[str, object]], bool]
 
 def of_object(selector: object) -> Matcher | None:
     """A `metav1.LabelSelector` object (matchLabels, matchExpressions) as a predicate, as
-    `LabelSelectorAsSelector` reads it; None when it is empty or malformed: for a
-    PodDisruptionBudget such a selector matches nothing (eviction.go)."""
+    `LabelSelectorAsSelector` reads it: None (matches nothing) when it is absent or
+    malformed, everything when it is present but empty (`{}`: for a policy/v1
+    PodDisruptionBudget, every pod of its namespace, as eviction.go matches it)."""
     if not isinstance(selector, Mapping):
         return None
     terms = [f"{key}={value}" for key, value in (selector.get("matchLabels") or {}).items()]
@@ -111,7 +112,7 @@ def of_object(selector: object) -> Matcher | None:
         else:
             return None
     if not terms:
-        return None
+        return lambda labels: True
     try:
         return parse(",".join(terms))
     except ValueError:

@@ -55,6 +55,9 @@ BOOKMARK = "BOOKMARK"
 ERROR = "ERROR"
 
 DEFAULT_HISTORY = 100_000
+MAX_DISRUPTED_PODS = 2000
+"""kube-apiserver's `MaxDisruptedPodSize` (eviction.go): a budget whose
+`status.disruptedPods` holds more entries refuses evictions (403)."""
 """Changes kept for watches to resume from (kube-apiserver's watch cache keeps fewer)."""
 
 
@@ -501,13 +504,19 @@ class Store:
                 f'poddisruptionbudget.policy "{pdb_name}" is forbidden: pdb disruptions '
                 "allowed is negative",
             )
+        disrupted = dict(status.get("disruptedPods") or {})
+        if len(disrupted) > MAX_DISRUPTED_PODS:
+            raise statuses.ApiStatusError(
+                403,
+                f'poddisruptionbudget.policy "{pdb_name}" is forbidden: DisruptedPods map too '
+                "big - too many evictions not confirmed by PDB controller",
+            )
         if allowed == 0:
             raise _too_many(
                 f"The disruption budget {pdb_name} needs {desired} healthy pods and has "
                 f"{healthy} currently",
                 0,
             )
-        disrupted = dict(status.get("disruptedPods") or {})
         disrupted[pod["metadata"]["name"]] = now()
         status.update(disruptionsAllowed=allowed - 1, disruptedPods=disrupted)
         self.update(PDBS, namespace, pdb_name, {**pdb, "status": status}, "status")

@@ -41,11 +41,40 @@ def test_expressions_stale_budgets_and_two_budgets() -> None:
     assert "more than one PodDisruptionBudget (batch, jobs)" in both["j1"]
 
 
-def test_empty_or_malformed_selectors_match_nothing_and_other_namespaces_do_not_count() -> None:
-    empty = pdb("all", 0, {})
+def test_absent_or_malformed_selectors_match_nothing_and_other_namespaces_do_not_count() -> None:
+    absent = pdb("none", 0, None)
     broken = pdb("odd", 0, {"matchExpressions": [{"key": "app", "operator": "Near"}]})
     elsewhere = disruptions.Budget("other", "web", lambda labels: True, 0, True)
-    assert disruptions.refused([empty, broken, elsewhere], [victim("w1", "web")]) == {}
+    assert disruptions.refused([absent, broken, elsewhere], [victim("w1", "web")]) == {}
+
+
+def test_an_empty_selector_covers_every_pod_of_its_namespace() -> None:
+    # policy/v1: a non-nil empty selector selects everything (eviction.go uses
+    # LabelSelectorAsSelector, which gives Everything for {})
+    for empty in ({}, {"matchLabels": {}}, {"matchLabels": {}, "matchExpressions": []}):
+        refused = disruptions.refused(
+            [pdb("all", 1, empty)], [victim("w1", "web"), victim("j1", "job")]
+        )
+        assert refused == {"j1": "PodDisruptionBudget all allows 1 disruption(s) now"}
+
+
+def test_too_many_unconfirmed_disruptions_refuse() -> None:
+    crowded = disruptions.budget(
+        {
+            "metadata": {"name": "web", "namespace": "ml", "generation": 1},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}},
+            "status": {
+                "disruptionsAllowed": 5,
+                "observedGeneration": 1,
+                "disruptedPods": {f"p{i}": "t" for i in range(disruptions.MAX_DISRUPTED_PODS)},
+            },
+        }
+    )
+    # at the limit the first eviction still passes (the map is not yet too big); it
+    # adds one entry, so the next is refused as the API server refuses it (403)
+    refused = disruptions.refused([crowded], [victim("w1", "web"), victim("w2", "web")])
+    assert list(refused) == ["w2"]
+    assert "too many evictions not confirmed" in refused["w2"]
 
 
 def test_pods_the_eviction_api_deletes_without_budget_are_never_refused() -> None:

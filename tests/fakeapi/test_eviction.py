@@ -14,6 +14,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from cluster import disruptions
 from tests import fakeapi
 from tests.fakeapi import objects
 
@@ -38,14 +39,20 @@ def running_pod(api: fakeapi.FakeApi, name: str, labels: dict[str, str] | None =
 
 
 def budget(
-    api: fakeapi.FakeApi, name: str, allowed: int, *, labels: dict[str, str] | None = None
+    api: fakeapi.FakeApi,
+    name: str,
+    allowed: int,
+    *,
+    labels: dict[str, str] | None = None,
+    selector: dict[str, Any] | None = None,
 ) -> Any:
+    chosen = selector if selector is not None else {"matchLabels": labels or {"app": "web"}}
     api.create(
         {
             "apiVersion": "policy/v1",
             "kind": "PodDisruptionBudget",
             "metadata": {"name": name, "namespace": "default"},
-            "spec": {"selector": {"matchLabels": labels or {"app": "web"}}, "minAvailable": 1},
+            "spec": {"selector": chosen, "minAvailable": 1},
         }
     )
     return api.patch(
@@ -159,6 +166,50 @@ async def test_an_unobserved_budget_and_two_budgets_refuse(server: fakeapi.Serve
     status, body = await evict(server, "web-0")
     assert status == 500
     assert "more than one PodDisruptionBudget" in body["message"]
+
+
+async def test_an_empty_selector_covers_every_pod_of_its_namespace(
+    server: fakeapi.Server,
+) -> None:
+    # policy/v1: `selector: {}` selects all pods of the namespace (LabelSelectorAsSelector
+    # gives Everything); only an absent selector selects none
+    budget(server.api, "all", 0, selector={})
+    running_pod(server.api, "job-0", labels={"app": "job"})
+    status, body = await evict(server, "job-0")
+    assert status == 429
+    assert "The disruption budget all needs" in body["details"]["causes"][0]["message"]
+    server.api.delete("policy/poddisruptionbudgets", "all", "default")
+    server.api.create(
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "none", "namespace": "default"},
+            "spec": {"minAvailable": 1},
+            "status": {"disruptionsAllowed": 0},
+        }
+    )
+    assert (await evict(server, "job-0"))[0] == 201
+
+
+async def test_too_many_unconfirmed_disruptions_are_forbidden(server: fakeapi.Server) -> None:
+    budget(server.api, "web", 5)
+    stamp = "2026-01-01T00:00:00Z"
+    crowd = {f"gone-{i}": stamp for i in range(disruptions.MAX_DISRUPTED_PODS + 1)}
+    server.api.patch(
+        "policy/poddisruptionbudgets",
+        "web",
+        {"status": {"disruptedPods": crowd}},
+        "default",
+        subresource="status",
+    )
+    running_pod(server.api, "web-0")
+    status, body = await evict(server, "web-0")
+    assert status == 403
+    assert body["message"] == (
+        'poddisruptionbudget.policy "web" is forbidden: DisruptedPods map too big - too '
+        "many evictions not confirmed by PDB controller"
+    )
+    assert not server.api.get("pods", "web-0", "default")["metadata"].get("deletionTimestamp")
 
 
 async def test_missing_pod_is_404_and_a_replaced_pod_is_409(server: fakeapi.Server) -> None:
