@@ -46,7 +46,7 @@ Pure: no I/O, no clock, no randomness (ties go to the lower GPU index, then pod 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from placement import fit, gangs
@@ -61,6 +61,9 @@ selection with one pod more never sums lower."""
 VISITS_LIMIT = 4096
 """Selections the search looks at per GPU set before it keeps the best found so far."""
 SETS_LIMIT = 512
+STRICT_LIMIT = 64
+"""Units `for_gang` prunes one by one, each with a plan of the gang, when its greedy plan
+needs more victims than the chosen ones (step 5)."""
 """Whole-GPU sets enumerated per node before falling back to the cheapest GPUs."""
 
 
@@ -471,13 +474,20 @@ def for_gang(
        so a gang that half fits evicts for its other half only;
     4. drop every chosen unit the members can do without (`place` still fits them all
        on their nodes): a unit evicted for an early member may be spared once a later
-       member's victims freed enough. So no victim is beyond need.
+       member's victims freed enough. So no victim is beyond need;
+    5. the gang's own plan (`placement.gangs.plan`, greedy: what the controller starts
+       it with) must succeed once the victims are gone, else the controller would find
+       no room and preempt again: if it falls short, step 4 is done again keeping only
+       removals after which that plan still succeeds, starting from every unit on the
+       plan's nodes when the chosen ones are not enough (at most `STRICT_LIMIT` units);
+       still short: None. The answer's `choices` are that plan's.
 
     Unlike kube-scheduler's preemption, which evicts on the one node it nominates, the
     units may span nodes: a victim gang goes whole. The ledger is never changed.
     O(grants) for the scratch ledgers, plus at most (placed + 3) plans (see
     `placement.gangs`), plus per member the `evict` search on its node, plus O(V)
-    `place` checks for V victims."""
+    `place` checks for V victims, plus one scratch ledger and plan (O(V) of them, V ≤
+    `STRICT_LIMIT`, when step 5 has to prune again)."""
     if not members:
         return None
     fits = gangs.plan(ledger, policy, members, exclude=exclude)
@@ -497,20 +507,71 @@ def for_gang(
         break
     if best is None:
         return None
-    victims = list(best.units)
     where = {uid: choice.node for uid, choice in best.choices.items()}
-    choices: Mapping[str, Choice] = best.choices
-    if place(ledger, members, where, victims) is not None:
-        # a unit evicted for one member may be spared once a later member's victims
-        # freed enough: drop every unit the members can do without (most important first)
-        for candidate in sorted(victims, key=lambda u: cost([u]), reverse=True):
-            rest = [other for other in victims if other is not candidate]
-            if place(ledger, members, where, rest) is not None:
-                victims = rest
-        placed = place(ledger, members, where, victims)
-        if placed is not None:
-            choices = placed
-    return GangEviction(tuple(sorted(victims, key=lambda u: u.uids)), choices, best.nodes)
+    victims = _spare(ledger, members, where, list(best.units))
+    started = _starts(ledger, policy, members, victims, exclude)
+    if started is None:
+        # `place` fits the members on their nodes, but the gang's own plan (greedy, as
+        # the controller will start it) does not: spare only what keeps that plan whole
+        def starts(rest: list[Unit]) -> bool:
+            return place(ledger, members, where, rest) is not None and (
+                _starts(ledger, policy, members, rest, exclude) is not None
+            )
+
+        victims = list(best.units)
+        if not starts(victims):
+            # more must go: every unit on the plan's nodes, then spared one by one
+            on = set(best.nodes)
+            victims = [u for u in units if any(g.node in on for g in u.grants)]
+            if len(victims) > STRICT_LIMIT or not starts(victims):
+                return None  # evicting would not start the gang: evict nothing
+        victims = _spare(ledger, members, where, victims, starts)
+        started = _starts(ledger, policy, members, victims, exclude)
+        if started is None:
+            return None
+    nodes = tuple(dict.fromkeys((*best.nodes, *started.nodes)))
+    return GangEviction(tuple(sorted(victims, key=lambda u: u.uids)), started.choices, nodes)
+
+
+def _spare(
+    ledger: Ledger,
+    members: Sequence[gangs.Member],
+    where: Mapping[str, str],
+    victims: list[Unit],
+    keeps: Callable[[list[Unit]], bool] | None = None,
+) -> list[Unit]:
+    """Step 4 of `for_gang`: a unit evicted for one member may be spared once a later
+    member's victims freed enough; drop every unit the members can do without (most
+    important first), by `keeps` (default: `place` still fits them on `where`)."""
+
+    def fits(rest: list[Unit]) -> bool:
+        return place(ledger, members, where, rest) is not None
+
+    test = keeps or fits
+    if not test(victims):
+        return victims
+    for candidate in sorted(victims, key=lambda u: cost([u]), reverse=True):
+        rest = [other for other in victims if other is not candidate]
+        if test(rest):
+            victims = rest
+    return victims
+
+
+def _starts(
+    ledger: Ledger,
+    policy: Policy,
+    members: Sequence[gangs.Member],
+    victims: Sequence[Unit],
+    exclude: Collection[str],
+) -> gangs.Plan | None:
+    """The gang's own plan (`placement.gangs.plan`, what the controller starts it with)
+    on a scratch ledger without `victims`, or None when it falls short. O(grants) plus
+    one plan."""
+    gone = {uid for unit in victims for uid in unit.uids}
+    scratch = Ledger(ledger.inventory)
+    scratch.restore(grant for grant in ledger if grant.pod_uid not in gone)
+    planned = gangs.plan(scratch, policy, members, exclude=exclude)
+    return None if isinstance(planned, gangs.Shortfall) else planned
 
 
 def _evicting(

@@ -42,12 +42,17 @@ PODS = st.lists(
     pods_=PODS,
     priorities=st.lists(st.sampled_from([10, 50, 100, 100]), min_size=2, max_size=4),
     wants=st.sampled_from([(1000, 1), (1000, 2), (1000, 2), (1000, 4), (600, 1)]),
+    odd=st.booleans(),
 )
 def test_gang_preemption_plans_evict_only_lower_whole_and_needed_units(
     pods_: list[tuple[str, int, int, int, str, bool]],
     priorities: list[int],
     wants: tuple[int, int],
+    odd: bool,
 ) -> None:
+    """Victims are lower, whole and needed; once they are gone the gang's own plan
+    (`gangs.plan`, what the controller starts it with) places every member, also when
+    one member wants one whole GPU more than the others (`odd`)."""
     sync = LedgerSync()
     for name in NODES:
         sync.put_node(NodeRecord(name, name, True, node(name, 4)))
@@ -87,15 +92,22 @@ def test_gang_preemption_plans_evict_only_lower_whole_and_needed_units(
     milli, count = wants
     request = GpuRequest(milli=milli, count=count, cpu_milli=0, host_memory_mib=0)
     waiting = [gangs.Member(f"m{i}", request) for i in range(len(priorities))]
-    found = preempting.for_gang(sync.ledger, policies.make("best-fit"), waiting, units)
+    if odd and milli == 1000 and count < 4:
+        bigger = replace(request, count=count + 1)
+        waiting[-1] = gangs.Member(waiting[-1].uid, bigger)
+    asks = {member.uid: member.request for member in waiting}
+    policy = policies.make("best-fit")
+    found = preempting.for_gang(sync.ledger, policy, waiting, units)
     if found is None:
         return
     assert all(records[uid].priority < gang_priority for uid in found.uids)
     gone = set(found.uids)
     scratch = Ledger(sync.ledger.inventory)
     scratch.restore(grant for grant in sync.ledger if grant.pod_uid not in gone)
+    started = gangs.plan(scratch, policy, waiting)
+    assert not isinstance(started, gangs.Shortfall), started.reason
     for member in waiting:
-        scratch.reserve(choosing.grant_for(member.uid, found.choices[member.uid], request))
+        scratch.reserve(choosing.grant_for(member.uid, found.choices[member.uid], asks[member.uid]))
     where = {uid: choice.node for uid, choice in found.choices.items()}
     for victim in found.units:
         rest = [other for other in found.units if other is not victim]

@@ -399,3 +399,69 @@ def test_after_any_gang_eviction_all_members_fit_and_no_victim_is_beyond_need(
     for victim in found.units:
         rest = [other for other in found.units if other is not victim]
         assert preempting.place(book, gang, where, rest) is None, victim.uids
+
+
+def test_a_gang_evicts_only_for_a_plan_it_will_start_with() -> None:
+    """n0 (8 GPUs) holds pods on GPUs 2, 3 and 7, n1 (4 GPUs) is idle; the gang wants
+    4 × 2 whole GPUs and 1 × 3. Evicting the pods on GPUs 2 and 3 leaves exactly 11 free,
+    and a first fit per node packs the gang, but the gang's own greedy plan (how the
+    controller starts it) fits only 4 of 5: such victims would be evicted for nothing."""
+    book = ledger(node("n0", 8), node("n1", 4))
+    units = []
+    for uid, gpu in (("p1", 3), ("p4", 7), ("p5", 2)):
+        grant = Grant(uid, "n0", (gpu,), 1000, 0, 100, 100)
+        book.reserve(grant)
+        units.append(Unit((uid,), (grant,), (0,)))
+    members = [gangs.Member(f"m{i}", whole(2)) for i in range(4)]
+    members.append(gangs.Member("m4", whole(3)))
+    policy = policies.make("best-fit")
+    found = preempting.for_gang(book, policy, members, units)
+    assert found is not None
+    gone = set(found.uids)
+    scratch = Ledger(book.inventory)
+    scratch.restore(grant for grant in book if grant.pod_uid not in gone)
+    started = gangs.plan(scratch, policy, members)
+    assert not isinstance(started, gangs.Shortfall), (found.uids, started)
+    assert dict(found.choices) == dict(started.choices)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    pods=st.lists(
+        st.tuples(st.integers(0, 1), st.integers(0, 7), st.sampled_from([1, 1, 2])),
+        min_size=1,
+        max_size=8,
+    ),
+    pairs=st.integers(2, 4),
+    sizes=st.tuples(st.integers(4, 8), st.integers(2, 8)),
+)
+def test_after_any_mixed_gang_eviction_the_gangs_own_plan_succeeds(
+    pods: list[tuple[int, int, int]], pairs: int, sizes: tuple[int, int]
+) -> None:
+    """Whole-GPU pods on two nodes and a gang of `pairs` × 2 GPUs + 1 × 3 GPUs: whenever
+    `for_gang` answers, `gangs.plan` (what the controller starts the gang with) places
+    every member on the ledger without the victims, as the answer's choices say."""
+    book = ledger(*(node(f"n{i}", size) for i, size in enumerate(sizes)))
+    units = []
+    for i, (at, gpu, count) in enumerate(pods):
+        first = gpu % max(sizes[at] - count + 1, 1)
+        grant = Grant(
+            f"p{i}", f"n{at}", tuple(range(first, first + count)), 1000 * count, 0, 100, 100
+        )
+        try:
+            book.reserve(grant)
+        except LedgerError:
+            continue
+        units.append(Unit((grant.pod_uid,), (grant,), (0,)))
+    members = [gangs.Member(f"m{i}", whole(2)) for i in range(pairs)]
+    members.append(gangs.Member("mx", whole(3)))
+    policy = policies.make("best-fit")
+    found = preempting.for_gang(book, policy, members, units)
+    if found is None:
+        return
+    gone = set(found.uids)
+    scratch = Ledger(book.inventory)
+    scratch.restore(grant for grant in book if grant.pod_uid not in gone)
+    started = gangs.plan(scratch, policy, members)
+    assert not isinstance(started, gangs.Shortfall), (found.uids, started.reason)
+    assert dict(found.choices) == dict(started.choices)
