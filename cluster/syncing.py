@@ -94,6 +94,10 @@ class LedgerSync:
         """Every node the node informer has, by name (gpuplace's or not)."""
         self.pods: dict[str, PodRecord] = {}
         """Every managed pod, by UID."""
+        self.pods_version = 0
+        """Grows whenever a pod arrives, goes, or changes what victim selection reads of
+        it (node, phase, deletion, priority, gang, whether it holds a grant): the ledger's
+        generation misses some of these (a Binding only confirms a grant)."""
         self._names: dict[tuple[str, str], str] = {}
         self._holds: dict[str, Hold] = {}
         self.busy: set[str] = set()
@@ -299,6 +303,8 @@ class LedgerSync:
 
     def upsert_pod(self, record: PodRecord) -> None:
         old = self.pods.get(record.uid)
+        if old is None or _standing(old) != _standing(record):
+            self.pods_version += 1
         if old is None:
             self._arrived(record)
         self.pods[record.uid] = record
@@ -311,6 +317,7 @@ class LedgerSync:
 
     def delete_pod(self, record: PodRecord) -> None:
         old = self.pods.pop(record.uid, None)
+        self.pods_version += 1
         if self._names.get(record.key) == record.uid:
             del self._names[record.key]
         self._holds.pop(record.uid, None)
@@ -347,6 +354,7 @@ class LedgerSync:
         fresh = {record.uid: record for record in records}
         old = self.pods
         self.pods = fresh
+        self.pods_version += 1
         self._names = {record.key: uid for uid, record in fresh.items()}
         self._holds = {
             uid: hold
@@ -377,6 +385,18 @@ class LedgerSync:
             for uid, gone in old.items():
                 if uid not in fresh:
                     listener(gone, None)
+
+
+def _standing(record: PodRecord) -> tuple[object, ...]:
+    """What `pods_version` follows of a pod."""
+    return (
+        record.node_name,
+        record.phase,
+        record.deleting,
+        record.priority,
+        record.gang,
+        record.grant is not None,
+    )
 
 
 def _decrement(counter: Counter[Any], key: object) -> None:

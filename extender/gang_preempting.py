@@ -28,6 +28,10 @@ An attempt:
    and the gang tries again after `retry_seconds`. A race with another disruption can
    therefore leave a preemption partial; the fence keeps what was freed for the gang.
 
+A gang whose plan found no victims is not planned again until the ledger
+(`Ledger.generation`) or a pod record victim selection reads (`LedgerSync.pods_version`:
+a pod bound, deleted, finished...) changes.
+
 Events: `GpuPreempted` on each victim (the gang, and the GPUs freed), `GpuPreemption` on
 each member (victims and nodes). The controller owns the fence's lifetime: it keeps it
 while `underway(key)` and releases it when the gang starts, times out or goes away.
@@ -196,7 +200,12 @@ class GangPreemptions:
         if underway is not None and now < underway.retry_at:
             return underway.retry_at
         priority = gang_priority(members)
-        signature = (self.sync.ledger.generation, tuple(m.uid for m in members), priority)
+        signature = (
+            self.sync.ledger.generation,
+            self.sync.pods_version,
+            tuple(m.uid for m in members),
+            priority,
+        )
         retrying = underway is not None and underway.retry_at > 0
         if not retrying and self._tried.get(key) == signature:
             return None  # nothing changed since a plan found nothing (or all went)

@@ -258,6 +258,37 @@ async def test_an_eviction_refused_by_a_racing_budget_stops_keeps_the_fence_and_
         assert not any(gated(pod) for pod in r.gang_pods("train"))
 
 
+async def test_a_pod_that_becomes_a_victim_without_a_ledger_change_is_seen(
+    server: fakeapi.Server,
+) -> None:
+    """a3's Binding fails once: annotated but unbound, it holds its GPU and is no victim
+    (the gang's plan finds none and is not made again while nothing changes). Its bind
+    then succeeds: the ledger only confirms the grant (its generation stays), but a3 is
+    now a bound victim, and the gang preempts without waiting for an unrelated change."""
+    nodes(server.api, 1)
+    async with rig(server, settings=SETTINGS) as r:
+        for i in range(3):
+            await running(r, f"a{i}", "gpu-0")
+        late = objects.pod("a3", percent=None, count=1)
+        late["spec"]["priority"] = 0
+        uid = r.api.create(late)["metadata"]["uid"]
+        await r.h.synced(lambda: uid in r.h.sidecar.sync.pods)
+        r.api.fail("POST", r"/pods/a3/binding$", 500)
+        assert "a3" in await r.h.bind(r.h.pod("default", "a3"), "gpu-0")
+        for i in range(2):
+            r.api.create(member(f"w{i}", "train", 2, count=2, priority=100))
+        await r.quiet()
+        await r.rounds(2)
+        assert evicted(r.api) == []
+        generation = r.h.sidecar.sync.ledger.generation
+        assert await r.h.bind(r.h.pod("default", "a3"), "gpu-0") == ""
+        await r.h.synced(lambda: r.h.sidecar.sync.pods[uid].bound)
+        assert r.h.sidecar.sync.ledger.generation == generation
+        await r.rounds(3)
+        await r.quiet()
+        assert evicted(r.api) == ["a0", "a1", "a2", "a3"]
+
+
 def budget(api: fakeapi.FakeApi, name: str, labels: dict[str, str], *, allowed: int) -> None:
     """A PodDisruptionBudget as the disruption controller keeps its status."""
     body = {
