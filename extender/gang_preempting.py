@@ -10,7 +10,12 @@ may go, as kube-scheduler's DefaultPreemption decides for one pod:
   priority; a running gang is one unit across all its nodes, and a victim only when all
   its live members are of lower priority (evicted whole or not at all);
 - while victims this gang evicted earlier are still terminating, it does not preempt
-  again (their GPUs are on their way back).
+  again (their GPUs are on their way back);
+- one gang preempts at a time: while another gang's preemption is under way (from its
+  first eviction until it starts, times out or stops waiting) no other gang preempts.
+  There is one fence (`extender.gang_fences`), and it holds the first gang's nodes; GPUs
+  freed for a second gang would be held by nothing, a new pod could take them, and
+  that gang would evict again.
 
 An attempt:
 
@@ -194,6 +199,8 @@ class GangPreemptions:
         of the pre-check (logged; the gang is tried again next round)."""
         if not members or never_preempts(members):
             return None
+        if any(other != key for other in self.underway):
+            return None  # one preemption at a time: the fence is one (module docstring)
         if self.terminating(key):
             return None
         underway = self.underway.get(key)

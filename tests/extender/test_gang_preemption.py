@@ -289,6 +289,41 @@ async def test_a_pod_that_becomes_a_victim_without_a_ledger_change_is_seen(
         assert evicted(r.api) == ["a0", "a1", "a2", "a3"]
 
 
+async def test_one_preemption_at_a_time_so_its_fence_keeps_what_it_freed(
+    server: fakeapi.Server,
+) -> None:
+    """Both nodes are full of priority-0 pods; gangs `high` (200) and `mid` (100) each
+    need a whole node. Only one gang preempts at a time: with one fence, a second
+    preemption in the same round would free GPUs nothing holds, a late pod would take
+    them, and `mid` would evict again. `mid` preempts once `high` has started."""
+    nodes(server.api, 2)
+    async with rig(server, settings=SETTINGS) as r:
+        for n in range(2):
+            for i in range(4):
+                await running(r, f"n{n}p{i}", f"gpu-{n}")
+        for name, priority in (("high", 200), ("mid", 100)):
+            for i in range(2):
+                r.api.create(member(f"{name}{i}", name, 2, count=2, priority=priority))
+        await r.quiet()
+        await r.rounds(3)
+        first = evicted(r.api)
+        assert len(first) == 4 and len({name[:2] for name in first}) == 1, first
+        assert r.fences.owner == ("default", "high")
+        kubelet_finishes(r.api)
+        await r.quiet()
+        assert not any(gated(pod) for pod in r.gang_pods("high"))
+        await r.rounds(3)
+        await r.quiet()
+        second = sorted(set(evicted(r.api)) - set(first))
+        assert len(second) == 4 and len({name[:2] for name in second}) == 1, second
+        assert len(evicted(r.api)) == 8  # nobody evicted twice
+        assert r.fences.owner == ("default", "mid")
+        kubelet_finishes(r.api)
+        await r.quiet()
+        assert not any(gated(pod) for pod in r.gang_pods("mid"))
+        check_grants(r.api.objects("nodes"), r.pods_everywhere())
+
+
 def budget(api: fakeapi.FakeApi, name: str, labels: dict[str, str], *, allowed: int) -> None:
     """A PodDisruptionBudget as the disruption controller keeps its status."""
     body = {
