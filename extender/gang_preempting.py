@@ -10,7 +10,12 @@ may go, as kube-scheduler's DefaultPreemption decides for one pod:
   priority; a running gang is one unit across all its nodes, and a victim only when all
   its live members are of lower priority (evicted whole or not at all);
 - while victims this gang evicted earlier are still terminating, it does not preempt
-  again (their GPUs are on their way back);
+  again (their GPUs are on their way back); the same read from the cluster, so that a
+  restart or a lost lease (which drop what this replica remembers) changes nothing: a
+  pod already being deleted is never a victim again, its GPUs count as freed, and while
+  pods of lower priority terminate on the nodes of the gang's plan, the gang holds
+  those nodes (the fence) and waits for them instead of evicting (kube-scheduler's own
+  rule for a preemptor whose nominated node has terminating victims);
 - one gang preempts at a time: while another gang's preemption is under way (from its
   first eviction until it starts, times out or stops waiting) no other gang preempts.
   There is one fence (`extender.gang_fences`), and it holds the first gang's nodes; GPUs
@@ -65,6 +70,8 @@ log = logging.getLogger(__name__)
 
 REFUSED = "GangPreemptionRefused"
 NEVER = "Never"
+GOING = -(1 << 31)
+"""The priority `victim_units` gives a unit already being deleted (below any int32)."""
 
 
 class EvictionApi(Protocol):
@@ -84,6 +91,14 @@ class Underway:
     """UIDs of the victims whose eviction the API accepted."""
     retry_at: float = 0.0
     """After a refused eviction: no new attempt before this (POSIX seconds)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Terminating:
+    """A plan that counts on pods of lower priority already being deleted on its nodes."""
+
+    nodes: frozenset[str]
+    uids: frozenset[str]
 
 
 class GangPreemptionMetrics:
@@ -114,7 +129,10 @@ def never_preempts(members: Iterable[GangPod]) -> bool:
 def victim_units(sync: LedgerSync, below: int, spare: Iterable[str] = ()) -> list[engine.Unit]:
     """Every unit that may be evicted for a gang of priority `below`: bound, unfinished
     pods holding a grant, of lower priority; a running gang whole (all its live members
-    lower) or not at all. `spare`: UIDs never to evict. O(pods + grants)."""
+    lower) or not at all. `spare`: UIDs never to evict. A unit whose pods are all being
+    deleted already (`deletionTimestamp`) gets the priority `GOING` (the cheapest victim,
+    `going`): its GPUs are on their way back, so the plan counts on them first and the
+    caller waits for them rather than evicting anything. O(pods + grants)."""
     records = sync.pods
     spared = set(spare)
     by_gang: dict[tuple[str, str], list[PodRecord]] = {}
@@ -136,10 +154,15 @@ def victim_units(sync: LedgerSync, below: int, spare: Iterable[str] = ()) -> lis
         if any(m.priority >= below or m.uid in spared for m in members):
             continue
         held = tuple(g for m in members if (g := sync.ledger.get(m.uid)) is not None)
-        units.append(
-            engine.Unit(tuple(m.uid for m in members), held, tuple(m.priority for m in members))
-        )
+        going = all(m.deleting for m in members if sync.ledger.get(m.uid) is not None)
+        priorities = tuple(GOING if going else m.priority for m in members)
+        units.append(engine.Unit(tuple(m.uid for m in members), held, priorities))
     return units
+
+
+def going(unit: engine.Unit) -> bool:
+    """The unit's pods are already being deleted (`victim_units`)."""
+    return all(p == GOING for p in unit.priorities)
 
 
 class GangPreemptions:
@@ -228,6 +251,15 @@ class GangPreemptions:
             return now + self.retry_seconds
         if found is None:
             return None
+        if isinstance(found, Terminating):
+            # their GPUs are on their way back (evicted by this gang before a restart
+            # or a lost lease, or deleted by anyone): hold the nodes and wait for them
+            if underway is None:
+                underway = self.underway[key] = Underway(found.nodes)
+            underway.nodes = found.nodes
+            underway.evicted |= found.uids
+            self.fences.hold(Fence(key, found.nodes, frozenset(m.uid for m in members), since))
+            return None
         if isinstance(found, str):  # only budgets stand in the way: they may change
             log.info("gang preemption blocked", extra={"gang": "/".join(key), "why": found})
             self._tried.pop(key, None)
@@ -249,10 +281,12 @@ class GangPreemptions:
         policy: Policy,
         priority: int,
         exclude: frozenset[str],
-    ) -> tuple[engine.GangEviction, list[PodRecord]] | str | None:
+    ) -> tuple[engine.GangEviction, list[PodRecord]] | Terminating | str | None:
         """The eviction plan that passes the budget pre-check (victims in name order), or
-        why budgets forbid every plan, or None (no plan at all). Each round of the loop
-        excludes at least one more unit, so it ends within (units + 1) plans."""
+        the pods of lower priority already terminating on its nodes (wait for them:
+        kube-scheduler's own rule), or why budgets forbid every plan, or None (no plan at
+        all). Each round of the loop excludes at least one more unit, so it ends within
+        (units + 1) plans."""
         spared: set[str] = set()
         blocked = ""
         budgets: dict[str, list[disruptions.Budget]] = {}
@@ -262,6 +296,9 @@ class GangPreemptions:
             eviction = engine.for_gang(self.sync.ledger, policy, planned, units, exclude=exclude)
             if eviction is None or not eviction.units:
                 return blocked or None
+            terminating = self._terminating_on(eviction, priority)
+            if terminating:
+                return Terminating(frozenset(eviction.nodes), terminating)
             records = sorted(
                 (self.sync.pods[uid] for uid in eviction.uids if uid in self.sync.pods),
                 key=lambda record: record.key,
@@ -286,6 +323,20 @@ class GangPreemptions:
             for unit in eviction.units:
                 if any(uid in refused for uid in unit.uids):
                     spared.update(unit.uids)
+
+    def _terminating_on(self, eviction: engine.GangEviction, priority: int) -> frozenset[str]:
+        """UIDs of pods of lower priority holding a grant on the plan's nodes that are
+        being deleted. O(grants on those nodes)."""
+        nodes = set(eviction.nodes)
+        found = set()
+        for grant in self.sync.ledger:
+            if grant.node not in nodes:
+                continue
+            record = self.sync.pods.get(grant.pod_uid)
+            if record is not None and record.deleting and not record.terminal:
+                if record.priority < priority:
+                    found.add(record.uid)
+        return frozenset(found)
 
     async def _victim(self, record: PodRecord) -> disruptions.Victim | None:
         """A victim as the API has it now (labels for its budgets); None when it is gone

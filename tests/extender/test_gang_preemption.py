@@ -324,6 +324,39 @@ async def test_one_preemption_at_a_time_so_its_fence_keeps_what_it_freed(
         check_grants(r.api.objects("nodes"), r.pods_everywhere())
 
 
+async def test_a_lost_lease_round_neither_evicts_again_nor_frees_the_nodes(
+    server: fakeapi.Server,
+) -> None:
+    """A failed Lease read makes the replica a follower for a round: it drops its fence
+    and what it remembers of the preemption. Back in the lead, it reads from the cluster
+    that its victims are terminating: no eviction is sent again (no second Event or
+    count), the fence is rebuilt on the same nodes, and the gang starts once they go."""
+    nodes(server.api, 1)
+    leading = [True]
+    async with rig(server, settings=SETTINGS, active=lambda: leading[0]) as r:
+        for i in range(4):
+            await running(r, f"a{i}", "gpu-0")
+        for i in range(2):
+            r.api.create(member(f"w{i}", "train", 2, count=2, priority=100))
+        await r.quiet()
+        first = evicted(r.api)
+        assert first == ["a0", "a1", "a2", "a3"]
+        assert r.fences.owner == ("default", "train")
+        leading[0] = False
+        r.controller.wake()
+        await r.h.synced(lambda: r.fences.owner is None)
+        leading[0] = True
+        await r.rounds(3)
+        assert evicted(r.api) == first
+        assert r.fences.owner == ("default", "train") and r.fences.nodes == {"gpu-0"}
+        assert len(await events(r, "GpuPreempted")) == 4
+        assert r.metric("gpuplace_gang_preemptions_total", {"result": "complete"}) == 1
+        kubelet_finishes(r.api)
+        await r.quiet()
+        assert not any(gated(pod) for pod in r.gang_pods("train"))
+        assert r.fences.owner is None
+
+
 def budget(api: fakeapi.FakeApi, name: str, labels: dict[str, str], *, allowed: int) -> None:
     """A PodDisruptionBudget as the disruption controller keeps its status."""
     body = {
