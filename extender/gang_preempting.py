@@ -328,15 +328,14 @@ class GangPreemptions:
         """UIDs of pods of lower priority holding a grant on the plan's nodes that are
         being deleted. O(grants on those nodes)."""
         nodes = set(eviction.nodes)
-        found = set()
-        for grant in self.sync.ledger:
-            if grant.node not in nodes:
-                continue
-            record = self.sync.pods.get(grant.pod_uid)
-            if record is not None and record.deleting and not record.terminal:
-                if record.priority < priority:
-                    found.add(record.uid)
-        return frozenset(found)
+        records = (
+            self.sync.pods.get(grant.pod_uid) for grant in self.sync.ledger if grant.node in nodes
+        )
+        return frozenset(
+            r.uid
+            for r in records
+            if r is not None and r.deleting and not r.terminal and r.priority < priority
+        )
 
     async def _victim(self, record: PodRecord) -> disruptions.Victim | None:
         """A victim as the API has it now (labels for its budgets); None when it is gone
