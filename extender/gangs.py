@@ -110,7 +110,8 @@ class GangSettings:
     """A complete gang that does not fit may evict pods of lower priority (needs
     `fences`; see `extender.gang_preempting`)."""
     preempt_retry_seconds: float = 10.0
-    """After a refused eviction, the wait before the gang preempts again."""
+    """After a refused eviction, or a plan that found no victims, the wait before the gang
+    plans a preemption again."""
 
 
 class GangMetrics:
@@ -366,6 +367,8 @@ class GangController:
         waits = self._waits(now)
         self.metrics.waiting.set(len(waits))
         waits.sort(key=Wait.order)
+        if self.preemptions is not None:
+            self.preemptions.new_round()
         self._update_fence(waits, now)
         for wait in waits:
             if not wait.complete:

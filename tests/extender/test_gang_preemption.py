@@ -5,8 +5,10 @@ from policy/v1), the local API acting as kube-apiserver (budgets, graceful delet
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from extender import gang_preempting
 from extender.gang_members import gated, plan_mark
 from extender.gangs import GangSettings
 from tests import fakeapi
@@ -163,6 +165,7 @@ async def test_a_budget_that_forbids_a_victim_moves_the_preemption_or_stops_it(
         assert evicted(r.api) == []
         assert r.fences.owner is None
         budget(r.api, "batch", {"team": "batch"}, allowed=4)
+        r.clock.offset += 1.0  # budgets are read again after the retry time
         r.controller.wake()
         await r.quiet()
         await r.rounds(2)
@@ -284,6 +287,7 @@ async def test_a_pod_that_becomes_a_victim_without_a_ledger_change_is_seen(
         assert await r.h.bind(r.h.pod("default", "a3"), "gpu-0") == ""
         await r.h.synced(lambda: r.h.sidecar.sync.pods[uid].bound)
         assert r.h.sidecar.sync.ledger.generation == generation
+        r.clock.offset += 1.0  # a plan that found nothing is not made again at once
         await r.rounds(3)
         await r.quiet()
         assert evicted(r.api) == ["a0", "a1", "a2", "a3"]
@@ -355,6 +359,27 @@ async def test_a_lost_lease_round_neither_evicts_again_nor_frees_the_nodes(
         await r.quiet()
         assert not any(gated(pod) for pod in r.gang_pods("train"))
         assert r.fences.owner is None
+
+
+async def test_a_preemption_attempt_makes_a_bounded_number_of_plans(
+    server: fakeapi.Server,
+) -> None:
+    """Twenty 2-GPU nodes, each full with one pod of a budget that allows no eviction;
+    each plan of a 2 × 2-GPU gang picks two of them, the pre-check refuses both, and the
+    next plan goes without them: an attempt stops after `PASSES` plans (not 11), and
+    the gang is blocked, not preempting."""
+    nodes(server.api, 20, gpus=2)
+    settings = replace(SETTINGS, preempt_retry_seconds=600.0)
+    async with rig(server, settings=settings) as r:
+        for n in range(20):
+            await running(r, f"p{n:02}", f"gpu-{n}", count=2, labels={"team": "serving"})
+        budget(r.api, "serving", {"team": "serving"}, allowed=0)
+        for i in range(2):
+            r.api.create(member(f"w{i}", "train", 2, count=2, priority=100))
+        await r.quiet()
+        await r.rounds(3)
+        assert evicted(r.api) == []
+        assert r.metric("gpuplace_gang_preemption_plans_total") == gang_preempting.PASSES
 
 
 def budget(api: fakeapi.FakeApi, name: str, labels: dict[str, str], *, allowed: int) -> None:
