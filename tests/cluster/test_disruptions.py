@@ -51,7 +51,8 @@ def test_absent_or_malformed_selectors_match_nothing_and_other_namespaces_do_not
 def test_an_empty_selector_covers_every_pod_of_its_namespace() -> None:
     # policy/v1: a non-nil empty selector selects everything (eviction.go uses
     # LabelSelectorAsSelector, which gives Everything for {})
-    for empty in ({}, {"matchLabels": {}}, {"matchLabels": {}, "matchExpressions": []}):
+    empties: list[dict[str, Any]] = [{}, {"matchLabels": {}}, {"matchExpressions": []}]
+    for empty in empties:
         refused = disruptions.refused(
             [pdb("all", 1, empty)], [victim("w1", "web"), victim("j1", "job")]
         )
