@@ -51,6 +51,7 @@ while `underway(key)` and releases it when the gang starts, times out or goes aw
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -329,13 +330,16 @@ class GangPreemptions:
         a budget list per new namespace. So one call is O(passes × for_gang), synchronous
         on the event loop apart from the API reads: ~1.4 s per pass was measured at
         10,000 nodes × 8 GPUs, hence the caps (`passes`, `plans_per_round`, and the
-        back-off of a plan that found nothing)."""
+        back-off of a plan that found nothing); the loop yields between passes, so one
+        stretch without an await is one pass (`bench/gang_preempt_plan.py`)."""
         spared: set[str] = set()
         blocked = ""
         budgets: dict[str, list[disruptions.Budget]] = {}
         fresh: dict[str, disruptions.Victim | None] = {}
         every = victim_units(self.sync, priority)
-        for _ in range(self.passes):
+        for done in range(self.passes):
+            if done:
+                await asyncio.sleep(0)  # let the extender's verbs in between passes
             units = [u for u in every if not spared.intersection(u.uids)]
             self.metrics.plans.inc()
             eviction = engine.for_gang(self.sync.ledger, policy, planned, units, exclude=exclude)
