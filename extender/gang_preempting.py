@@ -143,7 +143,8 @@ def never_preempts(members: Iterable[GangPod]) -> bool:
 def victim_units(sync: LedgerSync, below: int, spare: Iterable[str] = ()) -> list[engine.Unit]:
     """Every unit that may be evicted for a gang of priority `below`: bound, unfinished
     pods holding a grant, of lower priority; a running gang whole (all its live members
-    lower) or not at all. `spare`: UIDs never to evict. A unit whose pods are all being
+    lower; the unit is its members holding a grant, never a gated one) or not at all.
+    `spare`: UIDs never to evict. A unit whose pods are all being
     deleted already (`deletionTimestamp`) gets the priority `GOING` (the cheapest victim,
     `going`): its GPUs are on their way back, so the plan counts on them first and the
     caller waits for them rather than evicting anything. O(pods + grants)."""
@@ -167,10 +168,13 @@ def victim_units(sync: LedgerSync, below: int, spare: Iterable[str] = ()) -> lis
         seen.update(member.uid for member in members)
         if any(m.priority >= below or m.uid in spared for m in members):
             continue
-        held = tuple(g for m in members if (g := sync.ledger.get(m.uid)) is not None)
-        going = all(m.deleting for m in members if sync.ledger.get(m.uid) is not None)
-        priorities = tuple(GOING if going else m.priority for m in members)
-        units.append(engine.Unit(tuple(m.uid for m in members), held, priorities))
+        # only members holding GPUs go: a gated one holds nothing, and evicting a Pending
+        # pod deletes it at once
+        holding = [m for m in members if sync.ledger.get(m.uid) is not None]
+        held = tuple(g for m in holding if (g := sync.ledger.get(m.uid)) is not None)
+        going = all(m.deleting for m in holding)
+        priorities = tuple(GOING if going else m.priority for m in holding)
+        units.append(engine.Unit(tuple(m.uid for m in holding), held, priorities))
     return units
 
 

@@ -510,6 +510,14 @@ def for_gang(
     where = {uid: choice.node for uid, choice in best.choices.items()}
     victims = _spare(ledger, members, where, list(best.units))
     started = _starts(ledger, policy, members, victims, exclude)
+    if started is not None:
+        # the gang's own plan may use other nodes: spare what it does without there too
+        there = {uid: choice.node for uid, choice in started.choices.items()}
+        fewer = _spare(ledger, members, there, victims) if there != where else victims
+        if len(fewer) < len(victims):
+            again = _starts(ledger, policy, members, fewer, exclude)
+            if again is not None:
+                victims, started = fewer, again
     if started is None:
         # `place` fits the members on their nodes, but the gang's own plan (greedy, as
         # the controller will start it) does not: spare only what keeps that plan whole

@@ -111,7 +111,14 @@ def test_gang_preemption_plans_evict_only_lower_whole_and_needed_units(
     where = {uid: choice.node for uid, choice in found.choices.items()}
     for victim in found.units:
         rest = [other for other in found.units if other is not victim]
-        assert preempting.place(sync.ledger, waiting, where, rest) is None, victim.uids
+        if preempting.place(sync.ledger, waiting, where, rest) is None:
+            continue
+        # a first fit on the plan's nodes fits without it: the gang's own plan must not
+        others = {uid for unit in rest for uid in unit.uids}
+        without = Ledger(sync.ledger.inventory)
+        without.restore(grant for grant in sync.ledger if grant.pod_uid not in others)
+        short = gangs.plan(without, policy, waiting)
+        assert isinstance(short, gangs.Shortfall), victim.uids
 
 
 def _room(ledger: Ledger, grant: Grant) -> bool:

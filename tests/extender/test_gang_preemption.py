@@ -187,12 +187,16 @@ async def test_a_running_lower_gang_on_two_nodes_goes_whole_or_not_at_all(
         (free,) = {"gpu-0", "gpu-1", "gpu-2"} - used
         await running(r, "filler0", free, count=2, priority=300)
         await running(r, "filler1", free, count=2, priority=300)
+        # a third member of the full gang stays gated and holds nothing: no victim
+        r.api.create(member("old2", "old", 2, count=4, priority=0))
+        await r.quiet()
         for i in range(2):
             r.api.create(member(f"w{i}", "new", 2, count=2, priority=100))
         await r.quiet()
         await r.rounds(2)
         # one of its nodes would do, but the old gang is one unit: both members go
         assert evicted(r.api) == ["old0", "old1"]
+        assert all(gated(pod) for pod in r.gang_pods("old") if pod["metadata"]["name"] == "old2")
         kubelet_finishes(r.api)
         await r.quiet()
         assert not any(gated(pod) for pod in r.gang_pods("new"))

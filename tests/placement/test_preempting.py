@@ -394,11 +394,17 @@ def test_after_any_gang_eviction_all_members_fit_and_no_victim_is_beyond_need(
     scratch.restore(grant for grant in book if grant.pod_uid not in gone)
     for member in gang:
         scratch.reserve(choosing.grant_for(member.uid, found.choices[member.uid], request))
-    # no victim beyond need: without any one of them, some member has no room
+    # no victim beyond need: without any one of them, some member has no room on the
+    # plan's nodes, or the gang's own plan falls short
     where = {uid: choice.node for uid, choice in found.choices.items()}
     for victim in found.units:
         rest = [other for other in found.units if other is not victim]
-        assert preempting.place(book, gang, where, rest) is None, victim.uids
+        if preempting.place(book, gang, where, rest) is None:
+            continue
+        others = {uid for unit in rest for uid in unit.uids}
+        without = Ledger(book.inventory)
+        without.restore(grant for grant in book if grant.pod_uid not in others)
+        assert isinstance(gangs.plan(without, policy, gang), gangs.Shortfall), victim.uids
 
 
 def test_a_gang_evicts_only_for_a_plan_it_will_start_with() -> None:
