@@ -4,8 +4,10 @@ The gang controller asks `GangPreemptions.attempt` for a complete gang that does
 in free capacity (docs/gangs.md, "Priority and preemption"). Who may preempt and who
 may go, as kube-scheduler's DefaultPreemption decides for one pod:
 
-- the gang's priority is its *lowest* member's `spec.priority`; a gang with a member
-  whose `spec.preemptionPolicy` is `Never` never preempts;
+- the gang's priority is its *lowest* member's `spec.priority`, running members
+  included (a replacement joining a started gang preempts at the gang's priority, not
+  its own); a gang with a member whose `spec.preemptionPolicy` is `Never` never
+  preempts;
 - victims are bound, unfinished pods gpuplace granted GPUs to, of strictly lower
   priority; a running gang is one unit across all its nodes, and a victim only when all
   its live members are of lower priority (evicted whole or not at all);
@@ -248,11 +250,15 @@ class GangPreemptions:
         since: float,
         now: float,
         exclude: frozenset[str] = frozenset(),
+        running: Sequence[GangPod] = (),
     ) -> float | None:
         """Preempt for the complete gang `key` if it may and needs to (module docstring).
-        Returns when to try again (POSIX seconds), or None. Never raises on API failures
-        of the pre-check (logged; the gang is tried again next round)."""
-        if not members or never_preempts(members):
+        `members`: those waiting to be placed; `running`: the gang's started live members
+        (a replacement joining a started gang), which count for its priority and for
+        `preemptionPolicy: Never`. Returns when to try again (POSIX seconds), or None.
+        Never raises on API failures of the pre-check (logged; the gang is tried again
+        next round)."""
+        if not members or never_preempts([*members, *running]):
             return None
         if any(other != key for other in self.underway):
             return None  # one preemption at a time: the fence is one (module docstring)
@@ -261,7 +267,7 @@ class GangPreemptions:
         underway = self.underway.get(key)
         if underway is not None and now < underway.retry_at:
             return underway.retry_at
-        priority = gang_priority(members)
+        priority = gang_priority([*members, *running])
         signature = (
             self.sync.ledger.generation,
             self.sync.pods_version,
@@ -313,7 +319,13 @@ class GangPreemptions:
             underway.nodes = nodes
         self.fences.hold(Fence(key, nodes, frozenset(m.uid for m in members), since))
         return await self._evict(
-            key, members=members, eviction=eviction, victims=victims, underway=underway, now=now
+            key,
+            members=members,
+            priority=priority,
+            eviction=eviction,
+            victims=victims,
+            underway=underway,
+            now=now,
         )
 
     async def _plan(
@@ -417,6 +429,7 @@ class GangPreemptions:
         key: GangKey,
         *,
         members: Sequence[GangPod],
+        priority: int,
         eviction: engine.GangEviction,
         victims: list[PodRecord],
         underway: Underway,
@@ -440,7 +453,7 @@ class GangPreemptions:
                 recording.NORMAL,
                 preempting.PREEMPTED,
                 f"preempted to free {freed.get(victim.uid, 'its GPUs')} for gang "
-                f"{key[0]}/{key[1]} (priority {gang_priority(members)}, "
+                f"{key[0]}/{key[1]} (priority {priority}, "
                 f"{len(members)} members: {wants})",
             )
         self.metrics.victims.inc(len(gone))

@@ -810,6 +810,7 @@ class GangController:
             since=wait.since,
             now=now,
             exclude=self._exclude(wait.key),
+            running=[p for p in self.store.members(wait.key) if p.live and not p.gated],
         )
         if again is not None:
             self._alarm(again, now)

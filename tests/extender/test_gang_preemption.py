@@ -386,6 +386,28 @@ async def test_a_preemption_attempt_makes_a_bounded_number_of_plans(
         assert r.metric("gpuplace_gang_preemption_plans_total") == gang_preempting.PASSES
 
 
+async def test_a_replacement_member_preempts_at_its_gangs_lowest_priority(
+    server: fakeapi.Server,
+) -> None:
+    """A started gang of priority 0 lost a member; its replacement has priority 100. The
+    gang's priority is its lowest member's, running ones included: 0, so the priority-50
+    pods that took the lost member's GPUs are not evicted for it."""
+    nodes(server.api, 2)
+    async with rig(server, settings=SETTINGS) as r:
+        old = await runner(r, "g", "g", 2, count=4, priority=0)
+        lost = old[1]["metadata"]["name"]
+        where = old[1]["spec"]["nodeName"]
+        r.api.delete("pods", lost, "default")
+        await r.quiet()
+        for i in range(4):
+            await running(r, f"mid{i}", where, priority=50)
+        r.api.create(member("g-new", "g", 2, count=4, priority=100))
+        await r.quiet()
+        await r.rounds(3)
+        assert evicted(r.api) == []
+        assert r.fences.owner is None
+
+
 def budget(api: fakeapi.FakeApi, name: str, labels: dict[str, str], *, allowed: int) -> None:
     """A PodDisruptionBudget as the disruption controller keeps its status."""
     body = {
