@@ -37,7 +37,10 @@ An attempt:
    precondition: never a plain DELETE). An eviction still refused (429 from a budget
    that changed meanwhile, 404/409: the pod went or was replaced) stops the evictions:
    the fence stays, a Warning Event `GangPreemptionRefused` says which victim and why,
-   and the gang tries again after `retry_seconds`. A race with another disruption can
+   and the gang tries again after `retry_seconds`. An eviction without an answer
+   (timeout, 502-504) may have gone through: it stops the evictions the same way, and
+   the victim counts as terminating once the pod shows its deletion (never evicted
+   twice). A race with another disruption can
    therefore leave a preemption partial; the fence keeps what was freed for the gang.
 
 A gang whose plan found no victims is not planned again until the ledger
@@ -101,6 +104,9 @@ class Underway:
     """UIDs of the victims whose eviction the API accepted."""
     retry_at: float = 0.0
     """After a refused eviction: no new attempt before this (POSIX seconds)."""
+    unsure: set[str] = field(default_factory=set)
+    """UIDs of victims whose eviction's outcome is unknown (timeout, 502-504): the API
+    may have accepted it; counted as terminating once the pod shows deletion."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,8 +243,11 @@ class GangPreemptions:
         found = self.underway.get(key)
         if found is None:
             return []
-        records = (self.sync.pods.get(uid) for uid in found.evicted)
-        return [r for r in records if r is not None and not r.terminal]
+        records = [self.sync.pods.get(uid) for uid in found.evicted]
+        unsure = [self.sync.pods.get(uid) for uid in found.unsure - found.evicted]
+        return [r for r in records if r is not None and not r.terminal] + [
+            r for r in unsure if r is not None and r.deleting and not r.terminal
+        ]
 
     async def attempt(
         self,
@@ -444,6 +453,8 @@ class GangPreemptions:
             try:
                 await self.api.evict_pod(victim.namespace, victim.name, uid=victim.uid)
             except kube.ApiError as refused:
+                if _unknown(refused):
+                    underway.unsure.add(victim.uid)
                 refusal = (victim, refused)
                 break
             gone.append(victim)
@@ -513,7 +524,17 @@ def _freed(sync: LedgerSync, victims: Sequence[PodRecord]) -> Mapping[str, str]:
     return shown
 
 
+def _unknown(error: kube.ApiError) -> bool:
+    """The request may have been carried out (no answer, or a gateway's)."""
+    return error.status in (0, 502, 503, 504)
+
+
 def _why(error: kube.ApiError) -> str:
+    if _unknown(error):
+        return (
+            f"its outcome is unknown, {error.status} {error.reason}: {error.message}; "
+            "if it went through, the pod terminates and is not evicted again"
+        )
     if error.status == 429:
         return f"a PodDisruptionBudget forbids it now: {error.message}"
     if error.not_found:

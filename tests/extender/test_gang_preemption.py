@@ -408,6 +408,38 @@ async def test_a_replacement_member_preempts_at_its_gangs_lowest_priority(
         assert r.fences.owner is None
 
 
+async def test_an_eviction_without_an_answer_may_have_gone_through(
+    server: fakeapi.Server,
+) -> None:
+    """a1's eviction gets no answer within the client's timeout, yet the API carries it
+    out afterwards: the controller stops, says the outcome is unknown, and once a1
+    shows its deletion it is not evicted again; the rest go on the retry."""
+    nodes(server.api, 1)
+    async with rig(server, settings=SETTINGS) as r:
+        for i in range(4):
+            await running(r, f"a{i}", "gpu-0")
+        r.h.sidecar.api.timeout = 0.3
+        r.api.fail("POST", r"/pods/a1/eviction$", 0, delay=0.6)
+        for i in range(2):
+            r.api.create(member(f"w{i}", "train", 2, count=2, priority=100))
+        await r.h.synced(lambda: terminating(r.api) == ["a0", "a1"])
+        await r.quiet()
+        refused = await events(r, "GangPreemptionRefused")
+        assert refused and "default/a1 was refused (its outcome is unknown" in refused[0]
+        r.clock.offset += 1.0
+        await r.rounds(3)
+        assert evicted(r.api) == ["a0", "a1"]  # nothing more while both terminate
+        kubelet_finishes(r.api)
+        await r.quiet()
+        r.clock.offset += 1.0
+        await r.rounds(3)
+        await r.quiet()
+        assert evicted(r.api) == ["a0", "a1", "a2", "a3"]
+        kubelet_finishes(r.api)
+        await r.quiet()
+        assert not any(gated(pod) for pod in r.gang_pods("train"))
+
+
 def budget(api: fakeapi.FakeApi, name: str, labels: dict[str, str], *, allowed: int) -> None:
     """A PodDisruptionBudget as the disruption controller keeps its status."""
     body = {
