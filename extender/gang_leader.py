@@ -11,10 +11,14 @@ own hostname + "_" and `renewTime + leaseDurationSeconds` has not passed.
 `LeaseFollower.run` reads the Lease every `interval` seconds through `cluster.kube`
 (RBAC: `get` on that Lease, Role `gpuplace-read-scheduler-lease`); `LeaseFollower()`
 answers from the last read. A failed read counts as not leading (the safe side: a gang
-waits a little longer, it is never planned twice). A read the API *refuses* (401, 403,
-or a 404 that lasts: no such Lease) is not quiet: `cluster.refusals` logs it at ERROR, counts it and
-fails /readyz, and `blocked_reason` says why no gang can start, for the gang
-controller's Events on the members that wait.
+waits a little longer, it is never planned twice), except a single one in a row that
+the API did not refuse (a timeout, a 5xx): the last read's Lease is kept for it, and
+still only leads until its own `renewTime + leaseDurationSeconds`, as kube-scheduler's
+other replicas cannot take the Lease before then. So one blip does not make the gang
+controller a follower for a round, which would drop its fence for a preempting gang.
+A read the API *refuses* (401, 403, or a 404 that lasts: no such Lease) is not quiet:
+`cluster.refusals` logs it at ERROR, counts it and fails /readyz, and `blocked_reason`
+says why no gang can start, for the gang controller's Events on the members that wait.
 """
 
 from __future__ import annotations
@@ -73,6 +77,8 @@ class LeaseFollower:
         self.interval = interval
         self._clock = clock
         self._lease: Mapping[str, Any] = {}
+        self._misses = 0
+        """Failed reads in a row (refusals aside)."""
 
     def __call__(self) -> bool:
         return leads(self._lease, self.identity, self._clock())
@@ -109,6 +115,7 @@ class LeaseFollower:
         lease: Mapping[str, Any] = {}
         try:
             lease = await self.api.read_lease(self.namespace, self.name)
+            self._misses = 0
         except kube.ApiError as error:
             # refusals are logged at ERROR by cluster.refusals (via kube); this is the rest
             if error.status not in refusals.REFUSED:
@@ -116,6 +123,11 @@ class LeaseFollower:
                     "scheduler lease not read",
                     extra={"status": error.status, "reason": error.reason},
                 )
+                self._misses += 1
+                if self._misses == 1:
+                    # one blip (timeout, 5xx): keep the last answer, still bounded by its
+                    # own renewTime + leaseDurationSeconds; a second miss forgets it
+                    lease = self._lease
         was = self()
         self._lease = lease
         if self() != was:

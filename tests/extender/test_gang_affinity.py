@@ -319,6 +319,22 @@ async def test_the_lease_follower_reads_the_api() -> None:
             )
             await follower.read()
             assert not follower()
+            # one failed read (not a refusal) keeps the last answer; a second forgets it
+            server.api.patch(
+                "coordination.k8s.io/leases",
+                "gpuplace-scheduler",
+                {"spec": {"holderIdentity": "me_123"}},
+                "gpuplace",
+            )
+            await follower.read()
+            assert follower()
+            server.api.fail("GET", r"/leases/gpuplace-scheduler$", 503, times=2)
+            await follower.read()
+            assert follower()
+            await follower.read()
+            assert not follower()
+            await follower.read()
+            assert follower()
         finally:
             await api.close()
 
