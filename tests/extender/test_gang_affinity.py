@@ -311,21 +311,11 @@ async def test_the_lease_follower_reads_the_api() -> None:
             assert follower()
             assert follower.blocked_reason() is None
             assert api.refusals.in_force() == []  # found again: recovered
-            server.api.patch(
-                "coordination.k8s.io/leases",
-                "gpuplace-scheduler",
-                {"spec": {"holderIdentity": "them_9"}},
-                "gpuplace",
-            )
+            held_by(server, "them_9")
             await follower.read()
             assert not follower()
             # one failed read (not a refusal) keeps the last answer; a second forgets it
-            server.api.patch(
-                "coordination.k8s.io/leases",
-                "gpuplace-scheduler",
-                {"spec": {"holderIdentity": "me_123"}},
-                "gpuplace",
-            )
+            held_by(server, "me_123")
             await follower.read()
             assert follower()
             server.api.fail("GET", r"/leases/gpuplace-scheduler$", 503, times=2)
@@ -337,6 +327,11 @@ async def test_the_lease_follower_reads_the_api() -> None:
             assert follower()
         finally:
             await api.close()
+
+
+def held_by(server: fakeapi.Server, identity: str) -> None:
+    holder = {"spec": {"holderIdentity": identity}}
+    server.api.patch("coordination.k8s.io/leases", "gpuplace-scheduler", holder, "gpuplace")
 
 
 def without_lease_rule(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
