@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from cluster import connecting, kube, mirroring, nodes, pods
@@ -33,10 +32,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("pod", metavar="NAMESPACE/POD", help="the pod (namespace/name)")
-    parser.add_argument(
-        "--kubeconfig", type=Path, help="kubeconfig (default: $KUBECONFIG, ~/.kube/config)"
-    )
-    parser.add_argument("--context", help="kubeconfig context (default: its current one)")
+    usage_command.add_cluster_arguments(parser)
     parser.add_argument(
         "--policy", default="default", choices=policies.NAMES, help="the sidecar's --policy"
     )

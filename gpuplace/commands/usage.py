@@ -154,6 +154,14 @@ def add_prometheus_arguments(parser: argparse.ArgumentParser, *, required: bool)
     )
 
 
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--kubeconfig` and `--context`: the user's own credentials (this and `explain`)."""
+    parser.add_argument(
+        "--kubeconfig", type=Path, help="kubeconfig (default: $KUBECONFIG, ~/.kube/config)"
+    )
+    parser.add_argument("--context", help="kubeconfig context (default: its current one)")
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "usage",
@@ -163,10 +171,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_prometheus_arguments(parser, required=True)
     parser.add_argument("--namespace", "-n", help="only this namespace's pods (default: all)")
-    parser.add_argument(
-        "--kubeconfig", type=Path, help="kubeconfig (default: $KUBECONFIG, ~/.kube/config)"
-    )
-    parser.add_argument("--context", help="kubeconfig context (default: its current one)")
+    add_cluster_arguments(parser)
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
     parser.set_defaults(run=run)
 

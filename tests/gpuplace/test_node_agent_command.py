@@ -115,6 +115,39 @@ async def serving(
         await asyncio.wait_for(running, 30)
 
 
+def plain_client_settings(
+    api: fakeapi.Server,
+    tmp_path: Path,
+    mps_root: Path,
+    kubelet: standin.Kubelet,
+    proc: Path,
+    **values: Any,
+) -> Any:
+    """The agent on the captured plain client's reading (pid 590, 3.6 GiB), without MPS,
+    reading processes' cgroups under `proc` (the test's own proc root)."""
+    (proc / "590").mkdir(parents=True)
+    return agent_settings(
+        api,
+        tmp_path,
+        mps_root,
+        kubelet,
+        mps=False,
+        nvml_replay=FIXTURES / "nvml-plain-client.json",
+        proc_root=proc,
+        **values,
+    )
+
+
+def run_plain_client_in_pod(api: fakeapi.Server, proc: Path) -> None:
+    """research/train, granted the captured GPU whole, running; pid 590 in its cgroup."""
+    created = api.api.create(standin.pod("train", [0], [UUID], milli=1000, node=NODE))
+    slice_ = f"kubepods-pod{created['metadata']['uid'].replace('-', '_')}.slice"
+    (proc / "590" / "cgroup").write_text(
+        f"0::/kubepods.slice/{slice_}/cri-containerd-{'c' * 64}.scope\n"
+    )
+    api.api.set_phase("research", "train", "Running")
+
+
 async def until(condition: Callable[[], Any], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not await condition():
@@ -263,25 +296,10 @@ async def test_the_metrics_endpoint_shows_what_pods_use_until_they_go(
     a proc root of the test's; /metrics scraped over 127.0.0.1 and parsed as Prometheus
     does; the pod's series end once it is deleted."""
     proc = tmp_path / "proc"
-    (proc / "590").mkdir(parents=True)
-    config = agent_settings(
-        api,
-        tmp_path,
-        mps_root,
-        kubelet,
-        mps=False,
-        nvml_replay=FIXTURES / "nvml-plain-client.json",
-        proc_root=proc,
-        usage_seconds=0.05,
-    )
+    config = plain_client_settings(api, tmp_path, mps_root, kubelet, proc, usage_seconds=0.05)
     async with serving(config) as (_, base):
         uuid = nvml.Replay.load(FIXTURES / "nvml-plain-client.json").uuid(0)
-        created = api.api.create(standin.pod("train", [0], [uuid], milli=1000, node=NODE))
-        slice_ = f"kubepods-pod{created['metadata']['uid'].replace('-', '_')}.slice"
-        (proc / "590" / "cgroup").write_text(
-            f"0::/kubepods.slice/{slice_}/cri-containerd-{'c' * 64}.scope\n"
-        )
-        api.api.set_phase("research", "train", "Running")
+        run_plain_client_in_pod(api, proc)
         async with aiohttp.ClientSession() as http:
 
             async def families() -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -433,24 +451,9 @@ async def test_a_real_prometheus_scraping_the_agent_reads_back_asked_vs_used(
     it every second; `usage.prometheus.Reader` reads the pod's use beside its grant, and the
     GPU's load, back under the agent's names."""
     proc = tmp_path / "proc"
-    (proc / "590").mkdir(parents=True)
-    config = agent_settings(
-        api,
-        tmp_path,
-        mps_root,
-        kubelet,
-        mps=False,
-        nvml_replay=FIXTURES / "nvml-plain-client.json",
-        proc_root=proc,
-        usage_seconds=0.2,
-    )
+    config = plain_client_settings(api, tmp_path, mps_root, kubelet, proc, usage_seconds=0.2)
     async with serving(config) as (_, base):
-        created = api.api.create(standin.pod("train", [0], [UUID], milli=1000, node=NODE))
-        slice_ = f"kubepods-pod{created['metadata']['uid'].replace('-', '_')}.slice"
-        (proc / "590" / "cgroup").write_text(
-            f"0::/kubepods.slice/{slice_}/cri-containerd-{'c' * 64}.scope\n"
-        )
-        api.api.set_phase("research", "train", "Running")
+        run_plain_client_in_pod(api, proc)
         target = base.removeprefix("http://").rstrip("/")
         with contextlib.ExitStack() as stack:
             # the launcher and its waits block: off the loop that serves the agent
