@@ -38,11 +38,20 @@ FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / 
 NODE = "gpu-node-1"
 
 
+def gpu_fixture(name: str) -> Path:
+    """The captured GPU reading `name` (../shared/fixtures/gpu); where ../shared is absent,
+    the test skips, saying why (the whole module, when called while it is imported)."""
+    path = FIXTURES / name
+    if not path.exists():
+        pytest.skip(
+            f"GPU fixture {name} not found at {FIXTURES} (../shared)", allow_module_level=True
+        )
+    return path
+
+
 def fixture_gpus() -> list[allocating.NodeGpu]:
     """The real H100 of `nvml-idle.json` (NUMA: "Not Supported" there, so unknown)."""
-    if not (FIXTURES / "nvml-idle.json").exists():
-        pytest.skip(f"GPU fixtures not found at {FIXTURES} (../shared)")
-    readings = json.loads((FIXTURES / "nvml-idle.json").read_text())
+    readings = json.loads(gpu_fixture("nvml-idle.json").read_text())
     return [
         allocating.NodeGpu(
             index=gpu["index"],

@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent import cgroups
+from tests.agent.kubelet import gpu_fixture
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "gpu"
 UID = "0f9a3c2e-5b1d-4e7a-9c3f-2a6b8d1e4f70"
 SYSTEMD_UID = UID.replace("-", "_")
 CID = "4b2f" * 16
@@ -22,7 +22,7 @@ CID = "4b2f" * 16
 
 def test_the_real_mps_clients_are_in_no_pod() -> None:
     """shared/fixtures/gpu/mps-control.txt: the captured clients' cgroup, as it is."""
-    text = (FIXTURES / "mps-control.txt").read_text()
+    text = (gpu_fixture("mps-control.txt")).read_text()
     sections = text.split("== /proc/")[1:]
     assert len(sections) == 2
     for section in sections:

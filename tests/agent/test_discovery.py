@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import xml.etree.ElementTree as ET
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,21 +13,21 @@ from hypothesis import strategies as st
 
 from agent import discovery, nvml
 from placement.inventory import NO_NVLINK
+from tests.agent.kubelet import gpu_fixture
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "gpu"
 READINGS = ("nvml-idle.json", "nvml-plain-client.json", "nvml-mps-clients.json")
 
 
 def reading(name: str = "nvml-idle.json") -> dict[str, Any]:
-    return nvml.Replay.load(FIXTURES / name).reading  # type: ignore[return-value]
+    return nvml.Replay.load(gpu_fixture(name)).reading  # type: ignore[return-value]
 
 
 @pytest.mark.parametrize("name", READINGS)
 def test_discovery_equals_nvidia_smi_on_the_real_h100(name: str) -> None:
     """The same machine's `nvidia-smi -q -x`: UUID, model, memory, bus id, MIG mode."""
-    smi = ET.parse(FIXTURES / "nvidia-smi-q.xml").getroot()
+    smi = ET.parse(gpu_fixture("nvidia-smi-q.xml")).getroot()
     gpus = smi.findall("gpu")
-    found = discovery.discover(nvml.Replay.load(FIXTURES / name))
+    found = discovery.discover(nvml.Replay.load(gpu_fixture(name)))
     assert len(found.gpus) == len(gpus) == 1
     gpu, xml_gpu = found.gpus[0], gpus[0]
     assert gpu.index == 0

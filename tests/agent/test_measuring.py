@@ -18,10 +18,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent import cgroups, measuring, nvml
+from tests.agent.kubelet import gpu_fixture
 from tests.agent.kubelet import pod as granted_pod
 from usage import names
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "gpu"
 NODE = "h100-0"
 H100 = "GPU-73fa5a53-ad78-0389-6c40-cf23e8e3170c"
 H100_MEMORY = 85520809984
@@ -29,7 +29,7 @@ MIB = 1 << 20
 
 
 def reading(name: str) -> dict[str, Any]:
-    loaded: dict[str, Any] = nvml.Replay.load(FIXTURES / f"nvml-{name}.json").reading  # type: ignore[assignment]
+    loaded: dict[str, Any] = nvml.Replay.load(gpu_fixture(f"nvml-{name}.json")).reading  # type: ignore[assignment]
     return loaded
 
 
@@ -120,7 +120,7 @@ def test_mps_clients_go_to_their_pods_and_the_server_to_none(tmp_path: Path) -> 
 
 def test_the_real_clients_cgroups_are_in_no_pod(tmp_path: Path) -> None:
     """The capture's own /proc/<pid>/cgroup (mps-control.txt): `0::/process_api/...`."""
-    text = (FIXTURES / "mps-control.txt").read_text()
+    text = (gpu_fixture("mps-control.txt")).read_text()
     for section in text.split("== /proc/")[1:]:
         header, _, body = section.partition("\n")
         pid = header.split("/")[0]

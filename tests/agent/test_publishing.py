@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,10 +15,10 @@ from agent import discovery, nvml, publishing
 from cluster import connecting, keys, kube, nodes
 from placement.inventory import NO_NVLINK
 from tests import fakeapi
+from tests.agent.kubelet import gpu_fixture
 from tests.fakeapi import objects
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "gpu"
-H100 = nvml.Replay.load(FIXTURES / "nvml-idle.json").reading
+H100 = nvml.Replay.load(gpu_fixture("nvml-idle.json")).reading
 
 
 class Wall:

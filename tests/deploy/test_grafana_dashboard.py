@@ -41,13 +41,13 @@ from gpuplace import localapi
 from gpuplace.agent_settings import AgentSettings
 from gpuplace.commands import node_agent, serve
 from gpuplace.settings import Settings
+from tests.agent.kubelet import gpu_fixture
 from tests.deploy import rendering
 from tests.webhook import helpers
 from usage import names as usage_names
 
 DASHBOARD = rendering.DEPLOY / "grafana" / "gpuplace.json"
 SCHEMA = Path(__file__).resolve().parent / "grafana" / "dashboard.schema.json"
-NVML_IDLE = rendering.ROOT.parent / "shared" / "fixtures" / "gpu" / "nvml-idle.json"
 ROWS = ["Allocation", "Fragmentation", "Asked vs used", "Pending GPU pods", "Health"]
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 DURATIONS = frozenset({"__rate_interval", "__interval", "__range"})
@@ -105,7 +105,7 @@ async def _composed_names() -> set[str]:
             )
             served = CollectorRegistry()
             process = await serve.compose(settings, served)
-            reading = nvml.Replay.load(NVML_IDLE).reading
+            reading = nvml.Replay.load(gpu_fixture("nvml-idle.json")).reading
             (tmp / "nvml.json").write_text(json.dumps(reading))
             agent_settings = AgentSettings(
                 node_name="gpu-0",

@@ -33,11 +33,11 @@ from gpuplace.agent_settings import AgentSettings
 from gpuplace.commands import node_agent
 from tests import fakeapi
 from tests.agent import kubelet as standin
+from tests.agent.kubelet import gpu_fixture
 from tests.fakeapi import objects
 from tests.usage import harness as usage_harness
 from usage import names, prometheus
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "gpu"
 STANDIN = Path(__file__).resolve().parents[1] / "agent" / "mps_standin.py"
 NODE = "h100-0"
 UUID = "GPU-73fa5a53-ad78-0389-6c40-cf23e8e3170c"
@@ -71,7 +71,7 @@ async def api() -> AsyncIterator[fakeapi.Server]:
 
 
 def eight_gpus(tmp_path: Path) -> Path:
-    reading = nvml.Replay.load(FIXTURES / "nvml-idle.json").reading
+    reading = nvml.Replay.load(gpu_fixture("nvml-idle.json")).reading
     path = tmp_path / "nvml-8.json"
     path.write_text(json.dumps(nvml.derived(reading, 8, nvlink_domains=[range(8)])))
     return path
@@ -132,7 +132,7 @@ def plain_client_settings(
         mps_root,
         kubelet,
         mps=False,
-        nvml_replay=FIXTURES / "nvml-plain-client.json",
+        nvml_replay=gpu_fixture("nvml-plain-client.json"),
         proc_root=proc,
         **values,
     )
@@ -298,7 +298,7 @@ async def test_the_metrics_endpoint_shows_what_pods_use_until_they_go(
     proc = tmp_path / "proc"
     config = plain_client_settings(api, tmp_path, mps_root, kubelet, proc, usage_seconds=0.05)
     async with serving(config) as (_, base):
-        uuid = nvml.Replay.load(FIXTURES / "nvml-plain-client.json").uuid(0)
+        uuid = nvml.Replay.load(gpu_fixture("nvml-plain-client.json")).uuid(0)
         run_plain_client_in_pod(api, proc)
         async with aiohttp.ClientSession() as http:
 
@@ -357,7 +357,7 @@ async def test_an_idle_mps_server_in_the_agents_pod_is_charged_to_no_pod(
     alone in the compute list, no MPS client), the server in the agent's own pod's cgroup
     as its daemon's child. Known as the agent's by its pod UID (the DaemonSet's
     GPUPLACE_POD_UID), or as a server by the daemons' get_server_list answer."""
-    reading = json.loads((FIXTURES / "nvml-mps-clients.json").read_text())
+    reading = json.loads((gpu_fixture("nvml-mps-clients.json")).read_text())
     gpu = reading["gpus"][0]
     gpu["mps_processes"] = []
     gpu["compute_processes"] = [p for p in gpu["compute_processes"] if p["pid"] == 663]
@@ -414,7 +414,7 @@ async def test_an_idle_mps_server_in_the_agents_pod_is_charged_to_no_pod(
 
 
 def test_mig_gpus_and_unknown_uuids_get_no_daemon() -> None:
-    reading = nvml.derived(nvml.Replay.load(FIXTURES / "nvml-idle.json").reading, 3)
+    reading = nvml.derived(nvml.Replay.load(gpu_fixture("nvml-idle.json")).reading, 3)
     reading["gpus"][1]["mig_mode"] = [1, 1]
     reading["gpus"][2]["uuid"] = {"nvml_error": "Unknown Error"}
     from agent import discovery
