@@ -1,8 +1,8 @@
 # syntax=docker/dockerfile:1
 # The gpuplace image: `gpuplace serve` (webhook + scheduler extender) and `gpuplace certs`.
 #   docker build -t gpuplace:0.1.0 .
-# Stage `build` makes wheels: gpuplace's own (with its C helpers, placement/_names.c and
-# extender/_priorities.c, so it has a C compiler), then every dependency at the version constraints.txt pins. Stage
+# Stage `build` makes wheels: gpuplace's own (with its C helpers, gpuplace/placement/_names.c and
+# gpuplace/extender/_priorities.c, so it has a C compiler), then every dependency at the version constraints.txt pins. Stage
 # `runtime` is the same slim Python with one virtualenv that holds only what those wheels
 # install: no compiler, no pip, no source tree.
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
@@ -16,18 +16,11 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml setup.py README.md constraints.txt ./
-COPY placement/ placement/
-COPY webhook/ webhook/
-COPY extender/ extender/
-COPY cluster/ cluster/
-COPY certs/ certs/
-COPY agent/ agent/
-COPY usage/ usage/
 COPY gpuplace/ gpuplace/
 # The C helpers are optional in setup.py (installs without a compiler); the image
 # must have them, so the build fails here if the wheel lacks one.
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
- && python -c "import sys, zipfile, glob; names = zipfile.ZipFile(glob.glob('/wheels/gpuplace-*.whl')[0]).namelist(); sys.exit(not all(any(n.startswith(m) and n.endswith('.so') for n in names) for m in ('placement/_names.', 'extender/_priorities.')))" \
+ && python -c "import sys, zipfile, glob; names = zipfile.ZipFile(glob.glob('/wheels/gpuplace-*.whl')[0]).namelist(); sys.exit(not all(any(n.startswith(m) and n.endswith('.so') for n in names) for m in ('gpuplace/placement/_names.', 'gpuplace/extender/_priorities.')))" \
  && python -m pip wheel --only-binary=:all: --wheel-dir /wheels \
         --constraint constraints.txt /wheels/gpuplace-*.whl
 

@@ -9,14 +9,17 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        # filter: node names compared as bytes (placement/names.py)
+        # filter: node names compared as bytes (gpuplace/placement/names.py)
         Extension(
-            "placement._names", ["placement/_names.c"], optional=True, extra_compile_args=["-O2"]
+            "gpuplace.placement._names",
+            ["gpuplace/placement/_names.c"],
+            optional=True,
+            extra_compile_args=["-O2"],
         ),
-        # prioritize: the answer ranked and encoded in one pass (extender/wire.py)
+        # prioritize: the answer ranked and encoded in one pass (gpuplace/extender/wire.py)
         Extension(
-            "extender._priorities",
-            ["extender/_priorities.c"],
+            "gpuplace.extender._priorities",
+            ["gpuplace/extender/_priorities.c"],
             optional=True,
             extra_compile_args=["-O2"],
         ),

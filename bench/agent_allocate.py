@@ -1,6 +1,6 @@
 """Allocate latency of the node agent's device plugin, as the kubelet sees it.
 
-A real `agent.plugin.PluginServer` on a unix socket, registered with the kubelet stand-in
+A real `gpuplace.agent.plugin.PluginServer` on a unix socket, registered with the kubelet stand-in
 of the tests (real gRPC, v1beta1), for an 8-GPU node (derived from the H100 fixture) with
 100 slots per GPU. The node already holds `--resident` running pods (their containers
 started); then `--pods` new pods are bound one after another, a mix of shares (one GPU,
@@ -30,8 +30,8 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from agent import allocating, plugin  # noqa: E402
-from agent.deviceplugin import api_pb2  # noqa: E402
+from gpuplace.agent import allocating, plugin  # noqa: E402
+from gpuplace.agent.deviceplugin import api_pb2  # noqa: E402
 from tests.agent import kubelet as standin  # noqa: E402
 
 

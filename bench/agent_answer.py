@@ -3,7 +3,7 @@ start a client with exactly it on a GPU machine (where no kubelet runs).
 
 Binds a pod with the grant given (GPU UUIDs as `nvidia-smi -L` prints them, milli-GPU and
 MiB), lets the kubelet stand-in of the tests admit it (GetPreferredAllocation, Allocate)
-against a real `agent.plugin.PluginServer`, and prints JSON: the ContainerAllocateResponse
+against a real `gpuplace.agent.plugin.PluginServer`, and prints JSON: the ContainerAllocateResponse
 as the kubelet receives it, and `host_env`: the same answer for a process started on the
 host itself (no container runtime there to read NVIDIA_VISIBLE_DEVICES or CDI names, so
 `CUDA_VISIBLE_DEVICES` names the GPUs; the MPS pipe directory is the host path the answer
@@ -31,8 +31,8 @@ sys.path.insert(0, str(REPO))
 from google.protobuf import json_format  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from agent import allocating, plugin  # noqa: E402
-from agent.deviceplugin import api_pb2  # noqa: E402
+from gpuplace.agent import allocating, plugin  # noqa: E402
+from gpuplace.agent.deviceplugin import api_pb2  # noqa: E402
 from tests.agent import kubelet as standin  # noqa: E402
 
 

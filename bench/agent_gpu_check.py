@@ -1,9 +1,9 @@
 """The node agent on a real GPU machine (no kubelet there): what CI, without a GPU, cannot
 show. Not run in this repository's CI; written for the check on a lent GPU.
 
-1. discovery (`agent.discovery` over the real NVML) equals `nvidia-smi`: index, UUID,
+1. discovery (`gpuplace.agent.discovery` over the real NVML) equals `nvidia-smi`: index, UUID,
    model, memory (MiB), PCI bus id;
-2. the agent's own supervisor (`agent.mps`) starts the real `nvidia-cuda-mps-control` for
+2. the agent's own supervisor (`gpuplace.agent.mps`) starts the real `nvidia-cuda-mps-control` for
    the first GPU, with its per-GPU pipe directory, and it answers;
 3. the device plugin's Allocate answer for a share of that GPU (`bench/agent_answer.py`:
    the real plugin over real gRPC, the kubelet stand-in admitting it), turned into the env
@@ -12,7 +12,7 @@ show. Not run in this repository's CI; written for the check on a lent GPU.
    must succeed, the grant plus 512 MiB must fail;
 4. the daemon is killed (SIGKILL); the supervisor starts it again, it answers again, and a
    new client is capped again;
-5. what a pod uses (`agent.measuring` over the real NVML): a client under the daemon holds
+5. what a pod uses (`gpuplace.agent.measuring` over the real NVML): a client under the daemon holds
    half the granted memory and keeps the GPU busy (memsets) for a few seconds, its PID
    written into a temporary proc root as a pod's; NVML must list it among the MPS clients
    under the PID it has here (host PIDs: the agent's hostPID), and the pod's memory must
@@ -46,8 +46,8 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from agent import cgroups, discovery, measuring, mps, nvml  # noqa: E402
 from bench import agent_answer  # noqa: E402
+from gpuplace.agent import cgroups, discovery, measuring, mps, nvml  # noqa: E402
 
 CLIENT = r"""
 import ctypes, json, sys
@@ -141,7 +141,7 @@ def capped(result: dict[str, Any], small: int, big: int) -> bool:
 
 
 async def usage(env: dict[str, str], hold_mib: int, seconds: float) -> dict[str, Any]:
-    """Step 5: the busy client sampled by `agent.measuring` over the real NVML."""
+    """Step 5: the busy client sampled by `gpuplace.agent.measuring` over the real NVML."""
     report: dict[str, Any] = {}
     busy = subprocess.Popen(
         [sys.executable, "-c", BUSY_CLIENT, str(hold_mib), str(seconds)],

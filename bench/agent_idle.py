@@ -1,8 +1,8 @@
 """The node agent's idle cost on an 8-GPU node: its discovery + publishing loop alone.
 
-An 8-GPU reading derived from the captured H100 (`agent.nvml.derived`: two NVLink
+An 8-GPU reading derived from the captured H100 (`gpuplace.agent.nvml.derived`: two NVLink
 domains of four, NUMA 0/1, marked derived) is replayed through the NVML seam, and a
-`agent.publishing.Publisher` runs its loop at the defaults (NVML read every 5 s, a
+`gpuplace.agent.publishing.Publisher` runs its loop at the defaults (NVML read every 5 s, a
 heartbeat write every 30 s) for `--seconds` against the fake API server in a forked
 process (so the server's work is not counted). Replayed NVML answers from memory: on a
 real node each NVML call is a driver ioctl (tens of microseconds), which this leaves
@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent import nvml, publishing
 from bench.extender_latency import quantiles
-from cluster import connecting, kube
+from gpuplace.agent import nvml, publishing
+from gpuplace.cluster import connecting, kube
 from tests import fakeapi
 from tests.fakeapi import objects
 

@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO))
 
 import aiohttp  # noqa: E402
 
-from agent import nvml  # noqa: E402
 from gpuplace import localapi  # noqa: E402
+from gpuplace.agent import nvml  # noqa: E402
 from tests.agent import kubelet as standin  # noqa: E402
 from tests.fakeapi import objects  # noqa: E402
 

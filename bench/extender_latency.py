@@ -8,7 +8,7 @@ synthetic cluster of the same shape) and a synthetic 10,000-node × 8-GPU one:
    and served from a forked process (no shared GIL or event loop);
 2. the sidecar (informers, ledger, extender app) starts against it and syncs, and
    scores ahead its most common request shapes and those the pending pods wait for
-   (`extender.warming`; `--warm-shapes`, 0 = off; `--warm-pending-shapes`); the time
+   (`gpuplace.extender.warming`; `--warm-shapes`, 0 = off; `--warm-pending-shapes`); the time
    that takes is reported, and the stream starts after it. Every pending pod exists
    before the stream starts (a backlog), so with `--warm-pending-shapes` above the
    number of rare shapes no filter meets a shape not scored ahead; run with
@@ -62,12 +62,12 @@ from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from bench import engine_latency
-from cluster import assignments, connecting, kube
 from gpuplace import simulation
+from gpuplace.cluster import assignments, connecting, kube
+from gpuplace.placement import choosing, trace
+from gpuplace.placement.inventory import Inventory, Node
+from gpuplace.placement.ledger import Grant, GrantState, Ledger
 from gpuplace.sidecar import Sidecar, SidecarSettings
-from placement import choosing, trace
-from placement.inventory import Inventory, Node
-from placement.ledger import Grant, GrantState, Ledger
 from tests import fakeapi
 from tests.fakeapi import objects
 

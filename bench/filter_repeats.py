@@ -1,5 +1,5 @@
 """Cost of a repeated filter: the first one for a request shape, a repeat with nothing
-changed (the kept answer, `extender.repeating`), the same repeat with no answer kept
+changed (the kept answer, `gpuplace.extender.repeating`), the same repeat with no answer kept
 (`--filter-answers-kept 0`: what every repeat cost before), and a repeat after a change
 on one named node (the kept answer is stale: decided anew, incrementally).
 
@@ -36,10 +36,10 @@ from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from bench.extender_latency import quantiles
-from cluster import connecting, kube
-from cluster import nodes as node_records
+from gpuplace.cluster import connecting, kube
+from gpuplace.cluster import nodes as node_records
+from gpuplace.placement.ledger import Grant
 from gpuplace.sidecar import Sidecar, SidecarSettings
-from placement.ledger import Grant
 from tests.fakeapi import objects
 
 

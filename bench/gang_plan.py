@@ -3,7 +3,7 @@
 For each case, 64 gated members are created in a fake API server running on its own
 thread (its work is not timed with ours); the gang controller's ledger holds the openb
 nodes (optionally with background load); then one controller round is timed: plan all
-64 members (`placement.gangs.plan`), reserve them, write each plan (64 PATCHes), narrow
+64 members (`gpuplace.placement.gangs.plan`), reserve them, write each plan (64 PATCHes), narrow
 each member's node affinity (64 PATCHes), remove each gate (64 PATCHes). The planner
 alone is timed too (median of several runs on the same ledger; it changes nothing).
 
@@ -27,17 +27,17 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from cluster import connecting, keys, kube
-from cluster.syncing import LedgerSync
-from extender import workloads
-from extender.gang_api import KubePods
-from extender.gang_members import Reader, gated, plan_mark
-from extender.gang_store import GangStore
-from extender.gangs import GangController, GangSettings
-from placement import gangs, policies, trace
-from placement.inventory import Node
-from placement.ledger import Grant, Ledger
-from placement.requests import WHOLE, GpuRequest
+from gpuplace.cluster import connecting, keys, kube
+from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.extender import workloads
+from gpuplace.extender.gang_api import KubePods
+from gpuplace.extender.gang_members import Reader, gated, plan_mark
+from gpuplace.extender.gang_store import GangStore
+from gpuplace.extender.gangs import GangController, GangSettings
+from gpuplace.placement import gangs, policies, trace
+from gpuplace.placement.inventory import Node
+from gpuplace.placement.ledger import Grant, Ledger
+from gpuplace.placement.requests import WHOLE, GpuRequest
 from tests.fakeapi import ThreadedServer, objects, serve_in_thread
 
 DEFAULT_NODES = Path("/work/shared/data/openb/openb_node_list_gpu_node.csv")

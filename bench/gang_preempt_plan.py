@@ -2,9 +2,9 @@
 
 Every node has 8 GPUs, each held by a 1-GPU pod of priority 0 (bound, running); a
 priority-100 gang of 8 members × 8 whole GPUs must evict 64 of them. Timed, as
-`extender.gang_preempting.GangPreemptions._plan` runs them on the event loop the
+`gpuplace.extender.gang_preempting.GangPreemptions._plan` runs them on the event loop the
 extender's verbs share: `victim_units` (O(pods + grants), once per attempt) and one
-`placement.preempting.for_gang` (one pass). One attempt makes at most `PASSES` passes
+`gpuplace.placement.preempting.for_gang` (one pass). One attempt makes at most `PASSES` passes
 (each after a budget refused a unit) and yields to the loop between them, and one gang
 plans per controller round: `longest_blocking_seconds` (victim_units + the first pass)
 is the longest stretch without an await, `round_bound_seconds` (victim_units + passes ×
@@ -23,13 +23,13 @@ import statistics
 import time
 from typing import Any
 
-from cluster.nodes import NodeRecord
-from cluster.pods import PodRecord
-from cluster.syncing import LedgerSync
-from extender import gang_preempting
-from placement import gangs, policies, preempting
-from placement.ledger import Grant, GrantState
-from placement.requests import WHOLE, GpuRequest
+from gpuplace.cluster.nodes import NodeRecord
+from gpuplace.cluster.pods import PodRecord
+from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.extender import gang_preempting
+from gpuplace.placement import gangs, policies, preempting
+from gpuplace.placement.ledger import Grant, GrantState
+from gpuplace.placement.requests import WHOLE, GpuRequest
 from tests.placement.clusters import node
 
 GPUS = 8

@@ -28,9 +28,9 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from cluster import assignments, connecting, keys, kube, mirroring, pods
-from cluster.syncing import LedgerSync
-from placement.ledger import Grant, GrantState
+from gpuplace.cluster import assignments, connecting, keys, kube, mirroring, pods
+from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.placement.ledger import Grant, GrantState
 from tests import fakeapi
 from tests.fakeapi import objects
 

@@ -4,7 +4,7 @@
 a mixed shape (a quarter, a half or a whole GPU), and the typical workload built from
 those pods' requests as the sidecar builds it; the collector frozen as the sidecar
 leaves it after its first sync (`Sidecar._collector_hygiene`). The ledger collector
-(`cluster.metering.LedgerCollector`: allocation, pending pods, fragmentation) is
+(`gpuplace.cluster.metering.LedgerCollector`: allocation, pending pods, fragmentation) is
 scraped with prometheus_client's own `generate_latest`, as /metrics does:
 
 - `first_ms`: the first scrape, which measures every node (cold memos: as after a
@@ -30,14 +30,14 @@ import time
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster.metering import LedgerCollector
-from cluster.syncing import LedgerSync
-from extender.workloads import typical
+from gpuplace.cluster.metering import LedgerCollector
+from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.extender.workloads import typical
+from gpuplace.placement.inventory import Gpu, Node
+from gpuplace.placement.ledger import Grant
+from gpuplace.placement.measuring import ClusterMeasure
+from gpuplace.placement.requests import GpuRequest
 from gpuplace.sidecar import FULL_PASS_NEVER
-from placement.inventory import Gpu, Node
-from placement.ledger import Grant
-from placement.measuring import ClusterMeasure
-from placement.requests import GpuRequest
 
 SHAPES = (250, 500, 1000)
 

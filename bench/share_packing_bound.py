@@ -1,7 +1,7 @@
 """An upper bound on GPU allocation at 100% arrived, for the openb replay.
 
 For each seed, take the pods that arrive before the arrived GPU request passes 100% of
-the cluster's capacity (the paper's procedure, `placement.replay.arrival_order`) and
+the cluster's capacity (the paper's procedure, `gpuplace.placement.replay.arrival_order`) and
 pack only their *shares* (single-GPU pods asking for less than a whole GPU) into
 1000-milli GPUs offline, largest first, each into the fullest GPU it fits
 (best-fit decreasing — near-optimal for bin packing). Every milli-GPU left over in
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gpuplace import simulation  # noqa: E402
-from placement import replay  # noqa: E402
+from gpuplace.placement import replay  # noqa: E402
 
 OPENB = REPO.parent / "shared" / "data" / "openb"
 

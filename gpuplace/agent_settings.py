@@ -14,8 +14,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from agent import measuring as agent_measuring
-from agent import mps as agent_mps
+from gpuplace.agent import measuring as agent_measuring
+from gpuplace.agent import mps as agent_mps
 from gpuplace.settings import ENV_PREFIX
 
 

@@ -4,7 +4,7 @@ Files in one directory: `ca.crt`, `ca.key`, `ca-bundle.crt`, `tls.crt`, `tls.key
 written 0600 and certificates 0644, each through a temporary file and a rename, so a
 reader (the server's reload) sees either the old or the new file, never half of one; the
 key is renamed into place before the certificate, and the server checks that the two match
-(`certs.pairs.load`) before it swaps them in. Never logs key bytes.
+(`gpuplace.certs.pairs.load`) before it swaps them in. Never logs key bytes.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from cryptography import x509
 
-from certs import bundles, pairs, renewal
+from gpuplace.certs import bundles, pairs, renewal
 
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"

@@ -23,7 +23,7 @@ from cryptography import x509
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from certs import bundles, issuing, pairs, renewal
+from gpuplace.certs import bundles, issuing, pairs, renewal
 
 log = logging.getLogger(__name__)
 

@@ -40,15 +40,15 @@ import prometheus_client
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from cluster import nodes
+from gpuplace.cluster import nodes
+from gpuplace.placement.inventory import Capabilities, Inventory
 from gpuplace.settings import Settings
-from placement.inventory import Capabilities, Inventory
-from webhook import app as webhook_app
-from webhook.auditing import AuditLog, RotatingFileSink, Sink, StreamSink
-from webhook.config import WebhookConfig
-from webhook.inventory import CapabilitySource, FixedCapabilities
-from webhook.metrics import WebhookMetrics
-from webhook.tls import CertificateReloader
+from gpuplace.webhook import app as webhook_app
+from gpuplace.webhook.auditing import AuditLog, RotatingFileSink, Sink, StreamSink
+from gpuplace.webhook.config import WebhookConfig
+from gpuplace.webhook.inventory import CapabilitySource, FixedCapabilities
+from gpuplace.webhook.metrics import WebhookMetrics
+from gpuplace.webhook.tls import CertificateReloader
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """The scheduler sidecar, composed: informers → ledger → extender verbs, plus the
 background work that keeps the API right (node status, Events, expired reservations)
-and, with `gangs`, the gang controller (`extender.gangs`: its own gang-pod informer,
+and, with `gangs`, the gang controller (`gpuplace.extender.gangs`: its own gang-pod informer,
 planning on the shared ledger, ungating members together), which plans only while this
 pod's kube-scheduler holds its leader-election Lease (`--scheduler-lease`,
-`extender.gang_leader`), so that one replica's ledger decides at a time.
+`gpuplace.extender.gang_leader`), so that one replica's ledger decides at a time.
 
 For `gpuplace serve` (see gpuplace.serving):
 
@@ -21,11 +21,11 @@ settings may merge them: anything with the attributes of `SidecarConfig` will do
 `SidecarSettings.gangs` is off (a bare sidecar, as the extender tests build it);
 `gpuplace serve`'s settings turn it on by default (`--gangs false` turns it off).
 
-With `--load-aware`, the sidecar is given a factory of a `usage.loads.LoadReader`
-(`load_reader=`; `gpuplace serve` passes it through `commands.serve.compose`): a
+With `--load-aware`, the sidecar is given a factory of a `gpuplace.usage.loads.LoadReader`
+(`load_reader=`; `gpuplace serve` passes it through `gpuplace.composing.compose`): a
 background task reads GPU loads with it every `--load-refresh-seconds`
-(`extender.loading`), and the policy's exact ties are broken by them
-(`placement.loads`). Without a factory, `--load-aware` refuses to start (`NoLoadReader`).
+(`gpuplace.extender.loading`), and the policy's exact ties are broken by them
+(`gpuplace.placement.loads`). Without a factory, `--load-aware` refuses to start (`NoLoadReader`).
 A reader with an `aclose()` or `close()` is closed when the sidecar stops.
 """
 
@@ -47,7 +47,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from cluster import (
+from gpuplace.cluster import (
     advertising,
     connecting,
     kube,
@@ -58,9 +58,9 @@ from cluster import (
     recording,
     watching,
 )
-from cluster.syncing import LedgerSync
-from extender import app as extender_app
-from extender import (
+from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.extender import app as extender_app
+from gpuplace.extender import (
     binding,
     deciding,
     gang_leader,
@@ -73,15 +73,15 @@ from extender import (
     wire,
     workloads,
 )
-from extender.activity import Activity
-from extender.gang_api import KubePods
-from extender.gang_fences import Fences
-from extender.gang_members import GangPod
-from placement import choosing, policies
-from placement import names as node_names
-from placement.inventory import Capabilities
-from usage import prometheus
-from usage.loads import LoadReader
+from gpuplace.extender.activity import Activity
+from gpuplace.extender.gang_api import KubePods
+from gpuplace.extender.gang_fences import Fences
+from gpuplace.extender.gang_members import GangPod
+from gpuplace.placement import choosing, policies
+from gpuplace.placement import names as node_names
+from gpuplace.placement.inventory import Capabilities
+from gpuplace.usage import prometheus
+from gpuplace.usage.loads import LoadReader
 
 log = logging.getLogger(__name__)
 
@@ -419,7 +419,7 @@ class Sidecar:
             activity=self.activity,
             freeze_young_above=self._freeze_young_above(),
         )
-        """Scores the most common request shapes ahead (see extender.warming)."""
+        """Scores the most common request shapes ahead (see gpuplace.extender.warming)."""
         self.fences = Fences()
         """Capacity holds of a starving gang (written by the gang controller, read by filter)."""
         self.decider = deciding.Decider(
@@ -522,7 +522,7 @@ class Sidecar:
         cls, settings: SidecarConfig, registry: CollectorRegistry, **kwargs: Any
     ) -> Sidecar:
         """Connect to the API (kubeconfig, else in-cluster) and build the sidecar.
-        Raises `cluster.connecting.ConnectError`, `NoLoadReader` (before connecting)."""
+        Raises `gpuplace.cluster.connecting.ConnectError`, `NoLoadReader` (before connecting)."""
         if settings.load_aware and kwargs.get("load_reader") is None:
             raise NoLoadReader(NO_LOAD_READER)
         client = await connecting.api_client(settings.kubeconfig)
@@ -534,7 +534,8 @@ class Sidecar:
 
     def not_ready_reason(self) -> str | None:
         """None once nodes and managed pods are synced and the API refuses none of the
-        calls the sidecar cannot work without (`cluster.refusals.BLOCKING`; for /readyz)."""
+        calls the sidecar cannot work without (`gpuplace.cluster.refusals.BLOCKING`; for
+        /readyz)."""
         refused = self.api.refusals.not_ready_reason()
         if refused is not None:
             return f"the API refuses calls gpuplace needs (check its RBAC): {refused}"
@@ -648,10 +649,14 @@ class Sidecar:
         stop them and close the API client. The loops handle API failures themselves
         (backoff, retry); a task that still dies is logged."""
         for built, helper, without in (
-            (node_names.NATIVE, "placement._names", "filter parses every node name, ~3 ms"),
+            (
+                node_names.NATIVE,
+                "gpuplace.placement._names",
+                "filter parses every node name, ~3 ms",
+            ),
             (
                 wire.NATIVE,
-                "extender._priorities",
+                "gpuplace.extender._priorities",
                 "prioritize's answers are made in Python, ~1.5 ms",
             ),
         ):

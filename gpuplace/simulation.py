@@ -1,6 +1,6 @@
 """`gpuplace simulate`: trace replay wiring — files in, decisions through the
 engine (directly or through the extender's filter and prioritize logic), figures
-out. The replay itself is `placement.replay`; this module owns I/O and timing.
+out. The replay itself is `gpuplace.placement.replay`; this module owns I/O and timing.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from cluster import keys
-from placement import choosing, fragmentation, policies, replay, trace
-from placement.choosing import Choice
-from placement.inventory import Inventory, Node
-from placement.ledger import Ledger
-from placement.requests import GpuRequest
+from gpuplace.cluster import keys
+from gpuplace.placement import choosing, fragmentation, policies, replay, trace
+from gpuplace.placement.choosing import Choice
+from gpuplace.placement.inventory import Inventory, Node
+from gpuplace.placement.ledger import Ledger
+from gpuplace.placement.requests import GpuRequest
 
 EXTENDER_WEIGHT = 100_000
 """The weight deploy/ gives the extender in kube-scheduler's configuration."""
@@ -129,16 +129,16 @@ def via_extender(
     rng: random.Random,
 ) -> Decide:
     """What a real cluster gets: every GPU pod goes through the sidecar's own filter and
-    prioritize (`extender.deciding.Decider`, fed a pod as kube-scheduler sends it), then
+    prioritize (`gpuplace.extender.deciding.Decider`, fed a pod as kube-scheduler sends it), then
     kube-scheduler's choice — uniformly at random among the highest total score, each
     extender score counting `score × weight × (100 / 10)` — then the GPUs the sidecar's
     bind picks on that node. The typical workload is what the sidecar builds from the
     pods it has seen (here: the pod list); the node line is the sidecar's (a stable hash
     of node names), not the seeded one. CPU-only pods are not gpuplace's in a real
     cluster; the replay places them with the same policy as in direct mode."""
-    from cluster.syncing import LedgerSync
-    from extender.deciding import Decider
-    from extender.workloads import PolicyHolder
+    from gpuplace.cluster.syncing import LedgerSync
+    from gpuplace.extender.deciding import Decider
+    from gpuplace.extender.workloads import PolicyHolder
 
     sync = LedgerSync()
     sync.ledger = chooser.ledger
@@ -196,7 +196,7 @@ def run(
 ) -> tuple[RunFigures, replay.Replay]:
     """One replay of `pods` on `nodes` with one policy and seed; with `priorities` > 0
     that fraction of GPU pods is high priority, and with `preempt` they evict lower ones
-    when the policy finds no room (`placement.replay`)."""
+    when the policy finds no room (`gpuplace.placement.replay`)."""
     started = time.perf_counter()
     workload = fragmentation.Workload.from_requests(pod.request() for pod in pods)
     capacity = sum(len(node.gpus) for node in nodes) * 1000

@@ -6,7 +6,7 @@ renewed before expiry, with the CA bundle patched into both webhook configuratio
     gpuplace certs inject --ca-file ./tls/ca-bundle.crt      # only the caBundle
     gpuplace certs check --cert-file tls.crt --key-file tls.key --ca-file ca-bundle.crt
 
-Owns argument parsing and printing; the decisions are in `certs/`, the cluster calls in
+Owns argument parsing and printing; the decisions are in `gpuplace/certs/`, the cluster calls in
 `gpuplace.certs_k8s`, the files in `gpuplace.certs_files`. Prints what it did and why,
 never key material.
 """
@@ -25,8 +25,8 @@ import aiohttp
 from cryptography import x509
 from kubernetes_asyncio import client, config
 
-from certs import bundles, checking, issuing, pairs, renewal
 from gpuplace import certs_files, certs_k8s
+from gpuplace.certs import bundles, checking, issuing, pairs, renewal
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -30,7 +30,7 @@ from typing import Any
 from gpuplace import logs
 from gpuplace.demo import plotting, reporting, running
 from gpuplace.demo.progress import Progress
-from placement import policies
+from gpuplace.placement import policies
 
 DEFAULT_PLOT = Path("gpuplace-demo.png")
 

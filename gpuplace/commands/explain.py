@@ -14,14 +14,14 @@ import json
 import sys
 from typing import Any
 
-from cluster import connecting, kube, mirroring, nodes, pods
-from cluster.syncing import LedgerSync
-from extender import explaining
-from extender.workloads import PolicyHolder
+from gpuplace.cluster import connecting, kube, mirroring, nodes, pods
+from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.commands import usage as usage_command
-from placement import policies
-from usage import report
-from usage.loads import UsageUnavailable
+from gpuplace.extender import explaining
+from gpuplace.extender.workloads import PolicyHolder
+from gpuplace.placement import policies
+from gpuplace.usage import report
+from gpuplace.usage.loads import UsageUnavailable
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,9 +1,9 @@
 """`gpuplace node-agent`: the node agent, one per opted-in GPU node (a DaemonSet; see
 docs/node-agent.md). It discovers the node's GPUs and their health through NVML and keeps
-them and a heartbeat on its Node (agent.publishing), answers the kubelet's device-plugin
-API so that each container gets exactly its grant (agent.plugin), runs one MPS control
-daemon per GPU and restarts it when it dies (agent.mps), samples what each pod uses of its
-GPUs (agent.measuring), and serves /metrics, /healthz and /readyz.
+them and a heartbeat on its Node (gpuplace.agent.publishing), answers the kubelet's device-plugin
+API so that each container gets exactly its grant (gpuplace.agent.plugin), runs one MPS control
+daemon per GPU and restarts it when it dies (gpuplace.agent.mps), samples what each pod uses of its
+GPUs (gpuplace.agent.measuring), and serves /metrics, /healthz and /readyz.
 
 Order at start: the node's pod informer, the first discovery, then the MPS daemons of
 the node's GPUs, which must answer before a share is handed out (a client that starts
@@ -29,10 +29,10 @@ from typing import Any
 
 import prometheus_client
 
-from agent import allocating, cgroups, discovery, measuring, mps, nvml, plugin, publishing
-from cluster import connecting, kube, watching
 from gpuplace import logs, serving, settings
+from gpuplace.agent import allocating, cgroups, discovery, measuring, mps, nvml, plugin, publishing
 from gpuplace.agent_settings import AgentSettings
+from gpuplace.cluster import connecting, kube, watching
 
 log = logging.getLogger(__name__)
 

@@ -13,20 +13,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import random
 import signal
 import ssl
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import prometheus_client
 
-from cluster.connecting import ConnectError
-from gpuplace import logs, serving, settings
-from gpuplace.sidecar import NoLoadReader, Sidecar
-from usage import prometheus
-from usage.loads import LoadReader
+from gpuplace import composing, logs, serving, settings
+from gpuplace.cluster.connecting import ConnectError
+from gpuplace.sidecar import NoLoadReader
 
 log = logging.getLogger(__name__)
 
@@ -55,65 +50,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
-@dataclass(slots=True)
-class Process:
-    """The parts of one `gpuplace serve` process, built and not yet started."""
-
-    server: serving.Server
-    sidecar: Sidecar | None
-    """The scheduler sidecar (None when offline: `--inventory FILE`)."""
-
-
-def prometheus_reader(config: settings.Settings) -> Callable[[], LoadReader]:
-    """The factory of the reader of measured GPU loads that `--usage-prometheus`,
-    `--usage-metrics` and `--usage-token-file` name."""
-    assert config.usage_prometheus is not None
-    source = prometheus.Source(
-        url=config.usage_prometheus,
-        metrics=config.usage_metrics,
-        token_file=config.usage_token_file,
-        step_seconds=config.usage_step_seconds,
-    )
-    return lambda: prometheus.Reader(source)
-
-
-async def compose(
-    config: settings.Settings,
-    registry: prometheus_client.CollectorRegistry,
-    *,
-    rng: random.Random | None = None,
-    load_reader: Callable[[], LoadReader] | None = None,
-) -> Process:
-    """The process as configured: ops and webhook sites (`serving.build`) and, unless
-    `--inventory` is given, the sidecar (its informers and background work as a context,
-    its sync as a readiness check, the extender as a site, its live inventory as the
-    webhook's). Run it with `process.server.run(stop)`. Used by `gpuplace serve` and
-    `gpuplace demo` alike. `load_reader` makes the sidecar's reader of measured GPU
-    loads (`--load-aware`); by default the Prometheus reader that `--usage-prometheus`
-    names. Raises `ConnectError` (no API), `NoLoadReader`
-    (`--load-aware` without one), `OSError`/`ssl.SSLError` (certificate),
-    `serving.InventoryFileError` only later, at start."""
-    sidecar: Sidecar | None = None
-    if load_reader is None and config.load_aware and config.usage_prometheus:
-        load_reader = prometheus_reader(config)
-    if config.inventory is None:
-        sidecar = await Sidecar.create(config, registry, rng=rng, load_reader=load_reader)
-    try:
-        server = serving.build(config, registry, capabilities=sidecar)
-    except BaseException:
-        if sidecar is not None:
-            await sidecar.api.close()
-        raise
-    if sidecar is not None:
-        server.add_context(sidecar.running)
-        server.add_readiness("sidecar", sidecar.not_ready_reason)
-        server.add_site("extender", sidecar.app, config.extender_address, config.extender_port)
-    return Process(server, sidecar)
-
-
 async def _serve(config: settings.Settings, registry: prometheus_client.CollectorRegistry) -> int:
     try:
-        process = await compose(config, registry)
+        process = await composing.compose(config, registry)
     except ConnectError as error:
         log.error("cannot reach the Kubernetes API", extra={"error": str(error)})
         return 1

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuplace import simulation
-from placement import policies, trace
+from gpuplace.placement import policies, trace
 
 DESCRIPTION = """\
 Replay a GPU cluster trace the way the FGD paper (Weng et al., USENIX ATC '23) does:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
-from placement.ledger import Ledger
-from placement.requests import WHOLE
+from gpuplace.placement.ledger import Ledger
+from gpuplace.placement.requests import WHOLE
 
 
 def plot(

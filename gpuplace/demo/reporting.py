@@ -10,15 +10,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cluster import keys
-from extender import explaining
-from extender.gang_members import plan_mark
+from gpuplace.cluster import keys
 from gpuplace.demo import scenario
 from gpuplace.demo.running import Outcome, PodResult
-from placement import requests
-from placement.fragmentation import Workload
-from placement.ledger import Ledger
-from placement.requests import WHOLE
+from gpuplace.extender import explaining
+from gpuplace.extender.gang_members import plan_mark
+from gpuplace.placement import requests
+from gpuplace.placement.fragmentation import Workload
+from gpuplace.placement.ledger import Ledger
+from gpuplace.placement.requests import WHOLE
 
 PLACED = "placed"
 REFUSED = "refused"

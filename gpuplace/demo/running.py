@@ -4,7 +4,7 @@ admission and kube-scheduler's cycle (both played here), and what came of it.
 
 Order of events, all on 127.0.0.1 with ephemeral ports:
 
-1. a fresh CA and serving certificate (`certs.renewal.issue`, written as `gpuplace certs`
+1. a fresh CA and serving certificate (`gpuplace.certs.renewal.issue`, written as `gpuplace certs`
    writes files) into a temporary directory;
 2. `gpuplace.localapi` serves the nodes of `gpuplace/data/demo-nodes.json`, enforcing
    the RBAC that deploy/ ships (bearer tokens; skipped, with a warning, where deploy/ is
@@ -54,20 +54,19 @@ import aiohttp
 from prometheus_client import CollectorRegistry
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from certs import issuing, renewal
-from cluster import connecting, keys, kube, mirroring, nodes, pods
-from cluster.syncing import LedgerSync
-from extender import explaining
-from extender.workloads import PolicyHolder
-from gpuplace import certs_files, localapi
-from gpuplace.commands import serve
+from gpuplace import certs_files, composing, localapi
+from gpuplace.certs import issuing, renewal
+from gpuplace.cluster import connecting, keys, kube, mirroring, nodes, pods
+from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.demo import scenario, scheduling
 from gpuplace.demo.admitting import Admitted, ApiServer
 from gpuplace.demo.scheduling import Attempt, Scheduler
+from gpuplace.extender import explaining
+from gpuplace.extender.workloads import PolicyHolder
 from gpuplace.localapi import NODES, PODS, FakeApi
+from gpuplace.placement.ledger import Ledger
 from gpuplace.settings import Settings
 from gpuplace.sidecar import Sidecar
-from placement.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +215,7 @@ def _advertised(api: FakeApi) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def _running(process: serve.Process) -> AsyncIterator[None]:
+async def _running(process: composing.Process) -> AsyncIterator[None]:
     stop = asyncio.Event()
     task = asyncio.create_task(process.server.run(stop), name="gpuplace-demo-serve")
     started = asyncio.create_task(process.server.started.wait())
@@ -321,7 +320,7 @@ class Demo:
                 lease_namespace, _, lease_name = config.scheduler_lease.partition("/")
                 self.progress("starting gpuplace serve (webhook, extender, gang controller)")
                 registry = CollectorRegistry()
-                process = await serve.compose(config, registry, rng=random.Random(self.seed))
+                process = await composing.compose(config, registry, rng=random.Random(self.seed))
                 assert process.sidecar is not None
                 async with (
                     scheduling.leading(api, lease_namespace, lease_name),
@@ -354,7 +353,7 @@ class Demo:
         self,
         api: FakeApi,
         session: aiohttp.ClientSession,
-        process: serve.Process,
+        process: composing.Process,
         tls: Path,
     ) -> list[PodResult]:
         server = process.server
@@ -427,7 +426,7 @@ class Demo:
         self.timings["pods_seconds"] = time.perf_counter() - began
         return results
 
-    async def _settle(self, api: FakeApi, process: serve.Process) -> None:
+    async def _settle(self, api: FakeApi, process: composing.Process) -> None:
         """Let the sidecar's informers catch up with the API and flush its Events."""
         sidecar = process.sidecar
         assert sidecar is not None

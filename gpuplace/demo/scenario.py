@@ -17,7 +17,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from cluster import keys
+from gpuplace.cluster import keys
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 H100 = "NVIDIA-H100-80GB-HBM3"

@@ -1,6 +1,6 @@
 """A minimal in-memory Kubernetes API: only the endpoints gpuplace uses, in the real wire
 format, on 127.0.0.1. For `gpuplace demo` and for tests — never used against a real
-cluster, and never imported by placement/, webhook/, extender/, cluster/ or certs/.
+cluster, and never imported by placement/, webhook/, extender/, gpuplace/cluster/ or certs/.
 
 What it serves (the kube-apiserver behaviour gpuplace relies on, nothing more): pods,
 nodes, events, namespaces, configmaps, coordination.k8s.io leases and policy/v1

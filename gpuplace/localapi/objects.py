@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cluster import keys, quantities
+from gpuplace.cluster import keys, quantities
 
 
 def node(

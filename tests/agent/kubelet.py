@@ -29,10 +29,10 @@ from typing import Any
 import grpc
 import pytest
 
-from agent import allocating
-from agent.deviceplugin import api_pb2, api_pb2_grpc
-from cluster import assignments, keys
-from placement.ledger import Grant, GrantState
+from gpuplace.agent import allocating
+from gpuplace.agent.deviceplugin import api_pb2, api_pb2_grpc
+from gpuplace.cluster import assignments, keys
+from gpuplace.placement.ledger import Grant, GrantState
 
 FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "gpu"
 NODE = "gpu-node-1"
@@ -86,7 +86,7 @@ def pod(
     assigned: bool = True,
 ) -> dict[str, Any]:
     """A bound gpuplace pod as the API returns it, its assignment written by
-    `cluster.assignments` (the sidecar's code) and its GPU container asking for slots."""
+    `gpuplace.cluster.assignments` (the sidecar's code) and its GPU container asking for slots."""
     grant = Grant(
         pod_uid=f"uid-{name}",
         node=node,

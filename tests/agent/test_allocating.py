@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent import allocating, plugin
-from cluster import keys, kube
+from gpuplace.agent import allocating, plugin
+from gpuplace.cluster import keys, kube
 from tests import fakeapi
 from tests.agent import kubelet as standin
 from tests.cluster.conftest import api, eventually, server

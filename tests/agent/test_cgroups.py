@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent import cgroups
+from gpuplace.agent import cgroups
 from tests.agent.kubelet import gpu_fixture
 
 UID = "0f9a3c2e-5b1d-4e7a-9c3f-2a6b8d1e4f70"

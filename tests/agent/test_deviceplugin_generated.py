@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.deviceplugin import api_pb2, api_pb2_grpc
+from gpuplace.agent.deviceplugin import api_pb2, api_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = Path("agent", "deviceplugin")
+PACKAGE = Path("gpuplace", "agent", "deviceplugin")
 GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py", "api_pb2_grpc.pyi")
 
 

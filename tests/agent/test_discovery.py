@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent import discovery, nvml
-from placement.inventory import NO_NVLINK
+from gpuplace.agent import discovery, nvml
+from gpuplace.placement.inventory import NO_NVLINK
 from tests.agent.kubelet import gpu_fixture
 
 READINGS = ("nvml-idle.json", "nvml-plain-client.json", "nvml-mps-clients.json")

@@ -17,10 +17,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent import cgroups, measuring, nvml
+from gpuplace.agent import cgroups, measuring, nvml
+from gpuplace.usage import names
 from tests.agent.kubelet import gpu_fixture
 from tests.agent.kubelet import pod as granted_pod
-from usage import names
 
 NODE = "h100-0"
 H100 = "GPU-73fa5a53-ad78-0389-6c40-cf23e8e3170c"
@@ -436,7 +436,7 @@ async def test_a_sample_held_by_a_hung_nvml_call_stops_being_exported(
     try:
         await until(exported)
         hanging.hung.set()
-        with caplog.at_level("WARNING", logger="agent.measuring"):
+        with caplog.at_level("WARNING", logger="gpuplace.agent.measuring"):
             await until(nothing)
             scrape(registry)
         text = generate_latest(registry).decode()

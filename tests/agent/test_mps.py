@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from agent import mps
+from gpuplace.agent import mps
 
 STANDIN = Path(__file__).with_name("mps_standin.py")
 GPU0 = "GPU-2f5b3c4e-5f1a-9c2e-1d7b-4a8e6c0b9d11"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agent import nvml
+from gpuplace.agent import nvml
 
 pynvml: Any = pytest.importorskip("pynvml")
 HANDLE = object()

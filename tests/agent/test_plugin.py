@@ -14,8 +14,8 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent import allocating, plugin
-from cluster import keys
+from gpuplace.agent import allocating, plugin
+from gpuplace.cluster import keys
 from tests.agent import kubelet as standin
 
 MPS = allocating.Mps(pipe_dir="/run/gpuplace/mps/pipe", shm_dir="/run/gpuplace/mps/shm")

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent import discovery, nvml, publishing
-from cluster import connecting, keys, kube, nodes
-from placement.inventory import NO_NVLINK
+from gpuplace.agent import discovery, nvml, publishing
+from gpuplace.cluster import connecting, keys, kube, nodes
+from gpuplace.placement.inventory import NO_NVLINK
 from tests import fakeapi
 from tests.agent.kubelet import gpu_fixture
 from tests.fakeapi import objects

@@ -9,7 +9,7 @@ from cryptography import x509
 from hypothesis import given
 from hypothesis import strategies as st
 
-from certs import bundles, issuing, pairs
+from gpuplace.certs import bundles, issuing, pairs
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 SPEC = issuing.Spec(

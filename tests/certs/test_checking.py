@@ -1,4 +1,5 @@
-"""Chains, names, pairs: `certs.checking` and `certs.pairs`, and a real TLS handshake on
+"""Chains, names, pairs: `gpuplace.certs.checking` and `gpuplace.certs.pairs`, and a real TLS
+handshake on
 127.0.0.1 with the issued pair (what kube-apiserver does when it calls the webhook)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from certs import bundles, checking, issuing, pairs, renewal
+from gpuplace.certs import bundles, checking, issuing, pairs, renewal
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 SPEC = issuing.Spec(dns_names=issuing.service_names("gpuplace-webhook", "gpuplace"))

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from certs import bundles, checking, issuing, pairs, renewal
 from gpuplace import certs_k8s, cli
+from gpuplace.certs import bundles, checking, issuing, pairs, renewal
 from gpuplace.commands import certs as certs_command
 from tests.certs import fake_api
 

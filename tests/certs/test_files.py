@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from certs import bundles, checking, issuing, pairs, renewal
 from gpuplace import certs_files, cli
+from gpuplace.certs import bundles, checking, issuing, pairs, renewal
 from gpuplace.commands import certs as certs_command
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""What `certs.issuing` puts into a CA and a serving certificate."""
+"""What `gpuplace.certs.issuing` puts into a CA and a serving certificate."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from hypothesis import given
 from hypothesis import strategies as st
 
-from certs import checking, issuing, pairs
+from gpuplace.certs import checking, issuing, pairs
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 NAMES = issuing.service_names("gpuplace-webhook", "gpuplace")

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from certs import bundles, checking, issuing, renewal
+from gpuplace.certs import bundles, checking, issuing, renewal
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 NAMES = issuing.service_names("gpuplace-webhook", "gpuplace")

@@ -1,4 +1,4 @@
-"""Fixtures: a fake API server on 127.0.0.1 and a `cluster.kube.Kube` talking to it."""
+"""Fixtures: a fake API server on 127.0.0.1 and a `gpuplace.cluster.kube.Kube` talking to it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from cluster import connecting, kube
+from gpuplace.cluster import connecting, kube
 from tests import fakeapi
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from cluster import advertising, keys, kube, nodes, recording
+from gpuplace.cluster import advertising, keys, kube, nodes, recording
 from tests import fakeapi
 from tests.cluster.conftest import eventually
 from tests.fakeapi import objects

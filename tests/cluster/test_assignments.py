@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster import assignments, keys
-from placement.inventory import Gpu, Node
-from placement.ledger import Grant, GrantState
-from placement.requests import GpuRequest
+from gpuplace.cluster import assignments, keys
+from gpuplace.placement.inventory import Gpu, Node
+from gpuplace.placement.ledger import Grant, GrantState
+from gpuplace.placement.requests import GpuRequest
 
 AT = datetime(2026, 11, 21, 5, 44, 24, tzinfo=UTC)
 

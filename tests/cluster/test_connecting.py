@@ -1,4 +1,4 @@
-"""cluster.connecting: the API client resolves proxies once and never per request."""
+"""gpuplace.cluster.connecting: the API client resolves proxies once and never per request."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 import pytest
 from kubernetes_asyncio import client
 
-from cluster import connecting, kube
+from gpuplace.cluster import connecting, kube
 from gpuplace.localapi import FakeApi, serve
 from tests.fakeapi import objects
 

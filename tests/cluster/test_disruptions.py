@@ -1,12 +1,12 @@
-"""The PodDisruptionBudget pre-check of a gang's preemption (cluster.disruptions) applies
+"""The PodDisruptionBudget pre-check of a gang's preemption (gpuplace.cluster.disruptions) applies
 the Eviction API's rules to all victims together."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from cluster import disruptions
-from cluster.disruptions import Victim
+from gpuplace.cluster import disruptions
+from gpuplace.cluster.disruptions import Victim
 
 
 def pdb(name: str, allowed: int, selector: Any, *, generation: int = 1, seen: int = 1) -> Any:

@@ -1,4 +1,4 @@
-"""cluster.refusals: what counts as a refusal, when it is loud, and what fails /readyz."""
+"""gpuplace.cluster.refusals: what counts as a refusal, when it is loud, and what fails /readyz."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry
 
-from cluster import refusals
+from gpuplace.cluster import refusals
 
 
 def test_a_missing_lease_is_a_refusal_only_once_it_lasts() -> None:
@@ -46,7 +46,7 @@ def test_a_refusal_is_logged_once_and_its_end_at_info(caplog: pytest.LogCaptureF
     found = refusals.Refusals()
     registry = CollectorRegistry()
     registry.register(found)
-    with caplog.at_level(logging.INFO, logger="cluster.refusals"):
+    with caplog.at_level(logging.INFO, logger="gpuplace.cluster.refusals"):
         for _ in range(5):
             found.answered("list", "pods", 403, "Forbidden", "pods is forbidden: ...")
         found.answered("list", "pods", 401, "Unauthorized", "Unauthorized")  # a new code

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster import assignments, keys, nodes, pods, syncing
-from cluster.syncing import LedgerSync
-from placement.choosing import scoring_shape
-from placement.ledger import Grant, GrantState, LedgerError, Oversubscribed
-from placement.requests import GpuRequest
+from gpuplace.cluster import assignments, keys, nodes, pods, syncing
+from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.placement.choosing import scoring_shape
+from gpuplace.placement.ledger import Grant, GrantState, LedgerError, Oversubscribed
+from gpuplace.placement.requests import GpuRequest
 from tests.fakeapi import objects
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)

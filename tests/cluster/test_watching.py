@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cluster import kube, watching
+from gpuplace.cluster import kube, watching
 from tests import fakeapi
 from tests.cluster.conftest import eventually
 from tests.fakeapi import objects

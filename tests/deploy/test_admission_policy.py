@@ -18,13 +18,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster import annotations as grammar
-from cluster import keys, nodes
+from gpuplace.cluster import annotations as grammar
+from gpuplace.cluster import keys, nodes
+from gpuplace.webhook import admission, mutating, reviews
+from gpuplace.webhook.config import WebhookConfig
+from gpuplace.webhook.inventory import FixedCapabilities
 from tests.deploy import matching, rendering
 from tests.webhook import helpers
-from webhook import admission, mutating, reviews
-from webhook.config import WebhookConfig
-from webhook.inventory import FixedCapabilities
 
 pytest.importorskip("celpy", reason="cel-python (test extra) evaluates the CEL")
 

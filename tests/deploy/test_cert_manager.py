@@ -11,8 +11,8 @@ from datetime import timedelta
 
 import pytest
 
-from certs import issuing
 from gpuplace import certs_k8s
+from gpuplace.certs import issuing
 from tests.deploy.rendering import Obj, named, one, render
 
 CERTIFICATE_SPEC = {

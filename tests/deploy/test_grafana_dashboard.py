@@ -11,7 +11,7 @@
   from the real registries of a composed `gpuplace serve` (webhook, sidecar) and
   `gpuplace node-agent` (the agent's own collectors), with the sample suffixes
   prometheus_client gives each type (`_total`, `_bucket`/`_sum`/`_count`), and the GPU
-  use names of `usage/names.py` that the node agent exports. A misspelt or missing metric
+  use names of `gpuplace/usage/names.py` that the node agent exports. A misspelt or missing metric
   fails (the negative cases below show that it does).
 """
 
@@ -36,15 +36,15 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from agent import nvml
-from gpuplace import localapi
+from gpuplace import composing, localapi
+from gpuplace.agent import nvml
 from gpuplace.agent_settings import AgentSettings
-from gpuplace.commands import node_agent, serve
+from gpuplace.commands import node_agent
 from gpuplace.settings import Settings
+from gpuplace.usage import names as usage_names
 from tests.agent.kubelet import gpu_fixture
 from tests.deploy import rendering
 from tests.webhook import helpers
-from usage import names as usage_names
 
 DASHBOARD = rendering.DEPLOY / "grafana" / "gpuplace.json"
 SCHEMA = Path(__file__).resolve().parent / "grafana" / "dashboard.schema.json"
@@ -104,7 +104,7 @@ async def _composed_names() -> set[str]:
                 kubeconfig=api_server.kubeconfig(tmp / "gpuplace.kubeconfig", localapi.GPUPLACE),
             )
             served = CollectorRegistry()
-            process = await serve.compose(settings, served)
+            process = await composing.compose(settings, served)
             reading = nvml.Replay.load(gpu_fixture("nvml-idle.json")).reading
             (tmp / "nvml.json").write_text(json.dumps(reading))
             agent_settings = AgentSettings(
@@ -130,13 +130,13 @@ async def _composed_names() -> set[str]:
 @functools.cache
 def exported() -> frozenset[str]:
     """What gpuplace exports: the composed processes' registries, and the node agent's
-    GPU use metrics named in usage/names.py."""
+    GPU use metrics named in gpuplace/usage/names.py."""
     usage = {
         value
         for name, value in vars(usage_names).items()
         if name.isupper() and isinstance(value, str) and value.startswith("gpuplace_")
     }
-    assert usage, "usage/names.py names the node agent's GPU use metrics"
+    assert usage, "gpuplace/usage/names.py names the node agent's GPU use metrics"
     return frozenset(asyncio.run(_composed_names()) | usage)
 
 

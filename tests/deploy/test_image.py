@@ -179,7 +179,7 @@ def test_wheel_installs_in_a_clean_venv_and_runs(stages: list[Stage], tmp_path: 
     assert "BuildBackendWarning" not in built.stdout + built.stderr, built.stderr[-3000:]
     (wheel,) = wheels.glob("gpuplace-*.whl")
     with zipfile.ZipFile(wheel) as archive:  # the C helpers, which the Dockerfile checks too
-        for helper in (r"placement/_names", r"extender/_priorities"):
+        for helper in (r"gpuplace/placement/_names", r"gpuplace/extender/_priorities"):
             assert any(re.fullmatch(helper + r"\..*\.so", n) for n in archive.namelist())
     deps = run(
         [*pip, "wheel", "--only-binary=:all:", "--wheel-dir", str(wheels), "--constraint",
@@ -204,7 +204,10 @@ def test_wheel_installs_in_a_clean_venv_and_runs(stages: list[Stage], tmp_path: 
     names = {p["name"].lower() for p in json.loads(freeze.stdout)}
     assert "gpuplace" in names and not names & {"pip", "setuptools", "mypy", "pytest", "ruff"}
 
-    check = "import placement.names as n, extender.wire as w; assert n.NATIVE and w.NATIVE"
+    check = (
+        "import gpuplace.placement.names as n, gpuplace.extender.wire as w;"
+        " assert n.NATIVE and w.NATIVE"
+    )
     native = run([str(python), "-c", check], tmp_path)
     assert native.returncode == 0, native.stderr[-2000:]
     gpuplace = venv / "bin" / "gpuplace"

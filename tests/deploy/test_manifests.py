@@ -14,9 +14,9 @@ import pytest
 import yaml
 from kubernetes_validate import utils as validate_utils
 
-from certs import issuing
-from cluster import keys
 from gpuplace import certs_k8s, cli
+from gpuplace.certs import issuing
+from gpuplace.cluster import keys
 from tests.deploy import rendering
 from tests.deploy.rendering import Obj, container, named, one, render
 
@@ -345,7 +345,7 @@ def test_webhooks_see_pods_outside_system_namespaces(webhooks: dict[str, Obj]) -
         for ns, sent in (("kube-system", False), (NAMESPACE, False), ("team-a", True)):
             labels = {"kubernetes.io/metadata.name": ns}
             assert rendering.selects(selector, labels) is sent, ns
-        # The CEL conditions name our annotation prefix, spelled once in cluster.keys.
+        # The CEL conditions name our annotation prefix, spelled once in gpuplace.cluster.keys.
         for condition in hook["matchConditions"]:
             assert re.findall(r"startsWith\('([^']*)'\)", condition["expression"]) != []
             assert set(re.findall(r"startsWith\('([^']*)'\)", condition["expression"])) == {

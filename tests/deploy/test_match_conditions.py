@@ -22,12 +22,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster import keys, nodes
+from gpuplace.cluster import keys, nodes
+from gpuplace.webhook import admission, reviews
+from gpuplace.webhook.config import WebhookConfig
+from gpuplace.webhook.inventory import FixedCapabilities
 from tests.deploy import matching, rendering
 from tests.webhook import helpers
-from webhook import admission, reviews
-from webhook.config import WebhookConfig
-from webhook.inventory import FixedCapabilities
 
 FIXTURES = rendering.ROOT.parent / "shared" / "fixtures" / "admission"
 MUTATING, VALIDATING = matching.MUTATING, matching.VALIDATING
@@ -331,7 +331,7 @@ def test_removing_every_gpuplace_annotation_is_still_validated() -> None:
 
 
 def test_the_conditions_name_our_keys() -> None:
-    """The prefix and the label are spelled as cluster.keys spells them; the validating
+    """The prefix and the label are spelled as gpuplace.cluster.keys spells them; the validating
     webhook sees pods and pods/status only, the mutating one only pod CREATEs."""
     for kind in (MUTATING, VALIDATING):
         for condition in matching.webhook(kind)["matchConditions"]:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from agent import mps
-from cluster import keys
 from gpuplace import cli
+from gpuplace.agent import mps
 from gpuplace.agent_settings import AgentSettings
+from gpuplace.cluster import keys
 from tests.deploy import rendering
 from tests.deploy.rendering import Obj, container, one, render
 

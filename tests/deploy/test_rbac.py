@@ -11,7 +11,7 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 
-from cluster import kube
+from gpuplace.cluster import kube
 from gpuplace.localapi import access
 from gpuplace.sidecar import SidecarSettings
 from tests.deploy import rendering
@@ -216,11 +216,12 @@ CLI_ONLY = {("", "list_namespaced_event")}
 VERB_OF = {"read": ("get",), "list": ("list", "watch"), "patch": ("patch",),
            "create": ("create",), "replace": ("update",), "delete": ("delete",)}  # fmt: skip
 GROUP_OF = {"core": "", "coordination": "coordination.k8s.io", "policy": "policy"}
-"""`cluster.kube.Kube`'s generated clients, by attribute, and their API groups."""
+"""`gpuplace.cluster.kube.Kube`'s generated clients, by attribute, and their API groups."""
 
-KUBE = rendering.ROOT / "cluster" / "kube.py"
-SIDECAR_ROOMS = ("cluster", "extender", "webhook", "gpuplace", "agent", "usage")
-"""The rooms whose API calls must all go through `cluster.kube` (the node agent's too)."""
+KUBE = rendering.ROOT / "gpuplace" / "cluster" / "kube.py"
+SIDECAR_ROOMS = ("gpuplace",)
+"""The package whose API calls must all go through `gpuplace.cluster.kube` (every room's,
+the node agent's too)."""
 OWN_CLIENTS = {rendering.ROOT / "gpuplace" / "certs_k8s.py"}
 """The certs job's calls (identity gpuplace-certs), checked by their own test below."""
 GENERATED_METHODS = {
@@ -288,7 +289,7 @@ def test_every_api_call_goes_through_cluster_kube() -> None:
             for number, line in enumerate(path.read_text().splitlines(), 1):
                 if GENERATED.search(line):
                     outside.append(f"{path.relative_to(rendering.ROOT)}:{number}: {line.strip()}")
-    assert outside == [], "API calls outside cluster/kube.py:\n" + "\n".join(outside)
+    assert outside == [], "API calls outside gpuplace/cluster/kube.py:\n" + "\n".join(outside)
 
 
 def test_the_scan_sees_calls_outside_kube() -> None:
@@ -315,7 +316,7 @@ def test_rbac_covers_every_call_the_sidecar_makes(objects: list[Obj]) -> None:
 
 
 AGENT_SOURCES = (
-    rendering.ROOT / "agent",
+    rendering.ROOT / "gpuplace" / "agent",
     rendering.ROOT / "gpuplace" / "commands" / "node_agent.py",
 )
 KUBE_NEEDS: dict[str, set[tuple[str, str, str]]] = {
@@ -324,7 +325,7 @@ KUBE_NEEDS: dict[str, set[tuple[str, str, str]]] = {
     "create_event": {("", "events", "create")},
     "patch_event": {("", "events", "patch")},
 }
-"""What each `cluster.kube.Kube` method the node agent calls needs (a method missing here
+"""What each `gpuplace.cluster.kube.Kube` method the node agent calls needs (a method missing here
 fails the test below: add it with its grants)."""
 
 
@@ -340,7 +341,7 @@ def kube_methods_called(*sources: Path) -> set[str]:
 
 
 def informers_started(*sources: Path) -> set[str]:
-    """Resources of the `cluster.watching.Informer`s built in `sources` (they list, then
+    """Resources of the `gpuplace.cluster.watching.Informer`s built in `sources` (they list, then
     watch, through `Kube.list_page` and `Kube.watch`)."""
     pattern = re.compile(r"watching\.Informer\(\s*\w+,\s*\"(\w+)\"")
     found: set[str] = set()

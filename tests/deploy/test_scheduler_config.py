@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cluster import keys
+from gpuplace.cluster import keys
 from tests.deploy.rendering import Obj, container, one, render
 
 TOP = {

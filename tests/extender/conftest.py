@@ -13,11 +13,11 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from cluster import connecting, kube
+from gpuplace.cluster import connecting, kube
 from gpuplace.sidecar import Sidecar, SidecarSettings
+from gpuplace.usage.loads import LoadReader
 from tests import fakeapi
 from tests.cluster.conftest import eventually
-from usage.loads import LoadReader
 
 
 def settings(**overrides: Any) -> SidecarSettings:

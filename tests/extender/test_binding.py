@@ -10,8 +10,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from cluster import keys
-from placement.ledger import GrantState
+from gpuplace.cluster import keys
+from gpuplace.placement.ledger import GrantState
 from tests import fakeapi
 from tests.extender.conftest import Harness, Unschedulable, harness
 from tests.fakeapi import objects

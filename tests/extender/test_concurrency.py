@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster import assignments
+from gpuplace.cluster import assignments
 from tests import fakeapi
 from tests.extender.conftest import Harness, harness
 from tests.extender.test_binding import settled

@@ -1,13 +1,13 @@
-"""filter and prioritize's shared work (extender.deciding): prioritize's answer prepared
+"""filter and prioritize's shared work (gpuplace.extender.deciding): prioritize's answer prepared
 right after filter reads filter's evaluation (in order while it is exactly the nodes
 filter passed, looking names up otherwise) while it is current."""
 
 from __future__ import annotations
 
-from cluster.syncing import LedgerSync
-from extender.deciding import Decider
-from extender.workloads import PolicyHolder
-from placement import choosing
+from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.extender.deciding import Decider
+from gpuplace.extender.workloads import PolicyHolder
+from gpuplace.placement import choosing
 from tests.cluster.test_syncing import node_record
 from tests.fakeapi import objects
 

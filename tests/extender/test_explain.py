@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from cluster import assignments, pods, quantities
-from cluster.syncing import LedgerSync
-from extender import explaining
 from gpuplace import cli
-from placement.ledger import Grant
+from gpuplace.cluster import assignments, pods, quantities
+from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.extender import explaining
+from gpuplace.placement.ledger import Grant
 from tests import fakeapi
 from tests.fakeapi import objects
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cluster import keys
+from gpuplace.cluster import keys
 from tests import fakeapi
 from tests.extender.conftest import harness
 from tests.fakeapi import objects

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from cluster import keys
-from extender.gang_fences import Fence
-from placement.ledger import GrantState
+from gpuplace.cluster import keys
+from gpuplace.extender.gang_fences import Fence
+from gpuplace.placement.ledger import GrantState
 from tests import fakeapi
 from tests.extender.conftest import harness
 from tests.fakeapi import objects

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
-from cluster import kube, refusals
-from extender import gang_affinity, gang_leader
-from extender.gang_affinity import NodeFilter, narrowed, narrows
-from extender.gang_members import PlanMark
+from gpuplace.cluster import kube, refusals
+from gpuplace.extender import gang_affinity, gang_leader
+from gpuplace.extender.gang_affinity import NodeFilter, narrowed, narrows
+from gpuplace.extender.gang_members import PlanMark
 from tests import fakeapi
 
 WEBHOOK_AFFINITY: dict[str, Any] = {
@@ -348,7 +348,7 @@ async def test_a_refused_lease_read_is_loud(caplog: pytest.LogCaptureFixture) ->
         registry.register(api.refusals)
         try:
             follower = gang_leader.LeaseFollower(api, identity="me")
-            with caplog.at_level(logging.INFO, logger="cluster.refusals"):
+            with caplog.at_level(logging.INFO, logger="gpuplace.cluster.refusals"):
                 for _ in range(3):
                     await follower.read()
             assert not follower()
@@ -377,7 +377,7 @@ async def test_a_refused_lease_read_is_loud(caplog: pytest.LogCaptureFixture) ->
                 "BearerToken": f"Bearer {server.token(fakeapi.GPUPLACE)}"
             }
             caplog.clear()
-            with caplog.at_level(logging.INFO, logger="cluster.refusals"):
+            with caplog.at_level(logging.INFO, logger="gpuplace.cluster.refusals"):
                 await follower.read()
             assert follower() and follower.blocked_reason() is None
             assert api.refusals.not_ready_reason() is None

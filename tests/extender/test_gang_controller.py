@@ -6,11 +6,11 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
-from cluster import assignments, keys
-from extender import gang_affinity
-from extender.gang_members import PlanMark, gated, plan_mark
-from extender.gangs import GangSettings
-from placement.ledger import Grant
+from gpuplace.cluster import assignments, keys
+from gpuplace.extender import gang_affinity
+from gpuplace.extender.gang_members import PlanMark, gated, plan_mark
+from gpuplace.extender.gangs import GangSettings
+from gpuplace.placement.ledger import Grant
 from tests import fakeapi
 from tests.fakeapi import objects
 

@@ -1,4 +1,4 @@
-"""A waiting gang's preemption on random clusters (extender.gang_preempting over a
+"""A waiting gang's preemption on random clusters (gpuplace.extender.gang_preempting over a
 LedgerSync, no HTTP): the units offered are only bound pods of strictly lower priority
 than the gang's lowest member, a running gang whole across its nodes or not at all;
 after the plan every member fits (the ledger accepts their grants), no victim is of the
@@ -11,13 +11,13 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster import pods
-from cluster.nodes import NodeRecord
-from cluster.syncing import LedgerSync
-from extender import gang_preempting
-from placement import choosing, gangs, policies, preempting
-from placement.ledger import Grant, Ledger, LedgerError
-from placement.requests import GpuRequest
+from gpuplace.cluster import pods
+from gpuplace.cluster.nodes import NodeRecord
+from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.extender import gang_preempting
+from gpuplace.placement import choosing, gangs, policies, preempting
+from gpuplace.placement.ledger import Grant, Ledger, LedgerError
+from gpuplace.placement.requests import GpuRequest
 from tests.fakeapi import objects
 from tests.placement.clusters import node
 

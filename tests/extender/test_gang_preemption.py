@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from extender import gang_preempting
-from extender.gang_members import gated, plan_mark
-from extender.gangs import GangSettings
+from gpuplace.extender import gang_preempting
+from gpuplace.extender.gang_members import gated, plan_mark
+from gpuplace.extender.gangs import GangSettings
 from tests import fakeapi
 from tests.fakeapi import objects
 

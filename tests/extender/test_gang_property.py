@@ -22,10 +22,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster import keys
-from extender import gang_affinity
-from extender.gang_members import gated, plan_mark
-from extender.gangs import GangSettings
+from gpuplace.cluster import keys
+from gpuplace.extender import gang_affinity
+from gpuplace.extender.gang_members import gated, plan_mark
+from gpuplace.extender.gangs import GangSettings
 from tests import fakeapi
 from tests.fakeapi import objects
 

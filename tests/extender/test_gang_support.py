@@ -13,16 +13,16 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from cluster import annotations as grammar
-from cluster import assignments, keys
-from extender import gang_affinity, gang_store
-from extender.gang_api import KubePods
-from extender.gang_fences import Fences
-from extender.gang_members import gated, plan_mark
-from extender.gangs import GangController, GangSettings
-from placement.inventory import Inventory
-from placement.ledger import Ledger
-from placement.requests import WHOLE
+from gpuplace.cluster import annotations as grammar
+from gpuplace.cluster import assignments, keys
+from gpuplace.extender import gang_affinity, gang_store
+from gpuplace.extender.gang_api import KubePods
+from gpuplace.extender.gang_fences import Fences
+from gpuplace.extender.gang_members import gated, plan_mark
+from gpuplace.extender.gangs import GangController, GangSettings
+from gpuplace.placement.inventory import Inventory
+from gpuplace.placement.ledger import Ledger
+from gpuplace.placement.requests import WHOLE
 from tests import fakeapi
 from tests.extender.conftest import Harness, NoLongerFits, Unschedulable, harness
 from tests.fakeapi import objects
@@ -240,7 +240,7 @@ def check_plans(pods: list[dict[str, Any]]) -> None:
 
 def check_grants(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
     """The grants the API records never oversubscribe a GPU (no GPU granted twice)."""
-    from cluster import nodes as node_parsing
+    from gpuplace.cluster import nodes as node_parsing
 
     book = Ledger(Inventory(node_parsing.parse(n) for n in nodes if node_parsing.is_enabled(n)))
     for pod in pods:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench import extender_latency
-from extender.wire import ExtenderArgs
+from gpuplace.extender.wire import ExtenderArgs
 from tests import fakeapi
 from tests.extender.test_http import seeded
 from tests.fakeapi import objects

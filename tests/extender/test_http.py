@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
-from cluster import kube
-from extender import app as extender_app
+from gpuplace.cluster import kube
+from gpuplace.extender import app as extender_app
+from gpuplace.placement import names as node_names
+from gpuplace.placement.names import EveryNode
 from gpuplace.sidecar import Sidecar
-from placement import names as node_names
-from placement.names import EveryNode
 from tests import fakeapi
 from tests.cluster.conftest import eventually
 from tests.extender import conftest

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from cluster import keys
-from extender import loading
+from gpuplace.cluster import keys
+from gpuplace.extender import loading
+from gpuplace.placement import policies
 from gpuplace.sidecar import NoLoadReader, Sidecar
-from placement import policies
+from gpuplace.usage.loads import GpuLoad, GpuLoads, UsageUnavailable
 from tests import fakeapi
 from tests.extender.conftest import Harness, harness, settings
 from tests.fakeapi import objects
-from usage.loads import GpuLoad, GpuLoads, UsageUnavailable
 
 NODES = ("gpu-a", "gpu-b")
 LINE = policies.Ranked()
@@ -208,7 +208,7 @@ async def test_old_loads_break_no_ties_and_prometheus_down_is_logged_once(
         assert registry.get_sample_value("gpuplace_load_age_seconds") == 0.0
 
         reader.down = True
-        with caplog.at_level(logging.INFO, logger="extender.loading"):
+        with caplog.at_level(logging.INFO, logger="gpuplace.extender.loading"):
             assert await poller.read_once() == "unavailable"
             clock.now += 30.0
             assert await poller.read_once() == "unavailable"
@@ -232,7 +232,7 @@ async def test_old_loads_break_no_ties_and_prometheus_down_is_logged_once(
         assert h.pod("default", "p")["metadata"]["annotations"][keys.ASSIGNED_GPUS] == "0"
 
         reader.down = False
-        with caplog.at_level(logging.INFO, logger="extender.loading"):
+        with caplog.at_level(logging.INFO, logger="gpuplace.extender.loading"):
             assert await poller.read_once() == "ok"
         assert any(r.getMessage() == "measured GPU loads read again" for r in caplog.records)
         assert board.current() is not None
@@ -246,7 +246,7 @@ async def test_a_reader_that_breaks_is_counted_and_its_text_not_logged(
     poller = loading.LoadPoller(
         BrokenReader(), board, window_seconds=300.0, refresh_seconds=1.0, registry=registry
     )
-    with caplog.at_level(logging.ERROR, logger="extender.loading"):
+    with caplog.at_level(logging.ERROR, logger="gpuplace.extender.loading"):
         assert await poller.read_once() == "error"
     assert registry.get_sample_value("gpuplace_load_reads_total", {"outcome": "error"}) == 1.0
     assert board.current() is None

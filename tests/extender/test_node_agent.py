@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent import publishing
-from cluster import keys, metering, nodes, pods
-from cluster.syncing import LedgerSync
-from extender import explaining
-from extender.deciding import Decider
-from extender.repeating import Answer, Repeats
-from extender.workloads import PolicyHolder
-from placement import fit
-from placement.choosing import Choice
-from placement.ledger import Grant, Oversubscribed
+from gpuplace.agent import publishing
+from gpuplace.cluster import keys, metering, nodes, pods
+from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.extender import explaining
+from gpuplace.extender.deciding import Decider
+from gpuplace.extender.repeating import Answer, Repeats
+from gpuplace.extender.workloads import PolicyHolder
+from gpuplace.placement import fit
+from gpuplace.placement.choosing import Choice
+from gpuplace.placement.ledger import Grant, Oversubscribed
 from tests import fakeapi
 from tests.extender.conftest import harness
 from tests.fakeapi import objects

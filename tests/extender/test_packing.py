@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from cluster import keys
+from gpuplace.cluster import keys
 from tests import fakeapi
 from tests.extender.conftest import Harness, harness
 from tests.fakeapi import objects

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from cluster import keys
-from extender.preempt_wire import PreemptionArgs, PreemptionResult
+from gpuplace.cluster import keys
+from gpuplace.extender.preempt_wire import PreemptionArgs, PreemptionResult
 from tests import fakeapi
 from tests.cluster.conftest import eventually
 from tests.extender.conftest import Harness, harness

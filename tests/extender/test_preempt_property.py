@@ -1,7 +1,7 @@
 """The preempt verb's answer, for any node state and any offer: only pods it may evict
 (offered, or of lower priority than the preemptor when allowed; never a gang member
 whose gang runs elsewhere), at least one per node kept, the preemptor fits after them,
-and none is beyond need (extender.preempting over a LedgerSync, no HTTP)."""
+and none is beyond need (gpuplace.extender.preempting over a LedgerSync, no HTTP)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster import pods
-from cluster.nodes import NodeRecord
-from cluster.syncing import LedgerSync
-from extender.preempt_wire import PreemptionArgs
-from extender.preempting import Preempter
-from placement import preempting
-from placement.ledger import Grant
-from placement.preempting import Unit
+from gpuplace.cluster import pods
+from gpuplace.cluster.nodes import NodeRecord
+from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.extender.preempt_wire import PreemptionArgs
+from gpuplace.extender.preempting import Preempter
+from gpuplace.placement import preempting
+from gpuplace.placement.ledger import Grant
+from gpuplace.placement.preempting import Unit
 from tests.fakeapi import objects
 from tests.placement.clusters import node
 

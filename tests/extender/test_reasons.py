@@ -1,12 +1,12 @@
-"""extender.reasons: what kube-scheduler gets per node, in both modes."""
+"""gpuplace.extender.reasons: what kube-scheduler gets per node, in both modes."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender import reasons
-from placement import fit
+from gpuplace.extender import reasons
+from gpuplace.placement import fit
 
 misfits = st.dictionaries(
     st.text(min_size=1, max_size=8),

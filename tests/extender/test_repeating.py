@@ -1,4 +1,4 @@
-"""filter's answers kept for repeats (extender.repeating): served again only while none of
+"""filter's answers kept for repeats (gpuplace.extender.repeating): served again only while none of
 the named nodes changed, never stale; and through the HTTP app as kube-scheduler repeats
 filter for a pending pod while other pods come and go."""
 
@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from cluster.syncing import LedgerSync
-from extender.deciding import Decider
-from extender.repeating import Answer, Repeats
-from extender.workloads import PolicyHolder
-from placement.ledger import Grant
+from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.extender.deciding import Decider
+from gpuplace.extender.repeating import Answer, Repeats
+from gpuplace.extender.workloads import PolicyHolder
+from gpuplace.placement.ledger import Grant
 from tests import fakeapi
 from tests.cluster.test_syncing import node_record
 from tests.extender.conftest import harness

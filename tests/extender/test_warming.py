@@ -1,4 +1,4 @@
-"""Scoring ahead (extender.warming): the most common request shapes get every node
+"""Scoring ahead (gpuplace.extender.warming): the most common request shapes get every node
 scored in the background, in slices that let the event loop run, and a rebuilt policy
 decides only once it is filled the same way."""
 
@@ -15,14 +15,14 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from cluster.syncing import LedgerSync
-from extender.activity import Activity
-from extender.warming import Warmer, collect_young
-from extender.workloads import PolicyHolder
-from placement import choosing
-from placement.choosing import scoring_shape
-from placement.ledger import Grant, Ledger, NodeState
-from placement.requests import GpuRequest
+from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.extender.activity import Activity
+from gpuplace.extender.warming import Warmer, collect_young
+from gpuplace.extender.workloads import PolicyHolder
+from gpuplace.placement import choosing
+from gpuplace.placement.choosing import scoring_shape
+from gpuplace.placement.ledger import Grant, Ledger, NodeState
+from gpuplace.placement.requests import GpuRequest
 from tests.cluster.test_syncing import node_record
 
 

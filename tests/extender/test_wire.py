@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from extender import _priorities, wire
-from placement import choosing
-from placement.choosing import Choice
-from placement.names import EveryNode
+from gpuplace.extender import _priorities, wire
+from gpuplace.placement import choosing
+from gpuplace.placement.choosing import Choice
+from gpuplace.placement.names import EveryNode
 
 
 def _model(scores: list[tuple[str, int]]) -> wire.HostPriorityList:
@@ -72,7 +72,7 @@ def test_priorities_json_outside_the_fast_path_and_misaligned() -> None:
 def test_the_c_encoder_is_built() -> None:
     """Without a C compiler the package installs without it (prioritize's answers are
     then ranked and encoded in Python); where CI builds it, its absence is a failure."""
-    assert wire.NATIVE, "extender._priorities was not built: install gcc and python3-dev"
+    assert wire.NATIVE, "gpuplace.extender._priorities was not built: install gcc and python3-dev"
 
 
 _SCORES = st.one_of(

@@ -4,9 +4,9 @@ same pods on the same refresh rule."""
 
 from __future__ import annotations
 
-from cluster.syncing import LedgerSync
-from extender.workloads import FALLBACK, PolicyHolder
-from placement.fragmentation import TaskType
+from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.extender.workloads import FALLBACK, PolicyHolder
+from gpuplace.placement.fragmentation import TaskType
 from tests.cluster.test_syncing import node_record, pod_record
 
 

@@ -32,7 +32,7 @@ def can_i(rbac: access.Rbac, user: User, verb: str, what: str, namespace: str = 
 
 
 CASES = [
-    # the sidecar: what cluster/kube.py calls, and nothing more
+    # the sidecar: what gpuplace/cluster/kube.py calls, and nothing more
     (GPUPLACE, "get", "leases.coordination.k8s.io/gpuplace-scheduler", "gpuplace", True),
     (GPUPLACE, "get", "leases.coordination.k8s.io/kube-scheduler", "kube-system", False),
     (GPUPLACE, "get", "leases.coordination.k8s.io/other", "gpuplace", False),

@@ -14,7 +14,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from cluster import disruptions
+from gpuplace.cluster import disruptions
 from tests import fakeapi
 from tests.fakeapi import objects
 

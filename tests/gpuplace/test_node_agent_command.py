@@ -26,17 +26,17 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent import nvml
-from cluster import keys
 from gpuplace import cli
+from gpuplace.agent import nvml
 from gpuplace.agent_settings import AgentSettings
+from gpuplace.cluster import keys
 from gpuplace.commands import node_agent
+from gpuplace.usage import names, prometheus
 from tests import fakeapi
 from tests.agent import kubelet as standin
 from tests.agent.kubelet import gpu_fixture
 from tests.fakeapi import objects
 from tests.usage import harness as usage_harness
-from usage import names, prometheus
 
 STANDIN = Path(__file__).resolve().parents[1] / "agent" / "mps_standin.py"
 NODE = "h100-0"
@@ -417,7 +417,7 @@ def test_mig_gpus_and_unknown_uuids_get_no_daemon() -> None:
     reading = nvml.derived(nvml.Replay.load(gpu_fixture("nvml-idle.json")).reading, 3)
     reading["gpus"][1]["mig_mode"] = [1, 1]
     reading["gpus"][2]["uuid"] = {"nvml_error": "Unknown Error"}
-    from agent import discovery
+    from gpuplace.agent import discovery
 
     found = discovery.discover(nvml.Replay(reading))
     assert node_agent.shareable(found) == [found.gpus[0].uuid]
@@ -448,7 +448,8 @@ async def test_a_real_prometheus_scraping_the_agent_reads_back_asked_vs_used(
 ) -> None:
     """The whole chain of issue 22 with nothing stood in between: the agent (captured plain
     client, pid 590, in a granted pod's cgroup) serves /metrics; Debian's Prometheus scrapes
-    it every second; `usage.prometheus.Reader` reads the pod's use beside its grant, and the
+    it every second; `gpuplace.usage.prometheus.Reader` reads the pod's use beside its grant,
+    and the
     GPU's load, back under the agent's names."""
     proc = tmp_path / "proc"
     config = plain_client_settings(api, tmp_path, mps_root, kubelet, proc, usage_seconds=0.2)

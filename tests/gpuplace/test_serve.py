@@ -26,8 +26,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from cluster import keys
 from gpuplace import cli, logs, serving
+from gpuplace.cluster import keys
 from gpuplace.settings import Settings, from_arguments
 from tests.webhook import helpers
 
@@ -308,7 +308,7 @@ async def test_lead_can_add_sites_contexts_and_checks(
 ) -> None:
     from aiohttp import web
 
-    from webhook.inventory import FixedCapabilities
+    from gpuplace.webhook.inventory import FixedCapabilities
 
     source = FixedCapabilities(None)
     server = serving.build(settings(tls, tmp_path), CollectorRegistry(), capabilities=source)

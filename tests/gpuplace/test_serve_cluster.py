@@ -26,10 +26,9 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from cluster import keys
-from extender.gang_members import plan_mark
-from gpuplace import localapi
-from gpuplace.commands import serve
+from gpuplace import composing, localapi
+from gpuplace.cluster import keys
+from gpuplace.extender.gang_members import plan_mark
 from gpuplace.localapi import objects
 from gpuplace.settings import Settings
 from tests.webhook import helpers
@@ -99,14 +98,14 @@ def without_lease_rule(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 async def two_nodes_led_here(
     api_server: localapi.Server, tls: tuple[Path, Path], tmp_path: Path
-) -> serve.Process:
+) -> composing.Process:
     """Two 4-GPU nodes, this pod's kube-scheduler holding the Lease, and `gpuplace serve`
     composed with the gpuplace ServiceAccount's kubeconfig."""
     for i in range(2):
         api_server.api.create(objects.node(f"gpu-{i}", gpus=4))
     api_server.api.create(scheduler_lease(socket.gethostname()))
     kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig", localapi.GPUPLACE)
-    return await serve.compose(settings(tls, tmp_path, kubeconfig), CollectorRegistry())
+    return await composing.compose(settings(tls, tmp_path, kubeconfig), CollectorRegistry())
 
 
 def gated(api: localapi.FakeApi) -> list[bool]:
@@ -114,7 +113,7 @@ def gated(api: localapi.FakeApi) -> list[bool]:
 
 
 @contextlib.asynccontextmanager
-async def started(process: serve.Process) -> AsyncIterator[aiohttp.ClientSession]:
+async def started(process: composing.Process) -> AsyncIterator[aiohttp.ClientSession]:
     stop = asyncio.Event()
     task = asyncio.create_task(process.server.run(stop))
     try:
@@ -241,7 +240,7 @@ async def test_gangs_false_runs_no_gang_controller(tls: tuple[Path, Path], tmp_p
         api_server.api.create(objects.node("gpu-0", gpus=4))
         api_server.api.create(scheduler_lease(socket.gethostname()))
         kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig", localapi.GPUPLACE)
-        process = await serve.compose(
+        process = await composing.compose(
             settings(tls, tmp_path, kubeconfig, gangs=False), CollectorRegistry()
         )
         assert process.sidecar is not None and process.sidecar.gangs is None
@@ -262,7 +261,7 @@ async def test_a_replica_whose_scheduler_does_not_lead_plans_no_gang(
         if lease is not None:
             api.create(scheduler_lease(lease))
         kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig", localapi.GPUPLACE)
-        process = await serve.compose(settings(tls, tmp_path, kubeconfig), CollectorRegistry())
+        process = await composing.compose(settings(tls, tmp_path, kubeconfig), CollectorRegistry())
         async with started(process):
             api.create(member("w0", "pair", 2))
             api.create(member("w1", "pair", 2))
@@ -279,7 +278,7 @@ async def test_without_a_scheduler_lease_setting_a_single_replica_always_plans(
         api.create(objects.node("gpu-0", gpus=4))
         kubeconfig = api_server.kubeconfig(tmp_path / "kubeconfig", localapi.GPUPLACE)
         config = settings(tls, tmp_path, kubeconfig, scheduler_lease="")
-        process = await serve.compose(config, CollectorRegistry())
+        process = await composing.compose(config, CollectorRegistry())
         async with started(process):
             api.create(member("w0", "pair", 2))
             api.create(member("w1", "pair", 2))

@@ -24,11 +24,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster import keys
-from gpuplace import localapi
-from gpuplace.commands import serve
+from gpuplace import composing, localapi
+from gpuplace.cluster import keys
 from gpuplace.localapi import objects
-from placement.measuring import ClusterMeasure
+from gpuplace.placement.measuring import ClusterMeasure
 from tests.deploy import test_grafana_dashboard as grafana
 from tests.gpuplace.test_serve_cluster import enforcing, member, started, two_nodes_led_here
 from tests.webhook import helpers
@@ -42,7 +41,7 @@ def tls(tmp_path: Path) -> tuple[Path, Path]:
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-async def scrape(process: serve.Process, session: aiohttp.ClientSession) -> Samples:
+async def scrape(process: composing.Process, session: aiohttp.ClientSession) -> Samples:
     url = f"http://127.0.0.1:{process.server.port('ops')}/metrics"
     async with session.get(url) as response:
         assert response.status == 200
@@ -71,7 +70,7 @@ def fragmentation(samples: Samples) -> dict[str, float]:
 
 
 async def until_scraped(
-    process: serve.Process, session: aiohttp.ClientSession, want: dict[str, float]
+    process: composing.Process, session: aiohttp.ClientSession, want: dict[str, float]
 ) -> Samples:
     deadline = time.monotonic() + 10
     while True:
@@ -146,7 +145,7 @@ async def test_pending_pods_by_reason_and_fragmentation_over_metrics(
 
 
 async def bind_through_the_extender(
-    process: serve.Process, session: aiohttp.ClientSession, pod: dict[str, Any]
+    process: composing.Process, session: aiohttp.ClientSession, pod: dict[str, Any]
 ) -> None:
     """kube-scheduler's part for `pod`: filter, then bind on the first node passed."""
     extender = f"http://127.0.0.1:{process.server.port('extender')}"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from placement.inventory import Gpu, Inventory, Node
-from placement.ledger import Ledger
-from placement.requests import GpuRequest, Topology
+from gpuplace.placement.inventory import Gpu, Inventory, Node
+from gpuplace.placement.ledger import Ledger
+from gpuplace.placement.requests import GpuRequest, Topology
 
 
 def node(

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placement import choosing, fit, policies
-from placement.fragmentation import Workload
-from placement.ledger import Conflict, Ledger
-from placement.requests import GpuRequest
+from gpuplace.placement import choosing, fit, policies
+from gpuplace.placement.fragmentation import Workload
+from gpuplace.placement.ledger import Conflict, Ledger
+from gpuplace.placement.requests import GpuRequest
 
 from .clusters import ledger, node
 
@@ -147,7 +147,7 @@ def test_prepare_does_the_work_once() -> None:
 
 
 def test_the_fragmentation_memo_stays_bounded_and_never_empties_at_once() -> None:
-    from placement.fragmentation import Memo
+    from gpuplace.placement.fragmentation import Memo
 
     memo: Memo[int, int] = Memo(limit=100)
     for key in range(1000):

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from placement import choosing, fit, policies
-from placement.fragmentation import TaskType, Workload
-from placement.ledger import Grant
-from placement.requests import GpuRequest, Topology
+from gpuplace.placement import choosing, fit, policies
+from gpuplace.placement.fragmentation import TaskType, Workload
+from gpuplace.placement.ledger import Grant
+from gpuplace.placement.requests import GpuRequest, Topology
 
 from .clusters import ledger, node, share, whole
 

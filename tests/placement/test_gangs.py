@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placement import gangs, policies
-from placement.choosing import Policy
-from placement.fragmentation import Workload
-from placement.ledger import Grant, Ledger, LedgerError
-from placement.requests import GpuRequest, Topology
+from gpuplace.placement import gangs, policies
+from gpuplace.placement.choosing import Policy
+from gpuplace.placement.fragmentation import Workload
+from gpuplace.placement.ledger import Grant, Ledger, LedgerError
+from gpuplace.placement.requests import GpuRequest, Topology
 
 from .clusters import ledger, node, share, whole
 from .test_ledger import check_invariants

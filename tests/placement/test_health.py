@@ -9,11 +9,11 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placement import choosing, fit, gangs, policies
-from placement.fragmentation import TaskType, Workload
-from placement.inventory import Node
-from placement.ledger import Grant
-from placement.requests import GpuRequest
+from gpuplace.placement import choosing, fit, gangs, policies
+from gpuplace.placement.fragmentation import TaskType, Workload
+from gpuplace.placement.inventory import Node
+from gpuplace.placement.ledger import Grant
+from gpuplace.placement.requests import GpuRequest
 
 from .clusters import ledger, node, share, whole
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placement import choosing, policies
-from placement.fragmentation import Workload
-from placement.ledger import (
+from gpuplace.placement import choosing, policies
+from gpuplace.placement.fragmentation import Workload
+from gpuplace.placement.ledger import (
     Conflict,
     Grant,
     GrantState,
@@ -21,7 +21,7 @@ from placement.ledger import (
     NodeState,
     Oversubscribed,
 )
-from placement.requests import GpuRequest
+from gpuplace.placement.requests import GpuRequest
 
 from .clusters import ledger, node, share
 

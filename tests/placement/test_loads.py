@@ -1,4 +1,4 @@
-"""The load-aware tie-break (`placement.loads`): measured load orders only what the policy
+"""The load-aware tie-break (`gpuplace.placement.loads`): measured load orders only what the policy
 scores equal, between nodes and between GPU sets of a node; it never changes which
 (node, GPU set) answers fit, and old loads change nothing."""
 
@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placement import choosing, fit, loads, policies
-from placement.fragmentation import Workload
-from placement.ledger import Conflict, Ledger, LedgerError
-from placement.requests import GpuRequest, Topology
+from gpuplace.placement import choosing, fit, loads, policies
+from gpuplace.placement.fragmentation import Workload
+from gpuplace.placement.ledger import Conflict, Ledger, LedgerError
+from gpuplace.placement.requests import GpuRequest, Topology
 
 from .clusters import ledger, node, share, whole
 

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placement import measuring
-from placement.fragmentation import MIN_CPU_MILLI, TaskType, Workload
-from placement.inventory import Gpu, Inventory, Node
-from placement.ledger import Grant, Ledger, LedgerError, NodeState
-from placement.measuring import ClusterMeasure, Totals
+from gpuplace.placement import measuring
+from gpuplace.placement.fragmentation import MIN_CPU_MILLI, TaskType, Workload
+from gpuplace.placement.inventory import Gpu, Inventory, Node
+from gpuplace.placement.ledger import Grant, Ledger, LedgerError, NodeState
+from gpuplace.placement.measuring import ClusterMeasure, Totals
 
 HALVES = Workload(((TaskType(MIN_CPU_MILLI, 500, 1, frozenset()), 1.0),))
 WHOLES = Workload(((TaskType(MIN_CPU_MILLI, 1000, 2, frozenset()), 1.0),))

@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from placement import choosing, fit, gangs, policies
-from placement.fragmentation import TaskType, Workload
-from placement.ledger import Grant, Oversubscribed
-from placement.requests import GpuRequest
+from gpuplace.placement import choosing, fit, gangs, policies
+from gpuplace.placement.fragmentation import TaskType, Workload
+from gpuplace.placement.ledger import Grant, Oversubscribed
+from gpuplace.placement.requests import GpuRequest
 
 from .clusters import ledger, node, share, whole
 

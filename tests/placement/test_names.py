@@ -1,4 +1,5 @@
-"""`placement.names`: a JSON array of node names compared as bytes with every node's name."""
+"""`gpuplace.placement.names`: a JSON array of node names compared as bytes with every
+node's name."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placement import names
-from placement.names import EveryNode
+from gpuplace.placement import names
+from gpuplace.placement.names import EveryNode
 
 # DNS-like names, and some that JSON writes without escapes but that are not ASCII.
 _NAME = st.text(alphabet=st.sampled_from("abz019.-:_éλ中😀 /"), min_size=1, max_size=70)
@@ -19,7 +20,7 @@ _SPACE = st.sampled_from(["", " ", "\n", "\t\r "])
 
 def _every(listed: list[str]) -> EveryNode:
     every = EveryNode.of(7, listed)
-    assert every is not None, "the C helper placement._names is not built"
+    assert every is not None, "the C helper gpuplace.placement._names is not built"
     return every
 
 
@@ -40,7 +41,7 @@ def _reference(every: EveryNode, text: bytes) -> bool:
 def test_the_c_helper_is_built() -> None:
     """Without a C compiler the package installs without it (and filter parses every
     name); here, where CI builds it, its absence is a failure, not a quiet slowdown."""
-    assert names.NATIVE, "placement._names was not built: install gcc and python3-dev"
+    assert names.NATIVE, "gpuplace.placement._names was not built: install gcc and python3-dev"
 
 
 @settings(max_examples=300)

@@ -1,5 +1,5 @@
 """Preemption victims per GPU: the preemptor fits on one GPU set afterwards, every victim
-is needed, and the cheapest selection wins (placement.preempting)."""
+is needed, and the cheapest selection wins (gpuplace.placement.preempting)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from placement import choosing, fit, gangs, policies, preempting
-from placement.ledger import Grant, Ledger, LedgerError
-from placement.preempting import Unit
-from placement.requests import GpuRequest, Topology
+from gpuplace.placement import choosing, fit, gangs, policies, preempting
+from gpuplace.placement.ledger import Grant, Ledger, LedgerError
+from gpuplace.placement.preempting import Unit
+from gpuplace.placement.requests import GpuRequest, Topology
 from tests.placement.clusters import ledger, node, share, whole
 
 

@@ -7,9 +7,16 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from placement import choosing, policies
-from placement.fragmentation import OWN_SHAPE_BELOW, PRIOR, WHOLE_TYPE, Prior, TaskType, Workload
-from placement.ledger import Ledger
+from gpuplace.placement import choosing, policies
+from gpuplace.placement.fragmentation import (
+    OWN_SHAPE_BELOW,
+    PRIOR,
+    WHOLE_TYPE,
+    Prior,
+    TaskType,
+    Workload,
+)
+from gpuplace.placement.ledger import Ledger
 
 from .clusters import ledger, node, share, whole
 

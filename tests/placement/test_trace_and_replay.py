@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from gpuplace import simulation
-from placement import choosing, fragmentation, policies, replay, trace
-from placement.inventory import Inventory
-from placement.ledger import Ledger
+from gpuplace.placement import choosing, fragmentation, policies, replay, trace
+from gpuplace.placement.inventory import Inventory
+from gpuplace.placement.ledger import Ledger
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = REPO / "gpuplace" / "data"

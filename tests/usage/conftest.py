@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from gpuplace.usage import names
 from tests.usage import harness, scenario
-from usage import names
 
 
 @dataclass

@@ -43,9 +43,9 @@ import time
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
+from gpuplace.usage import names
+from gpuplace.usage.report import Asked
 from tests.usage.harness import Series
-from usage import names
-from usage.report import Asked
 
 GIB = 1 << 30
 MIB = 1 << 20

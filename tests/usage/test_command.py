@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster import assignments
 from gpuplace import cli
-from placement.ledger import Grant
+from gpuplace.cluster import assignments
+from gpuplace.placement.ledger import Grant
 from tests import fakeapi
 from tests.extender.test_explain import place
 from tests.fakeapi import objects

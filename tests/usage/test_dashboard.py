@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
+from gpuplace.usage import names
 from tests.usage import harness
-from usage import names
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "gpuplace.json"
 GIB = 1 << 30

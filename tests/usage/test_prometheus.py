@@ -12,11 +12,11 @@ import pytest
 from aiohttp import web
 from pydantic import ValidationError
 
+from gpuplace.usage import names, prometheus, report
+from gpuplace.usage.loads import GpuLoad, LoadReader, UsageUnavailable
+from gpuplace.usage.readings import Usage
 from tests.usage import harness, scenario
 from tests.usage.conftest import Setup
-from usage import names, prometheus, report
-from usage.loads import GpuLoad, LoadReader, UsageUnavailable
-from usage.readings import Usage
 
 GIB = scenario.GIB
 MIB = scenario.MIB

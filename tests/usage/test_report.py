@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster import assignments
+from gpuplace.cluster import assignments
 from gpuplace.localapi import objects
-from placement.ledger import Grant
-from usage import report
-from usage.readings import GpuUse, PodGpuUse, Usage
+from gpuplace.placement.ledger import Grant
+from gpuplace.usage import report
+from gpuplace.usage.readings import GpuUse, PodGpuUse, Usage
 
 GIB = report.GIB
 MIB = report.MIB

@@ -14,13 +14,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuplace import localapi
-from gpuplace.commands import serve
+from gpuplace import composing, localapi
 from gpuplace.localapi import objects
+from gpuplace.usage import names
 from tests.gpuplace.test_serve_cluster import enforcing, settings, started
 from tests.usage import harness
 from tests.webhook import helpers
-from usage import names
 
 UTIL = {"gpu-0": 10, "gpu-1": 90}
 """gpu-1, which the policy's line ranks first among equals, is the busy one."""
@@ -73,7 +72,7 @@ async def test_the_less_loaded_of_two_equal_nodes_wins_prioritize(
                 load_window_seconds=60,
                 load_refresh_seconds=0.3,
             )
-            process = await serve.compose(config, CollectorRegistry())
+            process = await composing.compose(config, CollectorRegistry())
             async with started(process) as session:
                 metrics = f"http://127.0.0.1:{process.server.port('ops')}/metrics"
                 deadline = time.monotonic() + 20

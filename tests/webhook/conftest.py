@@ -13,15 +13,15 @@ import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
-from cluster import nodes
-from placement.inventory import Capabilities
+from gpuplace.cluster import nodes
+from gpuplace.placement.inventory import Capabilities
+from gpuplace.webhook import app as webhook_app
+from gpuplace.webhook.auditing import AuditLog, StreamSink
+from gpuplace.webhook.config import WebhookConfig
+from gpuplace.webhook.inventory import FixedCapabilities
+from gpuplace.webhook.metrics import WebhookMetrics
+from gpuplace.webhook.tls import CertificateReloader
 from tests.webhook import helpers
-from webhook import app as webhook_app
-from webhook.auditing import AuditLog, StreamSink
-from webhook.config import WebhookConfig
-from webhook.inventory import FixedCapabilities
-from webhook.metrics import WebhookMetrics
-from webhook.tls import CertificateReloader
 
 
 @pytest.fixture(scope="session")

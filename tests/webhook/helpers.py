@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from packaging.version import Version
 
-from cluster import keys
+from gpuplace.cluster import keys
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"

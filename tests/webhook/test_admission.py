@@ -8,12 +8,12 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from cluster import keys
-from placement.inventory import Capabilities
+from gpuplace.cluster import keys
+from gpuplace.placement.inventory import Capabilities
+from gpuplace.webhook import admission, reviews
+from gpuplace.webhook.config import WebhookConfig
+from gpuplace.webhook.inventory import FixedCapabilities
 from tests.webhook import helpers
-from webhook import admission, reviews
-from webhook.config import WebhookConfig
-from webhook.inventory import FixedCapabilities
 
 SIDECAR = WebhookConfig().sidecar_user
 SHARE = {keys.GPU_PERCENT: "50", keys.GPU_MEMORY: "20Gi"}

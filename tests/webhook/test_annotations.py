@@ -1,4 +1,4 @@
-"""The annotation grammar (`cluster.annotations`): defaults, combinations, messages."""
+"""The annotation grammar (`gpuplace.cluster.annotations`): defaults, combinations, messages."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster import annotations as grammar
-from cluster import keys
-from placement.requests import GpuRequest, Topology
+from gpuplace.cluster import annotations as grammar
+from gpuplace.cluster import keys
+from gpuplace.placement.requests import GpuRequest, Topology
 
 P = keys.PREFIX
 

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from cluster import keys
-from placement.inventory import Capabilities
+from gpuplace.cluster import keys
+from gpuplace.placement.inventory import Capabilities
+from gpuplace.webhook.config import WebhookConfig
 from tests.webhook import helpers
 from tests.webhook.conftest import MakeWebhook, Webhook
-from webhook.config import WebhookConfig
 
 SHARE = {keys.GPU_PERCENT: "50", keys.GPU_MEMORY: "10G"}
 
@@ -232,7 +232,7 @@ async def test_a_bug_is_a_500_never_an_allow(
         def capabilities(self) -> Capabilities | None:
             raise RuntimeError("boom")
 
-    from webhook import app as webhook_app
+    from gpuplace.webhook import app as webhook_app
 
     webhook.server.app[webhook_app.REVIEWER].source = Broken()
     pod = helpers.pod(SHARE)

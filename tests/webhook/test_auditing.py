@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from webhook import auditing
+from gpuplace.webhook import auditing
 
 
 def _write(audit: auditing.AuditLog, uid: str) -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from cluster import annotations as grammar
-from cluster import keys, nodes
-from placement.inventory import Capabilities
+from gpuplace.cluster import annotations as grammar
+from gpuplace.cluster import keys, nodes
+from gpuplace.placement.inventory import Capabilities
+from gpuplace.webhook import capacity
 from tests.webhook import helpers
-from webhook import capacity
 
 
 def spec(**values: str) -> grammar.PodGpuSpec:

@@ -26,15 +26,15 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from cluster import keys
-from placement.inventory import Capabilities
+from gpuplace.cluster import keys
+from gpuplace.placement.inventory import Capabilities
+from gpuplace.webhook import app as webhook_app
+from gpuplace.webhook.auditing import AuditLog, StreamSink
+from gpuplace.webhook.config import WebhookConfig
+from gpuplace.webhook.inventory import FixedCapabilities
+from gpuplace.webhook.metrics import WebhookMetrics
+from gpuplace.webhook.tls import CertificateReloader
 from tests.webhook import helpers
-from webhook import app as webhook_app
-from webhook.auditing import AuditLog, StreamSink
-from webhook.config import WebhookConfig
-from webhook.inventory import FixedCapabilities
-from webhook.metrics import WebhookMetrics
-from webhook.tls import CertificateReloader
 
 FUZZ = settings(
     max_examples=150,

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster import annotations as grammar
-from cluster import keys
+from gpuplace.cluster import annotations as grammar
+from gpuplace.cluster import keys
+from gpuplace.webhook import mutating, patches
 from tests.webhook import helpers
-from webhook import mutating, patches
 
 REQUIRED = mutating.REQUIRED_AFFINITY[1:]
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from webhook import patches
+from gpuplace.webhook import patches
 
 
 def test_pointer_escapes_rfc6901() -> None:

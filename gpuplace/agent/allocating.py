@@ -1,0 +1,449 @@
+"""What a container gets from the device plugin: pure decisions, no I/O, no clock.
+
+The plugin serves one extended resource, `gpuplace.io/gpu` (`keys.RESOURCE_GPU`): the GPU
+container of a gpuplace pod requests its GPU count of it. Each device the plugin lists is
+a *slot* on one GPU, `<GPU UUID>::<n>` (`slots_per_gpu` per GPU), so the kubelet's own
+record (its checkpoint, the pod-resources API) names the GPUs a container holds, and a GPU
+that turns unhealthy takes exactly its slots out of the node's allocatable. The slots carry
+no share: percent and memory are the sidecar's (`gpuplace.io/gpu-percent`,
+`gpuplace.io/gpu-memory` on node status); a slot only says "this container goes through
+the agent".
+
+`Allocate` names no pod. This module finds it among the pods bound to this node whose
+assignment annotations (written by the sidecar before the Binding) grant GPUs here, and
+whose GPU container asks for as many slots as the kubelet is allocating (`choose`):
+
+1. an *exact* candidate: not yet answered, not yet started, granted exactly the GPUs of
+   the slots the kubelet picked (GetPreferredAllocation steers it there, `prefer`);
+2. else, only when the caller allows it (after waiting for its pod view to catch up), a
+   *mismatch*: a fresh candidate with the same count whose grant names other GPUs. The
+   grant wins: the container gets its granted GPUs, whatever slots the kubelet recorded;
+3. else *again*: a container already answered or started with exactly those GPUs (the
+   kubelet allocating again after its restart): the same answer as before;
+4. else nothing: the kubelet is refused, and the container starts with no GPU at all.
+
+Within a tier the oldest pod wins (creationTimestamp, then namespace/name): the kubelet
+admits the pods it receives together in that order. Two candidates whose answers would be
+equal (the same GPUs, percent and memory) are interchangeable; when they differ the
+choice is `ambiguous` and the plugin counts it (docs/node-agent.md says when this can
+happen and what it costs).
+
+`answer` builds the ContainerAllocateResponse from the grant alone: its GPUs by UUID
+(CDI device names, or the NVIDIA runtime's volume-mount/env list, plus device nodes when
+their minor numbers are known), and for a share (milli < 1000, memory-only included) the
+MPS pipe directory mount, `CUDA_MPS_PIPE_DIRECTORY` and its limits. It never names a GPU
+that is not in the chosen pod's grant, nor one this node does not have. Every function
+here is O(pods on the node × GPUs per pod) or better.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass
+from typing import Any
+
+from gpuplace.agent.deviceplugin import api_pb2
+from gpuplace.cluster import assignments, keys
+from gpuplace.placement.requests import WHOLE
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+SLOT_SEPARATOR = "::"
+MAX_DEVICE_ID = 63
+"""The kubelet's limit on a device ID's length."""
+
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+VOLUME_MOUNT_ROOT = "/var/run/nvidia-container-devices"
+"""Where the NVIDIA runtime looks for its device list in the volume-mounts strategy."""
+CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+class Strategy(enum.StrEnum):
+    """How the container runtime is told which GPUs the container gets."""
+
+    CDI = "cdi"
+    """CDI device names (`nvidia.com/gpu=<UUID>`), for runtimes with CDI (containerd ≥ 1.7,
+    CRI-O ≥ 1.23) and `nvidia-ctk cdi generate` specs; NVIDIA_VISIBLE_DEVICES=void."""
+    VOLUME_MOUNTS = "volume-mounts"
+    """`/dev/null` mounted at /var/run/nvidia-container-devices/<UUID>: what the NVIDIA
+    runtime reads when it ignores NVIDIA_VISIBLE_DEVICES from unprivileged containers."""
+    ENVVAR = "envvar"
+    """NVIDIA_VISIBLE_DEVICES=<UUIDs>: only safe where nothing else can set that variable."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGpu:
+    """One GPU of this node as the plugin needs it (from discovery)."""
+
+    index: int
+    uuid: str
+    healthy: bool = True
+    numa: int | None = None
+    """NUMA node; None = unknown (never guessed)."""
+    minor: int | None = None
+    """/dev/nvidia<minor>; None = unknown (then no device nodes are passed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Mps:
+    """Where the MPS control daemon's pipe (and shared-memory) directories are."""
+
+    pipe_dir: str
+    """Host path of the daemon's CUDA_MPS_PIPE_DIRECTORY."""
+    container_pipe_dir: str = "/tmp/nvidia-mps"
+    shm_dir: str | None = None
+    """Host path of the daemon's /dev/shm, mounted at /dev/shm; None: not shared."""
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    strategy: Strategy = Strategy.CDI
+    cdi_kind: str = "nvidia.com/gpu"
+    mps: Mps | Mapping[str, Mps] | None = None
+    """The MPS daemon of the node, or one per GPU (by UUID) where each GPU has its own;
+    None, or a GPU missing from the map: no MPS there, so a share is refused (it would run
+    unlimited)."""
+
+    def mps_for(self, uuid: str) -> Mps | None:
+        if isinstance(self.mps, Mapping):
+            return self.mps.get(uuid)
+        return self.mps
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A pod bound to this node that holds a grant here, as Allocate needs it."""
+
+    uid: str
+    namespace: str
+    name: str
+    created: str
+    """metadata.creationTimestamp (RFC 3339 sorts as text)."""
+    container: str
+    """The container that requests `gpuplace.io/gpu`."""
+    count: int
+    """How many slots it requests: its granted GPU count."""
+    uuids: tuple[str, ...]
+    """The granted GPUs, by UUID, in grant order."""
+    milli: int
+    memory_mib: int
+    started: bool
+    """The kubelet already created that container (its status has a containerID)."""
+
+    @property
+    def share(self) -> bool:
+        return self.milli < WHOLE
+
+    @property
+    def terms(self) -> tuple[tuple[str, ...], int, int]:
+        """What the answer depends on: equal terms, equal answers."""
+        return (self.uuids, self.milli, self.memory_mib)
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class Tier(enum.StrEnum):
+    EXACT = "exact"
+    MISMATCH = "mismatch"
+    AGAIN = "again"
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    candidate: Candidate
+    tier: Tier
+    ambiguous: bool
+    """Another candidate of the same tier would have got a different answer."""
+
+
+class Refusal(Exception):
+    """Allocate cannot be answered; the message says why (the kubelet shows it)."""
+
+
+# --- devices ------------------------------------------------------------------------
+
+
+def device_id(uuid: str, slot: int) -> str:
+    return f"{uuid}{SLOT_SEPARATOR}{slot}"
+
+
+def gpu_of(device: str) -> str:
+    """The GPU UUID of a slot ID ("" when the ID is not one of ours)."""
+    uuid, separator, slot = device.rpartition(SLOT_SEPARATOR)
+    return uuid if separator and slot.isdigit() else ""
+
+
+def devices(gpus: Iterable[NodeGpu], slots_per_gpu: int) -> list[api_pb2.Device]:
+    """The ListAndWatch device list: `slots_per_gpu` slots per GPU, with its health and
+    NUMA node (when known). O(GPUs × slots)."""
+    listed: list[api_pb2.Device] = []
+    for gpu in gpus:
+        topology = (
+            api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=gpu.numa)])
+            if gpu.numa is not None
+            else None
+        )
+        health = HEALTHY if gpu.healthy else UNHEALTHY
+        for slot in range(slots_per_gpu):
+            identifier = device_id(gpu.uuid, slot)
+            if len(identifier) > MAX_DEVICE_ID:
+                raise ValueError(f"device ID {identifier!r} is over {MAX_DEVICE_ID} characters")
+            listed.append(api_pb2.Device(ID=identifier, health=health, topology=topology))
+    return listed
+
+
+# --- pods -----------------------------------------------------------------------------
+
+
+def _requested(container: Mapping[str, Any]) -> int:
+    resources = container.get("resources") or {}
+    for part in ("limits", "requests"):
+        raw = (resources.get(part) or {}).get(keys.RESOURCE_GPU)
+        if raw is not None and str(raw).isdigit():
+            return int(str(raw))
+    return 0
+
+
+def candidate(pod: Mapping[str, Any], node: str, gpus: Sequence[NodeGpu]) -> Candidate | None:
+    """The pod as an Allocate candidate, or None when it holds no usable grant on `node`
+    (not bound here, finished, no or unreadable assignment, not exactly one container
+    asking for slots, a slot count other than its granted GPU count, or granted GPUs
+    this node does not have). O(containers + GPUs)."""
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    metadata = pod.get("metadata") or {}
+    if spec.get("nodeName") != node or status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    try:
+        grant = assignments.grant_of(pod)
+    except assignments.AssignmentError:
+        return None
+    if grant is None or grant.node != node:
+        return None
+    asking = [
+        (str(container.get("name") or ""), _requested(container))
+        for container in spec.get("containers") or []
+        if isinstance(container, Mapping)
+    ]
+    asking = [(name, count) for name, count in asking if count > 0]
+    if len(asking) != 1:
+        return None
+    container, count = asking[0]
+    if count != len(grant.gpus):
+        return None  # what the kubelet counts and what was granted disagree: refuse
+    uuids = granted_uuids(pod, grant.gpus, gpus)
+    if uuids is None:
+        return None
+    started = any(
+        isinstance(entry, Mapping)
+        and entry.get("name") == container
+        and bool(entry.get("containerID"))
+        for entry in status.get("containerStatuses") or []
+    )
+    return Candidate(
+        uid=str(metadata.get("uid") or ""),
+        namespace=str(metadata.get("namespace") or ""),
+        name=str(metadata.get("name") or ""),
+        created=str(metadata.get("creationTimestamp") or ""),
+        container=container,
+        count=count,
+        uuids=uuids,
+        milli=grant.milli,
+        memory_mib=grant.memory_mib,
+        started=started,
+    )
+
+
+def granted_uuids(
+    pod: Mapping[str, Any], indices: Sequence[int], gpus: Sequence[NodeGpu]
+) -> tuple[str, ...] | None:
+    """The granted GPUs by UUID: the assignment's UUIDs when it has them (what the sidecar
+    granted, whatever order NVML enumerates in today), else the node's UUIDs of the granted
+    indices; None when any is not on this node."""
+    on_node = {gpu.uuid for gpu in gpus}
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    raw = str(annotations.get(keys.ASSIGNED_UUIDS) or "").strip()
+    if raw:
+        uuids = tuple(part.strip() for part in raw.split(","))
+        if len(uuids) != len(indices) or not set(uuids) <= on_node:
+            return None
+        return uuids
+    by_index = {gpu.index: gpu.uuid for gpu in gpus}
+    if not all(index in by_index for index in indices):
+        return None
+    return tuple(by_index[index] for index in indices)
+
+
+def _age(candidate: Candidate) -> tuple[str, str, str]:
+    return (candidate.created, candidate.namespace, candidate.name)
+
+
+def _pick(tier: Tier, pool: list[Candidate]) -> Match | None:
+    if not pool:
+        return None
+    chosen = min(pool, key=_age)
+    return Match(chosen, tier, any(other.terms != chosen.terms for other in pool))
+
+
+def choose(
+    device_ids: Sequence[str],
+    candidates: Iterable[Candidate],
+    answered: Set[str],
+    *,
+    allow_mismatch: bool,
+) -> Match | None:
+    """The pod the kubelet is allocating `device_ids` for (see the module docstring), or
+    None. `answered`: UIDs of pods whose container this plugin already answered.
+    O(candidates)."""
+    size = len(device_ids)
+    asked = {gpu_of(device) for device in device_ids}
+    same_count = [item for item in candidates if item.count == size]
+    fresh = [item for item in same_count if item.uid not in answered and not item.started]
+    exact = _pick(Tier.EXACT, [item for item in fresh if set(item.uuids) == asked])
+    if exact is not None:
+        return exact
+    if allow_mismatch:
+        mismatch = _pick(Tier.MISMATCH, fresh)
+        if mismatch is not None:
+            return mismatch
+    return _pick(
+        Tier.AGAIN,
+        [item for item in same_count if item not in fresh and set(item.uuids) == asked],
+    )
+
+
+def prefer(
+    request: api_pb2.ContainerPreferredAllocationRequest,
+    candidates: Iterable[Candidate],
+    answered: Set[str],
+) -> list[str]:
+    """GetPreferredAllocation for one container: a slot on each GPU of the oldest fresh
+    candidate whose grant has a free slot on every granted GPU, so that the kubelet's record
+    names the granted GPUs; else the must-include slots, then the lowest available ones.
+    Advisory: Allocate decides from the grant either way. O(available + candidates)."""
+    size = int(request.allocation_size)
+    must = list(request.must_include_deviceIDs)
+    free: dict[str, list[str]] = {}
+    for device in sorted(request.available_deviceIDs, key=_slot_order):
+        free.setdefault(gpu_of(device), []).append(device)
+    fresh = sorted(
+        (
+            item
+            for item in candidates
+            if item.count == size and item.uid not in answered and not item.started
+        ),
+        key=_age,
+    )
+    for item in fresh:
+        must_gpus = {gpu_of(device) for device in must}
+        if not must_gpus <= set(item.uuids):
+            continue
+        chosen = list(must)
+        for uuid in item.uuids:
+            if uuid in must_gpus:
+                continue
+            if not free.get(uuid):
+                break
+            chosen.append(free[uuid][0])
+        else:
+            if len(chosen) == size:
+                return chosen
+    chosen = list(must)
+    for device in sorted(request.available_deviceIDs, key=_slot_order):
+        if len(chosen) >= size:
+            break
+        if device not in chosen:
+            chosen.append(device)
+    return chosen
+
+
+def _slot_order(device: str) -> tuple[str, int]:
+    uuid, _, slot = device.rpartition(SLOT_SEPARATOR)
+    return (uuid, int(slot) if slot.isdigit() else 0)
+
+
+# --- the answer --------------------------------------------------------------------
+
+
+def answer(
+    chosen: Candidate, gpus: Sequence[NodeGpu], options: Options
+) -> api_pb2.ContainerAllocateResponse:
+    """What the container of `chosen` gets: exactly its granted GPUs and, for a share, MPS.
+    Raises `Refusal` when a share cannot be capped (no MPS) or a granted GPU is missing or
+    unhealthy. O(granted GPUs)."""
+    by_uuid = {gpu.uuid: gpu for gpu in gpus}
+    missing = [uuid for uuid in chosen.uuids if uuid not in by_uuid]
+    if missing:
+        raise Refusal(f"{chosen}: granted GPU {missing[0]} is not on this node")
+    sick = [uuid for uuid in chosen.uuids if not by_uuid[uuid].healthy]
+    if sick:
+        raise Refusal(f"{chosen}: granted GPU {sick[0]} is unhealthy")
+    mps = options.mps_for(chosen.uuids[0]) if chosen.share else None
+    if chosen.share and mps is None:
+        raise Refusal(f"{chosen}: a GPU share needs the MPS control daemon, which is not ready")
+    response = api_pb2.ContainerAllocateResponse()
+    uuids = list(chosen.uuids)
+    if options.strategy is Strategy.CDI:
+        response.cdi_devices.extend(
+            api_pb2.CDIDevice(name=f"{options.cdi_kind}={uuid}") for uuid in uuids
+        )
+        response.envs[VISIBLE_DEVICES_ENV] = "void"
+    else:
+        if options.strategy is Strategy.VOLUME_MOUNTS:
+            response.envs[VISIBLE_DEVICES_ENV] = VOLUME_MOUNT_ROOT
+            response.mounts.extend(
+                api_pb2.Mount(
+                    container_path=f"{VOLUME_MOUNT_ROOT}/{uuid}",
+                    host_path="/dev/null",
+                    read_only=True,
+                )
+                for uuid in uuids
+            )
+        else:
+            response.envs[VISIBLE_DEVICES_ENV] = ",".join(uuids)
+        minors = [by_uuid[uuid].minor for uuid in uuids]
+        if all(minor is not None for minor in minors):
+            nodes = [f"/dev/nvidia{minor}" for minor in minors] + list(CONTROL_DEVICES)
+            response.devices.extend(
+                api_pb2.DeviceSpec(container_path=path, host_path=path, permissions="rw")
+                for path in nodes
+            )
+    if mps is not None:
+        response.mounts.append(
+            api_pb2.Mount(container_path=mps.container_pipe_dir, host_path=mps.pipe_dir)
+        )
+        if mps.shm_dir is not None:
+            response.mounts.append(api_pb2.Mount(container_path="/dev/shm", host_path=mps.shm_dir))
+        response.envs[MPS_PIPE_ENV] = mps.container_pipe_dir
+        # A memory-only share has no compute of its own to cap (milli 0): time-sliced.
+        percent = -(-chosen.milli // 10) if chosen.milli else 100
+        response.envs[MPS_THREADS_ENV] = str(percent)
+        if chosen.memory_mib:
+            # Ordinals are relative to the devices the container sees, in grant order.
+            response.envs[MPS_MEMORY_ENV] = ",".join(
+                f"{ordinal}={chosen.memory_mib}M" for ordinal in range(len(uuids))
+            )
+    return response
+
+
+def granted_in(response: api_pb2.ContainerAllocateResponse, options: Options) -> set[str]:
+    """The GPU UUIDs a response hands out, read back from it (for checks and tests)."""
+    found: set[str] = set()
+    prefix = f"{options.cdi_kind}="
+    found.update(
+        device.name[len(prefix) :]
+        for device in response.cdi_devices
+        if device.name.startswith(prefix)
+    )
+    for mount in response.mounts:
+        if mount.container_path.startswith(VOLUME_MOUNT_ROOT + "/"):
+            found.add(mount.container_path[len(VOLUME_MOUNT_ROOT) + 1 :])
+    visible = response.envs.get(VISIBLE_DEVICES_ENV, "")
+    if visible not in ("", "void", "none", VOLUME_MOUNT_ROOT):
+        found.update(visible.split(","))
+    return found

@@ -1,0 +1,297 @@
+"""Kubernetes Node objects → the engine's `gpuplace.placement.inventory.Node`.
+
+GPUs come from GPU Feature Discovery labels (`nvidia.com/gpu.count`,
+`nvidia.com/gpu.product`, `nvidia.com/gpu.memory` in MiB) and from the node annotation
+`gpuplace.io/gpus` (a JSON list with one object per GPU: `index`, `uuid`, `numa`,
+`nvlink`; absent or null fields default to no UUID, NUMA 0 and no NVLink). When the
+node agent wrote it (its entries carry `memoryMiB`), the annotation alone says how many
+GPUs there are, their model and memory, and which are unhealthy (`health`); the labels
+stay the fallback. Only nodes labelled `gpuplace.io/enabled=true` are gpuplace's.
+
+`record` is the node informer's transform: whether the node is gpuplace's, its engine
+`Node` (or why it cannot be read), its node agent's last heartbeat, and the extended
+resources its status currently advertises, so that `advertisement` can say what to
+write only when it differs. `effective` closes a node to new GPU pods while its agent
+is silent past the bound (or, where an agent is required, has never reported): a
+function of the record and the clock, so the sidecar re-applies it as time passes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from gpuplace.cluster import keys, quantities
+from gpuplace.placement.inventory import NO_NVLINK, Gpu, Inventory, Node
+
+
+class NodeError(ValueError):
+    """A node whose labels or annotation gpuplace cannot read; names node and key."""
+
+
+def is_enabled(node: Mapping[str, Any]) -> bool:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return str(labels.get(keys.NODE_ENABLED, "")).lower() == "true"
+
+
+def parse(node: Mapping[str, Any]) -> Node:
+    """One Kubernetes Node (as the API sends it) → engine Node. O(GPUs)."""
+    metadata = node.get("metadata") or {}
+    name = str(metadata.get("name") or "")
+    labels: dict[str, str] = {str(k): str(v) for k, v in (metadata.get("labels") or {}).items()}
+    annotations = metadata.get("annotations") or {}
+    status = node.get("status") or {}
+    allocatable = status.get("allocatable") or status.get("capacity") or {}
+    try:
+        cpu = quantities.to_milli(allocatable.get("cpu", "0"))
+        memory, _ = quantities.to_mib(allocatable.get("memory", "0"))
+        pods = int(quantities.parse(allocatable.get("pods", "110")))
+    except quantities.QuantityError as error:
+        raise NodeError(f"node {name}: allocatable: {error}") from error
+    agent = keys.AGENT_HEARTBEAT in annotations
+    gpus = _gpus(name, labels, annotations.get(keys.NODE_GPUS), agent=agent)
+    return Node(
+        name=name, cpu_milli=cpu, memory_mib=memory, gpus=gpus, max_pods=pods, labels=labels
+    )
+
+
+def _int_label(name: str, labels: Mapping[str, str], key: str) -> int:
+    raw = labels.get(key, "0")
+    try:
+        value = int(raw)
+    except ValueError as error:
+        raise NodeError(f"node {name}: label {key}={raw!r} is not an integer") from error
+    if value < 0:
+        raise NodeError(f"node {name}: label {key}={raw!r} is negative")
+    return value
+
+
+def _gpus(
+    name: str, labels: Mapping[str, str], topology: object, *, agent: bool = False
+) -> tuple[Gpu, ...]:
+    count = _int_label(name, labels, keys.GFD_COUNT)
+    memory = _int_label(name, labels, keys.GFD_MEMORY)
+    model = labels.get(keys.GFD_PRODUCT, "")
+    details: dict[int, Mapping[str, Any]] = {}
+    if topology:
+        try:
+            entries = json.loads(str(topology))
+            if not isinstance(entries, list):
+                raise TypeError("not a list")
+            for entry in entries:
+                details[int(entry["index"])] = entry
+        except (ValueError, TypeError, KeyError) as error:
+            raise NodeError(
+                f"node {name}: annotation {keys.NODE_GPUS} must be a JSON list of "
+                f'{{"index": N, "uuid": "GPU-…", "numa": N, "nvlink": N}}: {error}'
+            ) from error
+    # The agent's own list is the whole truth, empty included (NVML found no GPU, or
+    # none it could count): the labels then no longer speak for the node.
+    published = (agent and topology is not None) or (
+        bool(details) and all("memoryMiB" in entry for entry in details.values())
+    )
+    if published:
+        if sorted(details) != list(range(len(details))):
+            raise NodeError(
+                f"node {name}: annotation {keys.NODE_GPUS} lists GPU indices "
+                f"{sorted(details)}, not 0..{len(details) - 1}"
+            )
+        count = len(details)
+    elif count and not model:
+        raise NodeError(f"node {name}: {keys.GFD_COUNT}={count} but no {keys.GFD_PRODUCT}")
+    gpus = []
+    for index in range(count):
+        entry = details.get(index, {})
+        try:
+            gpus.append(
+                Gpu(
+                    index=index,
+                    model=str(entry.get("model") or model),
+                    memory_mib=_or(entry.get("memoryMiB"), 0) if published else memory,
+                    uuid=str(entry.get("uuid") or ""),
+                    numa=_or(entry.get("numa"), 0),
+                    nvlink=_or(entry.get("nvlink"), NO_NVLINK),
+                    healthy=entry.get("health", HEALTHY) == HEALTHY,
+                )
+            )
+        except (TypeError, ValueError) as error:
+            raise NodeError(f"node {name}: GPU {index} in {keys.NODE_GPUS}: {error}") from error
+    return tuple(gpus)
+
+
+HEALTHY = "healthy"
+"""The one `health` value that lets a GPU take new grants (absent counts as healthy:
+hand-written annotations have none); any other, "unhealthy" included, closes the GPU."""
+
+
+def _or(value: object, unknown: int) -> int:
+    """An annotation integer; null (the agent's "NVML could not say") reads as `unknown`."""
+    if value is None:
+        return unknown
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"{value!r} is not an integer")
+    return int(value)
+
+
+def inventory(items: Iterable[Mapping[str, Any]], *, only_enabled: bool = True) -> Inventory:
+    """A NodeList's items → Inventory of the gpuplace-enabled nodes. O(GPUs)."""
+    return Inventory(parse(item) for item in items if is_enabled(item) or not only_enabled)
+
+
+ADVERTISED = (keys.RESOURCE_PERCENT, keys.RESOURCE_MEMORY)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """A node as the sidecar keeps it (the node informer's cache entry)."""
+
+    name: str
+    uid: str
+    enabled: bool
+    node: Node | None
+    """The engine's view; None when not enabled or unreadable."""
+    problem: str = ""
+    """Why an enabled node could not be read ("" when fine)."""
+    capacity: Mapping[str, str] = field(default_factory=dict)
+    """gpuplace's extended resources in status.capacity, as the API has them."""
+    allocatable: Mapping[str, str] = field(default_factory=dict)
+    """... and in status.allocatable."""
+    domain_label: str | None = None
+    """The node's `gpuplace.io/nvlink-domain-size` label (None: absent)."""
+    heartbeat: str | None = None
+    """The node agent's `gpuplace.io/agent-heartbeat` annotation (None: no agent ever
+    reported on this node)."""
+    heartbeat_at: float | None = None
+    """That time in seconds since the epoch; None when absent or unreadable."""
+
+
+def record(raw: Mapping[str, Any]) -> NodeRecord:
+    """Node JSON → NodeRecord; never raises for a readable object. O(GPUs)."""
+    metadata = raw.get("metadata") or {}
+    status = raw.get("status") or {}
+    capacity = status.get("capacity") or {}
+    allocatable = status.get("allocatable") or {}
+    ours_capacity = {key: str(capacity[key]) for key in ADVERTISED if key in capacity}
+    ours_allocatable = {key: str(allocatable[key]) for key in ADVERTISED if key in allocatable}
+    labels = metadata.get("labels") or {}
+    domain = labels.get(keys.NVLINK_DOMAIN_SIZE)
+    beat = (metadata.get("annotations") or {}).get(keys.AGENT_HEARTBEAT)
+    enabled = is_enabled(raw)
+    node: Node | None = None
+    problem = ""
+    if enabled:
+        try:
+            node = parse(raw)
+        except (NodeError, ValueError) as error:
+            problem = str(error)
+    return NodeRecord(
+        name=str(metadata.get("name") or ""),
+        uid=str(metadata.get("uid") or ""),
+        enabled=enabled,
+        node=node,
+        problem=problem,
+        capacity=ours_capacity,
+        allocatable=ours_allocatable,
+        domain_label=str(domain) if domain is not None else None,
+        heartbeat=None if beat is None else str(beat),
+        heartbeat_at=None if beat is None else heartbeat_time(str(beat)),
+    )
+
+
+def heartbeat_time(text: str) -> float | None:
+    """An RFC 3339 time with its zone → seconds since the epoch; None when unreadable."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return None if moment.tzinfo is None else moment.timestamp()
+
+
+DEFAULT_AGENT_SILENCE = 120.0
+"""Seconds without a heartbeat after which a node takes no new GPU pods (the agent
+renews it every 30 s by default: four missed beats)."""
+
+
+def closed_reason(
+    record: NodeRecord, now: float, *, silence: float, require_agent: bool = False
+) -> str:
+    """Why new GPU pods must not go on the node now ("" = they may): its agent's
+    heartbeat is older than `silence` seconds (0 = never close for silence) or
+    unreadable, or it has none while `require_agent`. Stable while the cause lasts (it
+    names the last heartbeat, not the time since), so the engine's node changes only
+    when the verdict does. O(1)."""
+    if record.heartbeat is None:
+        if require_agent:
+            return "no node agent has reported on this node (the sidecar requires one)"
+        return ""
+    if record.heartbeat_at is None:
+        return f"node agent heartbeat {record.heartbeat[:64]!r} is not an RFC 3339 time"
+    if silence > 0 and now - record.heartbeat_at > silence:
+        return f"node agent silent since {record.heartbeat} (more than {silence:g}s)"
+    return ""
+
+
+def effective(
+    record: NodeRecord, now: float, *, silence: float, require_agent: bool = False
+) -> Node | None:
+    """The record's engine node, closed (`Node.closed`) when `closed_reason` says so.
+    The same object when nothing changes. O(1)."""
+    node = record.node
+    if node is None:
+        return None
+    why = closed_reason(record, now, silence=silence, require_agent=require_agent)
+    return node if node.closed == why else replace(node, closed=why)
+
+
+def advertisement(node: Node) -> dict[str, str]:
+    """The extended resources a gpuplace node offers: 100 × GPUs and total GPU MiB."""
+    return {
+        keys.RESOURCE_PERCENT: str(100 * len(node.gpus)),
+        keys.RESOURCE_MEMORY: str(sum(gpu.memory_mib for gpu in node.gpus)),
+    }
+
+
+def status_patch(record: NodeRecord) -> dict[str, Any] | None:
+    """The nodes/status merge patch that makes the node advertise what it should, or None
+    when it already does. An enabled node advertises `advertisement`; a node that is not
+    (any more) gpuplace's loses the resources; an unreadable one is left alone."""
+    if record.enabled and record.node is None:
+        return None
+    wanted: dict[str, str | None]
+    if record.node is not None:
+        wanted = dict(advertisement(record.node))
+    else:
+        wanted = dict.fromkeys(key for key in ADVERTISED if key in record.capacity)
+        wanted.update(dict.fromkeys(key for key in ADVERTISED if key in record.allocatable))
+        if not wanted:
+            return None
+    capacity_now = {key: record.capacity.get(key) for key in wanted}
+    allocatable_now = {key: record.allocatable.get(key) for key in wanted}
+    if capacity_now == wanted and allocatable_now == wanted:
+        return None
+    return {"status": {"capacity": wanted, "allocatable": wanted}}
+
+
+def largest_nvlink_domain(node: Node) -> int:
+    """GPUs in the node's largest NVLink domain; 1 when it has GPUs but no NVLink (each
+    GPU is a domain of its own), 0 without GPUs. What required-topology affinity reads."""
+    sizes = [len(members) for members in node.nvlink_domains().values()]
+    return max(sizes, default=1 if node.gpus else 0)
+
+
+def label_patch(record: NodeRecord) -> dict[str, Any] | None:
+    """The node merge patch that keeps `gpuplace.io/nvlink-domain-size` right, or None.
+    Enabled nodes carry it; a node that left gpuplace loses it; unreadable ones are left
+    alone."""
+    if record.node is not None:
+        wanted: str | None = str(largest_nvlink_domain(record.node))
+    elif record.enabled:
+        return None
+    else:
+        wanted = None
+    if record.domain_label == wanted:
+        return None
+    return {"metadata": {"labels": {keys.NVLINK_DOMAIN_SIZE: wanted}}}

@@ -1,0 +1,285 @@
+"""Why a pod is where it is, or why it is pending: node by node, for `gpuplace explain`.
+
+Works on a LedgerSync built from the API (the same state the sidecar decides from, minus
+its in-memory holds) and the same policy. For a pod that already holds GPUs, the nodes
+are scored as if it did not (its own grant is set aside on this private copy), so the
+table shows where it would go now next to where it is. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gpuplace.cluster.pods import PodRecord
+from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.extender import reasons
+from gpuplace.extender.workloads import PolicyHolder
+from gpuplace.placement import choosing
+from gpuplace.placement.ledger import Grant, GrantState
+from gpuplace.placement.requests import share_text
+
+FITS = "fits"
+HERE = "here"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    node: str
+    model: str
+    gpus: int
+    free: str
+    """Per-GPU free share in percent, "100/40/0" (or "-" for a node gpuplace does not manage)."""
+    verdict: str
+    """"here" (the pod's node), "fits", or the misfit kind."""
+    why: str
+    """The misfit's detail, or the policy's view of the node (score and GPUs it would take)."""
+    score: int | None = None
+    """kube-scheduler extender score 0-10 for nodes that fit."""
+
+
+@dataclass(slots=True)
+class Explanation:
+    pod: str
+    headline: list[str]
+    rows: list[Row] = field(default_factory=list)
+    summary: str = ""
+
+    def as_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def _free(sync: LedgerSync, name: str) -> tuple[str, str, int]:
+    state = sync.ledger.state(name)
+    if state is None:
+        record = sync.nodes.get(name)
+        why = record.problem if record is not None and record.problem else ""
+        return ("-", why, 0)
+    # A GPU holding memory-only shares has no compute open to others: "mem" says why.
+    free = "/".join(
+        "mem" if held else f"{max(milli, 0) / 10:g}"
+        for milli, held in zip(state.free_milli, state.memory_only, strict=True)
+    )
+    return (free or "-", state.node.model or "-", len(state.node.gpus))
+
+
+def _grant_text(grant: Grant) -> str:
+    gpus = ",".join(str(index) for index in grant.gpus)
+    share = share_text(grant.milli)
+    memory = f", {grant.memory_mib} MiB" if grant.memory_mib else ""
+    return f"GPU{'s' if len(grant.gpus) > 1 else ''} {gpus} ({share}{memory} each)"
+
+
+def explain(
+    sync: LedgerSync,
+    holder: PolicyHolder,
+    record: PodRecord,
+    *,
+    events: Sequence[Mapping[str, Any]] = (),
+    conditions: Sequence[Mapping[str, Any]] = (),
+) -> Explanation:
+    """The explanation for one pod. Mutates `sync` (sets the pod's own grant aside)."""
+    result = Explanation(pod=str(record), headline=[])
+    head = result.headline
+    if record.terminal:
+        head.append(f"{record.phase}: its containers have stopped; it holds no GPU.")
+        return result
+    if record.request is None:
+        if record.problem:
+            head.append(f"Cannot be placed: {record.problem}")
+        else:
+            head.append("Asks for no GPU (no gpuplace annotations): gpuplace has no say.")
+        if record.node_name:
+            head.append(f"Bound to node {record.node_name}.")
+        return result
+    grant = sync.ledger.get(record.uid)
+    if record.bound and grant is not None and grant.state is GrantState.CONFIRMED:
+        head.append(f"Running on node {grant.node} with {_grant_text(grant)}.")
+    elif record.bound:
+        head.append(
+            f"Bound to node {record.node_name} without a gpuplace assignment"
+            + (f" ({record.problem})." if record.problem else ".")
+        )
+    elif grant is not None:
+        head.append(
+            f"Pending, with {_grant_text(grant)} reserved on node {grant.node}: the next "
+            "scheduling attempt binds it there (it is offered no other node); the "
+            "reservation is released if that does not happen in time."
+        )
+    elif record.gated:
+        head.append(
+            "Pending behind scheduling gates: the gang controller lets it go when its gang "
+            "can be placed as a whole."
+        )
+    else:
+        head.append("Pending: no GPUs assigned yet.")
+    head.extend(preemption_lines(sync, record, conditions, events))
+    for condition in conditions:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            head.append(f"kube-scheduler: {condition.get('message') or condition.get('reason')}")
+    for event in list(events)[-3:]:
+        count = event.get("count") or 1
+        times = f" (x{count})" if count and count > 1 else ""
+        head.append(f"Event {event.get('reason')}{times}: {event.get('message')}")
+
+    if grant is not None:
+        sync.ledger.release(record.uid)
+    chooser = holder.current()
+    names = sorted(sync.nodes)
+    evaluation = chooser.evaluate(record.request, names)
+    scores = choosing.extender_scores(evaluation)
+    here = grant.node if grant is not None else record.node_name
+    rows: list[Row] = []
+    for name in names:
+        free, model, gpus = _free(sync, name)
+        choice = evaluation.choices.get(name)
+        if choice is not None:
+            taken = ",".join(str(index) for index in choice.gpus)
+            rows.append(
+                Row(
+                    name,
+                    model,
+                    gpus,
+                    free,
+                    HERE if name == here else FITS,
+                    f"policy score {choice.score:.6g}; would take GPU {taken}",
+                    scores.get(name, 0),
+                )
+            )
+        else:
+            misfit = evaluation.misfits.get(name) or choosing.UNKNOWN
+            verdict = HERE if name == here else misfit.kind.value
+            why = misfit.message if name != here else f"{misfit.kind.value}: {misfit.message}"
+            rows.append(Row(name, model if model else "-", gpus, free, verdict, why, None))
+    kinds = Counter(row.verdict for row in rows if row.score is None and row.verdict != HERE)
+
+    def order(row: Row) -> tuple[int, int, int, str]:
+        if row.verdict == HERE:
+            return (0, 0, 0, row.node)
+        if row.score is not None:
+            return (1, -row.score, 0, row.node)
+        return (2, -kinds[row.verdict], 0, row.node)
+
+    result.rows = sorted(rows, key=order)
+    result.summary = reasons.summary(len(names), evaluation.misfits)
+    best = [choice.node for choice in evaluation.best()]
+    if best:
+        result.summary += f"; the policy ({holder.name}) prefers {', '.join(best[:3])}"
+    if not evaluation.choices and grant is None and not record.gated:
+        head.append(
+            "No gpuplace node can take it now; it waits until GPUs free up"
+            + (
+                "."
+                if any(m.resolvable for m in evaluation.misfits.values())
+                else ", but no node could ever hold it: check its annotations."
+            )
+        )
+    return result
+
+
+GANG_PREEMPTION = ("GpuPreemption", "GangPreemptionRefused")
+"""Event reasons the gang controller writes on a member of a gang that preempts."""
+
+
+def preemption_lines(
+    sync: LedgerSync,
+    record: PodRecord,
+    conditions: Sequence[Mapping[str, Any]] = (),
+    events: Sequence[Mapping[str, Any]] = (),
+) -> list[str]:
+    """What a preemption under way means for the pod: as a preemptor (kube-scheduler
+    nominated a node and evicts pods there for it), as a member of a gated gang that
+    preempts (its latest gang-preemption Event, and which of the pods it names are
+    still terminating), or as a victim. O(pods) for a preemptor, O(events +
+    conditions) else."""
+    lines = []
+    latest = next((e for e in reversed(events) if e.get("reason") in GANG_PREEMPTION), None)
+    if record.gated and not record.bound and latest is not None:
+        message = str(latest.get("message") or "")
+        going = sorted(
+            str(other)
+            for other in sync.pods.values()
+            if other.deleting and not other.terminal and str(other) in message
+        )
+        state = (
+            f"{len(going)} of its victims still terminating ({', '.join(going[:5])})"
+            if going
+            else "none of the pods it names is terminating any more"
+        )
+        lines.append(f"Gang preemption pending: {message} Now: {state}.")
+    if record.nominated and not record.bound:
+        node = record.nominated
+        going = sorted(
+            str(other)
+            for other in sync.pods.values()
+            if other.node_name == node and other.deleting and not other.terminal
+        )
+        if going:
+            shown = ", ".join(going[:5]) + (f" and {len(going) - 5} more" if len(going) > 5 else "")
+            lines.append(
+                f"Preemption under way: kube-scheduler nominated node {node} and is evicting "
+                f"{shown} there; gpuplace holds the GPUs they free for this pod until it binds."
+            )
+        else:
+            lines.append(
+                f"Nominated to node {node} by kube-scheduler's preemption; no pod there is "
+                "terminating any more: the next attempt should bind it."
+            )
+    for condition in conditions:
+        if (
+            condition.get("type") == "DisruptionTarget"
+            and condition.get("status") == "True"
+            and condition.get("reason") == "PreemptionByScheduler"
+        ):
+            lines.append(
+                f"Being preempted: {condition.get('message') or 'for a higher priority pod'} "
+                "(its Events name the pod and the GPU it frees)."
+            )
+        elif (
+            condition.get("type") == "DisruptionTarget"
+            and condition.get("status") == "True"
+            and condition.get("reason") == "EvictionByEvictionAPI"
+            and record.deleting
+        ):
+            lines.append(
+                "Being evicted through the Eviction API (a GpuPreempted Event names the gang "
+                "it makes room for, if gpuplace evicted it)."
+            )
+    return lines
+
+
+def render(explanation: Explanation, *, limit: int | None = 40) -> str:
+    """A readable table (`limit` rows; None = all)."""
+    lines = [f"Pod {explanation.pod}"]
+    lines += [f"  {line}" for line in explanation.headline]
+    if explanation.rows:
+        lines.append("")
+        header = ("NODE", "MODEL", "GPUS", "FREE %", "VERDICT", "SCORE", "WHY")
+        shown = explanation.rows if limit is None else explanation.rows[:limit]
+        table = [header] + [
+            (
+                row.node,
+                row.model,
+                str(row.gpus),
+                row.free,
+                row.verdict,
+                "" if row.score is None else str(row.score),
+                row.why,
+            )
+            for row in shown
+        ]
+        widths = [min(max(len(cells[i]) for cells in table), 40) for i in range(len(header) - 1)]
+        for cells in table:
+            fixed = "  ".join(
+                cell[:40].ljust(width) for cell, width in zip(cells, widths, strict=False)
+            )
+            lines.append(f"{fixed}  {cells[-1]}".rstrip())
+        hidden = len(explanation.rows) - len(shown)
+        if hidden > 0:
+            lines.append(f"... and {hidden} more nodes (--all shows them)")
+    if explanation.summary:
+        lines += ["", explanation.summary]
+    return "\n".join(lines)

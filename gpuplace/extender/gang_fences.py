@@ -1,0 +1,72 @@
+"""Capacity holds for a starving gang: nodes other pods are kept off while it waits.
+
+The anti-starvation rule (docs/gangs.md): when the gang at the head of the queue
+(highest priority, then oldest) has been complete but unplaceable for
+`starve_after_seconds`, and its timeout has not passed, the controller *fences* the
+nodes that would hold it once drained (`gpuplace.placement.gangs.fence`). A fence holds no GPU:
+nothing is reserved and pods already there keep running. It only keeps *new*
+placements off those nodes, so they drain towards the gang:
+
+- the extender's filter fails a fenced node for every pod that is not a member of
+  the fenced gang (`Fences.blocks`; a resolvable failure: the node is fine, just held);
+- the gang controller does not plan other gangs onto fenced nodes.
+
+At most one gang is fenced at a time (so two fences can never deadlock), and the
+fence is lifted when the gang starts, times out, or another gang becomes the head.
+
+Synchronous and tiny: `blocks` is O(1) and is meant to be called from the filter verb.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuplace.extender.gang_members import GangKey
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    owner: GangKey
+    nodes: frozenset[str]
+    members: frozenset[str]
+    """UIDs of the gang's members (never blocked)."""
+    since: float
+    """POSIX seconds the gang has been waiting since."""
+
+
+class Fences:
+    """The current fence, if any; see the module docstring."""
+
+    __slots__ = ("current", "version")
+
+    def __init__(self) -> None:
+        self.current: Fence | None = None
+        self.version = 0
+        """Grows whenever the fence changes (plans made against one fence stay valid)."""
+
+    @property
+    def nodes(self) -> frozenset[str]:
+        return self.current.nodes if self.current is not None else frozenset()
+
+    @property
+    def owner(self) -> GangKey | None:
+        return self.current.owner if self.current is not None else None
+
+    def hold(self, fence: Fence) -> None:
+        if fence != self.current:
+            self.current = fence
+            self.version += 1
+
+    def release(self) -> Fence | None:
+        released, self.current = self.current, None
+        if released is not None:
+            self.version += 1
+        return released
+
+    def blocks(self, pod_uid: str, node: str) -> str | None:
+        """Why `node` is not offered to pod `pod_uid` (None: it may be). O(1)."""
+        fence = self.current
+        if fence is None or node not in fence.nodes or pod_uid in fence.members:
+            return None
+        namespace, name = fence.owner
+        return f"gpuplace: node held for gang {namespace}/{name}, which waits for room"

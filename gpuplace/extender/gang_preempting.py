@@ -1,0 +1,545 @@
+"""A waiting gang of higher priority displaces lower-priority pods: all it needs, or none.
+
+The gang controller asks `GangPreemptions.attempt` for a complete gang that does not fit
+in free capacity (docs/gangs.md, "Priority and preemption"). Who may preempt and who
+may go, as kube-scheduler's DefaultPreemption decides for one pod:
+
+- the gang's priority is its *lowest* member's `spec.priority`, running members
+  included (a replacement joining a started gang preempts at the gang's priority, not
+  its own); a gang with a member whose `spec.preemptionPolicy` is `Never` never
+  preempts;
+- victims are bound, unfinished pods gpuplace granted GPUs to, of strictly lower
+  priority; a running gang is one unit across all its nodes, and a victim only when all
+  its live members are of lower priority (evicted whole or not at all);
+- while victims this gang evicted earlier are still terminating, it does not preempt
+  again (their GPUs are on their way back); the same read from the cluster, so that a
+  restart or a lost lease (which drop what this replica remembers) changes nothing: a
+  pod already being deleted is never a victim again, its GPUs count as freed, and while
+  pods of lower priority terminate on the nodes of the gang's plan, the gang holds
+  those nodes (the fence) and waits for them instead of evicting (kube-scheduler's own
+  rule for a preemptor whose nominated node has terminating victims);
+- one gang preempts at a time: while another gang's preemption is under way (from its
+  first eviction until it starts, times out or stops waiting) no other gang preempts.
+  There is one fence (`gpuplace.extender.gang_fences`), and it holds the first gang's nodes; GPUs
+  freed for a second gang would be held by nothing, a new pod could take them, and
+  that gang would evict again.
+
+An attempt:
+
+1. plan (`gpuplace.placement.preempting.for_gang`): the victims that make room for every member,
+   only on the GPUs the members take, none beyond need; no plan: evict nothing;
+2. PodDisruptionBudget pre-check (`gpuplace.cluster.disruptions.refused`, with fresh reads of the
+   victims and their namespaces' budgets): a unit with a victim the API server would
+   refuse is excluded and the plan made again without it, until one passes or none is
+   left (evict nothing);
+3. fence the plan's nodes for the gang (`gpuplace.extender.gang_fences`: no new pod and no other
+   gang goes there), then evict every victim through the Eviction API (UID
+   precondition: never a plain DELETE). An eviction still refused (429 from a budget
+   that changed meanwhile, 404/409: the pod went or was replaced) stops the evictions:
+   the fence stays, a Warning Event `GangPreemptionRefused` says which victim and why,
+   and the gang tries again after `retry_seconds`. An eviction without an answer
+   (timeout, 502-504) may have gone through: it stops the evictions the same way, and
+   the victim counts as terminating once the pod shows its deletion (never evicted
+   twice). A race with another disruption can
+   therefore leave a preemption partial; the fence keeps what was freed for the gang.
+
+A gang whose plan found no victims is not planned again until the ledger
+(`Ledger.generation`) or a pod record victim selection reads (`LedgerSync.pods_version`:
+a pod bound, deleted, finished...) changes, and not before `retry_seconds`. Bounded work
+per round: at most `PLANS_PER_ROUND` gangs plan a preemption in one controller round
+(the others on the next), each with at most `PASSES` plans (see `_plan`).
+
+Events: `GpuPreempted` on each victim (the gang, and the GPUs freed), `GpuPreemption` on
+each member (victims and nodes). The controller owns the fence's lifetime: it keeps it
+while `underway(key)` and releases it when the gang starts, times out or goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter
+
+from gpuplace.cluster import disruptions, kube, recording
+from gpuplace.cluster.pods import PodRecord
+from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.extender import app, preempting
+from gpuplace.extender.gang_fences import Fence, Fences
+from gpuplace.extender.gang_members import GangKey, GangPod
+from gpuplace.placement import gangs
+from gpuplace.placement import preempting as engine
+from gpuplace.placement.choosing import Policy
+
+log = logging.getLogger(__name__)
+
+REFUSED = "GangPreemptionRefused"
+NEVER = "Never"
+PLANS_PER_ROUND = 1
+"""Gangs that may plan a preemption in one controller round (each plan is synchronous
+work on the event loop the extender's verbs share)."""
+PASSES = 8
+"""Plans one attempt makes at most, each without the units a budget refused before."""
+GOING = -(1 << 31)
+"""The priority `victim_units` gives a unit already being deleted (below any int32)."""
+
+
+class EvictionApi(Protocol):
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    async def evict_pod(self, namespace: str, name: str, *, uid: str) -> None: ...
+
+    async def disruption_budgets(self, namespace: str) -> list[dict[str, Any]]: ...
+
+
+@dataclass(slots=True)
+class Underway:
+    """A gang's preemption in progress: what it evicted, where, and when to try again."""
+
+    nodes: frozenset[str]
+    evicted: set[str] = field(default_factory=set)
+    """UIDs of the victims whose eviction the API accepted."""
+    retry_at: float = 0.0
+    """After a refused eviction: no new attempt before this (POSIX seconds)."""
+    unsure: set[str] = field(default_factory=set)
+    """UIDs of victims whose eviction's outcome is unknown (timeout, 502-504): the API
+    may have accepted it; counted as terminating once the pod shows deletion."""
+
+
+@dataclass(frozen=True, slots=True)
+class Terminating:
+    """A plan that counts on pods of lower priority already being deleted on its nodes."""
+
+    nodes: frozenset[str]
+    uids: frozenset[str]
+
+
+class GangPreemptionMetrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.preemptions = Counter(
+            "gpuplace_gang_preemptions_total",
+            "Preemptions started for a waiting gang (its victims' evictions sent), by "
+            "result: complete, or partial (an eviction was refused; retried later).",
+            ["result"],
+            registry=registry,
+        )
+        self.plans = Counter(
+            "gpuplace_gang_preemption_plans_total",
+            "Preemption plans made for waiting gangs (gpuplace.placement.preempting.for_gang runs, "
+            "each synchronous work on the event loop).",
+            registry=registry,
+        )
+        self.victims = Counter(
+            "gpuplace_gang_preemption_victims_total",
+            "Pods evicted to make room for a waiting gang.",
+            registry=registry,
+        )
+
+
+def gang_priority(members: Iterable[GangPod]) -> int:
+    """A gang's priority for preemption: its lowest member's."""
+    return min(member.priority for member in members)
+
+
+def never_preempts(members: Iterable[GangPod]) -> bool:
+    return any(member.preemption_policy == NEVER for member in members)
+
+
+def victim_units(sync: LedgerSync, below: int, spare: Iterable[str] = ()) -> list[engine.Unit]:
+    """Every unit that may be evicted for a gang of priority `below`: bound, unfinished
+    pods holding a grant, of lower priority; a running gang whole (all its live members
+    lower; the unit is its members holding a grant, never a gated one) or not at all.
+    `spare`: UIDs never to evict. A unit whose pods are all being
+    deleted already (`deletionTimestamp`) gets the priority `GOING` (the cheapest victim,
+    `going`): its GPUs are on their way back, so the plan counts on them first and the
+    caller waits for them rather than evicting anything. O(pods + grants)."""
+    records = sync.pods
+    spared = set(spare)
+    by_gang: dict[tuple[str, str], list[PodRecord]] = {}
+    for each in records.values():
+        if each.gang and not each.terminal:
+            by_gang.setdefault((each.namespace, each.gang), []).append(each)
+    units: list[engine.Unit] = []
+    seen: set[str] = set()
+    for grant in sync.ledger:
+        record = records.get(grant.pod_uid)
+        if record is None or record.uid in seen or record.terminal or not record.bound:
+            continue
+        if record.node_name != grant.node:
+            continue
+        members = (
+            by_gang.get((record.namespace, record.gang), [record]) if record.gang else [record]
+        )
+        seen.update(member.uid for member in members)
+        if any(m.priority >= below or m.uid in spared for m in members):
+            continue
+        # only members holding GPUs go: a gated one holds nothing, and evicting a Pending
+        # pod deletes it at once
+        holding = [m for m in members if sync.ledger.get(m.uid) is not None]
+        held = tuple(g for m in holding if (g := sync.ledger.get(m.uid)) is not None)
+        going = all(m.deleting for m in holding)
+        priorities = tuple(GOING if going else m.priority for m in holding)
+        units.append(engine.Unit(tuple(m.uid for m in holding), held, priorities))
+    return units
+
+
+def going(unit: engine.Unit) -> bool:
+    """The unit's pods are already being deleted (`victim_units`)."""
+    return all(p == GOING for p in unit.priorities)
+
+
+class GangPreemptions:
+    """See the module docstring. `attempt` is called by the gang controller's round."""
+
+    def __init__(
+        self,
+        api: EvictionApi,
+        sync: LedgerSync,
+        fences: Fences,
+        *,
+        recorder: recording.Recorder | None = None,
+        registry: CollectorRegistry | None = None,
+        retry_seconds: float = 10.0,
+        plans_per_round: int = PLANS_PER_ROUND,
+        passes: int = PASSES,
+    ) -> None:
+        self.api = api
+        self.sync = sync
+        self.fences = fences
+        self.recorder = recorder
+        self.retry_seconds = retry_seconds
+        """After a refused eviction or a plan that found nothing: the wait before the
+        gang plans a preemption again."""
+        self.plans_per_round = plans_per_round
+        self.passes = passes
+        self.metrics = GangPreemptionMetrics(registry)
+        self.underway: dict[GangKey, Underway] = {}
+        self._tried: dict[GangKey, tuple[object, ...]] = {}
+        self._backoff: dict[GangKey, float] = {}
+        self._plans_left = plans_per_round
+
+    def new_round(self) -> None:
+        """The controller starts a round: `plans_per_round` gangs may plan in it."""
+        self._plans_left = self.plans_per_round
+
+    def forget(self, key: GangKey) -> None:
+        """The gang started, timed out or went away: nothing of its preemption is kept."""
+        self.underway.pop(key, None)
+        self._tried.pop(key, None)
+        self._backoff.pop(key, None)
+
+    def keep_only(self, keys: Iterable[GangKey]) -> None:
+        alive = set(keys)
+        memos: tuple[dict[GangKey, Any], ...] = (self.underway, self._tried, self._backoff)
+        for memo in memos:
+            for key in [key for key in memo if key not in alive]:
+                del memo[key]
+
+    def terminating(self, key: GangKey) -> list[PodRecord]:
+        """Victims this gang evicted that have not finished terminating."""
+        found = self.underway.get(key)
+        if found is None:
+            return []
+        records = [self.sync.pods.get(uid) for uid in found.evicted]
+        unsure = [self.sync.pods.get(uid) for uid in found.unsure - found.evicted]
+        return [r for r in records if r is not None and not r.terminal] + [
+            r for r in unsure if r is not None and r.deleting and not r.terminal
+        ]
+
+    async def attempt(
+        self,
+        key: GangKey,
+        members: Sequence[GangPod],
+        planned: Sequence[gangs.Member],
+        policy: Policy,
+        *,
+        since: float,
+        now: float,
+        exclude: frozenset[str] = frozenset(),
+        running: Sequence[GangPod] = (),
+    ) -> float | None:
+        """Preempt for the complete gang `key` if it may and needs to (module docstring).
+        `members`: those waiting to be placed; `running`: the gang's started live members
+        (a replacement joining a started gang), which count for its priority and for
+        `preemptionPolicy: Never`. Returns when to try again (POSIX seconds), or None.
+        Never raises on API failures of the pre-check (logged; the gang is tried again
+        next round)."""
+        if not members or never_preempts([*members, *running]):
+            return None
+        if any(other != key for other in self.underway):
+            return None  # one preemption at a time: the fence is one (module docstring)
+        if self.terminating(key):
+            return None
+        underway = self.underway.get(key)
+        if underway is not None and now < underway.retry_at:
+            return underway.retry_at
+        priority = gang_priority([*members, *running])
+        signature = (
+            self.sync.ledger.generation,
+            self.sync.pods_version,
+            tuple(m.uid for m in members),
+            priority,
+        )
+        retrying = underway is not None and underway.retry_at > 0
+        if not retrying and self._tried.get(key) == signature:
+            return None  # nothing changed since a plan found nothing (or all went)
+        backoff = self._backoff.get(key, 0.0)
+        if not retrying and now < backoff:
+            return backoff  # its last plan found nothing: not again so soon
+        if self._plans_left <= 0:
+            return now + min(1.0, self.retry_seconds)  # another gang planned this round
+        self._plans_left -= 1
+        self._tried[key] = signature
+        try:
+            found = await self._plan(planned, policy, priority, exclude)
+        except kube.ApiError as error:
+            log.warning(
+                "gang preemption pre-check failed",
+                extra={"gang": "/".join(key), "status": error.status, "reason": error.reason},
+            )
+            self._tried.pop(key, None)
+            self._backoff[key] = now + self.retry_seconds
+            return self._backoff[key]
+        if found is None:
+            self._backoff[key] = now + self.retry_seconds
+            return None
+        if isinstance(found, Terminating):
+            # their GPUs are on their way back (evicted by this gang before a restart
+            # or a lost lease, or deleted by anyone): hold the nodes and wait for them
+            if underway is None:
+                underway = self.underway[key] = Underway(found.nodes)
+            underway.nodes = found.nodes
+            underway.evicted |= found.uids
+            self.fences.hold(Fence(key, found.nodes, frozenset(m.uid for m in members), since))
+            return None
+        if isinstance(found, str):  # only budgets stand in the way: they may change
+            log.info("gang preemption blocked", extra={"gang": "/".join(key), "why": found})
+            self._tried.pop(key, None)
+            self._backoff[key] = now + self.retry_seconds
+            return self._backoff[key]
+        eviction, victims = found
+        nodes = frozenset(eviction.nodes)
+        if underway is None:
+            underway = self.underway[key] = Underway(nodes)
+        else:
+            underway.nodes = nodes
+        self.fences.hold(Fence(key, nodes, frozenset(m.uid for m in members), since))
+        return await self._evict(
+            key,
+            members=members,
+            priority=priority,
+            eviction=eviction,
+            victims=victims,
+            underway=underway,
+            now=now,
+        )
+
+    async def _plan(
+        self,
+        planned: Sequence[gangs.Member],
+        policy: Policy,
+        priority: int,
+        exclude: frozenset[str],
+    ) -> tuple[engine.GangEviction, list[PodRecord]] | Terminating | str | None:
+        """The eviction plan that passes the budget pre-check (victims in name order), or
+        the pods of lower priority already terminating on its nodes (wait for them:
+        kube-scheduler's own rule), or why budgets forbid every plan, or None (no plan at
+        all). Each pass excludes at least one more unit; at most `passes` passes.
+
+        Work: one `victim_units` (O(pods + grants)), then per pass one
+        `gpuplace.placement.preempting.for_gang` (its own docstring: O(grants) scratch ledgers plus
+        a few gang plans, each O(members × nodes log nodes)) and a GET per new victim and
+        a budget list per new namespace. So one call is O(passes × for_gang), synchronous
+        on the event loop apart from the API reads: ~1.2 s per pass (and 0.6 s for
+        `victim_units`) was measured at 10,000 nodes × 8 GPUs, hence the caps
+        (`passes`, `plans_per_round`, and the back-off of a plan that found nothing);
+        the loop yields between passes, so one stretch without an await is one pass
+        (`bench/gang_preempt_plan.py`)."""
+        spared: set[str] = set()
+        blocked = ""
+        budgets: dict[str, list[disruptions.Budget]] = {}
+        fresh: dict[str, disruptions.Victim | None] = {}
+        every = victim_units(self.sync, priority)
+        for done in range(self.passes):
+            if done:
+                await asyncio.sleep(0)  # let the extender's verbs in between passes
+            units = [u for u in every if not spared.intersection(u.uids)]
+            self.metrics.plans.inc()
+            eviction = engine.for_gang(self.sync.ledger, policy, planned, units, exclude=exclude)
+            if eviction is None or not eviction.units:
+                return blocked or None
+            terminating = self._terminating_on(eviction, priority)
+            if terminating:
+                return Terminating(frozenset(eviction.nodes), terminating)
+            records = sorted(
+                (self.sync.pods[uid] for uid in eviction.uids if uid in self.sync.pods),
+                key=lambda record: record.key,
+            )
+            if len(records) != len(eviction.uids):
+                return None  # a victim went meanwhile: the ledger changes, next round
+            for record in records:
+                if record.uid not in fresh:
+                    fresh[record.uid] = await self._victim(record)
+                if record.namespace not in budgets:
+                    listed = await self.api.disruption_budgets(record.namespace)
+                    budgets[record.namespace] = [disruptions.budget(pdb) for pdb in listed]
+            if any(fresh[record.uid] is None for record in records):
+                return None
+            victims = [v for r in records if (v := fresh[r.uid]) is not None]
+            refused = disruptions.refused([b for bs in budgets.values() for b in bs], victims)
+            if not refused:
+                return eviction, records
+            blocked = "; ".join(
+                f"{record}: {refused[record.uid]}" for record in records if record.uid in refused
+            )
+            for unit in eviction.units:
+                if any(uid in refused for uid in unit.uids):
+                    spared.update(unit.uids)
+        return blocked  # `passes` plans, each refused by a budget: try again later
+
+    def _terminating_on(self, eviction: engine.GangEviction, priority: int) -> frozenset[str]:
+        """UIDs of pods of lower priority holding a grant on the plan's nodes that are
+        being deleted. O(grants on those nodes)."""
+        nodes = set(eviction.nodes)
+        records = (
+            self.sync.pods.get(grant.pod_uid) for grant in self.sync.ledger if grant.node in nodes
+        )
+        return frozenset(
+            r.uid
+            for r in records
+            if r is not None and r.deleting and not r.terminal and r.priority < priority
+        )
+
+    async def _victim(self, record: PodRecord) -> disruptions.Victim | None:
+        """A victim as the API has it now (labels for its budgets); None when it is gone
+        or was replaced."""
+        try:
+            body = await self.api.get_pod(record.namespace, record.name)
+        except kube.ApiError as error:
+            if error.not_found:
+                return None
+            raise
+        metadata = body.get("metadata") or {}
+        if metadata.get("uid") != record.uid:
+            return None
+        return disruptions.Victim(
+            uid=record.uid,
+            namespace=record.namespace,
+            name=record.name,
+            labels={str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
+            phase=str((body.get("status") or {}).get("phase") or ""),
+            deleting=bool(metadata.get("deletionTimestamp")),
+        )
+
+    async def _evict(
+        self,
+        key: GangKey,
+        *,
+        members: Sequence[GangPod],
+        priority: int,
+        eviction: engine.GangEviction,
+        victims: list[PodRecord],
+        underway: Underway,
+        now: float,
+    ) -> float | None:
+        """Evict every victim, in order; stop at the first refusal (module docstring)."""
+        freed = _freed(self.sync, victims)
+        wants = ", ".join(sorted({app.describe(m.request) for m in members if m.request}))
+        gone: list[PodRecord] = []
+        refusal: tuple[PodRecord, kube.ApiError] | None = None
+        for victim in victims:
+            try:
+                await self.api.evict_pod(victim.namespace, victim.name, uid=victim.uid)
+            except kube.ApiError as refused:
+                if _unknown(refused):
+                    underway.unsure.add(victim.uid)
+                refusal = (victim, refused)
+                break
+            gone.append(victim)
+            underway.evicted.add(victim.uid)
+            self._emit(
+                victim,
+                recording.NORMAL,
+                preempting.PREEMPTED,
+                f"preempted to free {freed.get(victim.uid, 'its GPUs')} for gang "
+                f"{key[0]}/{key[1]} (priority {priority}, "
+                f"{len(members)} members: {wants})",
+            )
+        self.metrics.victims.inc(len(gone))
+        self.metrics.preemptions.labels("partial" if refusal else "complete").inc()
+        nodes = ", ".join(sorted(eviction.nodes))
+        names = ", ".join(str(v) for v in gone) or "none"
+        log.info(
+            "gang preemption",
+            extra={
+                "gang": "/".join(key),
+                "nodes": sorted(eviction.nodes),
+                "evicted": [str(v) for v in gone],
+                "refused": str(refusal[0]) if refusal else "",
+            },
+        )
+        for member in members if gone else ():
+            self._emit(
+                member,
+                recording.NORMAL,
+                preempting.PREEMPTION,
+                f"gang {key[1]} preempts lower-priority pods to start: evicted {names}; nodes "
+                f"{nodes} are held for the gang until they have terminated",
+            )
+        if refusal is None:
+            underway.retry_at = 0.0
+            return None
+        victim, error = refusal
+        underway.retry_at = now + self.retry_seconds
+        why = _why(error)
+        for member in members:
+            self._emit(
+                member,
+                recording.WARNING,
+                REFUSED,
+                f"gang {key[1]}: the eviction of {victim} was refused ({why}); "
+                f"{len(gone)} of {len(victims)} victims were evicted, nodes {nodes} stay "
+                f"held for the gang, and it tries again in {self.retry_seconds:g}s",
+            )
+        return underway.retry_at
+
+    def _emit(self, pod: GangPod | PodRecord, kind: str, reason: str, message: str) -> None:
+        if self.recorder is not None:
+            self.recorder.emit(
+                recording.Subject(pod.namespace, pod.name, pod.uid), kind, reason, message
+            )
+
+
+def _freed(sync: LedgerSync, victims: Sequence[PodRecord]) -> Mapping[str, str]:
+    """Per victim, the GPUs it frees ("GPUs 0,1 of node gpu-3")."""
+    shown: dict[str, str] = {}
+    for victim in victims:
+        grant = sync.ledger.get(victim.uid)
+        if grant is not None:
+            plural = "s" if len(grant.gpus) > 1 else ""
+            gpus = ",".join(map(str, grant.gpus))
+            shown[victim.uid] = f"GPU{plural} {gpus} of node {grant.node}"
+    return shown
+
+
+def _unknown(error: kube.ApiError) -> bool:
+    """The request may have been carried out (no answer, or a gateway's)."""
+    return error.status in (0, 502, 503, 504)
+
+
+def _why(error: kube.ApiError) -> str:
+    if _unknown(error):
+        return (
+            f"its outcome is unknown, {error.status} {error.reason}: {error.message}; "
+            "if it went through, the pod terminates and is not evicted again"
+        )
+    if error.status == 429:
+        return f"a PodDisruptionBudget forbids it now: {error.message}"
+    if error.not_found:
+        return "the pod is gone"
+    if error.conflict:
+        return "the pod was replaced"
+    return f"{error.status} {error.reason}: {error.message}"

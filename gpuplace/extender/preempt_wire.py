@@ -1,0 +1,89 @@
+"""kube-scheduler's extender `preempt` verb JSON (k8s.io/kube-scheduler/extender/v1), as
+pydantic models: `ExtenderPreemptionArgs` in, `ExtenderPreemptionResult` out.
+
+As for the other verbs (`gpuplace.extender.wire`), the Go types have no JSON tags: the keys are
+the Go field names (`Pod`, `NodeNameToVictims`, `NodeNameToMetaVictims`, `Pods`, `UID`,
+`NumPDBViolations`), and Go's decoder also takes them in any letter case. With
+`nodeCacheCapable: true` kube-scheduler sends `NodeNameToMetaVictims` (victims by UID)
+and `NodeNameToVictims: null`; without it, full pods in `NodeNameToVictims` (both read).
+
+The answer is always `NodeNameToMetaVictims` (kube-scheduler reads only that): per node
+kept, at least one victim (a node with none is an error to kube-scheduler, which then
+fails the whole preemption), each a pod on that node; a node left out is no longer a
+candidate. kube-scheduler keeps only the pods of the answer (`NumPDBViolations` is not
+read back), and a UID not on that node fails the whole preemption.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pydantic_core
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from gpuplace.extender.wire import _alias, _In
+
+
+class MetaPod(_In):
+    uid: str = Field(validation_alias=AliasChoices("UID", "uid", "Uid"), max_length=128)
+
+
+class MetaVictims(_In):
+    pods: list[MetaPod] | None = Field(default=None, validation_alias=_alias("Pods"))
+    num_pdb_violations: int = Field(default=0, validation_alias=_alias("NumPDBViolations"))
+
+
+class Victims(_In):
+    """A node's victims as full pods (kube-scheduler not node-cache capable)."""
+
+    pods: list[dict[str, Any]] | None = Field(default=None, validation_alias=_alias("Pods"))
+    num_pdb_violations: int = Field(default=0, validation_alias=_alias("NumPDBViolations"))
+
+
+class PreemptionArgs(_In):
+    """What `preempt` receives."""
+
+    pod: dict[str, Any] = Field(validation_alias=_alias("Pod"))
+    node_name_to_victims: dict[str, Victims | None] | None = Field(
+        default=None, validation_alias=_alias("NodeNameToVictims")
+    )
+    node_name_to_meta_victims: dict[str, MetaVictims | None] | None = Field(
+        default=None, validation_alias=_alias("NodeNameToMetaVictims")
+    )
+
+    def offered(self) -> dict[str, tuple[list[str], int]]:
+        """Per candidate node, the victims' UIDs in kube-scheduler's order and its count
+        of PDB violations among them, from whichever form was sent. O(victims)."""
+        found: dict[str, tuple[list[str], int]] = {}
+        for name, meta in (self.node_name_to_meta_victims or {}).items():
+            if meta is not None:
+                found[name] = ([pod.uid for pod in meta.pods or ()], meta.num_pdb_violations)
+        for name, full in (self.node_name_to_victims or {}).items():
+            if full is not None and name not in found:
+                uids = [
+                    str((pod.get("metadata") or {}).get("uid") or "") for pod in full.pods or ()
+                ]
+                found[name] = ([uid for uid in uids if uid], full.num_pdb_violations)
+        return found
+
+
+class PreemptionResult(BaseModel):
+    """`preempt`'s answer: per node kept, the victims by UID."""
+
+    model_config = ConfigDict(frozen=True)
+
+    nodes: dict[str, tuple[list[str], int]] = Field(default_factory=dict)
+
+    def dump(self) -> bytes:
+        """`{"NodeNameToMetaVictims": {node: {"Pods": [{"UID"}], "NumPDBViolations"}}}`."""
+        return pydantic_core.to_json(
+            {
+                "NodeNameToMetaVictims": {
+                    name: {
+                        "Pods": [{"UID": uid} for uid in uids],
+                        "NumPDBViolations": violations,
+                    }
+                    for name, (uids, violations) in self.nodes.items()
+                }
+            }
+        )

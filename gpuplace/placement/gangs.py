@@ -1,0 +1,555 @@
+"""All-or-nothing placement of a gang: every member gets GPUs, or none does.
+
+`plan(ledger, policy, members)` places N member requests at once on a *scratch copy*
+of the nodes it touches (cloned `NodeState`s; the ledger itself is never written), so
+a plan that fails leaves nothing behind: the ledger's grants, free state and
+`generation` are exactly what they were. It returns a `Plan` (member uid → `Choice`)
+or a `Shortfall` saying, in words a person reads, how many members fit and why the
+rest do not, and whether an idle cluster could ever hold the gang (`ever`).
+
+How members are placed (greedy first-fit-decreasing on capacity):
+
+1. members are grouped by (request, eligible nodes); groups are placed largest
+   request first, so multi-GPU members claim nodes before small ones fill them;
+2. a node's *capacity* for a request is how many copies of it the node could take now
+   (`capacity`; exact for the engine's packing rules: whole GPUs by count, or NVLink
+   domains when required; shares by per-GPU share and memory; bounded by CPU, memory
+   and pod slots);
+3. a group fills the nodes the plan already uses first (never widens the span when it
+   need not), then takes the node with the smallest capacity that holds all remaining
+   members (best fit: one node, least waste), else the largest (fewest nodes); ties go
+   to the node whose NVLink domains hold more members whole, then to the policy's
+   score for one member there, then to inventory order;
+4. within a node each member's GPUs are the policy's choice (`choosing.best_on`), whose
+   candidate sets put the smallest NVLink domain that fits first: large domains stay
+   whole for the members (or pods) that need them.
+
+For a single group this minimises the number of nodes spanned (largest capacities
+first is optimal for covering N); across groups it is a heuristic.
+
+`reserve(ledger, plan, members)` then takes the plan into a ledger all-or-nothing.
+`fence(ledger, members)` picks the nodes a starving gang should be given first as
+other pods drain (see docs/gangs.md, anti-starvation).
+
+Complexity, with C candidate nodes, G GPUs per node, S GPU sets per node and N
+members: `plan` is O(C × G) per group for capacities, O(N × (C + S × score)) for the
+picks and placements, and one extra O(C × G) pass on failure for the reason and the
+idle-cluster check. Memory O(C) for capacities plus one cloned state per node used.
+
+Pure: no I/O, no clock, no randomness (ties are broken by fixed orders).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpuplace.placement import choosing, fit
+from gpuplace.placement.choosing import Choice, Policy
+from gpuplace.placement.inventory import NO_NVLINK
+from gpuplace.placement.ledger import Grant, Ledger, LedgerError, NodeState
+from gpuplace.placement.requests import WHOLE, GpuRequest, Topology
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One gang member: its pod UID, its request and the nodes it may go to."""
+
+    uid: str
+    request: GpuRequest
+    nodes: frozenset[str] | None = None
+    """Names of the nodes its own constraints allow (node affinity, node selector);
+    None = any node."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Where every member goes: `choices[uid]`, and the nodes spanned, first used first."""
+
+    choices: Mapping[str, Choice]
+    nodes: tuple[str, ...]
+
+    def grants(self, members: Iterable[Member]) -> list[Grant]:
+        """The RESERVED grants that realise the plan, in member order. O(N)."""
+        return [
+            choosing.grant_for(member.uid, self.choices[member.uid], member.request)
+            for member in members
+        ]
+
+    def per_node(self) -> dict[str, int]:
+        """Members per node, in `nodes` order. O(N)."""
+        counts = Counter(choice.node for choice in self.choices.values())
+        return {node: counts[node] for node in self.nodes}
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """Why the gang does not fit now."""
+
+    reason: str
+    """One line for Events and conditions."""
+    placed: int
+    """Members that found room before the plan failed."""
+    needed: int
+    ever: bool
+    """False when even an idle cluster could not hold the whole gang: no amount of
+    waiting will help (the gang is too big, or its members' constraints too tight)."""
+    reasons: Mapping[str, int] = field(default_factory=dict)
+    """Why the unplaced members fit nowhere: misfit kind → nodes, for the first
+    unplaced group (empty when it fit on some nodes but not enough of them)."""
+
+
+# --- scratch state ----------------------------------------------------------------------
+
+
+class _Scratch:
+    """Node states as the plan so far leaves them: untouched nodes are the ledger's own
+    (read only), touched ones are clones. O(G) per first touch."""
+
+    __slots__ = ("_ledger", "_touched", "idle", "touches")
+
+    def __init__(self, ledger: Ledger, *, idle: bool = False) -> None:
+        self._ledger = ledger
+        self._touched: dict[str, NodeState] = {}
+        self.touches: dict[str, int] = {}
+        """Members placed per node so far (cached ranks key on it)."""
+        self.idle = idle
+        """True: every node starts empty (what an idle cluster could hold)."""
+
+    def state(self, name: str) -> NodeState | None:
+        found = self._touched.get(name)
+        if found is not None:
+            return found
+        live = self._ledger.state(name)
+        if live is None:
+            return None
+        if self.idle:
+            fresh = NodeState(live.node)
+            self._touched[name] = fresh
+            return fresh
+        return live
+
+    def take(self, name: str, request: GpuRequest, gpus: tuple[int, ...]) -> None:
+        state = self._touched.get(name)
+        if state is None:
+            live = self._ledger.state(name)
+            assert live is not None
+            state = self._touched[name] = live.copy()
+        take(state, request, gpus)
+        self.touches[name] = self.touches.get(name, 0) + 1
+
+
+def take(state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> None:
+    """Take `request` on `gpus` of a scratch `state` (never a ledger's own). O(GPUs)."""
+    state.hold(gpus, request.milli, request.memory_mib, -1)
+    state.cpu -= request.cpu_milli
+    state.memory -= request.host_memory_mib
+    state.pods -= 1
+
+
+# --- capacity ---------------------------------------------------------------------------
+
+
+def capacity(state: NodeState, request: GpuRequest) -> tuple[int, int]:
+    """(copies of `request` the node could take now, of which inside NVLink domains).
+
+    Exact for the engine's rules (`fit.gpu_sets`): whole GPUs by count (by NVLink
+    domain when the topology is required), shares per GPU by free share and memory;
+    bounded by CPU, host memory and pod slots. The second number is what multi-GPU
+    members could take without breaking a domain (equal to the first otherwise).
+    O(GPUs).
+    """
+    if fit.static_misfit(state, request) is not None:
+        return 0, 0
+    slots = state.pods
+    if request.cpu_milli:
+        slots = min(slots, state.cpu // request.cpu_milli)
+    if request.host_memory_mib:
+        slots = min(slots, state.memory // request.host_memory_mib)
+    if slots <= 0:
+        return 0, 0
+    if request.count == 0:
+        return slots, slots
+    node = state.node
+    if request.milli == 0:
+        copies = 0
+        for gpu in node.gpus:
+            i = gpu.index
+            if request.allows(gpu.model) and state.open_to_memory_only(i):
+                free_memory = state.free_memory[i]
+                copies += free_memory // request.memory_mib if free_memory > 0 else 0
+        copies = min(slots, copies)
+        return copies, copies
+    if request.milli < WHOLE:
+        copies = 0
+        for gpu in node.gpus:
+            if not request.allows(gpu.model):
+                continue
+            i = gpu.index
+            here = state.free_milli[i] // request.milli if state.free_milli[i] > 0 else 0
+            if request.memory_mib:
+                free_memory = state.free_memory[i]
+                here = min(here, free_memory // request.memory_mib if free_memory > 0 else 0)
+            copies += here
+        copies = min(slots, copies)
+        return copies, copies
+    free = 0
+    domains: dict[int, int] = {}
+    for gpu in node.gpus:
+        i = gpu.index
+        if (
+            state.free_milli[i] == WHOLE
+            and request.allows(gpu.model)
+            and gpu.memory_mib >= request.memory_mib
+        ):
+            free += 1
+            if gpu.nvlink != NO_NVLINK:
+                domains[gpu.nvlink] = domains.get(gpu.nvlink, 0) + 1
+    if request.count == 1:
+        return min(slots, free), min(slots, free)
+    whole_domains = sum(size // request.count for size in domains.values())
+    if request.topology is Topology.REQUIRED:
+        copies = min(slots, whole_domains)
+        return copies, copies
+    return min(slots, free // request.count), min(slots, whole_domains)
+
+
+# --- planning ---------------------------------------------------------------------------
+
+
+def _weight(request: GpuRequest) -> tuple[int, int, int, int, int]:
+    return (
+        request.count,
+        request.total_milli,
+        request.memory_mib,
+        request.cpu_milli,
+        request.host_memory_mib,
+    )
+
+
+def _groups(members: Sequence[Member]) -> list[list[Member]]:
+    """Members with equal request and eligible nodes, heaviest request first (stable)."""
+    by_key: dict[tuple[GpuRequest, frozenset[str] | None], list[Member]] = {}
+    for member in members:
+        by_key.setdefault((member.request, member.nodes), []).append(member)
+    return sorted(by_key.values(), key=lambda group: _weight(group[0].request), reverse=True)
+
+
+def _candidates(ledger: Ledger, member: Member, exclude: Collection[str]) -> list[tuple[int, str]]:
+    """(inventory position, name) of the nodes a member may use. O(C)."""
+    allowed = member.nodes
+    names = choosing.candidates(ledger, member.request)
+    order = _order(ledger)
+    return sorted(
+        (order[name], name)
+        for name in names
+        if name not in exclude and (allowed is None or name in allowed) and name in order
+    )
+
+
+def _order(ledger: Ledger) -> dict[str, int]:
+    return {name: position for position, name in enumerate(ledger.inventory.names())}
+
+
+class _Planner:
+    """One planning pass over a scratch view; see `plan`."""
+
+    def __init__(
+        self, ledger: Ledger, policy: Policy, exclude: Collection[str], *, idle: bool
+    ) -> None:
+        self.ledger = ledger
+        self.policy = policy
+        self.exclude = exclude
+        self.scratch = _Scratch(ledger, idle=idle)
+        self.choices: dict[str, Choice] = {}
+        self.used: dict[str, int] = {}
+        """Nodes the plan uses → position (first used first)."""
+        self.scores: dict[tuple[object, GpuRequest], float] = {}
+        self.ranks: dict[str, tuple[int, tuple[float, float, int]]] = {}
+        """Per node, for the group being placed: (touches when ranked, rank)."""
+
+    def place_group(self, group: list[Member]) -> list[Member]:
+        """Place as many members of the group as possible; returns the unplaced."""
+        request = group[0].request
+        self.ranks = {}
+        nodes = _candidates(self.ledger, group[0], self.exclude)
+        position = {name: rank for rank, name in nodes}
+        caps: dict[str, tuple[int, int]] = {}
+        for _, name in nodes:
+            state = self.scratch.state(name)
+            if state is not None:
+                found = capacity(state, request)
+                if found[0] > 0:
+                    caps[name] = found
+        remaining = list(group)
+        while remaining and caps:
+            name = self._pick(caps, position, request, len(remaining))
+            placed_here = 0
+            want = min(caps[name][0], len(remaining))
+            while placed_here < want:
+                state = self.scratch.state(name)
+                assert state is not None
+                outcome = choosing.best_on(state, request, self.policy)
+                if not isinstance(outcome, Choice):
+                    break
+                member = remaining.pop(0)
+                self.scratch.take(name, request, outcome.gpus)
+                self.choices[member.uid] = outcome
+                self.used.setdefault(name, len(self.used))
+                placed_here += 1
+            state = self.scratch.state(name)
+            assert state is not None
+            left = capacity(state, request) if placed_here else (0, 0)
+            if left[0] > 0:
+                caps[name] = left
+            else:
+                del caps[name]
+        return remaining
+
+    def _pick(
+        self,
+        caps: Mapping[str, tuple[int, int]],
+        position: Mapping[str, int],
+        request: GpuRequest,
+        remaining: int,
+    ) -> str:
+        used = [name for name in caps if name in self.used]
+        if used:
+            return min(used, key=lambda name: (-caps[name][0], self.used[name]))
+        enough = [name for name in caps if caps[name][0] >= remaining]
+        if enough:
+            tight = min(caps[name][0] for name in enough)
+            tier = [name for name in enough if caps[name][0] == tight]
+        else:
+            top = max(cap for cap, _ in caps.values())
+            tier = [name for name in caps if caps[name][0] == top]
+        if len(tier) == 1:
+            return tier[0]
+        best_domain = max(caps[name][1] for name in tier)
+        tier = [name for name in tier if caps[name][1] == best_domain]
+        if len(tier) == 1:
+            return tier[0]
+        return min(tier, key=lambda name: self._rank(name, request, position[name]))
+
+    def _rank(self, name: str, request: GpuRequest, position: int) -> tuple[float, float, int]:
+        """Tie-break among nodes of equal capacity: policy score, place in line, inventory
+        order. Cached per node until the plan touches it. O(1) on a hit."""
+        touches = self.scratch.touches.get(name, 0)
+        cached = self.ranks.get(name)
+        if cached is not None and cached[0] == touches:
+            return cached[1]
+        rank = (-self._score(name, request), self._place(name), position)
+        self.ranks[name] = (touches, rank)
+        return rank
+
+    def _place(self, name: str) -> float:
+        """The policy's place in line for the node (lower first), when it has one."""
+        place = getattr(self.policy, "place", None)
+        found = place(name) if callable(place) else None
+        return float(found) if isinstance(found, int | float) else 2.0
+
+    def _score(self, name: str, request: GpuRequest) -> float:
+        """The policy's score for one member on the node, memoised by the node's state
+        signature: nodes in the same state score alike (their place in line aside,
+        which `_place` breaks). O(1) on a hit, O(GPU sets × score) on a miss."""
+        state = self.scratch.state(name)
+        if state is None:
+            return float("-inf")
+        key = (state.signature(), request)
+        found = self.scores.get(key)
+        if found is None:
+            outcome = choosing.best_on(state, request, self.policy)
+            found = self.scores[key] = (
+                outcome.score if isinstance(outcome, Choice) else float("-inf")
+            )
+        return found
+
+    def why(self, member: Member) -> dict[str, int]:
+        """Misfit kinds over the member's candidate nodes (for the reason line). O(C × G)."""
+        kinds: Counter[str] = Counter()
+        for _, name in _candidates(self.ledger, member, self.exclude):
+            state = self.scratch.state(name)
+            if state is None:
+                continue
+            reason = fit.misfit(state, member.request)
+            if reason is not None:
+                kinds[reason.kind.value] += 1
+        return dict(kinds.most_common())
+
+
+def _describe(request: GpuRequest) -> str:
+    if request.count == 0:
+        return "no GPU"
+    if request.count > 1 or request.milli == WHOLE:
+        what = f"{request.count} whole GPU" + ("s" if request.count > 1 else "")
+        if request.count > 1 and request.topology is Topology.REQUIRED:
+            what += " in one NVLink domain"
+    elif request.memory_only:
+        what = "memory only (no compute reserved) of a GPU"
+    else:
+        what = f"{request.milli / 10:g}% of a GPU"
+    if request.memory_mib:
+        what += f", {request.memory_mib} MiB each"
+    return what
+
+
+def plan(
+    ledger: Ledger,
+    policy: Policy,
+    members: Sequence[Member],
+    *,
+    exclude: Collection[str] = frozenset(),
+) -> Plan | Shortfall:
+    """Place every member at once, or say why not; the ledger is never changed.
+
+    `exclude`: nodes no member may use (e.g. held for another gang). Deterministic for
+    equal inputs. See the module docstring for the rules and the complexity.
+    """
+    if not members:
+        return Plan({}, ())
+    uids = [member.uid for member in members]
+    if len(set(uids)) != len(uids):
+        raise ValueError("gang members must have distinct uids")
+    planner = _Planner(ledger, policy, exclude, idle=False)
+    groups = _groups(members)
+    for group in groups:
+        unplaced = planner.place_group(group)
+        if unplaced:
+            return _shortfall(
+                ledger,
+                policy,
+                members,
+                groups=groups,
+                planner=planner,
+                unplaced=unplaced,
+                exclude=exclude,
+            )
+    return Plan(dict(planner.choices), tuple(planner.used))
+
+
+def _shortfall(
+    ledger: Ledger,
+    policy: Policy,
+    members: Sequence[Member],
+    *,
+    groups: list[list[Member]],
+    planner: _Planner,
+    unplaced: list[Member],
+    exclude: Collection[str],
+) -> Shortfall:
+    placed = len(planner.choices)
+    needed = len(members)
+    idle = _Planner(ledger, policy, exclude, idle=True)
+    ever = True
+    idle_placed = 0
+    for group in groups:
+        left = idle.place_group(group)
+        idle_placed += len(group) - len(left)
+        if left:
+            ever = False
+    first = unplaced[0]
+    kinds = planner.why(first)
+    head = f"{placed} of {needed} gang members fit now"
+    need = f"{len(unplaced)} more need {_describe(first.request)}"
+    if kinds:
+        total = sum(kinds.values())
+        detail = ", ".join(f"{count} {kind}" for kind, count in kinds.items())
+        need += f"; {total} node{'s' if total != 1 else ''}: {detail}"
+    elif first.nodes is not None and not first.nodes:
+        need += "; no node matches the pod's node affinity or node selector"
+    if not ever:
+        head = (
+            f"the gang can never fit: even with every node idle only {idle_placed} of "
+            f"{needed} members would; {placed} fit now"
+        )
+    return Shortfall(f"{head}; {need}", placed, needed, ever, kinds)
+
+
+def reserve(ledger: Ledger, plan: Plan, members: Sequence[Member]) -> list[Grant]:
+    """Take the plan's grants into `ledger`, all or none. O(N × G).
+
+    Raises `LedgerError` (nothing reserved) when any grant is refused, e.g. because
+    the ledger changed since the plan was made.
+    """
+    taken: list[Grant] = []
+    try:
+        for grant in plan.grants(members):
+            if ledger.reserve(grant):
+                taken.append(grant)
+    except LedgerError:
+        for grant in taken:
+            ledger.release(grant.pod_uid)
+        raise
+    return taken
+
+
+def fence(
+    ledger: Ledger,
+    members: Sequence[Member],
+    *,
+    exclude: Collection[str] = frozenset(),
+) -> tuple[str, ...]:
+    """Nodes that would hold the whole gang once drained, those closest to it first.
+
+    For each group, nodes are taken by (members fitting now, members fitting when idle,
+    inventory order), both descending, until their idle capacity covers the group. The
+    result is where a starving gang should be given room first: keeping other pods off
+    these nodes lets them drain towards the gang. Empty when even an idle cluster could
+    not hold the gang. O(groups × C × G).
+    """
+    chosen: dict[str, None] = {}
+    idle_left: dict[str, NodeState] = {}
+    for group in _groups(members):
+        request = group[0].request
+        rows = []
+        for position, name in _candidates(ledger, group[0], exclude):
+            live = ledger.state(name)
+            if live is None:
+                continue
+            empty = idle_left.get(name)
+            if empty is None:
+                empty = NodeState(live.node)
+            later = capacity(empty, request)[0]
+            if later <= 0:
+                continue
+            rows.append((-capacity(live, request)[0], -later, position, name, later))
+        rows.sort()
+        need = len(group)
+        for _, _, _, name, later in rows:
+            if need <= 0:
+                break
+            chosen[name] = None
+            take = min(later, need)
+            need -= take
+            state = idle_left.get(name)
+            if state is None:
+                live = ledger.state(name)
+                assert live is not None
+                state = idle_left[name] = NodeState(live.node)
+            for _ in range(take):
+                outcome = choosing.best_on(state, request, _Plain())
+                if not isinstance(outcome, Choice):
+                    break
+                state.hold(outcome.gpus, request.milli, request.memory_mib, -1)
+                state.cpu -= request.cpu_milli
+                state.memory -= request.host_memory_mib
+                state.pods -= 1
+        if need > 0:
+            return ()
+    return tuple(chosen)
+
+
+class _Plain:
+    """A policy that ranks nothing: the first fitting GPU set (fence sizing only)."""
+
+    name = "plain"
+
+    def score(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+        return 0.0
+
+    def prefer(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+        return 0.0
+
+    def place(self, name: str) -> float | None:
+        return None

@@ -1,0 +1,230 @@
+"""What the mutating webhook makes of a GPU pod at CREATE: the patch and its warnings.
+
+Given the raw pod and its parsed `PodGpuSpec`, `build` declares what the pod must hold and
+returns the minimal JSON Patch to get there:
+
+- the GPU container's requests and limits carry `gpuplace.io/gpu-percent` (percent ×
+  count; absent for a memory-only share, which reserves no compute) and
+  `gpuplace.io/gpu-memory` (MiB × count, absent when no memory was asked);
+- `spec.schedulerName` is the gpuplace profile;
+- required node affinity from static node properties only (opt-in label, GPU count,
+  model, per-GPU memory, NVLink domain size when required), ANDed into every term the
+  user wrote (terms stay ORed);
+- env vars: `NVIDIA_VISIBLE_DEVICES` from the assignment annotation via the downward API,
+  and for a shared GPU the MPS limits; *unless* the GPU nodes run the node agent
+  (`node_agent`): then the GPU container requests `gpuplace.io/gpu` = its GPU count
+  instead, and the webhook writes no GPU env at all: the agent's device plugin answers
+  the kubelet with the container's GPUs, MPS pipe directory and limits, read from the
+  grant on the node (one source of truth; see docs/node-agent.md, "Allocate");
+- the label `gpuplace.io/managed=true`; for a gang member the gang label and the
+  scheduling gate.
+
+Applying `build` to its own output yields no operation (the webhook is reinvoked with
+`reinvocationPolicy: IfNeeded`, and the validating webhook uses this to tell a mutated pod
+from one the mutating webhook never saw). Never used on UPDATE: most of a pod's spec is
+immutable once it exists. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuplace.cluster import annotations as grammar
+from gpuplace.cluster import keys
+from gpuplace.webhook import patches
+
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+DEFAULT_SCHEDULER = "default-scheduler"
+MEMORY_ONLY_WARNING = (
+    "memory-only share: {memory} MiB of GPU memory and no compute reserved; it is time-sliced "
+    f"with the other memory-only pods of its GPU (never with {keys.GPU_PERCENT} pods)"
+)
+REQUIRED_AFFINITY = (
+    "spec",
+    "affinity",
+    "nodeAffinity",
+    "requiredDuringSchedulingIgnoredDuringExecution",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Mutation:
+    """The patch for one pod, the pod after it, and what the kubectl user should know."""
+
+    patch: patches.Patch
+    warnings: tuple[str, ...]
+
+    @property
+    def ops(self) -> list[dict[str, Any]]:
+        return self.patch.ops
+
+
+def node_expressions(spec: grammar.PodGpuSpec) -> list[dict[str, Any]]:
+    """Node selector requirements every node that could ever hold `spec` meets.
+
+    Only properties that never change while a node exists: free capacity is the
+    extender's business at scheduling time (affinity is immutable once the pod exists).
+    """
+    expressions: list[dict[str, Any]] = [
+        {"key": keys.NODE_ENABLED, "operator": "In", "values": ["true"]},
+        {"key": keys.GFD_COUNT, "operator": "Gt", "values": [str(spec.count - 1)]},
+    ]
+    if spec.models:
+        expressions.append({"key": keys.GFD_PRODUCT, "operator": "In", "values": list(spec.models)})
+    if spec.memory_mib:
+        expressions.append(
+            {"key": keys.GFD_MEMORY, "operator": "Gt", "values": [str(spec.memory_mib - 1)]}
+        )
+    if spec.count > 1 and spec.topology is grammar.GpuTopology.REQUIRED:
+        expressions.append(
+            {"key": keys.NVLINK_DOMAIN_SIZE, "operator": "Gt", "values": [str(spec.count - 1)]}
+        )
+    return expressions
+
+
+def env_vars(spec: grammar.PodGpuSpec) -> list[dict[str, Any]]:
+    """The GPU container's env vars: the assignment through the downward API, MPS limits."""
+    field_path = f"metadata.annotations['{keys.VISIBLE_DEVICES}']"
+    env: list[dict[str, Any]] = [
+        {
+            "name": VISIBLE_DEVICES_ENV,
+            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}},
+        }
+    ]
+    if spec.shares:
+        # A memory-only share has no compute of its own to cap: it is time-sliced with
+        # the other memory-only shares of its GPU, which never holds a compute share.
+        threads = spec.percent if not spec.memory_only else 100
+        env.append({"name": MPS_THREADS_ENV, "value": str(threads)})
+        if spec.memory_mib:
+            # Device ordinals are relative to NVIDIA_VISIBLE_DEVICES: the one granted GPU is 0.
+            env.append({"name": MPS_MEMORY_ENV, "value": f"0={spec.memory_mib}M"})
+    return env
+
+
+def build(
+    pod: Mapping[str, Any],
+    spec: grammar.PodGpuSpec,
+    container: int,
+    scheduler_name: str,
+    *,
+    node_agent: bool = False,
+) -> Mutation:
+    """The patch that makes `pod` a gpuplace pod. `container` indexes `spec.containers`
+    (see `pods.problems`); `node_agent`: the GPU nodes run the node agent (slots instead
+    of env vars). Raises `patches.PatchError` on a pod of impossible shape."""
+    patch = patches.Patch(pod)
+    warnings: list[str] = []
+    _resources(patch, spec, container)
+    _slots(patch, spec, container, node_agent)
+    _scheduler(patch, scheduler_name, warnings)
+    _affinity(patch, node_expressions(spec))
+    if not node_agent:
+        _env(patch, env_vars(spec), container, warnings)
+    patch.put(("metadata", "labels", keys.MANAGED), "true")
+    if spec.gang is not None:
+        patch.put(("metadata", "labels", keys.GANG_LABEL), spec.gang.name)
+        gates = patch.get(("spec", "schedulingGates"))
+        if not isinstance(gates, list) or not any(
+            isinstance(gate, Mapping) and gate.get("name") == keys.GANG_GATE for gate in gates
+        ):
+            patch.append(("spec", "schedulingGates"), {"name": keys.GANG_GATE})
+    if spec.memory_rounded:
+        warnings.append(
+            f"{keys.GPU_MEMORY} was rounded up to whole MiB: {spec.memory_mib}Mi per GPU"
+        )
+    if spec.memory_only:
+        warnings.append(MEMORY_ONLY_WARNING.format(memory=spec.memory_mib))
+    if spec.shares and not spec.memory_mib:
+        warnings.append(
+            f"no {keys.GPU_MEMORY}: no GPU memory is reserved for this pod; "
+            "pods sharing its GPU may take it all"
+        )
+    if spec.count == 1 and spec.topology is not grammar.GpuTopology.NONE:
+        warnings.append(f"{keys.GPU_TOPOLOGY} is ignored for a single GPU")
+    return Mutation(patch, tuple(warnings))
+
+
+def _resources(patch: patches.Patch, spec: grammar.PodGpuSpec, container: int) -> None:
+    base = ("spec", "containers", container, "resources")
+    for part in ("requests", "limits"):
+        if spec.resource_percent:
+            patch.put((*base, part, keys.RESOURCE_PERCENT), str(spec.resource_percent))
+        else:
+            patch.remove((*base, part, keys.RESOURCE_PERCENT))
+        if spec.resource_memory_mib:
+            patch.put((*base, part, keys.RESOURCE_MEMORY), str(spec.resource_memory_mib))
+        else:
+            patch.remove((*base, part, keys.RESOURCE_MEMORY))
+
+
+def _slots(
+    patch: patches.Patch, spec: grammar.PodGpuSpec, container: int, node_agent: bool
+) -> None:
+    """`gpuplace.io/gpu` = GPU count: the kubelet then asks the node agent (Allocate) what
+    the container gets. Absent without the agent (no node would offer it)."""
+    base = ("spec", "containers", container, "resources")
+    for part in ("requests", "limits"):
+        if node_agent:
+            patch.put((*base, part, keys.RESOURCE_GPU), str(spec.count))
+        else:
+            patch.remove((*base, part, keys.RESOURCE_GPU))
+
+
+def _scheduler(patch: patches.Patch, scheduler_name: str, warnings: list[str]) -> None:
+    current = patch.get(("spec", "schedulerName"))
+    if isinstance(current, str) and current not in (DEFAULT_SCHEDULER, scheduler_name, ""):
+        warnings.append(
+            f"spec.schedulerName {current[:63]!r} replaced by {scheduler_name!r}: "
+            "gpuplace pods are scheduled by the gpuplace profile"
+        )
+    patch.put(("spec", "schedulerName"), scheduler_name)
+
+
+def _affinity(patch: patches.Patch, expressions: list[dict[str, Any]]) -> None:
+    terms = patch.get((*REQUIRED_AFFINITY, "nodeSelectorTerms"))
+    if not isinstance(terms, list) or not terms:
+        patch.put((*REQUIRED_AFFINITY, "nodeSelectorTerms"), [{"matchExpressions": expressions}])
+        return
+    for index, term in enumerate(terms):
+        if not isinstance(term, Mapping):
+            raise patches.PatchError(f"nodeSelectorTerms[{index}] is not an object")
+        if not term.get("matchExpressions") and not term.get("matchFields"):
+            continue  # an empty term matches no node; ANDing ours would make it match some
+        path = (*REQUIRED_AFFINITY, "nodeSelectorTerms", index, "matchExpressions")
+        for expression in expressions:
+            present = patch.get(path)
+            if not isinstance(present, list) or expression not in present:
+                patch.append(path, expression)
+
+
+def _env(
+    patch: patches.Patch, wanted: list[dict[str, Any]], container: int, warnings: list[str]
+) -> None:
+    path = ("spec", "containers", container, "env")
+    for var in wanted:
+        present = patch.get(path)
+        positions = (
+            [
+                index
+                for index, item in enumerate(present)
+                if isinstance(item, Mapping) and item.get("name") == var["name"]
+            ]
+            if isinstance(present, list)
+            else []
+        )
+        if not positions:
+            patch.append(path, var)
+            continue
+        for index in positions:
+            if present[index] != var:
+                patch.put((*path, index), var)
+                if var["name"] == VISIBLE_DEVICES_ENV:
+                    warnings.append(
+                        f"env {VISIBLE_DEVICES_ENV} replaced: gpuplace sets it to the GPUs "
+                        "granted to the pod"
+                    )
