@@ -23,7 +23,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -32,7 +31,7 @@ from pydantic import ValidationError
 from gpuplace.cluster import annotations as grammar
 from gpuplace.cluster import recording
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.extender import binding, deciding, reasons, repeating
+from gpuplace.extender import binding, deciding, preempting, reasons, repeating
 from gpuplace.extender.activity import Activity
 from gpuplace.extender.preempt_wire import PreemptionArgs, PreemptionResult
 from gpuplace.extender.wire import (
@@ -42,10 +41,8 @@ from gpuplace.extender.wire import (
     FilterResult,
     ranked_priorities_json,
 )
-from gpuplace.placement.requests import WHOLE, GpuRequest
-
-if TYPE_CHECKING:
-    from gpuplace.extender import preempting
+from gpuplace.placement import requests
+from gpuplace.placement.requests import GpuRequest
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +211,7 @@ class Service:
         else:
             message = f"{reasons.summary(len(names), verdict.misfits)}"
             if verdict.request is not None:
-                message = f"{message} (for {describe(verdict.request)})"
+                message = f"{message} (for {requests.describe(verdict.request)})"
             examples = reasons.examples(verdict.misfits)
             if examples:
                 message = f"{message}; e.g. {examples}"
@@ -311,22 +308,6 @@ class Service:
             )
             return BindingResult(error=str(error)), error.result
         return BindingResult(), "ok"
-
-
-def describe(request: GpuRequest) -> str:
-    """'50% of one GPU with 20480 MiB', '2 whole GPUs of A100', 'memory only (no compute)
-    of one GPU with 8192 MiB'."""
-    if request.memory_only:
-        text = "memory only (no compute) of one GPU"
-    elif request.count == 1 and request.milli < WHOLE:
-        text = f"{request.milli / 10:g}% of one GPU"
-    else:
-        text = f"{request.count} whole GPU{'s' if request.count > 1 else ''}"
-    if request.memory_mib:
-        text += f" with {request.memory_mib} MiB"
-    if request.models:
-        text += f" of {'/'.join(sorted(request.models))}"
-    return text
 
 
 SERVICE = web.AppKey("gpuplace.extender", Service)

@@ -67,10 +67,10 @@ from prometheus_client import CollectorRegistry, Counter
 from gpuplace.cluster import disruptions, kube, recording
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.extender import app, preempting
+from gpuplace.extender import preempting
 from gpuplace.extender.gang_fences import Fence, Fences
 from gpuplace.extender.gang_members import GangKey, GangPod
-from gpuplace.placement import gangs
+from gpuplace.placement import gangs, requests
 from gpuplace.placement import preempting as engine
 from gpuplace.placement.choosing import Policy
 
@@ -447,7 +447,7 @@ class GangPreemptions:
     ) -> float | None:
         """Evict every victim, in order; stop at the first refusal (module docstring)."""
         freed = _freed(self.sync, victims)
-        wants = ", ".join(sorted({app.describe(m.request) for m in members if m.request}))
+        wants = ", ".join(sorted({requests.describe(m.request) for m in members if m.request}))
         gone: list[PodRecord] = []
         refusal: tuple[PodRecord, kube.ApiError] | None = None
         for victim in victims:

@@ -55,9 +55,8 @@ from gpuplace.cluster import annotations as grammar
 from gpuplace.cluster import pods, recording
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.extender import app
 from gpuplace.extender.preempt_wire import PreemptionArgs, PreemptionResult
-from gpuplace.placement import choosing, fit, preempting
+from gpuplace.placement import choosing, fit, preempting, requests
 from gpuplace.placement.choosing import Choice
 from gpuplace.placement.ledger import Grant, LedgerError, NodeState
 from gpuplace.placement.preempting import Unit
@@ -405,7 +404,7 @@ class Preempter:
         )
         if self.recorder is None:
             return
-        wants = app.describe(pending.request)
+        wants = requests.describe(pending.request)
         self.recorder.emit(
             recording.Subject(pending.namespace, pending.name, pending.uid),
             recording.NORMAL,

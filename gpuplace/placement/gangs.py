@@ -45,7 +45,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpuplace.placement import choosing, fit
+from gpuplace.placement import choosing, fit, requests
 from gpuplace.placement.choosing import Choice, Policy
 from gpuplace.placement.inventory import NO_NVLINK
 from gpuplace.placement.ledger import Grant, Ledger, LedgerError, NodeState
@@ -378,22 +378,6 @@ class _Planner:
         return dict(kinds.most_common())
 
 
-def _describe(request: GpuRequest) -> str:
-    if request.count == 0:
-        return "no GPU"
-    if request.count > 1 or request.milli == WHOLE:
-        what = f"{request.count} whole GPU" + ("s" if request.count > 1 else "")
-        if request.count > 1 and request.topology is Topology.REQUIRED:
-            what += " in one NVLink domain"
-    elif request.memory_only:
-        what = "memory only (no compute reserved) of a GPU"
-    else:
-        what = f"{request.milli / 10:g}% of a GPU"
-    if request.memory_mib:
-        what += f", {request.memory_mib} MiB each"
-    return what
-
-
 def plan(
     ledger: Ledger,
     policy: Policy,
@@ -451,7 +435,7 @@ def _shortfall(
     first = unplaced[0]
     kinds = planner.why(first)
     head = f"{placed} of {needed} gang members fit now"
-    need = f"{len(unplaced)} more need {_describe(first.request)}"
+    need = f"{len(unplaced)} more need {requests.describe(first.request)}"
     if kinds:
         total = sum(kinds.values())
         detail = ", ".join(f"{count} {kind}" for kind, count in kinds.items())

@@ -9,6 +9,10 @@ A *memory-only* share (`milli == 0`, one GPU, memory > 0; the `gpu-memory`
 annotation alone) reserves GPU memory and no compute: it is time-sliced with the
 other memory-only shares of its GPU, and never shares a GPU with a compute share or
 a whole GPU (docs/placement.md, "Memory-only shares").
+
+`describe(request)` is how a request reads wherever gpuplace words one for a person:
+filter's reasons and the FailedGpuPlacement Event, a gang's shortfall, the preemption
+Events of a pod or a gang.
 """
 
 from __future__ import annotations
@@ -83,3 +87,24 @@ def share_text(milli: int) -> str:
     if milli >= WHOLE:
         return "whole"
     return f"{milli / 10:g}%" if milli else "memory only"
+
+
+def describe(request: GpuRequest) -> str:
+    """The request as a person reads it, the one wording every message uses: `no GPU`,
+    `50% of one GPU with 20480 MiB`, `memory only (no compute) of one GPU with 8192 MiB`,
+    `1 whole GPU (NVIDIA-L4)`, `4 whole GPUs in one NVLink domain with 81920 MiB each`.
+    O(models)."""
+    if request.count == 0:
+        return "no GPU"
+    models = f" ({' or '.join(sorted(request.models))})" if request.models else ""
+    if request.memory_only:
+        text = f"memory only (no compute) of one GPU{models}"
+    elif request.shares:
+        text = f"{request.milli / 10:g}% of one GPU{models}"
+    else:
+        text = f"{request.count} whole GPU{'s' if request.count > 1 else ''}{models}"
+        if request.count > 1 and request.topology is Topology.REQUIRED:
+            text += " in one NVLink domain"
+    if request.memory_mib:
+        text += f" with {request.memory_mib} MiB" + (" each" if request.count > 1 else "")
+    return text
