@@ -4,7 +4,7 @@ Every node has 8 GPUs, each held by a 1-GPU pod of priority 0 (bound, running); 
 priority-100 gang of 8 members × 8 whole GPUs must evict 64 of them. Timed, as
 `gpuplace.extender.gang_preempting.GangPreemptions._plan` runs them on the event loop the
 extender's verbs share: `victim_units` (O(pods + grants), once per attempt) and one
-`gpuplace.placement.preempting.for_gang` (one pass). One attempt makes at most `PASSES` passes
+`gpuplace.placement.victim_choice.for_gang` (one pass). One attempt makes at most `PASSES` passes
 (each after a budget refused a unit) and yields to the loop between them, and one gang
 plans per controller round: `longest_blocking_seconds` (victim_units + the first pass)
 is the longest stretch without an await, `round_bound_seconds` (victim_units + passes ×
@@ -27,7 +27,7 @@ from gpuplace.cluster.nodes import NodeRecord
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender import gang_preempting
-from gpuplace.placement import gangs, policies, preempting
+from gpuplace.placement import gangs, policies, victim_choice
 from gpuplace.placement.ledger import Grant, GrantState
 from gpuplace.placement.requests import WHOLE, GpuRequest
 from tests.placement.clusters import node
@@ -76,7 +76,7 @@ def measure(count: int, repeat: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         units = gang_preempting.victim_units(sync, 100)
         t1 = time.perf_counter()
-        found = preempting.for_gang(sync.ledger, policy, members, units)
+        found = victim_choice.for_gang(sync.ledger, policy, members, units)
         t2 = time.perf_counter()
         units_s.append(t1 - t0)
         plan_s.append(t2 - t1)

@@ -67,7 +67,7 @@ from gpuplace.extender import (
     gang_store,
     gangs,
     loading,
-    preempting,
+    preempt_verb,
     repeating,
     warming,
     wire,
@@ -456,7 +456,7 @@ class Sidecar:
         self.sync.node_listeners.append(self._nodes_changed)
         registry.register(metering.LedgerCollector(self.sync, self.holder.measured))
         registry.register(api.refusals)  # gpuplace_api_refusals_total
-        self.preempter = preempting.Preempter(
+        self.preempter = preempt_verb.Preempter(
             self.sync,
             self.decider.request,
             recorder=self.recorder,

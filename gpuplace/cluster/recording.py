@@ -32,6 +32,15 @@ MEMORY = 4096
 NORMAL = "Normal"
 WARNING = "Warning"
 
+# Event reasons written by more than one room (the extender's preempt verb, the gang
+# controller's evictions) or read by another (`gpuplace explain`)
+PREEMPTION = "GpuPreemption"
+"""On a preemptor (a pod, or each member of a gang) naming its victims."""
+PREEMPTED = "GpuPreempted"
+"""On a victim naming the GPUs freed and for whom."""
+GANG_PREEMPTION_REFUSED = "GangPreemptionRefused"
+"""On each member of a gang whose eviction of a victim the API refused."""
+
 
 @dataclass(frozen=True, slots=True)
 class Subject:

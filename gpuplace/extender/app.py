@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from gpuplace.cluster import annotations as grammar
 from gpuplace.cluster import recording
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.extender import binding, deciding, preempting, reasons, repeating
+from gpuplace.extender import binding, deciding, preempt_verb, reasons, repeating
 from gpuplace.extender.activity import Activity
 from gpuplace.extender.preempt_wire import PreemptionArgs, PreemptionResult
 from gpuplace.extender.wire import (
@@ -104,7 +104,7 @@ class Service:
     repeats: repeating.Repeats | None = None
     """filter answers kept for kube-scheduler's repeats (`gpuplace.extender.repeating`;
     None: off)."""
-    preempter: preempting.Preempter | None = None
+    preempter: preempt_verb.Preempter | None = None
     """The preempt verb (None: kube-scheduler's victims are answered unchanged)."""
 
     async def ready(self) -> bool:
@@ -284,7 +284,7 @@ class Service:
 
     async def preempt(self, args: PreemptionArgs) -> tuple[PreemptionResult, str]:
         """Per candidate node, the victims that free one GPU set for the pod; nodes where
-        none do are left out (`gpuplace.extender.preempting`). Before the first sync: no node (an
+        none do are left out (`gpuplace.extender.preempt_verb`). Before the first sync: no node (an
         answer from a partial ledger could evict for nothing; kube-scheduler retries)."""
         if not await self.ready():
             return PreemptionResult(), "not-synced"

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpuplace.cluster import recording
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender import reasons
@@ -180,7 +181,7 @@ def explain(
     return result
 
 
-GANG_PREEMPTION = ("GpuPreemption", "GangPreemptionRefused")
+GANG_PREEMPTION = (recording.PREEMPTION, recording.GANG_PREEMPTION_REFUSED)
 """Event reasons the gang controller writes on a member of a gang that preempts."""
 
 

@@ -26,7 +26,7 @@ may go, as kube-scheduler's DefaultPreemption decides for one pod:
 
 An attempt:
 
-1. plan (`gpuplace.placement.preempting.for_gang`): the victims that make room for every member,
+1. plan (`gpuplace.placement.victim_choice.for_gang`): the victims that make room for every member,
    only on the GPUs the members take, none beyond need; no plan: evict nothing;
 2. PodDisruptionBudget pre-check (`gpuplace.cluster.disruptions.refused`, with fresh reads of the
    victims and their namespaces' budgets): a unit with a victim the API server would
@@ -67,16 +67,13 @@ from prometheus_client import CollectorRegistry, Counter
 from gpuplace.cluster import disruptions, kube, recording
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.extender import preempting
 from gpuplace.extender.gang_fences import Fence, Fences
 from gpuplace.extender.gang_members import GangKey, GangPod
-from gpuplace.placement import gangs, requests
-from gpuplace.placement import preempting as engine
+from gpuplace.placement import gangs, requests, victim_choice
 from gpuplace.placement.choosing import Policy
 
 log = logging.getLogger(__name__)
 
-REFUSED = "GangPreemptionRefused"
 NEVER = "Never"
 PLANS_PER_ROUND = 1
 """Gangs that may plan a preemption in one controller round (each plan is synchronous
@@ -128,8 +125,8 @@ class GangPreemptionMetrics:
         )
         self.plans = Counter(
             "gpuplace_gang_preemption_plans_total",
-            "Preemption plans made for waiting gangs (gpuplace.placement.preempting.for_gang runs, "
-            "each synchronous work on the event loop).",
+            "Preemption plans made for waiting gangs (gpuplace.placement.victim_choice.for_gang "
+            "runs, each synchronous work on the event loop).",
             registry=registry,
         )
         self.victims = Counter(
@@ -148,7 +145,9 @@ def never_preempts(members: Iterable[GangPod]) -> bool:
     return any(member.preemption_policy == NEVER for member in members)
 
 
-def victim_units(sync: LedgerSync, below: int, spare: Iterable[str] = ()) -> list[engine.Unit]:
+def victim_units(
+    sync: LedgerSync, below: int, spare: Iterable[str] = ()
+) -> list[victim_choice.Unit]:
     """Every unit that may be evicted for a gang of priority `below`: bound, unfinished
     pods holding a grant, of lower priority; a running gang whole (all its live members
     lower; the unit is its members holding a grant, never a gated one) or not at all.
@@ -162,7 +161,7 @@ def victim_units(sync: LedgerSync, below: int, spare: Iterable[str] = ()) -> lis
     for each in records.values():
         if each.gang and not each.terminal:
             by_gang.setdefault((each.namespace, each.gang), []).append(each)
-    units: list[engine.Unit] = []
+    units: list[victim_choice.Unit] = []
     seen: set[str] = set()
     for grant in sync.ledger:
         record = records.get(grant.pod_uid)
@@ -182,11 +181,11 @@ def victim_units(sync: LedgerSync, below: int, spare: Iterable[str] = ()) -> lis
         held = tuple(g for m in holding if (g := sync.ledger.get(m.uid)) is not None)
         going = all(m.deleting for m in holding)
         priorities = tuple(GOING if going else m.priority for m in holding)
-        units.append(engine.Unit(tuple(m.uid for m in holding), held, priorities))
+        units.append(victim_choice.Unit(tuple(m.uid for m in holding), held, priorities))
     return units
 
 
-def going(unit: engine.Unit) -> bool:
+def going(unit: victim_choice.Unit) -> bool:
     """The unit's pods are already being deleted (`victim_units`)."""
     return all(p == GOING for p in unit.priorities)
 
@@ -343,16 +342,16 @@ class GangPreemptions:
         policy: Policy,
         priority: int,
         exclude: frozenset[str],
-    ) -> tuple[engine.GangEviction, list[PodRecord]] | Terminating | str | None:
+    ) -> tuple[victim_choice.GangEviction, list[PodRecord]] | Terminating | str | None:
         """The eviction plan that passes the budget pre-check (victims in name order), or
         the pods of lower priority already terminating on its nodes (wait for them:
         kube-scheduler's own rule), or why budgets forbid every plan, or None (no plan at
         all). Each pass excludes at least one more unit; at most `passes` passes.
 
         Work: one `victim_units` (O(pods + grants)), then per pass one
-        `gpuplace.placement.preempting.for_gang` (its own docstring: O(grants) scratch ledgers plus
-        a few gang plans, each O(members × nodes log nodes)) and a GET per new victim and
-        a budget list per new namespace. So one call is O(passes × for_gang), synchronous
+        `gpuplace.placement.victim_choice.for_gang` (its own docstring: O(grants) scratch
+        ledgers plus a few gang plans, each O(members × nodes log nodes)) and a GET per new
+        victim and a budget list per new namespace. So one call is O(passes × for_gang), synchronous
         on the event loop apart from the API reads: ~1.2 s per pass (and 0.6 s for
         `victim_units`) was measured at 10,000 nodes × 8 GPUs, hence the caps
         (`passes`, `plans_per_round`, and the back-off of a plan that found nothing);
@@ -368,7 +367,9 @@ class GangPreemptions:
                 await asyncio.sleep(0)  # let the extender's verbs in between passes
             units = [u for u in every if not spared.intersection(u.uids)]
             self.metrics.plans.inc()
-            eviction = engine.for_gang(self.sync.ledger, policy, planned, units, exclude=exclude)
+            eviction = victim_choice.for_gang(
+                self.sync.ledger, policy, planned, units, exclude=exclude
+            )
             if eviction is None or not eviction.units:
                 return blocked or None
             terminating = self._terminating_on(eviction, priority)
@@ -400,7 +401,9 @@ class GangPreemptions:
                     spared.update(unit.uids)
         return blocked  # `passes` plans, each refused by a budget: try again later
 
-    def _terminating_on(self, eviction: engine.GangEviction, priority: int) -> frozenset[str]:
+    def _terminating_on(
+        self, eviction: victim_choice.GangEviction, priority: int
+    ) -> frozenset[str]:
         """UIDs of pods of lower priority holding a grant on the plan's nodes that are
         being deleted. O(grants on those nodes)."""
         nodes = set(eviction.nodes)
@@ -440,7 +443,7 @@ class GangPreemptions:
         *,
         members: Sequence[GangPod],
         priority: int,
-        eviction: engine.GangEviction,
+        eviction: victim_choice.GangEviction,
         victims: list[PodRecord],
         underway: Underway,
         now: float,
@@ -463,7 +466,7 @@ class GangPreemptions:
             self._emit(
                 victim,
                 recording.NORMAL,
-                preempting.PREEMPTED,
+                recording.PREEMPTED,
                 f"preempted to free {freed.get(victim.uid, 'its GPUs')} for gang "
                 f"{key[0]}/{key[1]} (priority {priority}, "
                 f"{len(members)} members: {wants})",
@@ -485,7 +488,7 @@ class GangPreemptions:
             self._emit(
                 member,
                 recording.NORMAL,
-                preempting.PREEMPTION,
+                recording.PREEMPTION,
                 f"gang {key[1]} preempts lower-priority pods to start: evicted {names}; nodes "
                 f"{nodes} are held for the gang until they have terminated",
             )
@@ -499,7 +502,7 @@ class GangPreemptions:
             self._emit(
                 member,
                 recording.WARNING,
-                REFUSED,
+                recording.GANG_PREEMPTION_REFUSED,
                 f"gang {key[1]}: the eviction of {victim} was refused ({why}); "
                 f"{len(gone)} of {len(victims)} victims were evicted, nodes {nodes} stay "
                 f"held for the gang, and it tries again in {self.retry_seconds:g}s",

@@ -11,12 +11,12 @@ incrementally: O(1) nodes re-measured per arrival).
 
 With `priorities` (one per pod of the order; the openb trace has none, the caller
 draws them) and `preempt`, a GPU pod the policy rejects evicts pods of lower priority
-the way the extender's preempt verb answers (`gpuplace.placement.preempting.evict` on every
+the way the extender's preempt verb answers (`gpuplace.placement.victim_choice.evict` on every
 node, the cheapest eviction wins, as kube-scheduler picks the node with the least
 victims), then takes the GPUs freed. Evicted pods leave for good (the trace has no
 time: they count as evicted, not as rejected). Each preemption also checks what
 kube-scheduler would have evicted on that node by itself, on node totals
-(`preempting.totals_pick`, older pods more important): nothing (totals already fit:
+(`victim_choice.totals_pick`, older pods more important): nothing (totals already fit:
 no preemption there), or pods that free no GPU set.
 
 Figures follow the paper's analysis scripts: the arrived workload is binned to
@@ -31,7 +31,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpuplace.placement import fit, preempting
+from gpuplace.placement import fit, victim_choice
 from gpuplace.placement.choosing import Choice, grant_for
 from gpuplace.placement.fragmentation import Workload
 from gpuplace.placement.inventory import Inventory, Node
@@ -239,11 +239,13 @@ def _eviction(
     priority: int,
     owners: dict[str, dict[str, tuple[int, int]]],
     result: Replay,
-) -> preempting.Eviction | None:
+) -> victim_choice.Eviction | None:
     """The cheapest eviction of lower-priority pods over every node (ties: node name),
     and what kube-scheduler on totals would have done there (`result`'s counts).
     O(nodes × (grants + search))."""
-    best: tuple[preempting.Cost, str, preempting.Eviction, list[preempting.Unit]] | None = None
+    best: (
+        tuple[victim_choice.Cost, str, victim_choice.Eviction, list[victim_choice.Unit]] | None
+    ) = None
     for name, pods in owners.items():
         state = ledger.state(name)
         if state is None or fit.static_misfit(state, request):
@@ -254,10 +256,10 @@ def _eviction(
         ):
             grant = ledger.get(uid)
             if held < priority and grant is not None:
-                units.append(preempting.Unit((uid,), (grant,), (held,)))
-        if not units or not preempting.fits_after(state, request, units):
+                units.append(victim_choice.Unit((uid,), (grant,), (held,)))
+        if not units or not victim_choice.fits_after(state, request, units):
             continue
-        found = preempting.evict(state, request, units)
+        found = victim_choice.evict(state, request, units)
         if found is not None and (best is None or (found.cost, name) < best[:2]):
             best = (found.cost, name, found, units)
     if best is None:
@@ -265,9 +267,9 @@ def _eviction(
     _, name, found, units = best
     state = ledger.state(name)
     assert state is not None
-    picked = preempting.totals_pick(state, request, units)
+    picked = victim_choice.totals_pick(state, request, units)
     if not picked:
         result.totals_blind += 1
-    elif not preempting.fits_after(state, request, picked):
+    elif not victim_choice.fits_after(state, request, picked):
         result.totals_wrong += 1
     return found

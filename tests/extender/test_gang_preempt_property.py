@@ -15,7 +15,7 @@ from gpuplace.cluster import pods
 from gpuplace.cluster.nodes import NodeRecord
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender import gang_preempting
-from gpuplace.placement import choosing, gangs, policies, preempting
+from gpuplace.placement import choosing, gangs, policies, victim_choice
 from gpuplace.placement.ledger import Grant, Ledger, LedgerError
 from gpuplace.placement.requests import GpuRequest
 from tests.fakeapi import objects
@@ -97,7 +97,7 @@ def test_gang_preemption_plans_evict_only_lower_whole_and_needed_units(
         waiting[-1] = gangs.Member(waiting[-1].uid, bigger)
     asks = {member.uid: member.request for member in waiting}
     policy = policies.make("best-fit")
-    found = preempting.for_gang(sync.ledger, policy, waiting, units)
+    found = victim_choice.for_gang(sync.ledger, policy, waiting, units)
     if found is None:
         return
     assert all(records[uid].priority < gang_priority for uid in found.uids)
@@ -111,7 +111,7 @@ def test_gang_preemption_plans_evict_only_lower_whole_and_needed_units(
     where = {uid: choice.node for uid, choice in found.choices.items()}
     for victim in found.units:
         rest = [other for other in found.units if other is not victim]
-        if preempting.place(sync.ledger, waiting, where, rest) is None:
+        if victim_choice.place(sync.ledger, waiting, where, rest) is None:
             continue
         # a first fit on the plan's nodes fits without it: the gang's own plan must not
         others = {uid for unit in rest for uid in unit.uids}

@@ -1,7 +1,7 @@
 """The preempt verb's answer, for any node state and any offer: only pods it may evict
 (offered, or of lower priority than the preemptor when allowed; never a gang member
 whose gang runs elsewhere), at least one per node kept, the preemptor fits after them,
-and none is beyond need (gpuplace.extender.preempting over a LedgerSync, no HTTP)."""
+and none is beyond need (gpuplace.extender.preempt_verb over a LedgerSync, no HTTP)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from gpuplace.cluster import pods
 from gpuplace.cluster.nodes import NodeRecord
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.extender.preempt_verb import Preempter
 from gpuplace.extender.preempt_wire import PreemptionArgs
-from gpuplace.extender.preempting import Preempter
-from gpuplace.placement import preempting
+from gpuplace.placement import victim_choice
 from gpuplace.placement.ledger import Grant
-from gpuplace.placement.preempting import Unit
+from gpuplace.placement.victim_choice import Unit
 from tests.fakeapi import objects
 from tests.placement.clusters import node
 
@@ -84,14 +84,14 @@ def test_answers_evict_only_allowed_pods_and_make_room_with_none_to_spare(
             if record.gang:  # its whole gang goes, and it all runs here
                 mates = [r for r in records.values() if r.gang == record.gang]
                 assert all(m.node_name == name and m.uid in victims for m in mates)
-        if preempting.fits_after(state, request, []):
+        if victim_choice.fits_after(state, request, []):
             assert sorted(victims) == sorted(offered[name])  # GPUs not short: as offered
             continue  # (the gang checks above hold for these too)
         units = _units(chosen)
-        assert preempting.fits_after(state, request, units)
+        assert victim_choice.fits_after(state, request, units)
         for unit in units:
             rest = [other for other in units if other is not unit]
-            assert not preempting.fits_after(state, request, rest), unit.uids
+            assert not victim_choice.fits_after(state, request, rest), unit.uids
 
 
 def _units(chosen: list[pods.PodRecord]) -> list[Unit]:

@@ -1,5 +1,5 @@
 """Preemption victims per GPU: the preemptor fits on one GPU set afterwards, every victim
-is needed, and the cheapest selection wins (gpuplace.placement.preempting)."""
+is needed, and the cheapest selection wins (gpuplace.placement.victim_choice)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuplace.placement import choosing, fit, gangs, policies, preempting
+from gpuplace.placement import choosing, fit, gangs, policies, victim_choice
 from gpuplace.placement.ledger import Grant, Ledger, LedgerError
-from gpuplace.placement.preempting import Unit
 from gpuplace.placement.requests import GpuRequest, Topology
+from gpuplace.placement.victim_choice import Unit
 from tests.placement.clusters import ledger, node, share, whole
 
 
@@ -39,10 +39,10 @@ def two_gpus() -> tuple[Ledger, dict[str, Grant]]:
 def answer(book: Ledger, request: GpuRequest, units: list[Unit], pdb: int = 0) -> set[str] | None:
     state = book.state("n")
     assert state is not None
-    found = preempting.evict(state, request, units, pdb_violations=pdb)
+    found = victim_choice.evict(state, request, units, pdb_violations=pdb)
     if found is None:
         return None
-    assert preempting.takes(preempting.after(state, found.units), request, found.gpus)
+    assert victim_choice.takes(victim_choice.after(state, found.units), request, found.gpus)
     return set(found.uids)
 
 
@@ -165,17 +165,17 @@ def test_after_any_answer_the_preemptor_fits_and_no_victim_is_beyond_need(
     )
     state = book.state("n")
     assert state is not None
-    found = preempting.evict(state, request, units)
-    everything = preempting.after(state, units)
+    found = victim_choice.evict(state, request, units)
+    everything = victim_choice.after(state, units)
     if found is None:
         # only when even evicting every unit would not make room
         assert fit.misfit(everything, request) is not None or fit.misfit(state, request) is None
         return
     assert found.units, "an answer always names a victim"
-    assert preempting.takes(preempting.after(state, found.units), request, found.gpus)
+    assert victim_choice.takes(victim_choice.after(state, found.units), request, found.gpus)
     for victim in found.units:
         rest = [other for other in found.units if other is not victim]
-        assert not preempting.fits_after(state, request, rest), victim.uids
+        assert not victim_choice.fits_after(state, request, rest), victim.uids
     # only the GPUs it takes hold victims (host resources are plentiful here)
     assert all(victim.gpus() <= set(found.gpus) for victim in found.units)
 
@@ -199,10 +199,10 @@ def test_totals_pick_is_kube_schedulers_and_frees_no_gpu() -> None:
     state = book.state("n")
     assert state is not None
     units = [unit(grants[uid]) for uid in ("a50", "b60", "a40", "b30")]
-    picked = preempting.totals_pick(state, share(700), units)
+    picked = victim_choice.totals_pick(state, share(700), units)
     assert {u.uids[0] for u in picked} == {"a40", "b30"}
-    assert not preempting.fits_after(state, share(700), picked)
-    assert preempting.totals_pick(state, share(200), units) == []  # totals fit already
+    assert not victim_choice.fits_after(state, share(700), picked)
+    assert victim_choice.totals_pick(state, share(200), units) == []  # totals fit already
 
 
 # --- a waiting gang ---------------------------------------------------------------------
@@ -217,11 +217,11 @@ def test_gang_evicts_only_what_its_members_need_or_nothing() -> None:
     p3 = put(book, "p3", (1,), 300)
     members = [gangs.Member(f"m{i}", share(700)) for i in range(2)]
     units = [unit(p1, 5), unit(p2, 5), unit(p3, 1)]
-    found = preempting.for_gang(book, policies.make("best-fit"), members, units)
+    found = victim_choice.for_gang(book, policies.make("best-fit"), members, units)
     assert found is not None
     assert set(found.uids) == {"p1", "p3"}
     assert sorted(choice.gpus for choice in found.choices.values()) == [(0,), (1,)]
-    assert preempting.for_gang(book, policies.make("best-fit"), members, units[1:]) is None
+    assert victim_choice.for_gang(book, policies.make("best-fit"), members, units[1:]) is None
     assert len(book) == 3  # the ledger is never changed
 
 
@@ -232,7 +232,7 @@ def test_gang_victim_spanning_nodes_goes_whole() -> None:
     book.reserve(left)
     book.reserve(right)
     gang = Unit(("g0", "g1"), (left, right), (0, 0))
-    found = preempting.for_gang(
+    found = victim_choice.for_gang(
         book, policies.make("best-fit"), [gangs.Member("m", share(500))], [gang]
     )
     assert found is not None and set(found.uids) == {"g0", "g1"}
@@ -305,16 +305,16 @@ def test_with_memory_only_shares_any_answer_fits_and_needs_every_victim(
     }[request_kind]
     state = book.state("n")
     assert state is not None
-    found = preempting.evict(state, request, units)
+    found = victim_choice.evict(state, request, units)
     if found is None:
-        everything = preempting.after(state, units)
+        everything = victim_choice.after(state, units)
         assert fit.misfit(everything, request) is not None or fit.misfit(state, request) is None
         return
-    assert preempting.takes(preempting.after(state, found.units), request, found.gpus)
-    assert fit.misfit(preempting.after(state, found.units), request) is None
+    assert victim_choice.takes(victim_choice.after(state, found.units), request, found.gpus)
+    assert fit.misfit(victim_choice.after(state, found.units), request) is None
     for victim in found.units:
         rest = [other for other in found.units if other is not victim]
-        assert not preempting.fits_after(state, request, rest), victim.uids
+        assert not victim_choice.fits_after(state, request, rest), victim.uids
 
 
 # --- a waiting gang on random clusters ------------------------------------------------------
@@ -382,7 +382,7 @@ def test_after_any_gang_eviction_all_members_fit_and_no_victim_is_beyond_need(
     )
     gang = [gangs.Member(f"m{i}", request) for i in range(size)]
     policy = policies.make("best-fit")
-    found = preempting.for_gang(book, policy, gang, units)
+    found = victim_choice.for_gang(book, policy, gang, units)
     if found is None:
         return
     offered = {id(u) for u in units}
@@ -399,7 +399,7 @@ def test_after_any_gang_eviction_all_members_fit_and_no_victim_is_beyond_need(
     where = {uid: choice.node for uid, choice in found.choices.items()}
     for victim in found.units:
         rest = [other for other in found.units if other is not victim]
-        if preempting.place(book, gang, where, rest) is None:
+        if victim_choice.place(book, gang, where, rest) is None:
             continue
         others = {uid for unit in rest for uid in unit.uids}
         without = Ledger(book.inventory)
@@ -421,7 +421,7 @@ def test_a_gang_evicts_only_for_a_plan_it_will_start_with() -> None:
     members = [gangs.Member(f"m{i}", whole(2)) for i in range(4)]
     members.append(gangs.Member("m4", whole(3)))
     policy = policies.make("best-fit")
-    found = preempting.for_gang(book, policy, members, units)
+    found = victim_choice.for_gang(book, policy, members, units)
     assert found is not None
     gone = set(found.uids)
     scratch = Ledger(book.inventory)
@@ -462,7 +462,7 @@ def test_after_any_mixed_gang_eviction_the_gangs_own_plan_succeeds(
     members = [gangs.Member(f"m{i}", whole(2)) for i in range(pairs)]
     members.append(gangs.Member("mx", whole(3)))
     policy = policies.make("best-fit")
-    found = preempting.for_gang(book, policy, members, units)
+    found = victim_choice.for_gang(book, policy, members, units)
     if found is None:
         return
     gone = set(found.uids)

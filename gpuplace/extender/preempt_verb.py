@@ -3,10 +3,10 @@
 kube-scheduler's DefaultPreemption chooses victims per node on node totals of
 `gpuplace.io/gpu-percent` and asks the extender (`preemptVerb`) before it evicts
 anything. `Preempter.answer` replies, per candidate node, with the victims after which
-the preemptor fits on one GPU set (`gpuplace.placement.preempting.evict`), and leaves out the
+the preemptor fits on one GPU set (`gpuplace.placement.victim_choice.evict`), and leaves out the
 nodes where no such victims exist: nothing is evicted for nothing.
 
-Who may be a victim on a node (a `gpuplace.placement.preempting.Unit` each):
+Who may be a victim on a node (a `gpuplace.placement.victim_choice.Unit` each):
 
 - the pods kube-scheduler offered there (it checked their priority and PDBs);
 - when no selection of those makes room and `beyond_offered` is on, also the node's
@@ -56,21 +56,17 @@ from gpuplace.cluster import pods, recording
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender.preempt_wire import PreemptionArgs, PreemptionResult
-from gpuplace.placement import choosing, fit, preempting, requests
+from gpuplace.placement import choosing, fit, requests, victim_choice
 from gpuplace.placement.choosing import Choice
 from gpuplace.placement.ledger import Grant, LedgerError, NodeState
-from gpuplace.placement.preempting import Unit
 from gpuplace.placement.requests import GpuRequest
+from gpuplace.placement.victim_choice import Unit
 
 log = logging.getLogger(__name__)
 
 PENDING_KEPT = 256
 """Preemptors whose answers are kept until kube-scheduler acts on one (oldest dropped)."""
 OWNER = "preemption"
-PREEMPTION = "GpuPreemption"
-"""Event reason on a preemptor (a pod, or each member of a gang) naming its victims."""
-PREEMPTED = "GpuPreempted"
-"""Event reason on a victim naming the GPUs freed and for whom."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +132,7 @@ class Preempter:
 
     def answer(self, args: PreemptionArgs) -> PreemptionResult:
         """Per candidate node, the victims to evict; nodes where none free a GPU set are
-        left out. O(grants + candidates × search), see `gpuplace.placement.preempting`."""
+        left out. O(grants + candidates × search), see `gpuplace.placement.victim_choice`."""
         pod = args.pod
         offered = args.offered()
         metadata = pod.get("metadata") or {}
@@ -161,7 +157,7 @@ class Preempter:
                 continue
             own = [grant for grant in grants.get(node, ()) if grant.pod_uid == uid]
             if own:  # its own hold there counts as free for it
-                state = preempting.after(state, [Unit((uid,), tuple(own), (priority,))])
+                state = victim_choice.after(state, [Unit((uid,), tuple(own), (priority,))])
             if fit.misfit(state, request) is None:
                 if self._splits_a_gang(node, victims, gangs):
                     self.nodes.labels("dropped").inc()
@@ -214,18 +210,18 @@ class Preempter:
         violations: int,
         grants: Mapping[str, list[Grant]],
         gangs: Mapping[tuple[str, str], list[PodRecord]],
-    ) -> tuple[preempting.Eviction, list[str]] | None:
+    ) -> tuple[victim_choice.Eviction, list[str]] | None:
         """The eviction on one node and the offered victims that hold no GPU there."""
         on_node = [grant for grant in grants.get(node, ()) if grant.pod_uid != uid]
         holders = {grant.pod_uid for grant in on_node}
         extra = [victim for victim in victims if victim not in holders and victim != uid]
         offered = set(victims)
         units = self._units(node, on_node, offered, None, gangs)
-        eviction = preempting.evict(state, request, units, pdb_violations=violations)
+        eviction = victim_choice.evict(state, request, units, pdb_violations=violations)
         if eviction is None and (self.beyond_offered or not victims):
             wider = self._units(node, on_node, offered, priority, gangs)
             if len(wider) > len(units):
-                eviction = preempting.evict(state, request, wider, pdb_violations=violations)
+                eviction = victim_choice.evict(state, request, wider, pdb_violations=violations)
         return None if eviction is None else (eviction, extra)
 
     def _units(
@@ -408,7 +404,7 @@ class Preempter:
         self.recorder.emit(
             recording.Subject(pending.namespace, pending.name, pending.uid),
             recording.NORMAL,
-            PREEMPTION,
+            recording.PREEMPTION,
             f"{where} is being freed for this pod ({wants}) by preempting "
             f"{', '.join(names)}; held for it until they have terminated",
         )
@@ -419,7 +415,7 @@ class Preempter:
             self.recorder.emit(
                 recording.Subject(record.namespace, record.name, record.uid),
                 recording.NORMAL,
-                PREEMPTED,
+                recording.PREEMPTED,
                 f"preempted to free {where} for {pending.namespace}/{pending.name} "
                 f"(priority {pending.priority}, {wants})",
             )
