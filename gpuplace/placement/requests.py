@@ -92,19 +92,20 @@ def share_text(milli: int) -> str:
 def describe(request: GpuRequest) -> str:
     """The request as a person reads it, the one wording every message uses: `no GPU`,
     `50% of one GPU with 20480 MiB`, `memory only (no compute) of one GPU with 8192 MiB`,
-    `1 whole GPU (NVIDIA-L4)`, `4 whole GPUs in one NVLink domain with 81920 MiB each`.
+    `1 whole GPU of Tesla-T4`, `4 whole GPUs in one NVLink domain with 81920 MiB each`.
     O(models)."""
     if request.count == 0:
         return "no GPU"
-    models = f" ({' or '.join(sorted(request.models))})" if request.models else ""
     if request.memory_only:
-        text = f"memory only (no compute) of one GPU{models}"
+        text = "memory only (no compute) of one GPU"
     elif request.shares:
-        text = f"{request.milli / 10:g}% of one GPU{models}"
+        text = f"{request.milli / 10:g}% of one GPU"
     else:
-        text = f"{request.count} whole GPU{'s' if request.count > 1 else ''}{models}"
+        text = f"{request.count} whole GPU{'s' if request.count > 1 else ''}"
         if request.count > 1 and request.topology is Topology.REQUIRED:
             text += " in one NVLink domain"
     if request.memory_mib:
         text += f" with {request.memory_mib} MiB" + (" each" if request.count > 1 else "")
+    if request.models:
+        text += f" of {'/'.join(sorted(request.models))}"
     return text

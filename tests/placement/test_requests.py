@@ -23,7 +23,7 @@ from gpuplace.placement.requests import WHOLE, GpuRequest, Topology, describe
         (GpuRequest(milli=WHOLE, count=1), "1 whole GPU"),
         (
             GpuRequest(milli=WHOLE, count=1, models=frozenset({"NVIDIA-L4"})),
-            "1 whole GPU (NVIDIA-L4)",
+            "1 whole GPU of NVIDIA-L4",
         ),
         (
             GpuRequest(milli=WHOLE, memory_mib=81920, count=4, topology=Topology.REQUIRED),
@@ -31,9 +31,13 @@ from gpuplace.placement.requests import WHOLE, GpuRequest, Topology, describe
         ),
         (
             GpuRequest(milli=WHOLE, count=2, models=frozenset({"B", "A"})),
-            "2 whole GPUs (A or B)",
+            "2 whole GPUs of A/B",
         ),
         (GpuRequest(milli=WHOLE, count=2, topology=Topology.PREFERRED), "2 whole GPUs"),
+        (
+            GpuRequest(milli=500, memory_mib=4096, count=1, models=frozenset({"NVIDIA-A100"})),
+            "50% of one GPU with 4096 MiB of NVIDIA-A100",
+        ),
     ],
 )
 def test_each_kind_of_request_reads_as_written(request_: GpuRequest, words: str) -> None:
