@@ -28,12 +28,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from gpuplace.cluster import connecting, keys, kube
+from gpuplace.cluster.gang_marks import gated, plan_mark
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender import workloads
-from gpuplace.extender.gang_api import KubePods
-from gpuplace.extender.gang_members import Reader, gated, plan_mark
-from gpuplace.extender.gang_store import GangStore
-from gpuplace.extender.gangs import GangController, GangSettings
+from gpuplace.gangs.api import KubePods
+from gpuplace.gangs.controller import GangController, GangSettings
+from gpuplace.gangs.members import Reader
+from gpuplace.gangs.store import GangStore
 from gpuplace.placement import gangs, policies, trace
 from gpuplace.placement.inventory import Node
 from gpuplace.placement.ledger import Grant, Ledger

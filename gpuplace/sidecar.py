@@ -1,9 +1,10 @@
 """The scheduler sidecar, composed: informers → ledger → extender verbs, plus the
 background work that keeps the API right (node status, Events, expired reservations)
-and, with `gangs`, the gang controller (`gpuplace.extender.gangs`: its own gang-pod informer,
-planning on the shared ledger, ungating members together), which plans only while this
-pod's kube-scheduler holds its leader-election Lease (`--scheduler-lease`,
-`gpuplace.extender.gang_leader`), so that one replica's ledger decides at a time.
+and, with `gangs`, the gang controller (`gpuplace.gangs`, built by `gpuplace.gangs.wiring`:
+its own gang-pod informer, planning on the shared ledger, ungating members together),
+which plans only while this pod's kube-scheduler holds its leader-election Lease
+(`--scheduler-lease`, `gpuplace.gangs.leader`), so that one replica's ledger decides at a
+time.
 
 For `gpuplace serve` (see gpuplace.serving):
 
@@ -56,16 +57,12 @@ from gpuplace.cluster import (
     nodes,
     reaping,
     recording,
-    watching,
 )
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender import app as extender_app
 from gpuplace.extender import (
     binding,
     deciding,
-    gang_leader,
-    gang_store,
-    gangs,
     loading,
     preempt_verb,
     repeating,
@@ -74,11 +71,12 @@ from gpuplace.extender import (
     workloads,
 )
 from gpuplace.extender.activity import Activity
-from gpuplace.extender.gang_api import KubePods
-from gpuplace.extender.gang_fences import Fences
-from gpuplace.extender.gang_members import GangPod
+from gpuplace.gangs import leader as gang_leader
+from gpuplace.gangs import wiring as gang_wiring
+from gpuplace.gangs.controller import GangSettings
 from gpuplace.placement import choosing, policies
 from gpuplace.placement import names as node_names
+from gpuplace.placement.fences import Fences
 from gpuplace.placement.inventory import Capabilities
 from gpuplace.usage import prometheus
 from gpuplace.usage.loads import LoadReader
@@ -484,37 +482,23 @@ class Sidecar:
         )
         self.app = extender_app.create_app(self.service)
         """The extender's aiohttp app (/filter, /prioritize, /bind, /preempt), for its own site."""
-        self.gang_store: gang_store.GangStore | None = None
-        self.gang_informer: watching.Informer[GangPod] | None = None
-        self.gangs: gangs.GangController | None = None
-        """The gang controller (None with `gangs` off)."""
-        self.leader: gang_leader.LeaseFollower | None = None
-        """Whether this replica's kube-scheduler leads (None: always treated as leading)."""
+        self.gangs: gang_wiring.Gangs | None = None
+        """The gang controller, its informer and leader gate (None with `gangs` off)."""
         if settings.gangs:
-            if settings.scheduler_lease:
-                namespace, _, name = settings.scheduler_lease.partition("/")
-                self.leader = gang_leader.LeaseFollower(api, namespace=namespace, name=name)
-            self.gang_store = gang_store.GangStore()
-            self.gang_informer = gang_store.informer(
+            self.gangs = gang_wiring.build(
                 api,
-                self.gang_store,
-                page_size=settings.list_page_size,
-                watch_seconds=settings.watch_timeout_seconds,
-            )
-            self.gangs = gangs.GangController(
-                KubePods(api),
-                self.gang_store,
                 self.sync,
                 lambda: self.holder.current().policy,
+                fences=self.fences,
                 recorder=self.recorder,
                 registry=registry,
-                fences=self.fences,
-                active=self.leader,
-                blocked=self.leader.blocked_reason if self.leader is not None else None,
-                settings=gangs.GangSettings(
+                settings=GangSettings(
                     starve_after_seconds=settings.gang_starve_after_seconds,
                     hold_seconds=settings.reservation_timeout_seconds,
                 ),
+                scheduler_lease=settings.scheduler_lease,
+                page_size=settings.list_page_size,
+                watch_seconds=settings.watch_timeout_seconds,
             )
 
     @classmethod
@@ -636,11 +620,8 @@ class Sidecar:
             work.append(self.advertiser.run())
         if self.recorder is not None:
             work.append(self.recorder.run())
-        if self.gangs is not None and self.gang_informer is not None:
-            work.append(self.gang_informer.run())
-            work.append(self.gangs.run())
-            if self.leader is not None:
-                work.append(self.leader.run())
+        if self.gangs is not None:
+            work.extend(self.gangs.work())
         return work
 
     @contextlib.asynccontextmanager

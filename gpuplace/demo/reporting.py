@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplace.cluster import keys
+from gpuplace.cluster.gang_marks import plan_mark
 from gpuplace.demo import scenario
 from gpuplace.demo.running import Outcome, PodResult
 from gpuplace.extender import explaining
-from gpuplace.extender.gang_members import plan_mark
 from gpuplace.placement import requests
 from gpuplace.placement.fragmentation import Workload
 from gpuplace.placement.ledger import Ledger

@@ -5,7 +5,7 @@ deploy/base/kube-scheduler-config.yaml says (extender on 127.0.0.1, filter/prior
 bind verbs, `nodeCacheCapable`, weight 100000, `percentageOfNodesToScore: 100`):
 
 1. its own filter plugins on every node: NodeUnschedulable, NodeAffinity (nodeSelector
-   and required node affinity, `gpuplace.extender.gang_affinity.NodeFilter`), NodeResourcesFit
+   and required node affinity, `gpuplace.cluster.node_affinity.NodeAffinity`), NodeResourcesFit
    (requests, extended resources included, against allocatable minus the requests of
    the pods already on the node) — with kube-scheduler's own reason strings;
 2. `POST /filter` with `{"Pod", "NodeNames", "Nodes": null}` for the nodes that passed;
@@ -43,7 +43,7 @@ from typing import Any
 import aiohttp
 
 from gpuplace.cluster import quantities
-from gpuplace.extender import gang_affinity
+from gpuplace.cluster.node_affinity import NodeAffinity
 from gpuplace.localapi import PODS, FakeApi
 from gpuplace.localapi.resources import LEASES
 from gpuplace.localapi.store import now
@@ -200,7 +200,7 @@ class Scheduler:
         self, pod: Mapping[str, Any], nodes: list[dict[str, Any]]
     ) -> tuple[list[str], dict[str, list[str]]]:
         requests = _requests(pod)
-        affinity = gang_affinity.NodeFilter.of(pod)
+        affinity = NodeAffinity.of(pod)
         used: dict[str, dict[str, Decimal]] = {}
         for other in self.api.objects(PODS):
             node_name = (other.get("spec") or {}).get("nodeName")

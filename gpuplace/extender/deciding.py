@@ -38,13 +38,13 @@ from gpuplace.cluster import annotations as grammar
 from gpuplace.cluster import pods
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender import reasons
-from gpuplace.extender.gang_fences import Fences
 from gpuplace.extender.loading import LoadBoard
 from gpuplace.extender.workloads import PolicyHolder
 from gpuplace.placement import choosing, fit
 from gpuplace.placement import loads as load_breaking
 from gpuplace.placement import names as node_names
 from gpuplace.placement.choosing import Choice
+from gpuplace.placement.fences import Fences
 from gpuplace.placement.ledger import Grant
 from gpuplace.placement.requests import GpuRequest
 

@@ -10,7 +10,7 @@ between; its answer, down to the byte, is then the one already sent.
 filter's answer depends on the pod's request (all of it: share, GPU memory, count,
 models, topology, CPU and host memory), the nodes named, and each named node's
 inventory and ledger state; and on the pod itself only where it holds a grant (the
-reservation path) or a gang's capacity hold is in force (`gpuplace.extender.gang_fences`):
+reservation path) or a gang's capacity hold is in force (`gpuplace.placement.fences`):
 those two are never kept nor served from here. So an answer is kept per (request,
 names) with the position in the ledger's change log it was made at, and served again
 only while the ledger is the same object (a relist replaces or restores it), the log

@@ -51,6 +51,9 @@ from gpuplace.placement.inventory import NO_NVLINK
 from gpuplace.placement.ledger import Grant, Ledger, LedgerError, NodeState
 from gpuplace.placement.requests import WHOLE, GpuRequest, Topology
 
+GangKey = tuple[str, str]
+"""A gang: (namespace, gang name)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Member:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from gpuplace.cluster import keys
-from gpuplace.extender.gang_fences import Fence
+from gpuplace.placement.fences import Fence
 from gpuplace.placement.ledger import GrantState
 from tests import fakeapi
 from tests.extender.conftest import harness

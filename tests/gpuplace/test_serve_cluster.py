@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuplace import composing, localapi
 from gpuplace.cluster import keys
-from gpuplace.extender.gang_members import plan_mark
+from gpuplace.cluster.gang_marks import plan_mark
 from gpuplace.localapi import objects
 from gpuplace.settings import Settings
 from tests.webhook import helpers

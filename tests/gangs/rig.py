@@ -1,6 +1,7 @@
-"""Shared rig for the gang tests (no tests here): a fake API server, the real sidecar
-(informers, ledger, extender verbs) and the gang controller wired to it the way the
-sidecar will (see docs/gangs.md, wiring), plus builders and invariant checks."""
+"""The rig of the gang tests: a fake API server, the real sidecar (informers, ledger,
+extender verbs) and the gang controller wired to it by `gpuplace.gangs.wiring.build`, as
+the sidecar wires it (with a test clock, fast rounds and the leadership gate the test
+chooses), plus builders and invariant checks."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from prometheus_client import CollectorRegistry
 
 from gpuplace.cluster import annotations as grammar
 from gpuplace.cluster import assignments, keys
-from gpuplace.extender import gang_affinity, gang_store
-from gpuplace.extender.gang_api import KubePods
-from gpuplace.extender.gang_fences import Fences
-from gpuplace.extender.gang_members import gated, plan_mark
-from gpuplace.extender.gangs import GangController, GangSettings
+from gpuplace.cluster.gang_marks import gated, plan_mark
+from gpuplace.cluster.node_affinity import NodeAffinity
+from gpuplace.gangs import wiring
+from gpuplace.gangs.controller import GangController, GangSettings
+from gpuplace.gangs.store import GangStore
+from gpuplace.placement.fences import Fences
 from gpuplace.placement.inventory import Inventory
 from gpuplace.placement.ledger import Ledger
 from gpuplace.placement.requests import WHOLE
@@ -41,7 +43,7 @@ class Clock:
 @dataclass
 class Rig:
     h: Harness
-    store: gang_store.GangStore
+    store: GangStore
     controller: GangController
     fences: Fences
     clock: Clock
@@ -99,7 +101,7 @@ class Rig:
             sync_rv = {
                 uid: record.resource_version for uid, record in self.h.sidecar.sync.pods.items()
             }
-            if api_rv == store_rv and managed == sync_rv and not self.controller._committed:
+            if api_rv == store_rv and managed == sync_rv and not self.controller.commits.committed:
                 await self.rounds(1, timeout)
                 if all(
                     pod["metadata"]["resourceVersion"] == api_rv.get(pod["metadata"]["uid"])
@@ -140,7 +142,7 @@ class Rig:
 
 def _affinity_allows(api: fakeapi.FakeApi, pod: dict[str, Any], node: str) -> bool:
     labels = api.get("nodes", node)["metadata"].get("labels") or {}
-    return gang_affinity.NodeFilter.of(pod).matches(node, labels)
+    return NodeAffinity.of(pod).matches(node, labels)
 
 
 @contextlib.asynccontextmanager
@@ -154,34 +156,51 @@ async def rig(
 ) -> AsyncIterator[Rig]:
     clock = clock or Clock()
     async with harness(server, **overrides) as h:
-        store = gang_store.GangStore()
-        informer = gang_store.informer(h.sidecar.api, store, page_size=50, watch_seconds=30)
-        fences = h.sidecar.fences  # the extender's filter consults these, as wired
         registry = CollectorRegistry()
-        controller = GangController(
-            KubePods(h.sidecar.api),
-            store,
+        gangs = wiring.build(
+            h.sidecar.api,
             h.sidecar.sync,
             lambda: h.sidecar.holder.current().policy,
+            fences=h.sidecar.fences,  # the extender's filter consults these, as wired
             recorder=h.sidecar.recorder,
             registry=registry,
-            fences=fences,
             settings=settings or GangSettings(poll_seconds=0.2, settle_seconds=0.005),
+            page_size=50,
+            watch_seconds=30,
             clock=clock,
             active=active,
         )
-        built = Rig(h, store, controller, fences, clock, registry)
-        built.tasks = [
-            asyncio.create_task(informer.run()),
-            asyncio.create_task(controller.run()),
-        ]
+        built = Rig(h, gangs.store, gangs.controller, h.sidecar.fences, clock, registry)
+        built.tasks = [asyncio.create_task(work) for work in gangs.work()]
         try:
-            await h.synced(lambda: store.synced.is_set() and h.sidecar.sync.ready.is_set())
+            await h.synced(lambda: gangs.store.synced.is_set() and h.sidecar.sync.ready.is_set())
             yield built
         finally:
             for task in built.tasks:
                 task.cancel()
             await asyncio.gather(*built.tasks, return_exceptions=True)
+
+
+async def events(r: Rig, reason: str | None = None) -> list[str]:
+    """Reasons (or, with `reason`, messages) of the Events written so far."""
+    if r.h.sidecar.recorder is not None:
+        await r.h.sidecar.recorder.drain()
+    found = r.api.objects("events", "default")
+    if reason is None:
+        return [event["reason"] for event in found]
+    return [event["message"] for event in found if event["reason"] == reason]
+
+
+def condition(pod: dict[str, Any]) -> dict[str, Any] | None:
+    for item in (pod.get("status") or {}).get("conditions") or []:
+        if item.get("type") == keys.GANG_CONDITION:
+            return dict(item)
+    return None
+
+
+def nodes(api: fakeapi.FakeApi, count: int, gpus: int = 4, **kwargs: Any) -> None:
+    for i in range(count):
+        api.create(objects.node(f"gpu-{i}", gpus=gpus, **kwargs))
 
 
 def member(

@@ -1,4 +1,4 @@
-"""A waiting gang's preemption on random clusters (gpuplace.extender.gang_preempting over a
+"""A waiting gang's preemption on random clusters (gpuplace.gangs.evicting over a
 LedgerSync, no HTTP): the units offered are only bound pods of strictly lower priority
 than the gang's lowest member, a running gang whole across its nodes or not at all;
 after the plan every member fits (the ledger accepts their grants), no victim is of the
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpuplace.cluster import pods
 from gpuplace.cluster.nodes import NodeRecord
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.extender import gang_preempting
+from gpuplace.gangs import evicting
 from gpuplace.placement import choosing, gangs, policies, victim_choice
 from gpuplace.placement.ledger import Grant, Ledger, LedgerError
 from gpuplace.placement.requests import GpuRequest
@@ -75,7 +75,7 @@ def test_gang_preemption_plans_evict_only_lower_whole_and_needed_units(
         sync.upsert_pod(record)
         records[uid] = record
     gang_priority = min(priorities)
-    units = gang_preempting.victim_units(sync, gang_priority)
+    units = evicting.victim_units(sync, gang_priority)
     in_units = [uid for unit in units for uid in unit.uids]
     assert len(in_units) == len(set(in_units))
     for unit in units:

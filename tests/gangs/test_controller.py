@@ -7,36 +7,23 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuplace.cluster import assignments, keys
-from gpuplace.extender import gang_affinity
-from gpuplace.extender.gang_members import PlanMark, gated, plan_mark
-from gpuplace.extender.gangs import GangSettings
+from gpuplace.cluster.gang_marks import PlanMark, gated, plan_mark
+from gpuplace.cluster.node_affinity import NodeAffinity
+from gpuplace.gangs import pinning
+from gpuplace.gangs.controller import GangSettings
 from gpuplace.placement.ledger import Grant
 from tests import fakeapi
 from tests.fakeapi import objects
-
-from .test_gang_support import Rig, check_grants, check_plans, member, other, rig
-
-
-async def events(r: Rig, reason: str | None = None) -> list[str]:
-    """Reasons (or, with `reason`, messages) of the Events written so far."""
-    if r.h.sidecar.recorder is not None:
-        await r.h.sidecar.recorder.drain()
-    found = r.api.objects("events", "default")
-    if reason is None:
-        return [event["reason"] for event in found]
-    return [event["message"] for event in found if event["reason"] == reason]
-
-
-def condition(pod: dict[str, Any]) -> dict[str, Any] | None:
-    for item in (pod.get("status") or {}).get("conditions") or []:
-        if item.get("type") == keys.GANG_CONDITION:
-            return dict(item)
-    return None
-
-
-def nodes(api: fakeapi.FakeApi, count: int, gpus: int = 4, **kwargs: Any) -> None:
-    for i in range(count):
-        api.create(objects.node(f"gpu-{i}", gpus=gpus, **kwargs))
+from tests.gangs.rig import (
+    check_grants,
+    check_plans,
+    condition,
+    events,
+    member,
+    nodes,
+    other,
+    rig,
+)
 
 
 async def test_a_complete_gang_is_planned_narrowed_and_ungated_together(
@@ -57,7 +44,7 @@ async def test_a_complete_gang_is_planned_narrowed_and_ungated_together(
         for pod in pods:
             mark = plan_mark(pod)
             assert mark is not None
-            assert gang_affinity.NodeFilter.of(pod).pinned_to() == mark.node
+            assert NodeAffinity.of(pod).pinned_to() == mark.node
             assert pod["metadata"]["annotations"][keys.ASSIGNED_NODE] == mark.node
         # every affinity change obeyed the gated-pod rules, and no gate was removed
         # before every member was annotated and narrowed
@@ -76,7 +63,7 @@ async def test_a_complete_gang_is_planned_narrowed_and_ungated_together(
             affinity = (call.body.get("spec") or {}).get("affinity")
             if affinity is not None:
                 original = member("x", "train", 4)["spec"].get("affinity")
-                assert gang_affinity.narrows(original, affinity) is None
+                assert pinning.narrows(original, affinity) is None
         # kube-scheduler then binds each member to its planned node through the extender
         assert await r.schedule_ungated() == []
         for pod in r.gang_pods("train"):
@@ -304,7 +291,7 @@ async def test_restart_finishes_a_fully_written_plan(server: fakeapi.Server) -> 
         for pod in pods:
             mark = plan_mark(pod)
             assert mark is not None
-            assert gang_affinity.NodeFilter.of(pod).pinned_to() == mark.node
+            assert NodeAffinity.of(pod).pinned_to() == mark.node
         assert await r.schedule_ungated() == []
         check_grants(r.api.objects("nodes"), r.pods_everywhere())
 

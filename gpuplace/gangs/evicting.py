@@ -1,4 +1,4 @@
-"""A waiting gang of higher priority displaces lower-priority pods: all it needs, or none.
+"""A waiting gang of higher priority evicts lower-priority pods: all it needs, or none.
 
 The gang controller asks `GangPreemptions.attempt` for a complete gang that does not fit
 in free capacity (docs/gangs.md, "Priority and preemption"). Who may preempt and who
@@ -20,7 +20,7 @@ may go, as kube-scheduler's DefaultPreemption decides for one pod:
   rule for a preemptor whose nominated node has terminating victims);
 - one gang preempts at a time: while another gang's preemption is under way (from its
   first eviction until it starts, times out or stops waiting) no other gang preempts.
-  There is one fence (`gpuplace.extender.gang_fences`), and it holds the first gang's nodes; GPUs
+  There is one fence (`gpuplace.placement.fences`), and it holds the first gang's nodes; GPUs
   freed for a second gang would be held by nothing, a new pod could take them, and
   that gang would evict again.
 
@@ -32,7 +32,7 @@ An attempt:
    victims and their namespaces' budgets): a unit with a victim the API server would
    refuse is excluded and the plan made again without it, until one passes or none is
    left (evict nothing);
-3. fence the plan's nodes for the gang (`gpuplace.extender.gang_fences`: no new pod and no other
+3. fence the plan's nodes for the gang (`gpuplace.placement.fences`: no new pod and no other
    gang goes there), then evict every victim through the Eviction API (UID
    precondition: never a plain DELETE). An eviction still refused (429 from a budget
    that changed meanwhile, 404/409: the pod went or was replaced) stops the evictions:
@@ -67,10 +67,12 @@ from prometheus_client import CollectorRegistry, Counter
 from gpuplace.cluster import disruptions, kube, recording
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.extender.gang_fences import Fence, Fences
-from gpuplace.extender.gang_members import GangKey, GangPod
+from gpuplace.gangs import events
+from gpuplace.gangs.members import GangPod
 from gpuplace.placement import gangs, requests, victim_choice
 from gpuplace.placement.choosing import Policy
+from gpuplace.placement.fences import Fence, Fences
+from gpuplace.placement.gangs import GangKey
 
 log = logging.getLogger(__name__)
 
@@ -510,10 +512,7 @@ class GangPreemptions:
         return underway.retry_at
 
     def _emit(self, pod: GangPod | PodRecord, kind: str, reason: str, message: str) -> None:
-        if self.recorder is not None:
-            self.recorder.emit(
-                recording.Subject(pod.namespace, pod.name, pod.uid), kind, reason, message
-            )
+        events.emit(self.recorder, pod, kind, reason, message)
 
 
 def _freed(sync: LedgerSync, victims: Sequence[PodRecord]) -> Mapping[str, str]:

@@ -3,25 +3,28 @@
 The anti-starvation rule (docs/gangs.md): when the gang at the head of the queue
 (highest priority, then oldest) has been complete but unplaceable for
 `starve_after_seconds`, and its timeout has not passed, the controller *fences* the
-nodes that would hold it once drained (`gpuplace.placement.gangs.fence`). A fence holds no GPU:
-nothing is reserved and pods already there keep running. It only keeps *new*
-placements off those nodes, so they drain towards the gang:
+nodes that would hold it once drained (`gpuplace.placement.gangs.fence`); a gang that
+preempts fences the nodes of its eviction plan the same way (`gpuplace.gangs.evicting`).
+A fence holds no GPU: nothing is reserved and pods already there keep running. It only
+keeps *new* placements off those nodes, so they drain towards the gang:
 
 - the extender's filter fails a fenced node for every pod that is not a member of
   the fenced gang (`Fences.blocks`; a resolvable failure: the node is fine, just held);
-- the gang controller does not plan other gangs onto fenced nodes.
+- the gang controller (`gpuplace.gangs`) does not plan other gangs onto fenced nodes.
 
 At most one gang is fenced at a time (so two fences can never deadlock), and the
 fence is lifted when the gang starts, times out, or another gang becomes the head.
 
 Synchronous and tiny: `blocks` is O(1) and is meant to be called from the filter verb.
+Pure, like the rest of the engine: the gang controller writes the fence, the extender's
+filter reads it, and neither knows the other.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuplace.extender.gang_members import GangKey
+from gpuplace.placement.gangs import GangKey
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,8 @@ import asyncio
 from collections.abc import Callable
 
 from gpuplace.cluster import keys, kube, watching
-from gpuplace.extender.gang_members import GangKey, GangPod, Reader
+from gpuplace.gangs.members import GangPod, Reader
+from gpuplace.placement.gangs import GangKey
 
 SELECTOR = f"{keys.MANAGED}=true,{keys.GANG_LABEL}"
 

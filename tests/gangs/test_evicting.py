@@ -8,14 +8,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gpuplace.extender import gang_preempting
-from gpuplace.extender.gang_members import gated, plan_mark
-from gpuplace.extender.gangs import GangSettings
+from gpuplace.cluster.gang_marks import gated, plan_mark
+from gpuplace.gangs import evicting
+from gpuplace.gangs.controller import GangSettings
 from tests import fakeapi
 from tests.fakeapi import objects
-
-from .test_gang_controller import events, nodes
-from .test_gang_support import Rig, check_grants, member, rig
+from tests.gangs.rig import Rig, check_grants, events, member, nodes, rig
 
 SETTINGS = GangSettings(poll_seconds=0.2, settle_seconds=0.005, preempt_retry_seconds=0.3)
 RUNNING = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
@@ -383,7 +381,7 @@ async def test_a_preemption_attempt_makes_a_bounded_number_of_plans(
         await r.quiet()
         await r.rounds(3)
         assert evicted(r.api) == []
-        assert r.metric("gpuplace_gang_preemption_plans_total") == gang_preempting.PASSES
+        assert r.metric("gpuplace_gang_preemption_plans_total") == evicting.PASSES
 
 
 async def test_a_replacement_member_preempts_at_its_gangs_lowest_priority(

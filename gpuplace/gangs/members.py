@@ -1,23 +1,17 @@
-"""A gang member as the gang controller keeps it, and the plan mark written on it.
+"""A gang member as the gang controller keeps it.
 
 `Reader.record(pod)` is the transform of the gang-pod informer (pods labelled
 `gpuplace.io/gang`): the few fields gang decisions need, read once per event —
-gang name, size and timeout (`gpuplace.cluster.annotations`), priority, creation time, our
-scheduling gate, the GPU request, the node constraints (`gang_affinity.NodeFilter`),
-the plan mark and the `gpuplace.io/GangReady` condition.
-
-The plan mark is the value of the `gpuplace.io/gang-plan` annotation, compact JSON:
-`{"id": "3f9c0a1b2c4d", "members": 4, "node": "gpu-a100-7"}` — the plan it belongs
-to, how many members that plan placed, and this member's node. The member's GPUs are
-in the assignment annotations (`gpuplace.cluster.assignments`), written in the same PATCH, so
-the ledger rebuilt after a restart holds them exactly as planned.
+gang name, size and timeout (`gpuplace.cluster.annotations`), priority, creation time,
+our scheduling gate and the plan mark (`gpuplace.cluster.gang_marks`), the GPU request,
+the node constraints (`gpuplace.cluster.node_affinity.NodeAffinity`) and the
+`gpuplace.io/GangReady` condition.
 
 Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,43 +19,10 @@ from typing import Any
 
 from gpuplace.cluster import annotations as grammar
 from gpuplace.cluster import assignments, keys, pods
-from gpuplace.extender.gang_affinity import NodeFilter
+from gpuplace.cluster.gang_marks import PlanMark, gated, plan_mark
+from gpuplace.cluster.node_affinity import NodeAffinity
+from gpuplace.placement.gangs import GangKey
 from gpuplace.placement.requests import GpuRequest
-
-GangKey = tuple[str, str]
-"""(namespace, gang name)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PlanMark:
-    """What the `gang-plan` annotation says: plan id, members in the plan, this node."""
-
-    id: str
-    members: int
-    node: str
-
-    def encode(self) -> str:
-        return json.dumps(
-            {"id": self.id, "members": self.members, "node": self.node}, separators=(",", ":")
-        )
-
-    @classmethod
-    def decode(cls, raw: object) -> PlanMark | None:
-        """The mark, or None when absent or unreadable (an unreadable mark is no plan)."""
-        if not isinstance(raw, str) or not raw:
-            return None
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            return None
-        if not isinstance(value, dict):
-            return None
-        plan_id, members, node = value.get("id"), value.get("members"), value.get("node")
-        if not isinstance(plan_id, str) or not plan_id or not isinstance(node, str) or not node:
-            return None
-        if not isinstance(members, int) or isinstance(members, bool) or members < 1:
-            return None
-        return cls(plan_id, members, node)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +48,8 @@ class GangPod:
     plan: PlanMark | None
     assigned: bool
     """Carries assignment annotations."""
-    filter: NodeFilter
+    affinity: NodeAffinity
+    """Where its spec lets it go (nodeSelector, required node affinity)."""
     condition: tuple[str, str] | None
     """(status, reason) of the GangReady condition, if any."""
     problem: str = ""
@@ -113,21 +75,6 @@ class GangPod:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
-
-
-def gates(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
-    raw = (pod.get("spec") or {}).get("schedulingGates") or []
-    return [gate for gate in raw if isinstance(gate, dict)]
-
-
-def gated(pod: Mapping[str, Any]) -> bool:
-    """True while our gate is on the pod."""
-    return any(gate.get("name") == keys.GANG_GATE for gate in gates(pod))
-
-
-def plan_mark(pod: Mapping[str, Any]) -> PlanMark | None:
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    return PlanMark.decode(annotations.get(keys.GANG_PLAN))
 
 
 def _timestamp(raw: object) -> float:
@@ -195,7 +142,7 @@ class Reader:
             request=request,
             plan=plan_mark(pod),
             assigned=assignments.assigned(pod),
-            filter=NodeFilter.of(pod),
+            affinity=NodeAffinity.of(pod),
             condition=(str(found.get("status")), str(found.get("reason") or ""))
             if found is not None
             else None,

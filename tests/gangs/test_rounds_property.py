@@ -23,13 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuplace.cluster import keys
-from gpuplace.extender import gang_affinity
-from gpuplace.extender.gang_members import gated, plan_mark
-from gpuplace.extender.gangs import GangSettings
+from gpuplace.cluster.gang_marks import gated, plan_mark
+from gpuplace.cluster.node_affinity import NodeAffinity
+from gpuplace.gangs.controller import GangSettings
 from tests import fakeapi
 from tests.fakeapi import objects
-
-from .test_gang_support import Rig, check_grants, check_plans, member, other, rig
+from tests.gangs.rig import Rig, check_grants, check_plans, member, other, rig
 
 GANGS = {  # name: (size, GPUs per member)
     "g0": (2, 2),
@@ -67,7 +66,7 @@ def check_commit_before_ungate(pods: list[dict[str, Any]]) -> None:
         for pod in members:
             mark = plan_mark(pod)
             assert mark is not None
-            pinned = gang_affinity.NodeFilter.of(pod).pinned_to()
+            pinned = NodeAffinity.of(pod).pinned_to()
             assert pinned == mark.node, "a plan was ungated before all members were narrowed"
 
 

@@ -1,0 +1,71 @@
+"""What gpuplace writes on a gang member, as it reads back from the API: the plan mark
+and our scheduling gate.
+
+The plan mark is the value of the `gpuplace.io/gang-plan` annotation, compact JSON:
+`{"id": "3f9c0a1b2c4d", "members": 4, "node": "gpu-a100-7"}` — the plan it belongs
+to, how many members that plan placed, and this member's node. The member's GPUs are
+in the assignment annotations (`gpuplace.cluster.assignments`), written in the same
+PATCH, so the ledger rebuilt after a restart holds them exactly as planned. The gate
+`gpuplace.io/gang` holds a member back from kube-scheduler until its gang starts.
+
+Written by the gang controller (`gpuplace.gangs`); read by it, by the demo's report and
+by tests. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuplace.cluster import keys
+
+
+@dataclass(frozen=True, slots=True)
+class PlanMark:
+    """What the `gang-plan` annotation says: plan id, members in the plan, this node."""
+
+    id: str
+    members: int
+    node: str
+
+    def encode(self) -> str:
+        return json.dumps(
+            {"id": self.id, "members": self.members, "node": self.node}, separators=(",", ":")
+        )
+
+    @classmethod
+    def decode(cls, raw: object) -> PlanMark | None:
+        """The mark, or None when absent or unreadable (an unreadable mark is no plan)."""
+        if not isinstance(raw, str) or not raw:
+            return None
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(value, dict):
+            return None
+        plan_id, members, node = value.get("id"), value.get("members"), value.get("node")
+        if not isinstance(plan_id, str) or not plan_id or not isinstance(node, str) or not node:
+            return None
+        if not isinstance(members, int) or isinstance(members, bool) or members < 1:
+            return None
+        return cls(plan_id, members, node)
+
+
+def plan_mark(pod: Mapping[str, Any]) -> PlanMark | None:
+    """The pod's plan mark, if it carries a readable one."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return PlanMark.decode(annotations.get(keys.GANG_PLAN))
+
+
+def gates(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pod's `spec.schedulingGates` (ours and anyone else's)."""
+    raw = (pod.get("spec") or {}).get("schedulingGates") or []
+    return [gate for gate in raw if isinstance(gate, dict)]
+
+
+def gated(pod: Mapping[str, Any]) -> bool:
+    """True while our gate is on the pod."""
+    return any(gate.get("name") == keys.GANG_GATE for gate in gates(pod))

@@ -1,0 +1,74 @@
+"""The Events the gang controller writes on gang members (`kubectl describe pod`): their
+reasons, each said once per episode, and how a duration reads in them.
+
+Reasons shared with another room (the preemption Events, which the extender's preempt
+verb writes too and `gpuplace explain` reads) are in `gpuplace.cluster.recording`.
+Writing is `gpuplace.cluster.recording.Recorder`'s (queued, never blocking).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpuplace.cluster import recording
+
+PLACED = "GangPlaced"
+WAITING = "GangWaiting"
+INCOMPLETE = "GangIncomplete"
+UNSCHEDULABLE = "GangUnschedulable"
+TIMEOUT = "GangTimeout"
+FULL = "GangFull"
+ROLLED_BACK = "GangPlanRolledBack"
+HELD = "GangCapacityHeld"
+INVALID = "GangMemberInvalid"
+BLOCKED = "GangControllerBlocked"
+
+
+class Pod(Protocol):
+    """What an Event needs of its pod (a gang member, or a victim's record)."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+
+
+def emit(
+    recorder: recording.Recorder | None, pod: Pod, kind: str, reason: str, message: str
+) -> None:
+    """One Event on `pod` (nothing without a recorder: Events are off). O(1)."""
+    if recorder is not None:
+        recorder.emit(recording.Subject(pod.namespace, pod.name, pod.uid), kind, reason, message)
+
+
+@dataclass(slots=True)
+class Told:
+    """Events already emitted, per pod UID (each once per episode)."""
+
+    tags: dict[str, set[str]] = field(default_factory=dict)
+
+    def first(self, uid: str, tag: str) -> bool:
+        seen = self.tags.setdefault(uid, set())
+        if tag in seen:
+            return False
+        seen.add(tag)
+        return True
+
+    def keep(self, uids: Iterable[str]) -> None:
+        alive = set(uids)
+        for uid in [uid for uid in self.tags if uid not in alive]:
+            del self.tags[uid]
+
+
+def duration(seconds: float) -> str:
+    """`90s`, `2m`, `1.5h`: a timeout or a wait as Events say it."""
+    seconds = max(seconds, 0.0)
+    if seconds >= 3600:
+        return f"{seconds / 3600:g}h"
+    if seconds >= 60:
+        return f"{seconds / 60:g}m"
+    return f"{seconds:g}s"

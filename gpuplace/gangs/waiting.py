@@ -1,0 +1,115 @@
+"""Which gangs wait, and with which members: the gang controller's view of one round.
+
+Per gang (`gpuplace.gangs.store`), the live ungated members count as started; the oldest
+gated members fill the gang up to its size N (a replacement pod joins a started gang
+this way); members beyond N stay gated (Event `GangFull`), and a member whose
+annotations cannot be read never joins (`GangMemberInvalid`). A gang with gated members
+waits: for members while fewer than N exist (incomplete), else for room. A gang whose
+gated members still show a plan mark or a reservation (our own writes not yet seen by
+the informers) is left for the next round, so a half-seen plan is never mistaken for
+started members.
+
+Waiting gangs are tried in `Wait.order`: priority (the highest of their members), then
+age (the oldest member's creation), then name. O(gang pods log gang pods) per round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuplace.cluster import recording
+from gpuplace.gangs import events
+from gpuplace.gangs.members import GangPod
+from gpuplace.gangs.store import GangStore
+from gpuplace.placement.gangs import GangKey
+from gpuplace.placement.ledger import Ledger
+
+
+@dataclass(slots=True)
+class Wait:
+    """A gang that waits: the members that would form it now."""
+
+    key: GangKey
+    members: list[GangPod]
+    size: int
+    need: int
+    priority: int
+    since: float
+    deadline: float
+    timeout: float
+
+    @property
+    def complete(self) -> bool:
+        return len(self.members) == self.need
+
+    def order(self) -> tuple[int, float, GangKey]:
+        return (-self.priority, self.since, self.key)
+
+
+def waits(
+    store: GangStore,
+    ledger: Ledger,
+    now: float,
+    *,
+    told: events.Told,
+    recorder: recording.Recorder | None = None,
+) -> list[Wait]:
+    """The gangs that wait now (module docstring), in the store's order; members that
+    cannot join are told why once (`told`)."""
+    found = []
+    for key, pods in store.gangs().items():
+        live = [pod for pod in pods if pod.live]
+        if not live:
+            continue
+        if any(pod.gated and (pod.plan is not None or pod.uid in ledger) for pod in live):
+            # a plan is being written, finished or undone and our view of it is
+            # not settled yet (informers lag our own writes): decide next round
+            continue
+        candidates = sorted((pod for pod in live if pod.gated), key=GangPod.order)
+        if not candidates:
+            continue
+        invalid = [pod for pod in candidates if pod.request is None]
+        for pod in invalid:
+            if told.first(pod.uid, events.INVALID):
+                events.emit(
+                    recorder,
+                    pod,
+                    recording.WARNING,
+                    events.INVALID,
+                    f"this pod cannot join gang {key[1]}: {pod.problem or 'no GPU request'}",
+                )
+        candidates = [pod for pod in candidates if pod.request is not None]
+        if not candidates:
+            continue
+        started = len(live) - len(candidates) - len(invalid)
+        leader = min(live, key=GangPod.order)
+        size = leader.size
+        need = size - started
+        members, extras = candidates[: max(need, 0)], candidates[max(need, 0) :]
+        for pod in extras:
+            if told.first(pod.uid, events.FULL):
+                events.emit(
+                    recorder,
+                    pod,
+                    recording.WARNING,
+                    events.FULL,
+                    f"gang {key[1]} already has its {size} members; this pod stays "
+                    "gated until one of them goes away",
+                )
+        if not members:
+            continue
+        since = min(pod.created for pod in members) or now
+        timeout = members[0].timeout
+        found.append(
+            Wait(
+                key=key,
+                members=members,
+                size=size,
+                need=need,
+                priority=max(pod.priority for pod in members),
+                since=since,
+                deadline=since + timeout,
+                timeout=timeout,
+            )
+        )
+    return found
