@@ -71,9 +71,10 @@ TERMS_PATH = f"spec.affinity.nodeAffinity.{REQUIRED}.nodeSelectorTerms"
 TERMS_CHANGED = "no additions/deletions to non-empty NodeSelectorTerms list are allowed"
 TERM_CHANGED = "only additions are allowed (no mutations or deletions)"
 POD_AFFINITY_CHANGED = (
-    "spec.affinity: pod updates may not change pod affinity or anti-affinity (only a gated "
-    "pod's node affinity may be narrowed)"
+    "spec: pod updates may not change fields other than those kube-apiserver lists (pod "
+    "affinity and anti-affinity are not among them; a gated pod's node affinity may narrow)"
 )
+"""kube-apiserver's refusal of any other change of a pod's spec (Forbidden, in short)."""
 
 
 def narrows(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> str | None:
