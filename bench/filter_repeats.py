@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import random
 import time
@@ -36,6 +35,7 @@ from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from bench.extender_latency import quantiles
+from gpuplace import gc_tuning
 from gpuplace.cluster import connecting, kube
 from gpuplace.cluster import nodes as node_records
 from gpuplace.placement.ledger import Grant
@@ -83,8 +83,7 @@ async def measure(count: int, calls: int, seed: int) -> dict[str, Any]:
             row["first"] = round(await filter_once(raw) * 1000, 3)
             # long-lived state out of the collector's sight, as the sidecar does every
             # --gc-freeze-seconds (without it a full pass lands in some filter)
-            gc.collect()
-            gc.freeze()
+            gc_tuning.freeze()
             if case == "fits-nowhere":
                 row["repeat_kept"] = quantiles([await filter_once(raw) for _ in range(calls)])
             service.repeats = None

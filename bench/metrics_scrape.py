@@ -3,7 +3,7 @@
 `--nodes` nodes × `--gpus` GPUs, each GPU granted with probability one half to a pod of
 a mixed shape (a quarter, a half or a whole GPU), and the typical workload built from
 those pods' requests as the sidecar builds it; the collector frozen as the sidecar
-leaves it after its first sync (`Sidecar._collector_hygiene`). The ledger collector
+leaves it after its first sync (`gpuplace.gc_tuning.freeze_survivors`). The ledger collector
 (`gpuplace.cluster.metering.LedgerCollector`: allocation, pending pods, fragmentation) is
 scraped with prometheus_client's own `generate_latest`, as /metrics does:
 
@@ -21,7 +21,6 @@ JSON document (median of `--repeat` runs for the last two).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import random
 import statistics
@@ -30,6 +29,7 @@ import time
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuplace import gc_tuning
 from gpuplace.cluster.metering import LedgerCollector
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender.workloads import typical
@@ -37,7 +37,6 @@ from gpuplace.placement.inventory import Gpu, Node
 from gpuplace.placement.ledger import Grant
 from gpuplace.placement.measuring import ClusterMeasure
 from gpuplace.placement.requests import GpuRequest
-from gpuplace.sidecar import FULL_PASS_NEVER
 
 SHAPES = (250, 500, 1000)
 
@@ -64,11 +63,7 @@ def main() -> None:
                 requests.append(GpuRequest(milli=milli, count=1, memory_mib=8192, cpu_milli=1000))
                 pod += 1
     workload = typical(requests[-10_000:])
-    # as the sidecar's collector hygiene leaves the long-lived state after its first sync
-    gc.collect(1)
-    gc.freeze()
-    young, middle, _ = gc.get_threshold()
-    gc.set_threshold(young, middle, FULL_PASS_NEVER)
+    gc_tuning.freeze_survivors()  # as the sidecar leaves the long-lived state after its first sync
     registry = CollectorRegistry()
     registry.register(LedgerCollector(sync, lambda: workload))
 

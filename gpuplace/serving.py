@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import logging
 import sys
@@ -40,6 +39,7 @@ import prometheus_client
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from gpuplace import gc_tuning
 from gpuplace.cluster import nodes
 from gpuplace.placement.inventory import Capabilities, Inventory
 from gpuplace.settings import Settings
@@ -78,9 +78,10 @@ class Server:
     started: asyncio.Event = field(default_factory=asyncio.Event)
     stopping: bool = False
     freeze_gc: bool = False
-    """After the start, move every object so far out of the cyclic GC's sight (`gc.freeze`):
-    a full collection over the ~70,000 objects of the imported libraries takes ~30 ms, a
-    tail latency every review behind it would pay. Set by `gpuplace serve`."""
+    """After the start, move every object so far out of the cyclic GC's sight
+    (`gpuplace.gc_tuning.freeze`): a full collection over the ~70,000 objects of the
+    imported libraries takes ~30 ms, a tail latency every review behind it would pay.
+    Set by `gpuplace serve`."""
 
     def add_site(
         self, name: str, app: web.Application, host: str, port: int, *, ssl_context: Any = None
@@ -130,8 +131,7 @@ class Server:
                     },
                 )
             if self.freeze_gc:
-                gc.collect()
-                gc.freeze()
+                gc_tuning.freeze()
             self.started.set()
             await stop.wait()
             self.stopping = True

@@ -25,7 +25,8 @@ S = TypeVar("S", bound=BaseSettings)
 
 class Settings(SidecarSettings):
     """Webhook, ops and cluster flags; the scheduler sidecar's flags come from
-    `gpuplace.sidecar.SidecarSettings`."""
+    `gpuplace.sidecar.SidecarSettings` (the sidecar is handed this object itself: one
+    settings object per process)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
 
@@ -91,9 +92,6 @@ class Settings(SidecarSettings):
     )
     inventory_reload_seconds: float = Field(
         10.0, gt=0, description="how often --inventory is checked for changes"
-    )
-    kubeconfig: Path | None = Field(
-        None, description="kubeconfig for the API (default: in-cluster service account)"
     )
     gangs: bool = Field(
         True,

@@ -8,7 +8,7 @@ time.
 
 For `gpuplace serve` (see gpuplace.serving):
 
-    sidecar = await Sidecar.create(settings, registry)   # settings: any SidecarConfig
+    sidecar = await Sidecar.create(settings, registry)   # settings: the process's Settings
     server.add_context(sidecar.running)                  # informers etc. start/stop
     server.add_readiness("sidecar", sidecar.not_ready_reason)
     server.add_site("extender", sidecar.app, settings.extender_address,
@@ -17,8 +17,9 @@ For `gpuplace serve` (see gpuplace.serving):
 
 or, in a single aiohttp app: `app.cleanup_ctx.append(sidecar.cleanup_ctx)`.
 
-`SidecarSettings` holds the sidecar's own flags (env `GPUPLACE_*`); the process
-settings may merge them: anything with the attributes of `SidecarConfig` will do.
+`SidecarSettings` holds the sidecar's own flags (env `GPUPLACE_*`); the process's one
+settings object, `gpuplace.settings.Settings`, extends it, and that object itself is
+what `gpuplace serve` passes here.
 `SidecarSettings.gangs` is off (a bare sidecar, as the extender tests build it);
 `gpuplace serve`'s settings turn it on by default (`--gangs false` turns it off).
 
@@ -34,20 +35,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import inspect
 import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpuplace import gc_tuning
 from gpuplace.cluster import (
     advertising,
     connecting,
@@ -82,83 +83,6 @@ from gpuplace.usage import prometheus
 from gpuplace.usage.loads import LoadReader
 
 log = logging.getLogger(__name__)
-
-
-class SidecarConfig(Protocol):
-    """The settings the sidecar reads (gpuplace.settings.Settings may carry them all)."""
-
-    @property
-    def kubeconfig(self) -> Path | None: ...
-    @property
-    def policy(self) -> str: ...
-    @property
-    def workload_window(self) -> int: ...
-    @property
-    def workload_refresh_seconds(self) -> float: ...
-    @property
-    def reservation_timeout_seconds(self) -> float: ...
-    @property
-    def reap_interval_seconds(self) -> float: ...
-    @property
-    def filter_reasons(self) -> Literal["kind", "detail"]: ...
-    @property
-    def sync_wait_seconds(self) -> float: ...
-    @property
-    def kube_timeout_seconds(self) -> float: ...
-    @property
-    def watch_timeout_seconds(self) -> int: ...
-    @property
-    def list_page_size(self) -> int: ...
-    @property
-    def advertise_resources(self) -> bool: ...
-    @property
-    def node_status_min_interval_seconds(self) -> float: ...
-    @property
-    def pod_events(self) -> bool: ...
-    @property
-    def extender_max_body_bytes(self) -> int: ...
-    @property
-    def warm_shapes(self) -> int: ...
-    @property
-    def warm_pending_shapes(self) -> int: ...
-    @property
-    def warm_interval_seconds(self) -> float: ...
-    @property
-    def filter_answers_kept(self) -> int: ...
-    @property
-    def gc_young_seconds(self) -> float: ...
-    @property
-    def gc_freeze_seconds(self) -> float: ...
-    @property
-    def gc_full_seconds(self) -> float: ...
-    @property
-    def gangs(self) -> bool: ...
-    @property
-    def scheduler_lease(self) -> str: ...
-    @property
-    def gang_starve_after_seconds(self) -> float: ...
-    @property
-    def preempt_beyond_offered(self) -> bool: ...
-    @property
-    def agent_silence_seconds(self) -> float: ...
-    @property
-    def require_node_agent(self) -> bool: ...
-    @property
-    def load_aware(self) -> bool: ...
-    @property
-    def load_window_seconds(self) -> float: ...
-    @property
-    def load_refresh_seconds(self) -> float: ...
-    @property
-    def load_max_age_seconds(self) -> float: ...
-    @property
-    def usage_prometheus(self) -> str | None: ...
-    @property
-    def usage_metrics(self) -> Literal["gpuplace", "dcgm"]: ...
-    @property
-    def usage_token_file(self) -> Path | None: ...
-    @property
-    def usage_step_seconds(self) -> float: ...
 
 
 LEASE_PATTERN = r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -356,7 +280,7 @@ class Sidecar:
 
     def __init__(
         self,
-        settings: SidecarConfig,
+        settings: SidecarSettings,
         registry: CollectorRegistry,
         api: kube.Kube,
         *,
@@ -415,7 +339,9 @@ class Sidecar:
             interval=settings.warm_interval_seconds,
             registry=registry,
             activity=self.activity,
-            freeze_young_above=self._freeze_young_above(),
+            freeze_young_above=gc_tuning.young_freeze_limit(
+                settings.gc_freeze_seconds, settings.gc_full_seconds
+            ),
         )
         """Scores the most common request shapes ahead (see gpuplace.extender.warming)."""
         self.fences = Fences()
@@ -503,7 +429,7 @@ class Sidecar:
 
     @classmethod
     async def create(
-        cls, settings: SidecarConfig, registry: CollectorRegistry, **kwargs: Any
+        cls, settings: SidecarSettings, registry: CollectorRegistry, **kwargs: Any
     ) -> Sidecar:
         """Connect to the API (kubeconfig, else in-cluster) and build the sidecar.
         Raises `gpuplace.cluster.connecting.ConnectError`, `NoLoadReader` (before connecting)."""
@@ -539,58 +465,6 @@ class Sidecar:
 
     # --- running -----------------------------------------------------------------------
 
-    async def _collector_hygiene(self) -> None:
-        """Keep the cyclic collector's passes short.
-
-        The ledger, ~1 KB of records per pod and the engine's per-node caches are long
-        lived; a full collection traverses all of them (on 10,000 nodes, 0.1-0.5 s in the
-        middle of a verb). Once the first sync is in, and then every
-        `gc_freeze_seconds`, young cycles are collected (`gc.collect(1)`, short) and
-        everything alive is moved to the permanent generation (`gc.freeze()`, O(1)),
-        and automatic full passes are turned off (they would run every few decisions,
-        each over everything allocated since the last freeze). Frozen objects are still
-        freed by reference counting; cyclic garbage that outlived a freeze is reclaimed
-        by a full unfreeze + collect every `gc_full_seconds`, between verbs.
-
-        Every `gc_young_seconds` the young generations are collected
-        (`warming.collect_young`): CPython counts allocations minus deallocations
-        towards its own young passes, and the engine's caches replace objects as fast
-        as they make them, so left alone the young generation grows to hundreds of
-        thousands of objects and its pass takes tens of milliseconds inside a verb."""
-        settings = self.settings
-        freezing = settings.gc_freeze_seconds > 0
-        full_every = settings.gc_full_seconds if freezing else 0.0
-        periods = [
-            every for every in (settings.gc_young_seconds, settings.gc_freeze_seconds) if every
-        ]
-        if not periods:
-            return
-        await self.sync.ready.wait()
-        if freezing:
-            gc.collect(1)  # short; older cyclic garbage waits for the first full pass
-            gc.freeze()
-            young, middle, _ = gc.get_threshold()
-            gc.set_threshold(young, middle, FULL_PASS_NEVER)
-            log.info(
-                "initial state frozen for the collector", extra={"objects": gc.get_freeze_count()}
-            )
-        loop = asyncio.get_running_loop()
-        last_freeze = last_full = loop.time()
-        while True:
-            await asyncio.sleep(min(periods))
-            now = loop.time()
-            if full_every and now - last_full >= full_every:
-                gc.unfreeze()
-                gc.collect()
-                gc.freeze()
-                last_full = last_freeze = now
-            elif freezing and now - last_freeze >= settings.gc_freeze_seconds:
-                gc.collect(1)
-                gc.freeze()
-                last_freeze = now
-            elif settings.gc_young_seconds:
-                warming.collect_young(self._freeze_young_above())
-
     async def _watch_agents(self) -> None:
         """Close nodes whose agent fell silent (`LedgerSync.check_agents`), within a
         quarter of the bound (at most every 5 s). O(nodes) per pass, no API call."""
@@ -599,13 +473,6 @@ class Sidecar:
             await asyncio.sleep(period)
             self.sync.check_agents()
 
-    def _freeze_young_above(self) -> int | None:
-        """Large young generations are frozen only when full unfrozen passes will come."""
-        settings = self.settings
-        if settings.gc_freeze_seconds > 0 and settings.gc_full_seconds > 0:
-            return warming.YOUNG_FREEZE
-        return None
-
     def _background(self) -> list[Coroutine[Any, Any, None]]:
         work: list[Coroutine[Any, Any, None]] = [self.mirror.run(), self.reaper.run()]
         if self.settings.agent_silence_seconds > 0:
@@ -613,7 +480,14 @@ class Sidecar:
         if self.settings.warm_shapes > 0:
             work.append(self.warmer.run())
         if self.settings.gc_freeze_seconds > 0 or self.settings.gc_young_seconds > 0:
-            work.append(self._collector_hygiene())
+            work.append(
+                gc_tuning.keep_passes_short(
+                    self.sync.ready,
+                    young_seconds=self.settings.gc_young_seconds,
+                    freeze_seconds=self.settings.gc_freeze_seconds,
+                    full_seconds=self.settings.gc_full_seconds,
+                )
+            )
         if self.load_poller is not None:
             work.append(self.load_poller.run())
         if self.advertiser is not None:
@@ -683,9 +557,6 @@ NO_LOAD_READER = (
 
 AGENT_CHECK_SECONDS = 5.0
 """How often node agents' heartbeats are compared with the clock, at most."""
-
-FULL_PASS_NEVER = 1 << 30
-"""gc threshold of the oldest generation once the sidecar runs its own full passes."""
 
 SIDECAR = web.AppKey("gpuplace.sidecar", Sidecar)
 

@@ -24,7 +24,6 @@ The handler runs synchronously in the event loop and must not block.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import random
 import time
@@ -34,6 +33,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from gpuplace import gc_tuning
 from gpuplace.cluster import kube
 
 log = logging.getLogger(__name__)
@@ -180,39 +180,39 @@ class Informer(Generic[T]):
         """List everything now and `replace` the handler's state. Raises ApiError, TooOldError.
 
         Each page is turned into records as it arrives (the raw dicts die with it), and
-        the cyclic garbage collector is paused meanwhile: collecting while a list of
-        100,000 objects is being built traverses them again and again and makes the
-        list several times slower; nothing built here is cyclic garbage."""
+        the cyclic garbage collector is paused meanwhile (`gpuplace.gc_tuning.paused`):
+        collecting while a list of 100,000 objects is being built traverses them again
+        and again and makes the list several times slower; nothing built here is cyclic
+        garbage."""
         objects: dict[str, T] = {}
         token = ""
         resource_version = ""
-        paused = gc.isenabled()
-        gc.disable()
-        fetching = asyncio.ensure_future(self._page(""))
-        try:
-            while True:
-                page = await fetching
-                metadata = page.get("metadata") or {}
-                resource_version = resource_version or str(metadata.get("resourceVersion") or "")
-                token = str(metadata.get("continue") or "")
-                if token:  # the server prepares the next page while we read this one
-                    fetching = asyncio.ensure_future(self._page(token))
-                for item in page.get("items") or []:
-                    if isinstance(item, dict):
-                        uid = _uid(item)
-                        converted = self._convert(item)
-                        if uid and converted is not None:
-                            objects[uid] = converted
-                del page
-                if not token:
-                    break
-            self.objects = objects
-            self.handler.replace(list(objects.values()))
-        finally:
-            if not fetching.done():
-                fetching.cancel()
-            if paused:
-                gc.enable()
+        with gc_tuning.paused():
+            fetching = asyncio.ensure_future(self._page(""))
+            try:
+                while True:
+                    page = await fetching
+                    metadata = page.get("metadata") or {}
+                    resource_version = resource_version or str(
+                        metadata.get("resourceVersion") or ""
+                    )
+                    token = str(metadata.get("continue") or "")
+                    if token:  # the server prepares the next page while we read this one
+                        fetching = asyncio.ensure_future(self._page(token))
+                    for item in page.get("items") or []:
+                        if isinstance(item, dict):
+                            uid = _uid(item)
+                            converted = self._convert(item)
+                            if uid and converted is not None:
+                                objects[uid] = converted
+                    del page
+                    if not token:
+                        break
+                self.objects = objects
+                self.handler.replace(list(objects.values()))
+            finally:
+                if not fetching.done():
+                    fetching.cancel()
         self.resource_version = resource_version
         self.last_event = time.monotonic()
         if self.metrics is not None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
 from collections import Counter
@@ -39,6 +38,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as CounterMetric
 
+from gpuplace import gc_tuning
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender.activity import Activity
 from gpuplace.extender.workloads import PolicyHolder
@@ -59,35 +59,6 @@ it in flight) only some turns later: four with aiohttp 3.14 on an open connectio
 tests/extender/test_warming.py measures over a real socket. Looking after one turn,
 the warmer ran three more slices (~1 ms each) ahead of that verb. Each extra turn
 costs microseconds when nothing is waiting."""
-
-
-def collect_young(freeze_above: int | None = None) -> None:
-    """Collect the young generations now, while they are small (O(objects allocated
-    since the last call that are still alive)).
-
-    CPython (3.11) counts container allocations *minus deallocations* towards its
-    automatic young collections. Scoring ahead replaces old outcomes with new ones,
-    so the count barely moves while the young generation grows to hundreds of
-    thousands of objects; the collection that finally comes then traverses all of
-    them in the middle of a verb (40-270 ms at 10,000 nodes). The warmer calls this
-    between its slices instead: the middle generation is collected when it is due by
-    the collector's own threshold, else the youngest.
-
-    With `freeze_above`, a young generation larger than that (a filter that scored
-    every node for a new request shape leaves ~40,000 live objects, 15-40 ms to
-    traverse) is frozen instead (`gc.freeze`, O(1); counting it is ~30 times cheaper
-    than collecting it): the objects are long-lived evaluations, and whatever cyclic
-    garbage is among them waits for the next full unfrozen pass. Only for callers
-    that run such passes (`gpuplace.sidecar`, `--gc-full-seconds`)."""
-    if freeze_above is not None and len(gc.get_objects(0)) > freeze_above:
-        gc.freeze()
-        return
-    middle_due = gc.get_count()[1] >= gc.get_threshold()[1]
-    gc.collect(1 if middle_due else 0)
-
-
-YOUNG_FREEZE = 5_000
-"""Young objects above which `collect_young` freezes rather than collects (see there)."""
 
 
 class Warmer:
@@ -118,7 +89,7 @@ class Warmer:
         self.activity = activity
         """When given, slices start only while no verb is in flight."""
         self.freeze_young_above = freeze_young_above
-        """Passed to `collect_young` between slices."""
+        """Passed to `gpuplace.gc_tuning.collect_young` between slices."""
         self.shapes = shapes
         self.pending_shapes = pending_shapes
         self.interval = interval
@@ -205,7 +176,7 @@ class Warmer:
 
         async def pause_when_due() -> None:
             if self._clock() - began[0] >= self.slice_seconds:
-                collect_young(self.freeze_young_above)
+                gc_tuning.collect_young(self.freeze_young_above)
                 for _ in range(HANDOFF_TURNS):
                     await asyncio.sleep(0)
                 if self.activity is not None:
@@ -225,7 +196,7 @@ class Warmer:
         if chooser.ledger is self.sync.ledger:
             chooser.prepare_memory()
             chooser.every_node()  # filter's set of every node's name, built ahead
-        collect_young(self.freeze_young_above)
+        gc_tuning.collect_young(self.freeze_young_above)
         return complete
 
     async def run(self) -> None:

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender.activity import Activity
-from gpuplace.extender.warming import Warmer, collect_young
+from gpuplace.extender.warming import Warmer
 from gpuplace.extender.workloads import PolicyHolder
 from gpuplace.placement import choosing
 from gpuplace.placement.choosing import scoring_shape
@@ -102,16 +102,6 @@ async def test_filling_keeps_the_young_generations_collected() -> None:
         gc.callbacks.remove(collected)
     assert len(passes) >= 400 // 8 - 1  # one per slice at least
     assert 1 in passes  # the middle generation when its threshold came
-
-
-def test_collect_young_collects_the_middle_generation_when_due() -> None:
-    middle = gc.get_threshold()[1]
-    gc.collect()
-    for _ in range(middle):
-        collect_young()
-    assert gc.get_count()[1] == middle  # youngest collected, each counted towards the middle
-    collect_young()
-    assert gc.get_count()[1] == 0  # the middle one was due and collected
 
 
 def sliced(nodes: int) -> tuple[Warmer, Activity, choosing.Chooser]:
@@ -223,24 +213,6 @@ async def test_a_request_arriving_during_a_slice_is_served_before_the_next_slice
     assert replies and replies[0].startswith(b"HTTP/1.1 200")
     # No slice ran between the bytes and the handler (looking after one turn: [8]).
     assert served_after == [5]
-
-
-def test_collect_young_freezes_a_large_young_generation() -> None:
-    gc.collect()
-    frozen = gc.get_freeze_count()
-    kept = [[index] for index in range(50)]  # young, alive
-    collect_young(freeze_above=1_000)
-    assert gc.get_freeze_count() == frozen  # small: collected, not frozen
-    gc.disable()  # as churn does: no automatic pass while the young generation grows
-    kept += [[index] for index in range(5_000)]
-    gc.enable()
-    try:
-        collect_young(freeze_above=1_000)
-        assert gc.get_freeze_count() >= frozen + 5_000
-        assert len(gc.get_objects(0)) < 1_000
-    finally:
-        gc.unfreeze()
-    assert len(kept) == 5_050
 
 
 async def test_a_rebuilt_policy_decides_only_once_filled() -> None:
