@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuplace import logs
-from gpuplace.demo import plotting, reporting, running
-from gpuplace.demo.progress import Progress
+from gpuplace.dev.demo import plotting, reporting, running
+from gpuplace.dev.demo.progress import Progress
 from gpuplace.placement import policies
 
 DEFAULT_PLOT = Path("gpuplace-demo.png")

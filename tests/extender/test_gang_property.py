@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuplace.cluster import keys
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.extender import gang_affinity
 from gpuplace.extender.gang_members import gated, plan_mark
 from gpuplace.extender.gangs import GangSettings
-from tests import fakeapi
-from tests.fakeapi import objects
 
 from .test_gang_support import Rig, check_grants, check_plans, member, other, rig
 
@@ -78,8 +78,8 @@ def check_ledger(r: Rig) -> None:
 
 
 async def scenario(steps: list[tuple[Any, ...]], pauses: list[float]) -> None:
-    async with fakeapi.serve(
-        fakeapi.FakeApi(bookmark_interval=0.2, access=fakeapi.Access.shipped())
+    async with localapi.serve(
+        localapi.FakeApi(bookmark_interval=0.2, access=localapi.Access.shipped())
     ) as server:
         for i in range(3):
             server.api.create(objects.node(f"gpu-{i}", gpus=4))

@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry
 
 from gpuplace.cluster import annotations as grammar
 from gpuplace.cluster import assignments, keys
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.extender import gang_affinity, gang_store
 from gpuplace.extender.gang_api import KubePods
 from gpuplace.extender.gang_fences import Fences
@@ -23,9 +25,7 @@ from gpuplace.extender.gangs import GangController, GangSettings
 from gpuplace.placement.inventory import Inventory
 from gpuplace.placement.ledger import Ledger
 from gpuplace.placement.requests import WHOLE
-from tests import fakeapi
 from tests.extender.conftest import Harness, NoLongerFits, Unschedulable, harness
-from tests.fakeapi import objects
 
 
 @dataclass
@@ -49,7 +49,7 @@ class Rig:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
-    def api(self) -> fakeapi.FakeApi:
+    def api(self) -> localapi.FakeApi:
         return self.h.api
 
     def pods(self, namespace: str = "default") -> list[dict[str, Any]]:
@@ -138,14 +138,14 @@ class Rig:
         return left
 
 
-def _affinity_allows(api: fakeapi.FakeApi, pod: dict[str, Any], node: str) -> bool:
+def _affinity_allows(api: localapi.FakeApi, pod: dict[str, Any], node: str) -> bool:
     labels = api.get("nodes", node)["metadata"].get("labels") or {}
     return gang_affinity.NodeFilter.of(pod).matches(node, labels)
 
 
 @contextlib.asynccontextmanager
 async def rig(
-    server: fakeapi.Server,
+    server: localapi.Server,
     *,
     clock: Clock | None = None,
     settings: GangSettings | None = None,

@@ -43,10 +43,10 @@ from typing import Any
 import aiohttp
 
 from gpuplace.cluster import quantities
+from gpuplace.dev.localapi import PODS, FakeApi
+from gpuplace.dev.localapi.resources import LEASES
+from gpuplace.dev.localapi.store import now
 from gpuplace.extender import gang_affinity
-from gpuplace.localapi import PODS, FakeApi
-from gpuplace.localapi.resources import LEASES
-from gpuplace.localapi.store import now
 
 EXTENDER_WEIGHT = 100_000
 SCORE_SCALE = 10

@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuplace.localapi import patching, selectors, statuses
-from gpuplace.localapi.resources import DEFAULT_RESOURCES, PDBS, PODS, Resource
+from gpuplace.dev.localapi import patching, selectors, statuses
+from gpuplace.dev.localapi.resources import DEFAULT_RESOURCES, PDBS, PODS, Resource
 
 Obj = dict[str, Any]
 

@@ -46,10 +46,10 @@ import yaml
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from gpuplace.localapi import access as accessing
-from gpuplace.localapi import patching, statuses
-from gpuplace.localapi.resources import DEFAULT_RESOURCES, PODS, Resource
-from gpuplace.localapi.store import BOOKMARK, ERROR, Obj, Store
+from gpuplace.dev.localapi import access as accessing
+from gpuplace.dev.localapi import patching, statuses
+from gpuplace.dev.localapi.resources import DEFAULT_RESOURCES, PODS, Resource
+from gpuplace.dev.localapi.store import BOOKMARK, ERROR, Obj, Store
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """A minimal in-memory Kubernetes API: only the endpoints gpuplace uses, in the real wire
 format, on 127.0.0.1. For `gpuplace demo` and for tests — never used against a real
-cluster, and never imported by placement/, webhook/, extender/, gpuplace/cluster/ or certs/.
+cluster, and never imported by a room below `gpuplace.dev` (import-linter).
 
 What it serves (the kube-apiserver behaviour gpuplace relies on, nothing more): pods,
 nodes, events, namespaces, configmaps, coordination.k8s.io leases and policy/v1
@@ -16,8 +16,8 @@ persistence.
 
 Usage::
 
-    from gpuplace import localapi
-    from gpuplace.localapi import objects
+    from gpuplace.dev import localapi
+    from gpuplace.dev.localapi import objects
 
     async with localapi.serve() as server:         # FakeApi on an ephemeral port
         server.api.create(objects.node("gpu-0"))   # set-up without HTTP
@@ -43,10 +43,9 @@ Modules: `resources` (what is served where), `store` (state, resourceVersions,
 history, watchers and the server's rules), `server` (HTTP), `patching` (merge,
 strategic-merge, JSON patch), `selectors` (label/field selectors), `statuses` (Status
 bodies), `objects` (gpuplace Node/Pod builders), `access` (authentication and RBAC).
-Tests import it as `tests.fakeapi`.
 """
 
-from gpuplace.localapi.access import (
+from gpuplace.dev.localapi.access import (
     ADMIN,
     CERTS,
     GPUPLACE,
@@ -57,8 +56,8 @@ from gpuplace.localapi.access import (
     Rbac,
     User,
 )
-from gpuplace.localapi.resources import DEFAULT_RESOURCES, EVENTS, NODES, PDBS, PODS, Resource
-from gpuplace.localapi.server import (
+from gpuplace.dev.localapi.resources import DEFAULT_RESOURCES, EVENTS, NODES, PDBS, PODS, Resource
+from gpuplace.dev.localapi.server import (
     Call,
     FakeApi,
     Server,
@@ -67,7 +66,7 @@ from gpuplace.localapi.server import (
     serve_in_subprocess,
     serve_in_thread,
 )
-from gpuplace.localapi.statuses import ApiStatusError
+from gpuplace.dev.localapi.statuses import ApiStatusError
 
 __all__ = [
     "ADMIN",
