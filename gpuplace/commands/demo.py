@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuplace import logs
+from gpuplace import commands, logs
 from gpuplace.dev.demo import plotting, reporting, running
 from gpuplace.dev.demo.progress import Progress
 from gpuplace.placement import policies
@@ -38,7 +38,7 @@ DEFAULT_PLOT = Path("gpuplace-demo.png")
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="run gpuplace end to end on a bundled cluster, no Kubernetes needed",
+        help=commands.HELP["demo"],
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

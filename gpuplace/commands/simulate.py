@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from gpuplace import simulation
+from gpuplace import commands, simulation
 from gpuplace.placement import policies, trace
 
 DESCRIPTION = """\
@@ -30,7 +30,7 @@ the list as a memory-only share instead (see docs/placement.md).
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "simulate",
-        help="replay a GPU cluster trace (openb format) and print allocation figures",
+        help=commands.HELP["simulate"],
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
