@@ -11,6 +11,7 @@ command's parser with `help=HELP[name]`. An index entry whose module is not inst
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 HELP = {
     "certs": "generate, renew and publish the webhook's TLS certificates",
@@ -31,3 +32,16 @@ def module_name(command: str) -> str:
 def installed() -> list[str]:
     """The commands of `HELP` whose module is installed, in alphabetical order."""
     return [name for name in sorted(HELP) if importlib.util.find_spec(module_name(name))]
+
+
+def lacks(module: str, command: str, extra: str) -> bool:
+    """True, after one line on stderr that says what to install, when the optional
+    dependency `module` (of the package extra `extra`) is not installed."""
+    if importlib.util.find_spec(module) is not None:
+        return False
+    print(
+        f"gpuplace {command}: needs {module}, which is not installed: "
+        f"pip install 'gpuplace[{extra}]'",
+        file=sys.stderr,
+    )
+    return True

@@ -67,7 +67,11 @@ def register(subparsers: Any) -> None:
         "prints the preemption figures too (default: 0, no priorities)",
     )
     parser.add_argument("--decisions", type=Path, help="write one JSON line per arrival here")
-    parser.add_argument("--plot", type=Path, help="write allocation vs arrived (PNG) here")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        help="write allocation vs arrived (PNG) here (needs matplotlib: gpuplace[demo])",
+    )
     parser.add_argument("--json", type=Path, help="write the figures as JSON here")
     parser.set_defaults(run=run)
 
@@ -81,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
             f"choose from {', '.join(policies.NAMES)}",
             file=sys.stderr,
         )
+        return 2
+    if args.plot and commands.lacks("matplotlib", "simulate --plot", "demo"):
         return 2
     if args.decisions and (len(names) > 1 or args.priorities > 0):
         print(

@@ -108,3 +108,29 @@ def test_a_command_whose_module_is_not_installed_is_not_offered(
     with pytest.raises(SystemExit) as exited:
         cli.main(["absent"])
     assert exited.value.code == 2 and "invalid choice: 'absent'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [(("demo", "--seed", "2"), "demo"), (("simulate", "--plot", "x.png"), "simulate --plot")],
+)
+def test_without_matplotlib_one_line_says_what_to_install(
+    argv: tuple[str, ...], command: str, tmp_path: Path
+) -> None:
+    """matplotlib is the `demo` extra: without it, the commands that draw stop before they
+    start, with exit code 2."""
+    hidden = "import sys; sys.modules['matplotlib'] = None; from gpuplace import cli; "
+    completed = subprocess.run(
+        [sys.executable, "-c", hidden + "sys.exit(cli.main(sys.argv[1:]))", *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 2 and completed.stdout == ""
+    assert completed.stderr == (
+        f"gpuplace {command}: needs matplotlib, which is not installed: "
+        "pip install 'gpuplace[demo]'\n"
+    )
+    assert list(tmp_path.iterdir()) == []  # nothing drawn, nothing run
