@@ -3,16 +3,18 @@ format, on 127.0.0.1. For `gpuplace demo` and for tests — never used against a
 cluster, and never imported by a room below `gpuplace.dev` (import-linter).
 
 What it serves (the kube-apiserver behaviour gpuplace relies on, nothing more): pods,
-nodes, events, namespaces, configmaps, coordination.k8s.io leases and policy/v1
-PodDisruptionBudgets; list with label and field selectors and `limit`/`continue`; watch
+nodes, events, namespaces, configmaps, secrets, coordination.k8s.io leases, policy/v1
+PodDisruptionBudgets and admissionregistration.k8s.io/v1 webhook configurations (for
+`gpuplace certs`); list with label and field selectors and `limit`/`continue`; watch
 with ADDED/MODIFIED/DELETED, BOOKMARK and 410 ERROR events; create/get/put/delete, the
-three PATCH content types, `/status` subresources, `pods/NAME/binding` and
-`pods/NAME/eviction` (with the disruption-budget check); resourceVersion, uid and
-creationTimestamp set by the server; optimistic concurrency (409), immutable pod fields
-(422), gate removal and gated-pod affinity rules. With `FakeApi(access=Access.shipped())`,
-bearer-token authentication and the RBAC that deploy/ ships (module `access`), so a
-missing rule fails as on a cluster; without it, no authentication. No admission, no
-persistence.
+three PATCH content types (a strategic merge merges `webhooks` by name), `/status`
+subresources, `pods/NAME/binding` and `pods/NAME/eviction` (with the disruption-budget
+check); resourceVersion, uid and creationTimestamp set by the server; optimistic
+concurrency (409), immutable pod fields (422), gate removal and gated-pod affinity rules,
+Secrets' rules (base64 data, the keys of a TLS Secret, immutable type). With
+`FakeApi(access=Access.shipped())`, bearer-token authentication and the RBAC that deploy/
+ships (module `access`), so a missing rule fails as on a cluster; without it, no
+authentication. No admission, no persistence.
 
 Usage::
 
@@ -31,6 +33,7 @@ Usage::
         ...
         server.api.calls_to("PATCH", "/pods/")     # what clients sent
         server.api.fail("POST", "/binding$", 500)  # the next binding fails (tests)
+        server.api.before("PATCH", "/nodes/", write)  # write() first (a racing writer)
         server.api.drop_watches()                  # watches end; clients must resume
         server.api.compact(); server.api.drop_watches()  # ... and then get 410 Gone
         server.api.expire_watches()                # ERROR 410 on every open watch
@@ -56,7 +59,17 @@ from gpuplace.dev.localapi.access import (
     Rbac,
     User,
 )
-from gpuplace.dev.localapi.resources import DEFAULT_RESOURCES, EVENTS, NODES, PDBS, PODS, Resource
+from gpuplace.dev.localapi.resources import (
+    DEFAULT_RESOURCES,
+    EVENTS,
+    MUTATING_WEBHOOKS,
+    NODES,
+    PDBS,
+    PODS,
+    SECRETS,
+    VALIDATING_WEBHOOKS,
+    Resource,
+)
 from gpuplace.dev.localapi.server import (
     Call,
     FakeApi,
@@ -74,11 +87,14 @@ __all__ = [
     "DEFAULT_RESOURCES",
     "EVENTS",
     "GPUPLACE",
+    "MUTATING_WEBHOOKS",
     "NODES",
     "NODE_AGENT",
     "PDBS",
     "PODS",
     "SCHEDULER",
+    "SECRETS",
+    "VALIDATING_WEBHOOKS",
     "Access",
     "ApiStatusError",
     "Call",
