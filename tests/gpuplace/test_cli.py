@@ -18,22 +18,23 @@ from gpuplace import cli, commands
 REPO = Path(__file__).resolve().parents[2]
 DEVELOPMENT = ("gpuplace.dev", "gpuplace.localapi", "gpuplace.commands.demo", "matplotlib")
 
-# Runs `gpuplace ARGV` in this interpreter (an exit from --help included), then prints the
-# modules it loaded as JSON on the last line.
+# Runs `gpuplace ARGV` in this interpreter (an exit from --help included), or only parses
+# it, then prints the modules it loaded as JSON on the last line.
 LOADED = """
 import json, sys
 from gpuplace import cli
+mode, argv = sys.argv[1], sys.argv[2:]
 try:
-    cli.main(sys.argv[1:])
+    cli.main(argv) if mode == "run" else cli.build_parser(argv).parse_args(argv)
 except SystemExit:
     pass
 print(json.dumps(sorted(sys.modules)))
 """
 
 
-def loaded(*argv: str) -> list[str]:
+def loaded(*argv: str, run: bool = True) -> list[str]:
     completed = subprocess.run(
-        [sys.executable, "-c", LOADED, *argv],
+        [sys.executable, "-c", LOADED, "run" if run else "parse", *argv],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -61,6 +62,14 @@ def development(modules: list[str]) -> list[str]:
 def test_what_runs_in_a_cluster_loads_no_development_tools(argv: tuple[str, ...]) -> None:
     modules = loaded(*argv)
     assert f"gpuplace.commands.{argv[0].replace('-', '_')}" in modules
+    assert development(modules) == []
+
+
+@pytest.mark.parametrize("command", ["serve", "node-agent", "certs"])
+def test_parsing_a_cluster_command_loads_no_development_tools(command: str) -> None:
+    """Their parsers as the process builds them (without running: `serve` would serve)."""
+    modules = loaded(command, *(["check"] if command == "certs" else []), run=False)
+    assert commands.module_name(command) in modules
     assert development(modules) == []
 
 
