@@ -5,6 +5,10 @@
 # gpuplace/extender/_priorities.c, so it has a C compiler), then every dependency at the version constraints.txt pins. Stage
 # `runtime` is the same slim Python with one virtualenv that holds only what those wheels
 # install: no compiler, no pip, no source tree.
+# Nor the development tools: .dockerignore keeps gpuplace/dev (the local API, the demo) and
+# gpuplace/commands/demo.py out of the build context, so gpuplace's wheel has neither (the
+# build fails if it does) and `gpuplace --help` lists no `demo`; the wheel's dependencies
+# leave out the `demo` extra, so matplotlib is not installed either.
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
@@ -21,6 +25,7 @@ COPY gpuplace/ gpuplace/
 # must have them, so the build fails here if the wheel lacks one.
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && python -c "import sys, zipfile, glob; names = zipfile.ZipFile(glob.glob('/wheels/gpuplace-*.whl')[0]).namelist(); sys.exit(not all(any(n.startswith(m) and n.endswith('.so') for n in names) for m in ('gpuplace/placement/_names.', 'gpuplace/extender/_priorities.')))" \
+ && python -c "import sys, zipfile, glob; names = zipfile.ZipFile(glob.glob('/wheels/gpuplace-*.whl')[0]).namelist(); sys.exit(any(n.startswith('gpuplace/dev/') or n == 'gpuplace/commands/demo.py' for n in names))" \
  && python -m pip wheel --only-binary=:all: --wheel-dir /wheels \
         --constraint constraints.txt /wheels/gpuplace-*.whl
 
@@ -28,8 +33,7 @@ FROM ${PYTHON_IMAGE} AS runtime
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PATH=/opt/gpuplace/bin:${PATH} \
-    MPLCONFIGDIR=/tmp/matplotlib
+    PATH=/opt/gpuplace/bin:${PATH}
 # The base image's pip installs into a venv that has none (--without-pip), from the wheels
 # of the build stage only (--no-index), mounted for this step and never copied in.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \

@@ -29,8 +29,8 @@ from typing import Any
 from bench.extender_latency import quantiles
 from gpuplace.agent import nvml, publishing
 from gpuplace.cluster import connecting, kube
-from tests import fakeapi
-from tests.fakeapi import objects
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "gpu" / "nvml-idle.json"
 
@@ -46,14 +46,14 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def measure(server: fakeapi.Server, seconds: float, gpus: int) -> dict[str, Any]:
+async def measure(server: localapi.Server, seconds: float, gpus: int) -> dict[str, Any]:
     base = nvml.Replay.load(FIXTURE).reading
     half = gpus // 2
     reading = nvml.derived(
         base, gpus, nvlink_domains=[range(half), range(half, gpus)], numa=[0] * half + [1] * half
     )
     replay = nvml.Replay(reading)
-    api = kube.Kube(connecting.client_for(server.configuration(fakeapi.GPUPLACE)), timeout=5.0)
+    api = kube.Kube(connecting.client_for(server.configuration(localapi.GPUPLACE)), timeout=5.0)
     publisher = publishing.Publisher(api, "gpu-node", replay)
     try:
         # a pass's own time, apart from the idle window
@@ -95,9 +95,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--gpus", type=int, default=8)
     args = parser.parse_args()
-    api = fakeapi.FakeApi()
+    api = localapi.FakeApi()
     api.create(objects.node("gpu-node", gpus=0))
-    with fakeapi.serve_in_subprocess(api) as server:
+    with localapi.serve_in_subprocess(api) as server:
         print(json.dumps(asyncio.run(measure(server, args.seconds, args.gpus)), indent=1))
 
 

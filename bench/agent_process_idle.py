@@ -34,10 +34,10 @@ sys.path.insert(0, str(REPO))
 
 import aiohttp  # noqa: E402
 
-from gpuplace import localapi  # noqa: E402
 from gpuplace.agent import nvml  # noqa: E402
+from gpuplace.dev import localapi  # noqa: E402
+from gpuplace.dev.localapi import objects  # noqa: E402
 from tests.agent import kubelet as standin  # noqa: E402
-from tests.fakeapi import objects  # noqa: E402
 
 FIXTURES = REPO.parent / "shared" / "fixtures" / "gpu"
 STANDIN = REPO / "tests" / "agent" / "mps_standin.py"

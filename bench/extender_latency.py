@@ -3,7 +3,7 @@
 For two clusters, the openb one (1,213 nodes; ../shared/data/openb when present, else a
 synthetic cluster of the same shape) and a synthetic 10,000-node × 8-GPU one:
 
-1. a fake kube-apiserver (tests/fakeapi) is filled with the nodes and with bound pods
+1. a fake kube-apiserver (gpuplace.dev.localapi) is filled with the nodes and with bound pods
    holding `--prefill` of the GPUs (placed at random, so the cluster is fragmented),
    and served from a forked process (no shared GIL or event loop);
 2. the sidecar (informers, ledger, extender app) starts against it and syncs, and
@@ -64,12 +64,12 @@ from prometheus_client import CollectorRegistry
 from bench import engine_latency
 from gpuplace import simulation
 from gpuplace.cluster import assignments, connecting, kube
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.placement import choosing, trace
 from gpuplace.placement.inventory import Inventory, Node
 from gpuplace.placement.ledger import Grant, GrantState, Ledger
 from gpuplace.sidecar import Sidecar, SidecarSettings
-from tests import fakeapi
-from tests.fakeapi import objects
 
 REPO = Path(__file__).resolve().parents[1]
 OPENB = REPO.parent / "shared" / "data" / "openb"
@@ -130,7 +130,7 @@ def pod_body(name: str, pod: trace.TracePod) -> dict[str, Any]:
 
 
 def prefill(
-    api: fakeapi.FakeApi,
+    api: localapi.FakeApi,
     nodes: list[Node],
     mix: list[trace.TracePod],
     share: float,
@@ -460,7 +460,7 @@ def scenario(
     client: str = "python",
 ) -> dict[str, Any]:
     rng = random.Random(seed)
-    api = fakeapi.FakeApi(record_calls=100)
+    api = localapi.FakeApi(record_calls=100)
     api.load("nodes", (node_body(node) for node in nodes))
     filled = prefill(api, nodes, mix, fill, rng)
     pending = []
@@ -475,7 +475,7 @@ def scenario(
     api.warm()
     with (
         tempfile.TemporaryDirectory(prefix="gpuplace-bench-") as temporary,
-        fakeapi.serve_in_subprocess(api) as server,
+        localapi.serve_in_subprocess(api) as server,
     ):
         go_client = build_go_client(Path(temporary)) if client == "go" else None
         if client == "go" and go_client is None:
@@ -588,7 +588,8 @@ def main() -> None:
             {
                 "benchmark": "extender verbs over HTTP on 127.0.0.1 (filter, prioritize, bind)",
                 "kube_writes": "bind's PATCH and Binding go to the fake kube-apiserver "
-                "(tests/fakeapi) in a forked process over HTTP on 127.0.0.1; Events disabled",
+                "(gpuplace.dev.localapi) in a forked process over HTTP on 127.0.0.1; "
+                "Events disabled",
                 "target": "p99 <= 10 ms per verb at 10,000 nodes",
                 "results": results,
             },

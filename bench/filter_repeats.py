@@ -38,9 +38,9 @@ from bench.extender_latency import quantiles
 from gpuplace import gc_tuning
 from gpuplace.cluster import connecting, kube
 from gpuplace.cluster import nodes as node_records
+from gpuplace.dev.localapi import objects
 from gpuplace.placement.ledger import Grant
 from gpuplace.sidecar import Sidecar, SidecarSettings
-from tests.fakeapi import objects
 
 
 def body(pod: dict[str, Any], names: list[str]) -> bytes:

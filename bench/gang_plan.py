@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry
 from gpuplace.cluster import connecting, keys, kube
 from gpuplace.cluster.gang_marks import gated, plan_mark
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.dev.localapi import ThreadedServer, objects, serve_in_thread
 from gpuplace.extender import workloads
 from gpuplace.gangs.api import KubePods
 from gpuplace.gangs.controller import GangController, GangSettings
@@ -39,7 +40,6 @@ from gpuplace.placement import gangs, policies, trace
 from gpuplace.placement.inventory import Node
 from gpuplace.placement.ledger import Grant, Ledger
 from gpuplace.placement.requests import WHOLE, GpuRequest
-from tests.fakeapi import ThreadedServer, objects, serve_in_thread
 
 DEFAULT_NODES = Path("/work/shared/data/openb/openb_node_list_gpu_node.csv")
 

@@ -1,6 +1,6 @@
 """How long the sidecar takes to rebuild its ledger from the API at start.
 
-A fake kube-apiserver (tests/fakeapi, in a forked process: it shares neither the GIL nor
+A fake kube-apiserver (gpuplace.dev.localapi, in a forked process: it shares neither the GIL nor
 the event loop with the sidecar) holds `--nodes` nodes × `--gpus` GPUs and `--pods`
 managed pods, bound, with assignment annotations (mixed: two half-GPU shares or one
 whole GPU), each a realistic mutated pod (~3.5 KB of JSON: downward-API env vars,
@@ -30,9 +30,9 @@ from kubernetes_asyncio import client
 
 from gpuplace.cluster import assignments, connecting, keys, kube, mirroring, pods
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.placement.ledger import Grant, GrantState
-from tests import fakeapi
-from tests.fakeapi import objects
 
 AT = datetime(2026, 11, 21, 5, 44, 24, tzinfo=UTC)
 
@@ -158,9 +158,9 @@ def pod_template() -> dict[str, Any]:
     return body
 
 
-def build(pod_count: int, node_count: int, gpus: int) -> tuple[fakeapi.FakeApi, list[Grant]]:
+def build(pod_count: int, node_count: int, gpus: int) -> tuple[localapi.FakeApi, list[Grant]]:
     """The cluster, and the grants its pods' annotations record (bound: CONFIRMED)."""
-    api = fakeapi.FakeApi(record_calls=100)
+    api = localapi.FakeApi(record_calls=100)
     api.load(
         "nodes", (objects.node(f"node-{i:05d}", gpus=gpus, uuids=True) for i in range(node_count))
     )
@@ -243,16 +243,16 @@ def main() -> None:
     api.warm()  # serve lists from serialized objects, as kube-apiserver's cache does
     set_up = time.perf_counter() - set_up
     expected = tuple(sorted(grants, key=lambda grant: grant.pod_uid))
-    page = api.store.list(fakeapi.PODS, limit=1)[0][0]
+    page = api.store.list(localapi.PODS, limit=1)[0][0]
     pod_bytes = len(json.dumps(page))
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with fakeapi.serve_in_subprocess(api) as server:
+    with localapi.serve_in_subprocess(api) as server:
         elapsed, nodes_seconds, sync = asyncio.run(rebuild(server.url, args.page_size))
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     identical = sync.ledger.snapshot() == expected
 
-    raw = [copy.deepcopy(body) for body in api.store.items(fakeapi.PODS)[:20_000]]
+    raw = [copy.deepcopy(body) for body in api.store.items(localapi.PODS)[:20_000]]
     reader = pods.Reader()
     started = time.perf_counter()
     records = [reader.record(body) for body in raw]
@@ -265,7 +265,8 @@ def main() -> None:
         json.dumps(
             {
                 "benchmark": "ledger rebuild at sidecar start",
-                "api": "fake kube-apiserver (tests/fakeapi) in a forked process, HTTP on 127.0.0.1",
+                "api": "fake kube-apiserver (gpuplace.dev.localapi) in a forked process, "
+                "HTTP on 127.0.0.1",
                 "nodes": args.nodes,
                 "gpus": args.nodes * args.gpus,
                 "pods": len(grants),

@@ -25,7 +25,7 @@ import aiohttp
 from cryptography import x509
 from kubernetes_asyncio import client, config
 
-from gpuplace import certs_files, certs_k8s
+from gpuplace import certs_files, certs_k8s, commands
 from gpuplace.certs import bundles, checking, issuing, pairs, renewal
 
 EXIT_OK = 0
@@ -36,7 +36,7 @@ EXIT_RENEWAL_DUE = 3
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "certs",
-        help="generate, renew and publish the webhook's TLS certificates",
+        help=commands.HELP["certs"],
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     verbs = parser.add_subparsers(dest="certs_command", required=True, metavar="VERB")

@@ -14,7 +14,8 @@ refuses, and one that stays pending and says why.
 It prints a placement table, a utilisation and fragmentation summary, what users would
 see (kubectl errors, Events, `gpuplace explain`) and the webhook's audit log, and writes
 a PNG of per-GPU occupancy. Loopback only; nothing is left running; takes a few seconds.
-GPUPLACE_* environment variables are ignored. Exit code 0, or 1 when it could not run.
+GPUPLACE_* environment variables are ignored. Exit code 0, 1 when it could not run, or 2
+without matplotlib, which draws the PNG (`pip install 'gpuplace[demo]'`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuplace import logs
-from gpuplace.demo import plotting, reporting, running
-from gpuplace.demo.progress import Progress
+from gpuplace import commands, logs
+from gpuplace.dev.demo import plotting, reporting, running
+from gpuplace.dev.demo.progress import Progress
 from gpuplace.placement import policies
 
 DEFAULT_PLOT = Path("gpuplace-demo.png")
@@ -38,7 +39,7 @@ DEFAULT_PLOT = Path("gpuplace-demo.png")
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="run gpuplace end to end on a bundled cluster, no Kubernetes needed",
+        help=commands.HELP["demo"],
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -77,6 +78,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if commands.lacks("matplotlib", "demo", "demo"):
+        return 2
     began = time.perf_counter()
     logs.configure("INFO" if args.verbose else "WARNING")
     progress = Progress(sys.stderr)

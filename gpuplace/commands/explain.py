@@ -14,6 +14,7 @@ import json
 import sys
 from typing import Any
 
+from gpuplace import commands
 from gpuplace.cluster import connecting, kube, mirroring, nodes, pods
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.commands import usage as usage_command
@@ -27,7 +28,7 @@ from gpuplace.usage.loads import UsageUnavailable
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "explain",
-        help="why a pod is on its node, or why it is pending, node by node",
+        help=commands.HELP["explain"],
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

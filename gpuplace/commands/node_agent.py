@@ -29,7 +29,7 @@ from typing import Any
 
 import prometheus_client
 
-from gpuplace import logs, serving, settings
+from gpuplace import commands, logs, serving, settings
 from gpuplace.agent import allocating, cgroups, discovery, measuring, mps, nvml, plugin, publishing
 from gpuplace.agent_settings import AgentSettings
 from gpuplace.cluster import connecting, kube, watching
@@ -44,7 +44,7 @@ driver's binaries (nvidia-cuda-mps-server) and libraries."""
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "node-agent",
-        help="run the node agent: GPU discovery and heartbeat, MPS daemons, ops endpoints",
+        help=commands.HELP["node-agent"],
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -19,7 +19,7 @@ from typing import Any
 
 import prometheus_client
 
-from gpuplace import composing, logs, serving, settings
+from gpuplace import commands, composing, logs, serving, settings
 from gpuplace.cluster.connecting import ConnectError
 from gpuplace.sidecar import NoLoadReader
 
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve",
-        help="run the admission webhook, the scheduler extender and the ops endpoints",
+        help=commands.HELP["serve"],
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from gpuplace import simulation
+from gpuplace import commands, simulation
 from gpuplace.placement import policies, trace
 
 DESCRIPTION = """\
@@ -30,7 +30,7 @@ the list as a memory-only share instead (see docs/placement.md).
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "simulate",
-        help="replay a GPU cluster trace (openb format) and print allocation figures",
+        help=commands.HELP["simulate"],
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -67,7 +67,11 @@ def register(subparsers: Any) -> None:
         "prints the preemption figures too (default: 0, no priorities)",
     )
     parser.add_argument("--decisions", type=Path, help="write one JSON line per arrival here")
-    parser.add_argument("--plot", type=Path, help="write allocation vs arrived (PNG) here")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        help="write allocation vs arrived (PNG) here (needs matplotlib: gpuplace[demo])",
+    )
     parser.add_argument("--json", type=Path, help="write the figures as JSON here")
     parser.set_defaults(run=run)
 
@@ -81,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
             f"choose from {', '.join(policies.NAMES)}",
             file=sys.stderr,
         )
+        return 2
+    if args.plot and commands.lacks("matplotlib", "simulate --plot", "demo"):
         return 2
     if args.decisions and (len(names) > 1 or args.priorities > 0):
         print(

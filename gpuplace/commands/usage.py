@@ -28,6 +28,7 @@ from typing import Any
 
 import pydantic
 
+from gpuplace import commands
 from gpuplace.cluster import connecting, keys, kube
 from gpuplace.usage import prometheus, report
 from gpuplace.usage.loads import UsageUnavailable
@@ -165,7 +166,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "usage",
-        help="asked vs used per pod, GPU and node from Prometheus; names the pods that over-ask",
+        help=commands.HELP["usage"],
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from gpuplace.agent import allocating, plugin
 from gpuplace.cluster import keys, kube
-from tests import fakeapi
+from gpuplace.dev import localapi
 from tests.agent import kubelet as standin
 from tests.cluster.conftest import api, eventually, server
 
@@ -217,7 +217,7 @@ def test_device_ids_fit_the_kubelets_limit() -> None:
 
 
 async def test_pod_view_follows_only_this_nodes_pods(
-    server: fakeapi.Server, api: kube.Kube
+    server: localapi.Server, api: kube.Kube
 ) -> None:
     def create(pod: dict[str, Any]) -> None:
         for key in ("uid", "creationTimestamp"):

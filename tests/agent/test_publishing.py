@@ -13,10 +13,10 @@ from prometheus_client import CollectorRegistry
 
 from gpuplace.agent import discovery, nvml, publishing
 from gpuplace.cluster import connecting, keys, kube, nodes
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.placement.inventory import NO_NVLINK
-from tests import fakeapi
 from tests.agent.kubelet import gpu_fixture
-from tests.fakeapi import objects
 
 H100 = nvml.Replay.load(gpu_fixture("nvml-idle.json")).reading
 
@@ -30,14 +30,14 @@ class Wall:
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[fakeapi.Server]:
-    async with fakeapi.serve(fakeapi.FakeApi(bookmark_interval=0.2)) as running:
+async def server() -> AsyncIterator[localapi.Server]:
+    async with localapi.serve(localapi.FakeApi(bookmark_interval=0.2)) as running:
         yield running
 
 
 @pytest.fixture
-async def api(server: fakeapi.Server) -> AsyncIterator[kube.Kube]:
-    client = connecting.client_for(server.configuration(fakeapi.GPUPLACE))
+async def api(server: localapi.Server) -> AsyncIterator[kube.Kube]:
+    client = connecting.client_for(server.configuration(localapi.GPUPLACE))
     api = kube.Kube(client, timeout=5.0)
     yield api
     await api.close()
@@ -56,7 +56,7 @@ def eight() -> dict[str, Any]:
 
 
 async def test_the_published_node_reads_back_as_the_discovered_gpus(
-    server: fakeapi.Server, api: kube.Kube
+    server: localapi.Server, api: kube.Kube
 ) -> None:
     server.api.create(bare_node("gpu-1"))
     wall = Wall()
@@ -92,7 +92,7 @@ async def test_the_published_node_reads_back_as_the_discovered_gpus(
 
 
 async def test_unknown_stays_null_on_the_node_and_the_sidecar_reads_it_as_no_nvlink(
-    server: fakeapi.Server, api: kube.Kube
+    server: localapi.Server, api: kube.Kube
 ) -> None:
     server.api.create(objects.node("h100", gpus=1))
     await publishing.Publisher(api, "h100", nvml.Replay(H100), wall=Wall()).publish_once()
@@ -106,7 +106,7 @@ async def test_unknown_stays_null_on_the_node_and_the_sidecar_reads_it_as_no_nvl
 
 
 async def test_writes_only_on_change_or_when_the_heartbeat_is_due(
-    server: fakeapi.Server, api: kube.Kube
+    server: localapi.Server, api: kube.Kube
 ) -> None:
     server.api.create(bare_node("gpu-1"))
     wall = Wall()
@@ -152,7 +152,7 @@ async def test_a_failed_write_is_not_taken_for_written(api: kube.Kube) -> None:
 
 
 async def test_a_node_where_nvml_finds_no_gpu_offers_none_whatever_its_labels_say(
-    server: fakeapi.Server, api: kube.Kube
+    server: localapi.Server, api: kube.Kube
 ) -> None:
     server.api.create(objects.node("broken", gpus=8))
     replay = nvml.Replay({"count": {"nvml_error": "Driver Not Loaded"}})

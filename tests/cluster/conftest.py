@@ -8,21 +8,21 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from gpuplace.cluster import connecting, kube
-from tests import fakeapi
+from gpuplace.dev import localapi
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[fakeapi.Server]:
-    async with fakeapi.serve(
-        fakeapi.FakeApi(bookmark_interval=0.05, access=fakeapi.Access.shipped())
+async def server() -> AsyncIterator[localapi.Server]:
+    async with localapi.serve(
+        localapi.FakeApi(bookmark_interval=0.05, access=localapi.Access.shipped())
     ) as running:
         yield running
 
 
 @pytest.fixture
-async def api(server: fakeapi.Server) -> AsyncIterator[kube.Kube]:
+async def api(server: localapi.Server) -> AsyncIterator[kube.Kube]:
     connection = kube.Kube(
-        connecting.client_for(server.configuration(fakeapi.GPUPLACE)), timeout=5.0
+        connecting.client_for(server.configuration(localapi.GPUPLACE)), timeout=5.0
     )
     try:
         yield connection

@@ -7,18 +7,18 @@ import asyncio
 import contextlib
 
 from gpuplace.cluster import advertising, keys, kube, nodes, recording
-from tests import fakeapi
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from tests.cluster.conftest import eventually
-from tests.fakeapi import objects
 
 
-async def settle(advertiser: advertising.Advertiser, server: fakeapi.Server) -> None:
+async def settle(advertiser: advertising.Advertiser, server: localapi.Server) -> None:
     for name in [n["metadata"]["name"] for n in server.api.objects("nodes")]:
         advertiser.observe(nodes.record(server.api.get("nodes", name)))
     await advertiser.flush()
 
 
-async def test_totals_and_label_written_once(server: fakeapi.Server, api: kube.Kube) -> None:
+async def test_totals_and_label_written_once(server: localapi.Server, api: kube.Kube) -> None:
     server.api.create(objects.node("a", gpus=4, gpu_memory_mib=81920, nvlink=[0, 0, 0, 1]))
     server.api.create(objects.node("b", gpus=2, gpu_memory_mib=15360))
     server.api.create(objects.node("cpu", gpus=0, enabled=False))
@@ -38,7 +38,7 @@ async def test_totals_and_label_written_once(server: fakeapi.Server, api: kube.K
     assert len(server.api.calls_to("PATCH", "/api/v1/nodes/")) == writes  # nothing changed
 
 
-async def test_node_leaving_gpuplace_loses_them(server: fakeapi.Server, api: kube.Kube) -> None:
+async def test_node_leaving_gpuplace_loses_them(server: localapi.Server, api: kube.Kube) -> None:
     server.api.create(objects.node("a", gpus=2))
     advertiser = advertising.Advertiser(api, min_interval=0.0)
     await settle(advertiser, server)
@@ -51,7 +51,7 @@ async def test_node_leaving_gpuplace_loses_them(server: fakeapi.Server, api: kub
 
 
 async def test_failures_are_retried_after_the_interval(
-    server: fakeapi.Server, api: kube.Kube
+    server: localapi.Server, api: kube.Kube
 ) -> None:
     server.api.create(objects.node("a", gpus=1))
     server.api.fail("PATCH", "/nodes/a/status$", 500)
@@ -69,7 +69,7 @@ async def test_failures_are_retried_after_the_interval(
 
 
 async def test_repeated_events_are_counted_not_duplicated(
-    server: fakeapi.Server, api: kube.Kube
+    server: localapi.Server, api: kube.Kube
 ) -> None:
     pod = server.api.create(objects.pod("p"))
     recorder = recording.Recorder(api, instance="test")

@@ -9,8 +9,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from gpuplace.cluster import connecting, kube
-from gpuplace.localapi import FakeApi, serve
-from tests.fakeapi import objects
+from gpuplace.dev.localapi import FakeApi, objects, serve
 
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy")
 

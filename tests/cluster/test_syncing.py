@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from gpuplace.cluster import assignments, keys, nodes, pods, syncing
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.dev.localapi import objects
 from gpuplace.placement.choosing import scoring_shape
 from gpuplace.placement.ledger import Grant, GrantState, LedgerError, Oversubscribed
 from gpuplace.placement.requests import GpuRequest
-from tests.fakeapi import objects
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 

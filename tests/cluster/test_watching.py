@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from gpuplace.cluster import kube, watching
-from tests import fakeapi
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from tests.cluster.conftest import eventually
-from tests.fakeapi import objects
 
 FAST = watching.Backoff(first=0.01, cap=0.05)
 
@@ -57,7 +57,7 @@ async def running(
             await task
 
 
-def truth(server: fakeapi.Server, selector_managed: bool = True) -> set[str]:
+def truth(server: localapi.Server, selector_managed: bool = True) -> set[str]:
     return {
         pod["metadata"]["name"]
         for pod in server.api.objects("pods")
@@ -65,7 +65,7 @@ def truth(server: fakeapi.Server, selector_managed: bool = True) -> set[str]:
     }
 
 
-async def test_lists_in_pages_then_follows_changes(server: fakeapi.Server, api: kube.Kube) -> None:
+async def test_lists_in_pages_then_follows_changes(server: localapi.Server, api: kube.Kube) -> None:
     for index in range(5):
         server.api.create(objects.pod(f"p{index}", managed=index != 4))
     async with running(api, selector="gpuplace.io/managed=true") as (informer, handler):
@@ -87,7 +87,7 @@ async def test_lists_in_pages_then_follows_changes(server: fakeapi.Server, api: 
 
 @pytest.mark.parametrize("abort", [False, True])
 async def test_dropped_watch_resumes_from_last_version_without_relist(
-    server: fakeapi.Server, api: kube.Kube, abort: bool
+    server: localapi.Server, api: kube.Kube, abort: bool
 ) -> None:
     server.api.create(objects.pod("a"))
     async with running(api) as (informer, handler):
@@ -106,7 +106,7 @@ async def test_dropped_watch_resumes_from_last_version_without_relist(
 
 @pytest.mark.parametrize("as_http", [False, True])
 async def test_too_old_version_relists_and_replaces(
-    server: fakeapi.Server, api: kube.Kube, as_http: bool
+    server: localapi.Server, api: kube.Kube, as_http: bool
 ) -> None:
     server.api.gone_as_http = as_http
     server.api.create(objects.pod("a"))
@@ -125,7 +125,7 @@ async def test_too_old_version_relists_and_replaces(
 
 
 async def test_error_event_410_on_open_watch_relists(
-    server: fakeapi.Server, api: kube.Kube
+    server: localapi.Server, api: kube.Kube
 ) -> None:
     server.api.create(objects.pod("a"))
     async with running(api) as (_, handler):
@@ -135,7 +135,7 @@ async def test_error_event_410_on_open_watch_relists(
         assert handler.names() == {"a"}
 
 
-async def test_bookmarks_advance_the_resume_point(server: fakeapi.Server, api: kube.Kube) -> None:
+async def test_bookmarks_advance_the_resume_point(server: localapi.Server, api: kube.Kube) -> None:
     server.api.create(objects.pod("a"))
     async with running(api, selector="gpuplace.io/managed=true") as (informer, handler):
         before = informer.resource_version
@@ -147,7 +147,7 @@ async def test_bookmarks_advance_the_resume_point(server: fakeapi.Server, api: k
         assert handler.replaces == 1
 
 
-async def test_failures_back_off_and_recover(server: fakeapi.Server, api: kube.Kube) -> None:
+async def test_failures_back_off_and_recover(server: localapi.Server, api: kube.Kube) -> None:
     server.api.create(objects.node("n0"))
     server.api.fail("GET", "/api/v1/nodes$", 500, times=3)
     async with running(api, "nodes") as (_, handler):
@@ -155,7 +155,7 @@ async def test_failures_back_off_and_recover(server: fakeapi.Server, api: kube.K
     assert len(server.api.calls_to("GET", "/api/v1/nodes$")) >= 4
 
 
-async def test_expired_continue_token_relists(server: fakeapi.Server, api: kube.Kube) -> None:
+async def test_expired_continue_token_relists(server: localapi.Server, api: kube.Kube) -> None:
     for index in range(5):
         server.api.create(objects.pod(f"p{index}"))
     server.api.fail("GET", "/api/v1/pods$", 0, delay=0.2)

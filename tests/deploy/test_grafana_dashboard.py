@@ -36,10 +36,11 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from gpuplace import composing, localapi
+from gpuplace import composing
 from gpuplace.agent import nvml
 from gpuplace.agent_settings import AgentSettings
 from gpuplace.commands import node_agent
+from gpuplace.dev import localapi
 from gpuplace.settings import Settings
 from gpuplace.usage import names as usage_names
 from tests.agent.kubelet import gpu_fixture

@@ -134,6 +134,36 @@ def test_build_stage_copies_every_package_and_the_metadata(stages: list[Stage]) 
     assert {".git", ".venv", "tests"} <= set(ignored)
 
 
+def dockerignore() -> list[re.Pattern[str]]:
+    """The patterns of .dockerignore as Docker reads them (Go's filepath.Match per path
+    element, `**` any number of elements); a matched folder is left out whole."""
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    patterns = []
+    for line in (line.strip().strip("/") for line in lines):
+        if not line or line.startswith("#"):
+            continue
+        assert not line.startswith("!"), "exceptions are not emulated here"
+        elements = [
+            ".*" if e == "**" else re.escape(e).replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+            for e in line.split("/")
+        ]
+        patterns.append(re.compile("/".join(elements).replace(".*/", "(.*/)?")))
+    return patterns
+
+
+def ignored(relative: str, patterns: list[re.Pattern[str]]) -> bool:
+    return any(pattern.fullmatch(relative) for pattern in patterns)
+
+
+def test_dockerignore_reads_as_docker_does() -> None:
+    patterns = dockerignore()
+    for path in ("gpuplace/dev", "gpuplace/commands/demo.py", "gpuplace/x/__pycache__",
+                 "gpuplace/placement/_names.cpython-311-x86_64-linux-gnu.so", "tests"):  # fmt: skip
+        assert ignored(path, patterns), path
+    for path in ("gpuplace/devices.py", "gpuplace/commands/serve.py", "gpuplace/data/nodes.csv"):
+        assert not ignored(path, patterns), path
+
+
 def top_level_packages(project: dict[str, Any]) -> set[str]:
     """The packages setuptools finds (`[tool.setuptools.packages.find] include`)."""
     patterns = project["tool"]["setuptools"]["packages"]["find"]["include"]
@@ -155,18 +185,23 @@ OFFLINE = re.compile(
 @pytest.mark.timeout(600)
 def test_wheel_installs_in_a_clean_venv_and_runs(stages: list[Stage], tmp_path: Path) -> None:
     """The Dockerfile's two stages, on this machine's Python: only the COPYed files form
-    the context; the runtime venv gets nothing but what the wheels install. (The one
-    difference: --no-compile, to keep the test quick.)"""
+    the context, less what .dockerignore leaves out (the development room); the runtime
+    venv gets nothing but what the wheels install. (The one difference: --no-compile, to
+    keep the test quick.)"""
     if sys.version_info[:2] != (3, 11):
         pytest.skip("the image runs Python 3.11; this interpreter is not")
     context = tmp_path / "context"
     context.mkdir()
+    patterns = dockerignore()
+
+    def left_out(folder: str, names: list[str]) -> list[str]:
+        relative = Path(folder).resolve().relative_to(ROOT)
+        return [name for name in names if ignored((relative / name).as_posix(), patterns)]
+
     for source in copied_sources(stages[0]):
         path = ROOT / source
         if path.is_dir():
-            shutil.copytree(
-                path, context / source, ignore=shutil.ignore_patterns("__pycache__", "*.so")
-            )
+            shutil.copytree(path, context / source, ignore=left_out)
         else:
             shutil.copy2(path, context / source)
     wheels = tmp_path / "wheels"
@@ -179,8 +214,14 @@ def test_wheel_installs_in_a_clean_venv_and_runs(stages: list[Stage], tmp_path: 
     assert "BuildBackendWarning" not in built.stdout + built.stderr, built.stderr[-3000:]
     (wheel,) = wheels.glob("gpuplace-*.whl")
     with zipfile.ZipFile(wheel) as archive:  # the C helpers, which the Dockerfile checks too
+        entries = archive.namelist()
         for helper in (r"gpuplace/placement/_names", r"gpuplace/extender/_priorities"):
-            assert any(re.fullmatch(helper + r"\..*\.so", n) for n in archive.namelist())
+            assert any(re.fullmatch(helper + r"\..*\.so", n) for n in entries)
+    # one top-level package, without the development room (the Dockerfile checks that too)
+    dist_info = "-".join(wheel.name.split("-")[:2]) + ".dist-info"
+    assert {entry.split("/")[0] for entry in entries} == {"gpuplace", dist_info}
+    assert not [n for n in entries if n.startswith("gpuplace/dev/") or n.endswith("/demo.py")]
+    assert "gpuplace/commands/serve.py" in entries and "gpuplace/data/nodes.csv" in entries
     deps = run(
         [*pip, "wheel", "--only-binary=:all:", "--wheel-dir", str(wheels), "--constraint",
          str(context / "constraints.txt"), str(wheel)],
@@ -203,6 +244,7 @@ def test_wheel_installs_in_a_clean_venv_and_runs(stages: list[Stage], tmp_path: 
     freeze = run([*pip, "--python", str(python), "list", "--format=json"], tmp_path)
     names = {p["name"].lower() for p in json.loads(freeze.stdout)}
     assert "gpuplace" in names and not names & {"pip", "setuptools", "mypy", "pytest", "ruff"}
+    assert "matplotlib" not in names  # the `demo` extra
 
     check = (
         "import gpuplace.placement.names as n, gpuplace.extender.wire as w;"
@@ -211,9 +253,13 @@ def test_wheel_installs_in_a_clean_venv_and_runs(stages: list[Stage], tmp_path: 
     native = run([str(python), "-c", check], tmp_path)
     assert native.returncode == 0, native.stderr[-2000:]
     gpuplace = venv / "bin" / "gpuplace"
-    for argv in (["--help"], ["serve", "--help"], ["certs", "--help"]):
+    for argv in (["--help"], ["serve", "--help"], ["certs", "--help"], ["node-agent", "--help"]):
         result = run([str(gpuplace), *argv], tmp_path, timeout=60)
         assert result.returncode == 0, (argv, result.stderr[-2000:])
+    listed = run([str(gpuplace), "--help"], tmp_path, timeout=60).stdout
+    assert "serve" in listed and "node-agent" in listed and "demo" not in listed
+    demo = run([str(gpuplace), "demo"], tmp_path, timeout=60)
+    assert demo.returncode == 2 and "invalid choice: 'demo'" in demo.stderr
     # Fresh certificates from the installed package (cryptography wheel works).
     out = tmp_path / "tls"
     made = run([str(gpuplace), "certs", "generate", "--out-dir", str(out)], tmp_path, timeout=60)

@@ -12,7 +12,7 @@ import yaml
 from kubernetes_asyncio import client
 
 from gpuplace.cluster import kube
-from gpuplace.localapi import access
+from gpuplace.dev.localapi import access
 from gpuplace.sidecar import SidecarSettings
 from tests.deploy import rendering
 from tests.deploy.rendering import Obj, named, one, render
@@ -384,7 +384,7 @@ def test_rbac_covers_every_call_the_certs_job_makes(objects: list[Obj]) -> None:
 
 
 def test_the_local_api_enforces_the_rbac_kustomize_renders(objects: list[Obj]) -> None:
-    """gpuplace.localapi reads deploy/ without kustomize: its RBAC objects must be exactly
+    """gpuplace.dev.localapi reads deploy/ without kustomize: its RBAC objects must be exactly
     the rendered ones (labels aside)."""
 
     def rbac(found: list[Obj]) -> list[Obj]:

@@ -14,9 +14,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuplace.cluster import connecting, kube
+from gpuplace.dev import localapi
 from gpuplace.sidecar import Sidecar, SidecarSettings
 from gpuplace.usage.loads import LoadReader
-from tests import fakeapi
 from tests.cluster.conftest import eventually
 
 
@@ -48,13 +48,13 @@ class NoLongerFits(AssertionError):
 class Harness:
     """A fake API server, a sidecar running against it and an HTTP session to its verbs."""
 
-    server: fakeapi.Server
+    server: localapi.Server
     sidecar: Sidecar
     url: str
     session: aiohttp.ClientSession
 
     @property
-    def api(self) -> fakeapi.FakeApi:
+    def api(self) -> localapi.FakeApi:
         return self.server.api
 
     async def post(self, verb: str, body: Any) -> tuple[int, Any]:
@@ -120,7 +120,7 @@ class Harness:
 
 @contextlib.asynccontextmanager
 async def harness(
-    server: fakeapi.Server,
+    server: localapi.Server,
     *,
     clock: Callable[[], float] | None = None,
     load_reader: Callable[[], LoadReader] | None = None,
@@ -129,7 +129,7 @@ async def harness(
 ) -> AsyncIterator[Harness]:
     """A sidecar with `settings(**overrides)`; `clock` times its workload refresh,
     `load_reader` makes its reader of GPU loads (`--load-aware`), `load_clock` their age."""
-    api = kube.Kube(connecting.client_for(server.configuration(fakeapi.GPUPLACE)), timeout=5.0)
+    api = kube.Kube(connecting.client_for(server.configuration(localapi.GPUPLACE)), timeout=5.0)
     extra: dict[str, Any] = {"clock": clock} if clock is not None else {}
     if load_reader is not None:
         extra["load_reader"] = load_reader
@@ -152,9 +152,9 @@ async def harness(
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[fakeapi.Server]:
-    async with fakeapi.serve(
-        fakeapi.FakeApi(bookmark_interval=0.2, access=fakeapi.Access.shipped())
+async def server() -> AsyncIterator[localapi.Server]:
+    async with localapi.serve(
+        localapi.FakeApi(bookmark_interval=0.2, access=localapi.Access.shipped())
     ) as running:
         yield running
 

@@ -11,17 +11,17 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from gpuplace.cluster import keys
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.placement.ledger import GrantState
-from tests import fakeapi
 from tests.extender.conftest import Harness, Unschedulable, harness
-from tests.fakeapi import objects
 
 
 async def ready(h: Harness) -> None:
     await asyncio.wait_for(h.sidecar.sync.ready.wait(), 5)
 
 
-def patches(api: fakeapi.FakeApi, name: str) -> int:
+def patches(api: localapi.FakeApi, name: str) -> int:
     return len(api.calls_to("PATCH", f"/pods/{name}$"))
 
 
@@ -30,7 +30,7 @@ def confirmed(h: Harness, uid: str) -> bool:
     return grant is not None and grant.state is GrantState.CONFIRMED
 
 
-async def test_retried_bind_is_idempotent(server: fakeapi.Server) -> None:
+async def test_retried_bind_is_idempotent(server: localapi.Server) -> None:
     server.api.create(objects.node("n0", gpus=1))
     async with harness(server) as h:
         await ready(h)
@@ -44,7 +44,7 @@ async def test_retried_bind_is_idempotent(server: fakeapi.Server) -> None:
 
 
 async def test_crash_between_annotation_and_binding_is_repaired_by_next_bind(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     server.api.create(objects.node("n0", gpus=1))
     server.api.create(objects.node("n1", gpus=1))
@@ -73,7 +73,7 @@ async def test_crash_between_annotation_and_binding_is_repaired_by_next_bind(
 
 
 async def test_crash_of_the_sidecar_after_annotating_is_repaired_after_restart(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     server.api.create(objects.node("n0", gpus=1))
     pod = server.api.create(objects.pod("p", percent=60))
@@ -93,7 +93,7 @@ async def test_crash_of_the_sidecar_after_annotating_is_repaired_after_restart(
         assert restarted.pod("default", "p")["spec"]["nodeName"] == "n0"
 
 
-async def test_restart_rebuilds_an_identical_ledger(server: fakeapi.Server) -> None:
+async def test_restart_rebuilds_an_identical_ledger(server: localapi.Server) -> None:
     rng = random.Random(3)
     for index in range(4):
         server.api.create(objects.node(f"n{index}", gpus=4, uuids=index % 2 == 0))
@@ -130,7 +130,7 @@ async def test_restart_rebuilds_an_identical_ledger(server: fakeapi.Server) -> N
         assert len(states) == 4
 
 
-def settled(api: fakeapi.FakeApi, h: Harness) -> bool:
+def settled(api: localapi.FakeApi, h: Harness) -> bool:
     """The ledger shows exactly the API's assignments (bound = CONFIRMED)."""
     expected = {}
     for pod in api.objects("pods"):
@@ -149,7 +149,7 @@ async def first_fit(h: Harness, pod: dict[str, Any]) -> str:
     return str(verdict["NodeNames"][0])
 
 
-async def test_deleted_or_finished_pods_free_their_gpus(server: fakeapi.Server) -> None:
+async def test_deleted_or_finished_pods_free_their_gpus(server: localapi.Server) -> None:
     server.api.create(objects.node("n0", gpus=1))
     async with harness(server) as h:
         await ready(h)
@@ -166,7 +166,7 @@ async def test_deleted_or_finished_pods_free_their_gpus(server: fakeapi.Server) 
         await h.schedule(third)
 
 
-async def test_concurrent_binds_for_one_pod_do_not_double_grant(server: fakeapi.Server) -> None:
+async def test_concurrent_binds_for_one_pod_do_not_double_grant(server: localapi.Server) -> None:
     server.api.create(objects.node("n0", gpus=2))
     server.api.fail("PATCH", "/pods/p$", 0, delay=0.2)
     async with harness(server) as h:
@@ -178,7 +178,7 @@ async def test_concurrent_binds_for_one_pod_do_not_double_grant(server: fakeapi.
         assert len(h.sidecar.sync.ledger) == 1
 
 
-async def test_pod_replaced_under_the_same_name_is_refused(server: fakeapi.Server) -> None:
+async def test_pod_replaced_under_the_same_name_is_refused(server: localapi.Server) -> None:
     server.api.create(objects.node("n0", gpus=1))
     async with harness(server) as h:
         await ready(h)
@@ -192,7 +192,7 @@ async def test_pod_replaced_under_the_same_name_is_refused(server: fakeapi.Serve
         )
 
 
-async def test_stale_reservation_is_released_by_the_reaper(server: fakeapi.Server) -> None:
+async def test_stale_reservation_is_released_by_the_reaper(server: localapi.Server) -> None:
     server.api.create(objects.node("n0", gpus=1))
     async with harness(server, reservation_timeout_seconds=0.05) as h:
         await ready(h)
@@ -214,7 +214,7 @@ async def test_stale_reservation_is_released_by_the_reaper(server: fakeapi.Serve
         await h.schedule(h.pod("default", "p"))
 
 
-async def test_metrics_are_exported(server: fakeapi.Server) -> None:
+async def test_metrics_are_exported(server: localapi.Server) -> None:
     server.api.create(objects.node("n0", gpus=2))
     async with harness(server) as h:
         await ready(h)

@@ -12,15 +12,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuplace.cluster import assignments
-from tests import fakeapi
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from tests.extender.conftest import Harness, harness
 from tests.extender.test_binding import settled
-from tests.fakeapi import objects
 
 GPU_MIB = 40960
 
 
-def check_api(api: fakeapi.FakeApi, gpus_per_node: dict[str, int]) -> int:
+def check_api(api: localapi.FakeApi, gpus_per_node: dict[str, int]) -> int:
     """Every GPU's granted share ≤ 100% and memory ≤ its memory, whole GPUs unshared;
     every bound pod carries an assignment on its node. Returns the number bound."""
     milli: dict[tuple[str, int], int] = defaultdict(int)
@@ -65,8 +65,8 @@ async def race(h: Harness, pods: list[dict[str, Any]], seed: int) -> list[str]:
 async def scenario(
     nodes: int, gpus: int, requests: list[tuple[int, int, int]], seed: int
 ) -> tuple[int, list[str]]:
-    async with fakeapi.serve(
-        fakeapi.FakeApi(bookmark_interval=0.2, access=fakeapi.Access.shipped())
+    async with localapi.serve(
+        localapi.FakeApi(bookmark_interval=0.2, access=localapi.Access.shipped())
     ) as server:
         api = server.api
         for index in range(nodes):

@@ -5,11 +5,11 @@ filter passed, looking names up otherwise) while it is current."""
 from __future__ import annotations
 
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.dev.localapi import objects
 from gpuplace.extender.deciding import Decider
 from gpuplace.extender.workloads import PolicyHolder
 from gpuplace.placement import choosing
 from tests.cluster.test_syncing import node_record
-from tests.fakeapi import objects
 
 
 def test_prioritize_ahead_reads_filters_choices_while_they_are_current() -> None:

@@ -13,14 +13,14 @@ import pytest
 from gpuplace import cli
 from gpuplace.cluster import assignments, pods, quantities
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.extender import explaining
 from gpuplace.placement.ledger import Grant
-from tests import fakeapi
-from tests.fakeapi import objects
 
 
 def place(
-    api: fakeapi.FakeApi,
+    api: localapi.FakeApi,
     name: str,
     node: str,
     gpus: tuple[int, ...],
@@ -39,8 +39,8 @@ def place(
 
 
 @pytest.fixture
-def cluster() -> Iterator[fakeapi.ThreadedServer]:
-    with fakeapi.serve_in_thread() as server:
+def cluster() -> Iterator[localapi.ThreadedServer]:
+    with localapi.serve_in_thread() as server:
 
         def build() -> None:
             api = server.api
@@ -58,13 +58,13 @@ def cluster() -> Iterator[fakeapi.ThreadedServer]:
         yield server
 
 
-def explain(cluster: fakeapi.ThreadedServer, tmp_path: Path, *args: str) -> int:
+def explain(cluster: localapi.ThreadedServer, tmp_path: Path, *args: str) -> int:
     config = cluster.server.kubeconfig(tmp_path / "kubeconfig")
     return cli.main(["explain", *args, "--kubeconfig", str(config)])
 
 
 def test_pending_pod_node_by_node(
-    cluster: fakeapi.ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cluster: localapi.ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert explain(cluster, tmp_path, "default/waiting") == 0
     out = capsys.readouterr().out
@@ -79,7 +79,7 @@ def test_pending_pod_node_by_node(
 
 
 def test_fitting_and_bound_pods(
-    cluster: fakeapi.ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cluster: localapi.ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert explain(cluster, tmp_path, "default/small", "-o", "json") == 0
     small = json.loads(capsys.readouterr().out)
@@ -94,14 +94,14 @@ def test_fitting_and_bound_pods(
 
 
 def test_unknown_pod_is_an_error(
-    cluster: fakeapi.ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cluster: localapi.ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert explain(cluster, tmp_path, "default/nope") == 1
     assert "pod default/nope not found" in capsys.readouterr().err
 
 
 def test_memory_only_pods_explained(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with fakeapi.serve_in_thread() as server:
+    with localapi.serve_in_thread() as server:
 
         def build() -> None:
             api = server.api
@@ -137,7 +137,7 @@ def test_memory_only_pods_explained(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_pending_preemption_is_shown_on_both_sides(
-    cluster: fakeapi.ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cluster: localapi.ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """kube-scheduler nominated a100-1 for `waiting` and marked busy-3 there as its victim
     (the fake API deletes at once, so no pod is seen terminating: see the next test)."""

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from gpuplace.cluster import keys
-from tests import fakeapi
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from tests.extender.conftest import harness
-from tests.fakeapi import objects
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "extender"
@@ -35,7 +35,7 @@ def load(kind: str) -> dict[str, Any]:
     raise AssertionError(f"no {kind} fixture")
 
 
-def cluster(api: fakeapi.FakeApi, pod: dict[str, Any]) -> None:
+def cluster(api: localapi.FakeApi, pod: dict[str, Any]) -> None:
     """The fixtures' two nodes (an A100 80GB and a T4 16GB) and their pod, with its UID."""
     api.create(objects.node("gpu-a100-0", gpus=1, model="NVIDIA-A100-SXM4-80GB"))
     api.create(objects.node("gpu-t4-0", gpus=1, model="Tesla-T4", gpu_memory_mib=15360, cpu="16"))
@@ -52,7 +52,7 @@ def cluster(api: fakeapi.FakeApi, pod: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("path", FILES, ids=[path.name for path in FILES])
-async def test_each_payload_is_accepted(server: fakeapi.Server, path: Path) -> None:
+async def test_each_payload_is_accepted(server: localapi.Server, path: Path) -> None:
     request = json.loads(path.read_text())["request"]
     verb = path.stem.split("-")[1]
     async with harness(server) as h:
@@ -65,7 +65,7 @@ async def test_each_payload_is_accepted(server: fakeapi.Server, path: Path) -> N
         assert "Error" in body
 
 
-async def test_fixture_flow_places_on_the_gpu_that_can_hold_it(server: fakeapi.Server) -> None:
+async def test_fixture_flow_places_on_the_gpu_that_can_hold_it(server: localapi.Server) -> None:
     filter_args, prioritize_args, bind_args = load("filter"), load("prioritize"), load("bind")
     cluster(server.api, filter_args["Pod"])
     async with harness(server) as h:

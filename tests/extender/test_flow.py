@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 
 from gpuplace.cluster import keys
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.placement.fences import Fence
 from gpuplace.placement.ledger import GrantState
-from tests import fakeapi
 from tests.extender.conftest import harness
-from tests.fakeapi import objects
 
 
-async def test_schedules_binds_and_annotates(server: fakeapi.Server) -> None:
+async def test_schedules_binds_and_annotates(server: localapi.Server) -> None:
     api = server.api
     for index in range(3):
         api.create(objects.node(f"gpu-{index}", gpus=2, uuids=index == 0))
@@ -40,7 +40,7 @@ async def test_schedules_binds_and_annotates(server: fakeapi.Server) -> None:
         assert notes2[keys.ASSIGNED_GPUS] == notes[keys.ASSIGNED_GPUS]
 
 
-async def test_fenced_nodes_are_not_offered_to_other_pods(server: fakeapi.Server) -> None:
+async def test_fenced_nodes_are_not_offered_to_other_pods(server: localapi.Server) -> None:
     """A starving gang's capacity hold: filter keeps other pods off its nodes (a
     resolvable reason), and offers them to the gang's own members."""
 
@@ -73,7 +73,7 @@ async def test_fenced_nodes_are_not_offered_to_other_pods(server: fakeapi.Server
 
 
 async def test_memory_only_pods_are_filtered_scored_bound_and_packed(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     """`gpu-memory` alone: placed by per-GPU memory, never on a GPU with a compute share,
     packed onto one GPU until its memory is gone; a misfit says how much memory is free."""

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from bench import extender_latency
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.extender.wire import ExtenderArgs
-from tests import fakeapi
 from tests.extender.test_http import seeded
-from tests.fakeapi import objects
 
 pytestmark = pytest.mark.skipif(
     shutil.which("go") is None, reason="no Go toolchain (`go`) on PATH to build the stand-in"
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(
 
 
 async def test_go_encoded_calls_are_answered_and_prioritize_takes_filters_list_back(
-    server: fakeapi.Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    server: localapi.Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Go's encoding of ExtenderArgs (Pod, Nodes, NodeNames) sends back filter's node list
     byte for byte: every prioritize takes it without parsing it and is the answer

@@ -22,15 +22,15 @@ from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from gpuplace.cluster import kube
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.extender import app as extender_app
 from gpuplace.placement import names as node_names
 from gpuplace.placement.names import EveryNode
 from gpuplace.sidecar import Sidecar
-from tests import fakeapi
 from tests.cluster.conftest import eventually
 from tests.extender import conftest
 from tests.extender.conftest import Harness, harness, scored
-from tests.fakeapi import objects
 
 
 async def ready(h: Harness) -> None:
@@ -51,7 +51,7 @@ async def ready(h: Harness) -> None:
     ],
 )
 async def test_malformed_requests_get_400_with_a_reason(
-    server: fakeapi.Server, verb: str, body: bytes
+    server: localapi.Server, verb: str, body: bytes
 ) -> None:
     async with harness(server) as h, h.session.post(f"{h.url}/{verb}", data=body) as response:
         assert response.status == 400
@@ -59,7 +59,7 @@ async def test_malformed_requests_get_400_with_a_reason(
     assert answer["Error"].startswith(f"not a kube-scheduler {verb} request")
 
 
-async def test_oversized_body_gets_413(server: fakeapi.Server) -> None:
+async def test_oversized_body_gets_413(server: localapi.Server) -> None:
     async with harness(server, extender_max_body_bytes=2048) as h:
         body = {"Pod": {"metadata": {"name": "p"}}, "NodeNames": ["n" * 100] * 50}
         status, _ = await h.post("filter", body)
@@ -100,7 +100,7 @@ SHAPE = st.fixed_dictionaries(
 @given(pods=st.lists(SHAPE, min_size=15, max_size=15))
 def test_any_pod_shape_gets_an_answer_never_a_500(pods: list[dict[str, Any]]) -> None:
     async def run() -> None:
-        async with fakeapi.serve() as server:
+        async with localapi.serve() as server:
             server.api.create(objects.node("n0"))
             async with harness(server) as h:
                 await ready(h)
@@ -117,9 +117,9 @@ def test_any_pod_shape_gets_an_answer_never_a_500(pods: list[dict[str, Any]]) ->
 
 
 @contextlib.asynccontextmanager
-async def unsynced(server: fakeapi.Server) -> AsyncIterator[Harness]:
+async def unsynced(server: localapi.Server) -> AsyncIterator[Harness]:
     """A sidecar whose informers never start (the API is unreachable at first)."""
-    api = kube.Kube(client.ApiClient(server.configuration(fakeapi.GPUPLACE)))
+    api = kube.Kube(client.ApiClient(server.configuration(localapi.GPUPLACE)))
     sidecar = Sidecar(conftest.settings(sync_wait_seconds=0.05), CollectorRegistry(), api)
     runner = aiohttp.web.AppRunner(sidecar.app)
     await runner.setup()
@@ -134,7 +134,7 @@ async def unsynced(server: fakeapi.Server) -> AsyncIterator[Harness]:
 
 
 async def test_no_decision_before_the_first_sync(
-    server: fakeapi.Server, monkeypatch: pytest.MonkeyPatch
+    server: localapi.Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pod = server.api.create(objects.pod("p"))
     async with unsynced(server) as h:
@@ -156,7 +156,7 @@ async def test_no_decision_before_the_first_sync(
 
 
 async def test_no_fit_becomes_one_event_with_a_line_per_reason_kind(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     api = server.api
     for index in range(3):
@@ -196,7 +196,7 @@ async def test_no_fit_becomes_one_event_with_a_line_per_reason_kind(
         assert event["involvedObject"]["uid"] == pod["metadata"]["uid"]
 
 
-async def test_prioritize_gives_ten_only_to_the_policys_best(server: fakeapi.Server) -> None:
+async def test_prioritize_gives_ten_only_to_the_policys_best(server: localapi.Server) -> None:
     api = server.api
     for index in range(4):
         api.create(objects.node(f"n{index}", gpus=2))
@@ -213,7 +213,7 @@ async def test_prioritize_gives_ten_only_to_the_policys_best(server: fakeapi.Ser
 
 
 @contextlib.asynccontextmanager
-async def seeded(server: fakeapi.Server) -> AsyncIterator[Harness]:
+async def seeded(server: localapi.Server) -> AsyncIterator[Harness]:
     """Four 2-GPU nodes, one pod placed (it replaces the fallback workload: a new policy
     version), and the warmer done: what prioritize answered ahead needs."""
     api = server.api
@@ -227,7 +227,7 @@ async def seeded(server: fakeapi.Server) -> AsyncIterator[Harness]:
 
 
 async def test_prioritize_answered_ahead_only_while_nothing_changed(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     api = server.api
     async with seeded(server) as h:
@@ -259,7 +259,7 @@ async def test_prioritize_answered_ahead_only_while_nothing_changed(
 
 
 async def test_prioritize_takes_filters_list_back_without_parsing_it(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     """kube-scheduler sends prioritize the nodes filter answered, encoded as Go does
     (Pod, Nodes, NodeNames; no spaces): the list prepared ahead is taken as it is, and
@@ -287,7 +287,7 @@ async def test_prioritize_takes_filters_list_back_without_parsing_it(
         assert used is not None and used >= 1
 
 
-async def test_background_work_waits_for_the_verb_that_follows(server: fakeapi.Server) -> None:
+async def test_background_work_waits_for_the_verb_that_follows(server: localapi.Server) -> None:
     """kube-scheduler's prioritize follows a filter that passed nodes, and bind follows
     prioritize: until it comes (or the expectation lapses) nothing starts in the
     background. After bind, nothing is expected."""
@@ -311,7 +311,7 @@ DURATION = "gpuplace_extender_request_duration_seconds"
 
 
 async def test_work_after_filter_waits_until_its_answer_is_in_the_socket(
-    server: fakeapi.Server, monkeypatch: pytest.MonkeyPatch
+    server: localapi.Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An answer too large for the socket at once goes out as kube-scheduler reads it.
     Until its last byte is in the kernel the verb stays in flight (the warmer does not
@@ -373,7 +373,7 @@ async def test_work_after_filter_waits_until_its_answer_is_in_the_socket(
 
 
 async def test_filter_takes_every_node_as_bytes_and_answers_as_parsing_them(
-    server: fakeapi.Server, monkeypatch: pytest.MonkeyPatch
+    server: localapi.Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """kube-scheduler's filter usually names every node (Go's encoding: NodeNames last, in
     its own order): they are compared as bytes, not parsed, and stand for every node by
@@ -403,7 +403,7 @@ async def test_filter_takes_every_node_as_bytes_and_answers_as_parsing_them(
         assert sorted(taken["NodeNames"]) == ["n0", "n1", "n2", "n3"]
 
 
-async def test_non_gpu_pods_pass_through_and_bind_plainly(server: fakeapi.Server) -> None:
+async def test_non_gpu_pods_pass_through_and_bind_plainly(server: localapi.Server) -> None:
     server.api.create(objects.node("n0", gpus=1))
     async with harness(server) as h:
         await ready(h)
@@ -416,7 +416,7 @@ async def test_non_gpu_pods_pass_through_and_bind_plainly(server: fakeapi.Server
 
 
 async def test_unreadable_annotations_fail_every_node_unresolvably(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     server.api.create(objects.node("n0", gpus=1))
     async with harness(server) as h:
@@ -430,7 +430,7 @@ async def test_unreadable_annotations_fail_every_node_unresolvably(
         assert "gpu-percent" in await h.bind(pod, "n0")
 
 
-async def test_full_node_objects_when_not_cache_capable(server: fakeapi.Server) -> None:
+async def test_full_node_objects_when_not_cache_capable(server: localapi.Server) -> None:
     server.api.create(objects.node("n0", gpus=1))
     server.api.create(objects.node("n1", gpus=1, model="Tesla-T4"))
     async with harness(server) as h:

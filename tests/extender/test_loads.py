@@ -13,13 +13,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuplace.cluster import keys
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.extender import loading
 from gpuplace.placement import policies
 from gpuplace.sidecar import NoLoadReader, Sidecar
 from gpuplace.usage.loads import GpuLoad, GpuLoads, UsageUnavailable
-from tests import fakeapi
 from tests.extender.conftest import Harness, harness, settings
-from tests.fakeapi import objects
 
 NODES = ("gpu-a", "gpu-b")
 LINE = policies.Ranked()
@@ -106,13 +106,13 @@ async def _place(h: Harness, name: str) -> tuple[str, str, dict[str, int]]:
     return node, h.pod("default", name)["metadata"]["annotations"][keys.ASSIGNED_GPUS], scores
 
 
-def _cluster(server: fakeapi.Server) -> None:
+def _cluster(server: localapi.Server) -> None:
     for name in NODES:
         server.api.create(objects.node(name, gpus=2))
 
 
 async def test_of_two_equal_nodes_the_less_loaded_wins_and_its_idle_gpu(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     _cluster(server)
     reader = DictReader(BUSY_FIRST)
@@ -129,7 +129,7 @@ async def test_of_two_equal_nodes_the_less_loaded_wins_and_its_idle_gpu(
 
 
 async def test_new_loads_between_filter_and_prioritize_are_not_missed(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     """prioritize's answer prepared right after filter holds the loads of then: new loads
     read in between make it stale, and prioritize scores with them."""
@@ -161,7 +161,7 @@ async def test_new_loads_between_filter_and_prioritize_are_not_missed(
         assert stale == 1.0
 
 
-async def test_without_load_aware_the_answers_are_todays(server: fakeapi.Server) -> None:
+async def test_without_load_aware_the_answers_are_todays(server: localapi.Server) -> None:
     """Off (the default), the same loads change nothing: the first node in line, GPU 0."""
     _cluster(server)
     async with harness(server) as h:
@@ -172,7 +172,7 @@ async def test_without_load_aware_the_answers_are_todays(server: fakeapi.Server)
         assert scores == {FIRST: 10, SECOND: 0}
 
 
-async def test_a_better_score_wins_however_busy(server: fakeapi.Server) -> None:
+async def test_a_better_score_wins_however_busy(server: localapi.Server) -> None:
     """The default policy packs a second half share onto the half-used GPU: its node
     scores higher than an empty one, and the load never overturns that."""
     _cluster(server)
@@ -190,7 +190,7 @@ async def test_a_better_score_wins_however_busy(server: fakeapi.Server) -> None:
 
 
 async def test_old_loads_break_no_ties_and_prometheus_down_is_logged_once(
-    server: fakeapi.Server, caplog: pytest.LogCaptureFixture
+    server: localapi.Server, caplog: pytest.LogCaptureFixture
 ) -> None:
     _cluster(server)
     reader = DictReader(BUSY_FIRST)

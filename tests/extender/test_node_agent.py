@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry
 from gpuplace.agent import publishing
 from gpuplace.cluster import keys, metering, nodes, pods
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.extender import explaining
 from gpuplace.extender.deciding import Decider
 from gpuplace.extender.repeating import Answer, Repeats
@@ -21,9 +23,7 @@ from gpuplace.extender.workloads import PolicyHolder
 from gpuplace.placement import fit
 from gpuplace.placement.choosing import Choice
 from gpuplace.placement.ledger import Grant, Oversubscribed
-from tests import fakeapi
 from tests.extender.conftest import harness
-from tests.fakeapi import objects
 
 NOW = 1_800_000_000.0
 BOUND = 120.0
@@ -194,7 +194,7 @@ def test_kept_filter_answers_go_stale_when_a_node_closes_or_a_gpu_turns_unhealth
 
 
 async def test_the_running_sidecar_stops_placing_on_a_node_once_its_agent_falls_silent(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     # the heartbeat has whole seconds: one a second ahead is fresh for 2-3 s
     server.api.create(agent_node("quiet", beat=time.time() + 1.0))

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 
 from gpuplace.cluster import keys
-from tests import fakeapi
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from tests.extender.conftest import Harness, harness
-from tests.fakeapi import objects
 
 REFRESH = 60.0
 
@@ -35,7 +35,7 @@ async def _place(h: Harness, name: str, percent: int) -> tuple[str, str]:
 
 
 async def test_quarter_shares_fill_gpus_before_opening_new_ones(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     """The cluster's first GPU pod asked half a GPU (and finished): the typical workload
     is that one shape until the refresh. 16 quarter shares then fill 4 GPUs, not 8;

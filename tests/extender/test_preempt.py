@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from gpuplace.cluster import keys
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.extender.preempt_wire import PreemptionArgs, PreemptionResult
-from tests import fakeapi
 from tests.cluster.conftest import eventually
 from tests.extender.conftest import Harness, harness
-from tests.fakeapi import objects
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT.parent / "shared" / "fixtures" / "extender-preempt" / "011-preempt-high-1.json"
@@ -72,7 +72,7 @@ def answered(body: Any) -> dict[str, set[str]]:
 
 
 @pytest.mark.skipif(not FIXTURE.is_file(), reason=f"captured payload not present at {FIXTURE}")
-async def test_captured_payload_is_answered_in_the_wire_format(server: fakeapi.Server) -> None:
+async def test_captured_payload_is_answered_in_the_wire_format(server: localapi.Server) -> None:
     """gpu-a (one GPU: 30% + 60%) and gpu-b (one GPU: 50% under a PDB + 40%), a 70% pod:
     kube-scheduler's picks are right on one-GPU nodes, so they come back as they are."""
     request = json.loads(FIXTURE.read_text())["request"]
@@ -133,7 +133,7 @@ def test_wire_reads_both_forms_and_any_letter_case() -> None:
 @pytest.mark.parametrize(
     "body", [b"not json", b"{}", b'{"Pod": {}, "NodeNameToMetaVictims": {"n": {"Pods": 3}}}']
 )
-async def test_malformed_preempt_gets_400(server: fakeapi.Server, body: bytes) -> None:
+async def test_malformed_preempt_gets_400(server: localapi.Server, body: bytes) -> None:
     async with harness(server) as h, h.session.post(f"{h.url}/preempt", data=body) as response:
         assert response.status == 400
         answer = await response.json()
@@ -178,7 +178,7 @@ def over_committed(h: Harness) -> list[tuple[str, int]]:
     ],
 )
 async def test_victims_are_narrowed_to_one_gpu(
-    server: fakeapi.Server, offered: list[str], beyond: bool, expected: set[str] | None
+    server: localapi.Server, offered: list[str], beyond: bool, expected: set[str] | None
 ) -> None:
     server.api.create(objects.node("gpu-x", gpus=2))
     async with harness(server, policy="best-fit", preempt_beyond_offered=beyond) as h:
@@ -197,7 +197,7 @@ async def test_victims_are_narrowed_to_one_gpu(
 
 
 async def test_preemptor_binds_on_the_freed_gpu_and_nobody_else_takes_it(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     """What kube-scheduler does after our answer: nominate the node, delete the victims,
     retry the preemptor. The freed GPU is held for it the moment the nomination shows; a
@@ -254,7 +254,7 @@ async def test_preemptor_binds_on_the_freed_gpu_and_nobody_else_takes_it(
         assert gpu in reasons()["low-60"] and "default/high" in reasons()["low-60"]
 
 
-async def test_gang_member_goes_only_with_its_whole_gang(server: fakeapi.Server) -> None:
+async def test_gang_member_goes_only_with_its_whole_gang(server: localapi.Server) -> None:
     """A running gang member shares GPU 0 with a lone pod; its gang mate runs on another
     node: kube-scheduler cannot evict across nodes, so the member is never a victim."""
     server.api.create(objects.node("gpu-x", gpus=1))
@@ -280,7 +280,7 @@ async def test_gang_member_goes_only_with_its_whole_gang(server: fakeapi.Server)
         assert answered(body) == {}
 
 
-async def test_gang_on_one_node_goes_whole(server: fakeapi.Server) -> None:
+async def test_gang_on_one_node_goes_whole(server: localapi.Server) -> None:
     server.api.create(objects.node("gpu-x", gpus=2))
     async with harness(server) as h:
         await ready(h)
@@ -299,7 +299,7 @@ async def test_gang_on_one_node_goes_whole(server: fakeapi.Server) -> None:
 
 
 async def test_a_victim_deleted_at_once_holds_the_gpu_before_the_nomination_shows(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     """No grace period: the victim's DELETE may reach the informer before the preemptor's
     nomination; the freed GPU is held from that moment, a lower-priority pod cannot take
@@ -334,7 +334,7 @@ async def test_a_victim_deleted_at_once_holds_the_gpu_before_the_nomination_show
 
 @pytest.mark.parametrize("beyond", [True, False])
 async def test_a_placeholder_node_gets_victims_chosen_by_the_extender(
-    server: fakeapi.Server, beyond: bool
+    server: localapi.Server, beyond: bool
 ) -> None:
     """60% and 50% on two GPUs: node totals hold 70% without preemption, so newer
     kube-scheduler releases offer the node with no victims; ours: the 50% pod (one pod

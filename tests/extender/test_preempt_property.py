@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from gpuplace.cluster import pods
 from gpuplace.cluster.nodes import NodeRecord
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.dev.localapi import objects
 from gpuplace.extender.preempt_verb import Preempter
 from gpuplace.extender.preempt_wire import PreemptionArgs
 from gpuplace.placement import victim_choice
 from gpuplace.placement.ledger import Grant
 from gpuplace.placement.victim_choice import Unit
-from tests.fakeapi import objects
 from tests.placement.clusters import node
 
 HIGH = 100

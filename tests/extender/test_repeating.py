@@ -13,14 +13,14 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.extender.deciding import Decider
 from gpuplace.extender.repeating import Answer, Repeats
 from gpuplace.extender.workloads import PolicyHolder
 from gpuplace.placement.ledger import Grant
-from tests import fakeapi
 from tests.cluster.test_syncing import node_record
 from tests.extender.conftest import harness
-from tests.fakeapi import objects
 
 NODES = [f"n{index}" for index in range(4)]
 PODS = [
@@ -122,7 +122,7 @@ def test_every_node_answers_go_stale_on_any_change() -> None:
     assert counts == {"hit": 2.0, "miss": 2.0, "stale": 1.0}
 
 
-async def test_repeated_filters_of_a_pending_pod_through_the_app(server: fakeapi.Server) -> None:
+async def test_repeated_filters_of_a_pending_pod_through_the_app(server: localapi.Server) -> None:
     """A pod that fits nowhere is filtered again and again while other pods' events come:
     the answer is kept while its nodes are unchanged, and a freed GPU makes it fit at once."""
     api = server.api

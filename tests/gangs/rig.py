@@ -18,6 +18,8 @@ from gpuplace.cluster import annotations as grammar
 from gpuplace.cluster import assignments, keys
 from gpuplace.cluster.gang_marks import gated, plan_mark
 from gpuplace.cluster.node_affinity import NodeAffinity
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.gangs import wiring
 from gpuplace.gangs.controller import GangController, GangSettings
 from gpuplace.gangs.store import GangStore
@@ -25,9 +27,7 @@ from gpuplace.placement.fences import Fences
 from gpuplace.placement.inventory import Inventory
 from gpuplace.placement.ledger import Ledger
 from gpuplace.placement.requests import WHOLE
-from tests import fakeapi
 from tests.extender.conftest import Harness, NoLongerFits, Unschedulable, harness
-from tests.fakeapi import objects
 
 
 @dataclass
@@ -51,7 +51,7 @@ class Rig:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
-    def api(self) -> fakeapi.FakeApi:
+    def api(self) -> localapi.FakeApi:
         return self.h.api
 
     def pods(self, namespace: str = "default") -> list[dict[str, Any]]:
@@ -140,14 +140,14 @@ class Rig:
         return left
 
 
-def _affinity_allows(api: fakeapi.FakeApi, pod: dict[str, Any], node: str) -> bool:
+def _affinity_allows(api: localapi.FakeApi, pod: dict[str, Any], node: str) -> bool:
     labels = api.get("nodes", node)["metadata"].get("labels") or {}
     return NodeAffinity.of(pod).matches(node, labels)
 
 
 @contextlib.asynccontextmanager
 async def rig(
-    server: fakeapi.Server,
+    server: localapi.Server,
     *,
     clock: Clock | None = None,
     settings: GangSettings | None = None,
@@ -198,7 +198,7 @@ def condition(pod: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def nodes(api: fakeapi.FakeApi, count: int, gpus: int = 4, **kwargs: Any) -> None:
+def nodes(api: localapi.FakeApi, count: int, gpus: int = 4, **kwargs: Any) -> None:
     for i in range(count):
         api.create(objects.node(f"gpu-{i}", gpus=gpus, **kwargs))
 

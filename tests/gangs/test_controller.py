@@ -9,11 +9,11 @@ from typing import Any
 from gpuplace.cluster import assignments, keys
 from gpuplace.cluster.gang_marks import PlanMark, gated, plan_mark
 from gpuplace.cluster.node_affinity import NodeAffinity
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.gangs import pinning
 from gpuplace.gangs.controller import GangSettings
 from gpuplace.placement.ledger import Grant
-from tests import fakeapi
-from tests.fakeapi import objects
 from tests.gangs.rig import (
     check_grants,
     check_plans,
@@ -27,7 +27,7 @@ from tests.gangs.rig import (
 
 
 async def test_a_complete_gang_is_planned_narrowed_and_ungated_together(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     nodes(server.api, 3)
     async with rig(server) as r:
@@ -74,7 +74,7 @@ async def test_a_complete_gang_is_planned_narrowed_and_ungated_together(
         assert (await events(r)).count("GangPlaced") == 4
 
 
-async def test_an_incomplete_gang_waits_holding_nothing(server: fakeapi.Server) -> None:
+async def test_an_incomplete_gang_waits_holding_nothing(server: localapi.Server) -> None:
     nodes(server.api, 2)
     async with rig(server) as r:
         for i in range(3):
@@ -92,7 +92,7 @@ async def test_an_incomplete_gang_waits_holding_nothing(server: fakeapi.Server) 
 
 
 async def test_a_member_deleted_before_the_start_leaves_the_rest_waiting(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     nodes(server.api, 2)
     async with rig(server) as r:
@@ -110,7 +110,7 @@ async def test_a_member_deleted_before_the_start_leaves_the_rest_waiting(
 
 
 async def test_a_member_beyond_the_gang_size_stays_gated_with_an_event(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     nodes(server.api, 2)
     async with rig(server) as r:
@@ -126,7 +126,7 @@ async def test_a_member_beyond_the_gang_size_stays_gated_with_an_event(
         check_plans(r.pods_everywhere())
 
 
-async def test_a_failed_plan_write_is_rolled_back_then_retried(server: fakeapi.Server) -> None:
+async def test_a_failed_plan_write_is_rolled_back_then_retried(server: localapi.Server) -> None:
     nodes(server.api, 2)
     async with rig(server) as r:
         r.api.fail("PATCH", r"/pods/w2$", 500, times=1)
@@ -142,7 +142,7 @@ async def test_a_failed_plan_write_is_rolled_back_then_retried(server: fakeapi.S
 
 
 async def test_two_gangs_that_fit_only_alone_never_both_hold_part(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     nodes(server.api, 2)  # 8 GPUs
     async with rig(server) as r:
@@ -166,7 +166,7 @@ async def test_two_gangs_that_fit_only_alone_never_both_hold_part(
         check_plans(r.pods_everywhere())
 
 
-async def test_higher_priority_gangs_go_first(server: fakeapi.Server) -> None:
+async def test_higher_priority_gangs_go_first(server: localapi.Server) -> None:
     server.api.create(objects.node("gpu-0", gpus=4))
     # both gangs exist before the controller starts: one round sees them together
     for i in range(2):
@@ -178,7 +178,7 @@ async def test_higher_priority_gangs_go_first(server: fakeapi.Server) -> None:
         assert all(gated(pod) for pod in r.gang_pods("a-low"))
 
 
-async def test_older_gangs_go_first_at_equal_priority(server: fakeapi.Server) -> None:
+async def test_older_gangs_go_first_at_equal_priority(server: localapi.Server) -> None:
     server.api.create(objects.node("gpu-0", gpus=4))
     for i in range(2):
         server.api.create(member(f"z{i}", "z-old", 2, count=2))
@@ -191,7 +191,7 @@ async def test_older_gangs_go_first_at_equal_priority(server: fakeapi.Server) ->
         assert all(gated(pod) for pod in r.gang_pods("a-new"))
 
 
-async def test_members_keep_to_their_own_node_constraints(server: fakeapi.Server) -> None:
+async def test_members_keep_to_their_own_node_constraints(server: localapi.Server) -> None:
     for i in range(3):
         server.api.create(objects.node(f"gpu-{i}", gpus=4, labels={"zone": f"z{i % 2}"}))
     async with rig(server) as r:
@@ -208,7 +208,7 @@ async def test_members_keep_to_their_own_node_constraints(server: fakeapi.Server
 
 
 async def test_a_gang_that_times_out_says_why_holds_nothing_and_starts_when_room_frees(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     nodes(server.api, 1, gpus=4)
     async with rig(server) as r:
@@ -250,7 +250,7 @@ async def test_a_gang_that_times_out_says_why_holds_nothing_and_starts_when_room
         assert r.metric("gpuplace_gang_placements_total") == 1
 
 
-async def test_an_incomplete_gang_times_out_with_its_own_reason(server: fakeapi.Server) -> None:
+async def test_an_incomplete_gang_times_out_with_its_own_reason(server: localapi.Server) -> None:
     nodes(server.api, 1)
     async with rig(server) as r:
         r.api.create(member("w0", "train", 3, count=1, timeout="1m"))
@@ -279,7 +279,7 @@ def layout(size: int) -> list[tuple[str, tuple[int, ...]]]:
     return [(f"gpu-{i // 2}", (2 * (i % 2), 2 * (i % 2) + 1)) for i in range(size)]
 
 
-async def test_restart_finishes_a_fully_written_plan(server: fakeapi.Server) -> None:
+async def test_restart_finishes_a_fully_written_plan(server: localapi.Server) -> None:
     nodes(server.api, 2)
     for i, (node, gpus) in enumerate(layout(4)):
         server.api.create(planned(f"w{i}", "train", 4, plan_id="p1", node=node, gpus=gpus))
@@ -296,7 +296,7 @@ async def test_restart_finishes_a_fully_written_plan(server: fakeapi.Server) -> 
         check_grants(r.api.objects("nodes"), r.pods_everywhere())
 
 
-async def test_restart_finishes_a_half_ungated_gang(server: fakeapi.Server) -> None:
+async def test_restart_finishes_a_half_ungated_gang(server: localapi.Server) -> None:
     nodes(server.api, 2)
     for i, (node, gpus) in enumerate(layout(4)):
         pod = planned(f"w{i}", "train", 4, plan_id="p1", node=node, gpus=gpus)
@@ -310,7 +310,7 @@ async def test_restart_finishes_a_half_ungated_gang(server: fakeapi.Server) -> N
 
 
 async def test_restart_rolls_back_a_partly_written_plan_and_plans_again(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     nodes(server.api, 2)
     for i, (node, gpus) in enumerate(layout(4)):
@@ -329,7 +329,7 @@ async def test_restart_rolls_back_a_partly_written_plan_and_plans_again(
         check_grants(r.api.objects("nodes"), r.pods_everywhere())
 
 
-async def test_restart_rolls_back_a_plan_that_lost_a_member(server: fakeapi.Server) -> None:
+async def test_restart_rolls_back_a_plan_that_lost_a_member(server: localapi.Server) -> None:
     nodes(server.api, 2)
     for i, (node, gpus) in enumerate(layout(4)[:3]):
         server.api.create(planned(f"w{i}", "train", 4, plan_id="p1", node=node, gpus=gpus))
@@ -342,7 +342,7 @@ async def test_restart_rolls_back_a_plan_that_lost_a_member(server: fakeapi.Serv
         assert len(await events(r, "GangPlanRolledBack")) == 3
 
 
-async def test_a_crash_while_writing_leaves_all_or_nothing(server: fakeapi.Server) -> None:
+async def test_a_crash_while_writing_leaves_all_or_nothing(server: localapi.Server) -> None:
     nodes(server.api, 2)
     async with rig(server) as r:
         # the last member's plan write hangs; the sidecar dies meanwhile
@@ -363,7 +363,7 @@ async def test_a_crash_while_writing_leaves_all_or_nothing(server: fakeapi.Serve
 
 
 async def test_a_starving_gang_gets_a_capacity_hold_that_other_gangs_respect(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     nodes(server.api, 3, gpus=4)
     settings = GangSettings(poll_seconds=0.2, settle_seconds=0.005, starve_after_seconds=60)
@@ -405,7 +405,7 @@ async def test_a_starving_gang_gets_a_capacity_hold_that_other_gangs_respect(
         assert r.fences.current is None
 
 
-async def test_only_the_leading_replica_plans(server: fakeapi.Server) -> None:
+async def test_only_the_leading_replica_plans(server: localapi.Server) -> None:
     nodes(server.api, 2)
     leading = [False]
     async with rig(server, active=lambda: leading[0]) as r:

@@ -9,10 +9,10 @@ from dataclasses import replace
 from typing import Any
 
 from gpuplace.cluster.gang_marks import gated, plan_mark
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.gangs import evicting
 from gpuplace.gangs.controller import GangSettings
-from tests import fakeapi
-from tests.fakeapi import objects
 from tests.gangs.rig import Rig, check_grants, events, member, nodes, rig
 
 SETTINGS = GangSettings(poll_seconds=0.2, settle_seconds=0.005, preempt_retry_seconds=0.3)
@@ -51,7 +51,7 @@ async def runner(
     return r.gang_pods(gang)
 
 
-def evicted(api: fakeapi.FakeApi) -> list[str]:
+def evicted(api: localapi.FakeApi) -> list[str]:
     """Pods the sidecar asked the API to evict (a refused request counts too)."""
     return sorted(
         call.path.split("/")[-2]
@@ -60,7 +60,7 @@ def evicted(api: fakeapi.FakeApi) -> list[str]:
     )
 
 
-def terminating(api: fakeapi.FakeApi) -> list[str]:
+def terminating(api: localapi.FakeApi) -> list[str]:
     return sorted(
         pod["metadata"]["name"]
         for pod in api.objects("pods", "default")
@@ -68,14 +68,14 @@ def terminating(api: fakeapi.FakeApi) -> list[str]:
     )
 
 
-def kubelet_finishes(api: fakeapi.FakeApi) -> None:
+def kubelet_finishes(api: localapi.FakeApi) -> None:
     """The kubelet removes every terminating pod (its containers have stopped)."""
     for name in terminating(api):
         api.delete("pods", name, "default")
 
 
 async def test_a_higher_priority_gang_displaces_exactly_the_pods_it_needs(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     """gpu-0 is full of priority-0 pods; gpu-1 has two free GPUs, a priority-0 pod and a
     priority-100 one. A priority-100 gang of two 2-GPU members: one member takes the
@@ -125,7 +125,7 @@ async def test_a_higher_priority_gang_displaces_exactly_the_pods_it_needs(
 
 
 async def test_nothing_is_evicted_when_a_member_would_still_lack_room(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     """gpu-0 holds priority-200 pods only; a priority-100 gang of two 4-GPU members
     could displace gpu-1's pods for one member but never find room for the other."""
@@ -144,7 +144,7 @@ async def test_nothing_is_evicted_when_a_member_would_still_lack_room(
 
 
 async def test_a_budget_that_forbids_a_victim_moves_the_preemption_or_stops_it(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     """Two full nodes of priority-0 pods; a PodDisruptionBudget allows none of gpu-0's
     pods to go: the 2-member gang takes gpu-1 only. With gpu-1's pods covered too,
@@ -175,7 +175,7 @@ async def test_a_budget_that_forbids_a_victim_moves_the_preemption_or_stops_it(
 
 
 async def test_a_running_lower_gang_on_two_nodes_goes_whole_or_not_at_all(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     nodes(server.api, 3)
     async with rig(server, settings=SETTINGS) as r:
@@ -201,7 +201,7 @@ async def test_a_running_lower_gang_on_two_nodes_goes_whole_or_not_at_all(
 
 
 async def test_a_gang_with_a_member_of_equal_priority_is_never_a_victim(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     nodes(server.api, 2)
     async with rig(server, settings=SETTINGS) as r:
@@ -217,7 +217,7 @@ async def test_a_gang_with_a_member_of_equal_priority_is_never_a_victim(
         assert evicted(r.api) == []
 
 
-async def test_a_gang_whose_members_never_preempt_waits(server: fakeapi.Server) -> None:
+async def test_a_gang_whose_members_never_preempt_waits(server: localapi.Server) -> None:
     nodes(server.api, 1)
     async with rig(server, settings=SETTINGS) as r:
         for i in range(4):
@@ -231,7 +231,7 @@ async def test_a_gang_whose_members_never_preempt_waits(server: fakeapi.Server) 
 
 
 async def test_an_eviction_refused_by_a_racing_budget_stops_keeps_the_fence_and_retries(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     nodes(server.api, 1)
     async with rig(server, settings=SETTINGS) as r:
@@ -264,7 +264,7 @@ async def test_an_eviction_refused_by_a_racing_budget_stops_keeps_the_fence_and_
 
 
 async def test_a_pod_that_becomes_a_victim_without_a_ledger_change_is_seen(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     """a3's Binding fails once: annotated but unbound, it holds its GPU and is no victim
     (the gang's plan finds none and is not made again while nothing changes). Its bind
@@ -296,7 +296,7 @@ async def test_a_pod_that_becomes_a_victim_without_a_ledger_change_is_seen(
 
 
 async def test_one_preemption_at_a_time_so_its_fence_keeps_what_it_freed(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     """Both nodes are full of priority-0 pods; gangs `high` (200) and `mid` (100) each
     need a whole node. Only one gang preempts at a time: with one fence, a second
@@ -331,7 +331,7 @@ async def test_one_preemption_at_a_time_so_its_fence_keeps_what_it_freed(
 
 
 async def test_a_lost_lease_round_neither_evicts_again_nor_frees_the_nodes(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     """A failed Lease read makes the replica a follower for a round: it drops its fence
     and what it remembers of the preemption. Back in the lead, it reads from the cluster
@@ -364,7 +364,7 @@ async def test_a_lost_lease_round_neither_evicts_again_nor_frees_the_nodes(
 
 
 async def test_a_preemption_attempt_makes_a_bounded_number_of_plans(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     """Twenty 2-GPU nodes, each full with one pod of a budget that allows no eviction;
     each plan of a 2 × 2-GPU gang picks two of them, the pre-check refuses both, and the
@@ -385,7 +385,7 @@ async def test_a_preemption_attempt_makes_a_bounded_number_of_plans(
 
 
 async def test_a_replacement_member_preempts_at_its_gangs_lowest_priority(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     """A started gang of priority 0 lost a member; its replacement has priority 100. The
     gang's priority is its lowest member's, running ones included: 0, so the priority-50
@@ -407,7 +407,7 @@ async def test_a_replacement_member_preempts_at_its_gangs_lowest_priority(
 
 
 async def test_an_eviction_without_an_answer_may_have_gone_through(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     """a1's eviction gets no answer within the client's timeout, yet the API carries it
     out afterwards: the controller stops, says the outcome is unknown, and once a1
@@ -438,7 +438,7 @@ async def test_an_eviction_without_an_answer_may_have_gone_through(
         assert not any(gated(pod) for pod in r.gang_pods("train"))
 
 
-def budget(api: fakeapi.FakeApi, name: str, labels: dict[str, str], *, allowed: int) -> None:
+def budget(api: localapi.FakeApi, name: str, labels: dict[str, str], *, allowed: int) -> None:
     """A PodDisruptionBudget as the disruption controller keeps its status."""
     body = {
         "apiVersion": "policy/v1",
@@ -448,7 +448,7 @@ def budget(api: fakeapi.FakeApi, name: str, labels: dict[str, str], *, allowed: 
     }
     try:
         api.get("policy/poddisruptionbudgets", name, "default")
-    except fakeapi.ApiStatusError:
+    except localapi.ApiStatusError:
         api.create(body)
     status = {
         "disruptionsAllowed": allowed,

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from gpuplace.cluster import pods
 from gpuplace.cluster.nodes import NodeRecord
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.dev.localapi import objects
 from gpuplace.gangs import evicting
 from gpuplace.placement import choosing, gangs, policies, victim_choice
 from gpuplace.placement.ledger import Grant, Ledger, LedgerError
 from gpuplace.placement.requests import GpuRequest
-from tests.fakeapi import objects
 from tests.placement.clusters import node
 
 NODES = ("n0", "n1", "n2")

@@ -12,8 +12,8 @@ from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from gpuplace.cluster import kube, refusals
+from gpuplace.dev import localapi
 from gpuplace.gangs import leader as gang_leader
-from tests import fakeapi
 
 
 def lease(holder: str, renewed: datetime, seconds: int = 15) -> dict[str, Any]:
@@ -42,9 +42,9 @@ def test_leadership_follows_the_scheduler_lease() -> None:
 
 
 async def test_the_lease_follower_reads_the_api() -> None:
-    async with fakeapi.serve(fakeapi.FakeApi(access=fakeapi.Access.shipped())) as server:
+    async with localapi.serve(localapi.FakeApi(access=localapi.Access.shipped())) as server:
         api = kube.Kube(
-            client.ApiClient(server.configuration(fakeapi.GPUPLACE)),
+            client.ApiClient(server.configuration(localapi.GPUPLACE)),
             timeout=5.0,
             refusals=refusals.Refusals(missing_grace=0.0),
         )
@@ -76,7 +76,7 @@ async def test_the_lease_follower_reads_the_api() -> None:
             await api.close()
 
 
-def held_by(server: fakeapi.Server, identity: str) -> None:
+def held_by(server: localapi.Server, identity: str) -> None:
     holder = {"spec": {"holderIdentity": identity}}
     server.api.patch("coordination.k8s.io/leases", "gpuplace-scheduler", holder, "gpuplace")
 
@@ -87,10 +87,10 @@ def without_lease_rule(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 async def test_a_refused_lease_read_is_loud(caplog: pytest.LogCaptureFixture) -> None:
     """Issue 18: without `get` on the Lease the follower never leads, and says why."""
-    access = fakeapi.Access.shipped(edit=without_lease_rule)
-    async with fakeapi.serve(fakeapi.FakeApi(access=access)) as server:
+    access = localapi.Access.shipped(edit=without_lease_rule)
+    async with localapi.serve(localapi.FakeApi(access=access)) as server:
         server.api.create(lease("me_123", datetime.now(UTC)))
-        api = kube.Kube(client.ApiClient(server.configuration(fakeapi.GPUPLACE)), timeout=5.0)
+        api = kube.Kube(client.ApiClient(server.configuration(localapi.GPUPLACE)), timeout=5.0)
         registry = CollectorRegistry()
         registry.register(api.refusals)
         try:
@@ -119,9 +119,9 @@ async def test_a_refused_lease_read_is_loud(caplog: pytest.LogCaptureFixture) ->
             assert "get on leases.coordination.k8s.io gpuplace-scheduler" in reason
             assert "gpuplace-read-scheduler-lease" in reason
             # the rule comes back (as after `kubectl apply`): INFO, ready, leading
-            server.api.access = fakeapi.Access.shipped()
+            server.api.access = localapi.Access.shipped()
             api.api_client.configuration.api_key = {
-                "BearerToken": f"Bearer {server.token(fakeapi.GPUPLACE)}"
+                "BearerToken": f"Bearer {server.token(localapi.GPUPLACE)}"
             }
             caplog.clear()
             with caplog.at_level(logging.INFO, logger="gpuplace.cluster.refusals"):

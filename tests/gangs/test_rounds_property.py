@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from gpuplace.cluster import keys
 from gpuplace.cluster.gang_marks import gated, plan_mark
 from gpuplace.cluster.node_affinity import NodeAffinity
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.gangs.controller import GangSettings
-from tests import fakeapi
-from tests.fakeapi import objects
 from tests.gangs.rig import Rig, check_grants, check_plans, member, other, rig
 
 GANGS = {  # name: (size, GPUs per member)
@@ -77,8 +77,8 @@ def check_ledger(r: Rig) -> None:
 
 
 async def scenario(steps: list[tuple[Any, ...]], pauses: list[float]) -> None:
-    async with fakeapi.serve(
-        fakeapi.FakeApi(bookmark_interval=0.2, access=fakeapi.Access.shipped())
+    async with localapi.serve(
+        localapi.FakeApi(bookmark_interval=0.2, access=localapi.Access.shipped())
     ) as server:
         for i in range(3):
             server.api.create(objects.node(f"gpu-{i}", gpus=4))

@@ -31,11 +31,11 @@ from gpuplace.agent import nvml
 from gpuplace.agent_settings import AgentSettings
 from gpuplace.cluster import keys
 from gpuplace.commands import node_agent
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.usage import names, prometheus
-from tests import fakeapi
 from tests.agent import kubelet as standin
 from tests.agent.kubelet import gpu_fixture
-from tests.fakeapi import objects
 from tests.usage import harness as usage_harness
 
 STANDIN = Path(__file__).resolve().parents[1] / "agent" / "mps_standin.py"
@@ -62,10 +62,10 @@ async def kubelet() -> AsyncIterator[standin.Kubelet]:
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[fakeapi.Server]:
+async def api() -> AsyncIterator[localapi.Server]:
     # enforcing the RBAC deploy/ ships: the agent may make exactly its calls
-    enforced = fakeapi.FakeApi(bookmark_interval=0.2, access=fakeapi.Access.shipped())
-    async with fakeapi.serve(enforced) as running:
+    enforced = localapi.FakeApi(bookmark_interval=0.2, access=localapi.Access.shipped())
+    async with localapi.serve(enforced) as running:
         running.api.create(objects.node(NODE, gpus=0))
         yield running
 
@@ -78,9 +78,9 @@ def eight_gpus(tmp_path: Path) -> Path:
 
 
 def agent_settings(
-    api: fakeapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet, **values: Any
+    api: localapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet, **values: Any
 ) -> Any:
-    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig", fakeapi.NODE_AGENT)
+    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig", localapi.NODE_AGENT)
     defaults: dict[str, Any] = {
         "device_plugin_dir": kubelet.directory,
         "allocate_wait_seconds": 1.0,
@@ -116,7 +116,7 @@ async def serving(
 
 
 def plain_client_settings(
-    api: fakeapi.Server,
+    api: localapi.Server,
     tmp_path: Path,
     mps_root: Path,
     kubelet: standin.Kubelet,
@@ -138,7 +138,7 @@ def plain_client_settings(
     )
 
 
-def run_plain_client_in_pod(api: fakeapi.Server, proc: Path) -> None:
+def run_plain_client_in_pod(api: localapi.Server, proc: Path) -> None:
     """research/train, granted the captured GPU whole, running; pid 590 in its cgroup."""
     created = api.api.create(standin.pod("train", [0], [UUID], milli=1000, node=NODE))
     slice_ = f"kubepods-pod{created['metadata']['uid'].replace('-', '_')}.slice"
@@ -156,7 +156,7 @@ async def until(condition: Callable[[], Any], timeout: float = 10.0) -> None:
 
 
 async def test_the_agent_publishes_runs_mps_serves_the_kubelet_and_reports(
-    api: fakeapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet
+    api: localapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet
 ) -> None:
     config = agent_settings(api, tmp_path, mps_root, kubelet)
     process = await node_agent.compose(config, CollectorRegistry(), base_env={})
@@ -254,7 +254,7 @@ async def test_the_agent_publishes_runs_mps_serves_the_kubelet_and_reports(
 
 
 async def test_without_mps_shares_are_refused_and_whole_gpus_served(
-    api: fakeapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet
+    api: localapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet
 ) -> None:
     config = agent_settings(api, tmp_path, mps_root, kubelet, mps=False)
     process = await node_agent.compose(config, CollectorRegistry(), base_env={})
@@ -290,7 +290,7 @@ async def test_without_mps_shares_are_refused_and_whole_gpus_served(
 
 
 async def test_the_metrics_endpoint_shows_what_pods_use_until_they_go(
-    api: fakeapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet
+    api: localapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet
 ) -> None:
     """The captured plain client (pid 590, 3.6 GiB) in a granted pod's cgroup, written into
     a proc root of the test's; /metrics scraped over 127.0.0.1 and parsed as Prometheus
@@ -351,7 +351,7 @@ async def test_the_metrics_endpoint_shows_what_pods_use_until_they_go(
 
 @pytest.mark.parametrize("known_by", ["pod uid", "server list"])
 async def test_an_idle_mps_server_in_the_agents_pod_is_charged_to_no_pod(
-    api: fakeapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet, known_by: str
+    api: localapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet, known_by: str
 ) -> None:
     """nvml-mps-clients.json after its clients exited (EDITED here: the server, pid 663,
     alone in the compute list, no MPS client), the server in the agent's own pod's cgroup
@@ -444,7 +444,7 @@ def test_invalid_settings_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 async def test_a_real_prometheus_scraping_the_agent_reads_back_asked_vs_used(
-    api: fakeapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet
+    api: localapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet
 ) -> None:
     """The whole chain of issue 22 with nothing stood in between: the agent (captured plain
     client, pid 590, in a granted pod's cgroup) serves /metrics; Debian's Prometheus scrapes

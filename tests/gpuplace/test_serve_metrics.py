@@ -24,9 +24,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuplace import composing, localapi
+from gpuplace import composing
 from gpuplace.cluster import keys
-from gpuplace.localapi import objects
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.placement.measuring import ClusterMeasure
 from tests.deploy import test_grafana_dashboard as grafana
 from tests.gpuplace.test_serve_cluster import enforcing, member, started, two_nodes_led_here

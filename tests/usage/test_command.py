@@ -12,16 +12,16 @@ import pytest
 
 from gpuplace import cli
 from gpuplace.cluster import assignments
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.placement.ledger import Grant
-from tests import fakeapi
 from tests.extender.test_explain import place
-from tests.fakeapi import objects
 from tests.usage import harness, scenario
 
 
 @pytest.fixture
-def cluster() -> Iterator[fakeapi.ThreadedServer]:
-    with fakeapi.serve_in_thread() as server:
+def cluster() -> Iterator[localapi.ThreadedServer]:
+    with localapi.serve_in_thread() as server:
 
         def build() -> None:
             api = server.api
@@ -40,7 +40,7 @@ def cluster() -> Iterator[fakeapi.ThreadedServer]:
         yield server
 
 
-def run(cluster: fakeapi.ThreadedServer, tmp_path: Path, prom_url: str, *args: str) -> int:
+def run(cluster: localapi.ThreadedServer, tmp_path: Path, prom_url: str, *args: str) -> int:
     config = cluster.server.kubeconfig(tmp_path / "kubeconfig")
     return cli.main(
         [
@@ -52,7 +52,7 @@ def run(cluster: fakeapi.ThreadedServer, tmp_path: Path, prom_url: str, *args: s
 
 
 def test_usage_table(
-    cluster: fakeapi.ThreadedServer,
+    cluster: localapi.ThreadedServer,
     prom: harness.Prometheus,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -88,7 +88,7 @@ def test_usage_table(
 
 
 def test_usage_json_dcgm_and_namespace(
-    cluster: fakeapi.ThreadedServer,
+    cluster: localapi.ThreadedServer,
     prom: harness.Prometheus,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -108,7 +108,7 @@ def test_usage_json_dcgm_and_namespace(
 
 
 def test_explain_shows_asked_vs_used(
-    cluster: fakeapi.ThreadedServer,
+    cluster: localapi.ThreadedServer,
     prom: harness.Prometheus,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -127,7 +127,7 @@ def test_explain_shows_asked_vs_used(
 
 
 def test_prometheus_down_is_a_clear_error(
-    cluster: fakeapi.ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cluster: localapi.ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     down = f"http://127.0.0.1:{harness.free_port()}"
     assert run(cluster, tmp_path, down, "usage") == 2
@@ -166,7 +166,7 @@ def test_a_bad_prometheus_url_is_refused_before_connecting(
 
 
 def test_finished_job_pod_does_not_hide_the_over_asker(
-    cluster: fakeapi.ThreadedServer,
+    cluster: localapi.ThreadedServer,
     prom: harness.Prometheus,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],

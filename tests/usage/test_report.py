@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuplace.cluster import assignments
-from gpuplace.localapi import objects
+from gpuplace.dev.localapi import objects
 from gpuplace.placement.ledger import Grant
 from gpuplace.usage import report
 from gpuplace.usage.readings import GpuUse, PodGpuUse, Usage

@@ -14,8 +14,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuplace import composing, localapi
-from gpuplace.localapi import objects
+from gpuplace import composing
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from gpuplace.usage import names
 from tests.gpuplace.test_serve_cluster import enforcing, settings, started
 from tests.usage import harness

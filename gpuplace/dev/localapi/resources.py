@@ -2,7 +2,7 @@
 
 A `Resource` says how an object kind is addressed (`/api/v1/namespaces/{ns}/pods`),
 what it is called in JSON (`kind`, `apiVersion`), whether it is namespaced and which
-subresources it has. `DEFAULT_RESOURCES` are the core kinds gpuplace uses; tests that
+subresources it has. `DEFAULT_RESOURCES` are the kinds gpuplace uses; tests that
 need another kind pass their own `Resource` to `FakeApi(resources=...)` or `register`.
 """
 
@@ -22,6 +22,9 @@ class Resource:
     subresources: frozenset[str] = frozenset({"status"})
     """Subresources PATCH/PUT/GET may address ("status"); pods also have "binding" and
     "eviction" (both POST only)."""
+    merge_keys: tuple[tuple[str, str], ...] = ()
+    """(top-level list, key) pairs a strategic merge patch merges item by item on the key,
+    as the Go type's `patchMergeKey` says (`webhooks` by `name`); other lists are replaced."""
 
     @property
     def api_version(self) -> str:
@@ -54,5 +57,36 @@ NAMESPACES = Resource("", "v1", "namespaces", "Namespace", False)
 CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap", True, frozenset())
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", True, frozenset())
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
+SECRETS = Resource("", "v1", "secrets", "Secret", True, frozenset())
+ADMISSION = "admissionregistration.k8s.io"
+MUTATING_WEBHOOKS = Resource(
+    ADMISSION,
+    "v1",
+    "mutatingwebhookconfigurations",
+    "MutatingWebhookConfiguration",
+    False,
+    frozenset(),
+    (("webhooks", "name"),),
+)
+VALIDATING_WEBHOOKS = Resource(
+    ADMISSION,
+    "v1",
+    "validatingwebhookconfigurations",
+    "ValidatingWebhookConfiguration",
+    False,
+    frozenset(),
+    (("webhooks", "name"),),
+)
 
-DEFAULT_RESOURCES = (PODS, NODES, EVENTS, NAMESPACES, CONFIGMAPS, LEASES, PDBS)
+DEFAULT_RESOURCES = (
+    PODS,
+    NODES,
+    EVENTS,
+    NAMESPACES,
+    CONFIGMAPS,
+    LEASES,
+    PDBS,
+    SECRETS,
+    MUTATING_WEBHOOKS,
+    VALIDATING_WEBHOOKS,
+)

@@ -18,7 +18,7 @@ Routes (core group under /api/v1, other groups under /apis/GROUP/VERSION):
   kube-apiserver does; `Server.configuration(user)` / `kubeconfig(path, user)` present
   that user's token. Without `access`, anyone may do anything.
 
-`FakeApi` is the state plus fault injection (`fail`), the call log (`calls`) and
+`FakeApi` is the state plus fault injection (`fail`, `before`), the call log (`calls`) and
 synchronous helpers for test set-up; `serve` runs it on an ephemeral port of 127.0.0.1
 in the current event loop, `serve_in_thread` in a thread of its own (for benchmarks,
 so the fake's work is not timed with the code under test).
@@ -46,10 +46,10 @@ import yaml
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from gpuplace.localapi import access as accessing
-from gpuplace.localapi import patching, statuses
-from gpuplace.localapi.resources import DEFAULT_RESOURCES, PODS, Resource
-from gpuplace.localapi.store import BOOKMARK, ERROR, Obj, Store
+from gpuplace.dev.localapi import access as accessing
+from gpuplace.dev.localapi import patching, statuses
+from gpuplace.dev.localapi.resources import DEFAULT_RESOURCES, PODS, Resource
+from gpuplace.dev.localapi.store import BOOKMARK, ERROR, Obj, Store
 
 T = TypeVar("T")
 
@@ -78,6 +78,7 @@ class Fault:
     times: int
     message: str
     delay: float
+    action: Callable[[], object] | None = None
 
 
 def _json_line(kind: str, obj: Obj) -> bytes:
@@ -189,6 +190,14 @@ class FakeApi:
         a Status of `code` (after `delay` seconds); code 0 = only the delay, then serve."""
         self._faults.append(Fault(method.upper(), re.compile(path), code, times, message, delay))
 
+    def before(
+        self, method: str, path: str, action: Callable[[], object], *, times: int = 1
+    ) -> None:
+        """The next `times` requests of `method` whose path matches regex `path` run
+        `action()` on the server's loop first, then are served: e.g. a racing writer that
+        changes the object between a client's read and its write."""
+        self._faults.append(Fault(method.upper(), re.compile(path), 0, times, "", 0.0, action))
+
     def drop_watches(self, *, abort: bool = False) -> int:
         """End every open watch stream (as a broken connection with `abort`)."""
         return self.store.close_watches(abort=abort)
@@ -293,6 +302,8 @@ class FakeApi:
                     fault.times -= 1
                     if fault.delay:
                         await asyncio.sleep(fault.delay)
+                    if fault.action is not None:
+                        fault.action()
                     if fault.code:
                         raise statuses.ApiStatusError(fault.code, fault.message)
                     break

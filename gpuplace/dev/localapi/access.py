@@ -37,11 +37,11 @@ from urllib.parse import unquote
 
 import yaml
 
-from gpuplace.localapi import statuses
+from gpuplace.dev.localapi import statuses
 
 Obj = dict[str, Any]
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 """deploy/ of the source tree this package was loaded from (absent in an installed wheel)."""
 SHIPPED = "overlays/self-managed-node-agent"
 

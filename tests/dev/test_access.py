@@ -8,9 +8,9 @@ import json
 import aiohttp
 import pytest
 
-from tests.fakeapi import access, objects
-from tests.fakeapi.access import ADMIN, CERTS, GPUPLACE, SCHEDULER, User
-from tests.fakeapi.server import FakeApi, serve
+from gpuplace.dev.localapi import access, objects
+from gpuplace.dev.localapi.access import ADMIN, CERTS, GPUPLACE, SCHEDULER, User
+from gpuplace.dev.localapi.server import FakeApi, serve
 
 ANYONE = access.service_account("default", "default")
 ADMISSION = "admissionregistration.k8s.io"

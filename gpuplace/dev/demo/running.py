@@ -6,11 +6,11 @@ Order of events, all on 127.0.0.1 with ephemeral ports:
 
 1. a fresh CA and serving certificate (`gpuplace.certs.renewal.issue`, written as `gpuplace certs`
    writes files) into a temporary directory;
-2. `gpuplace.localapi` serves the nodes of `gpuplace/data/demo-nodes.json`, enforcing
+2. `gpuplace.dev.localapi` serves the nodes of `gpuplace/dev/data/demo-nodes.json`, enforcing
    the RBAC that deploy/ ships (bearer tokens; skipped, with a warning, where deploy/ is
    not next to the package: an installed wheel); the sidecar's kubeconfig presents the
    gpuplace ServiceAccount, the explanations' an admin (they are a user's command);
-3. `gpuplace.commands.serve.compose` builds the process exactly as `gpuplace serve
+3. `gpuplace.composing.compose` builds the process exactly as `gpuplace serve
    --kubeconfig …` does (webhook on TLS, extender sidecar with its informers, gang
    controller, ops site); it runs until the end of the demo; `/readyz` is awaited, and
    the sidecar's node status advertisements;
@@ -54,16 +54,17 @@ import aiohttp
 from prometheus_client import CollectorRegistry
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from gpuplace import certs_files, composing, localapi
+from gpuplace import certs_files, composing
 from gpuplace.certs import issuing, renewal
 from gpuplace.cluster import connecting, keys, kube, mirroring, nodes, pods
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.demo import scenario, scheduling
-from gpuplace.demo.admitting import Admitted, ApiServer
-from gpuplace.demo.scheduling import Attempt, Scheduler
+from gpuplace.dev import localapi
+from gpuplace.dev.demo import scenario, scheduling
+from gpuplace.dev.demo.admitting import Admitted, ApiServer
+from gpuplace.dev.demo.scheduling import Attempt, Scheduler
+from gpuplace.dev.localapi import NODES, PODS, FakeApi
 from gpuplace.extender import explaining
 from gpuplace.extender.workloads import PolicyHolder
-from gpuplace.localapi import NODES, PODS, FakeApi
 from gpuplace.placement.ledger import Ledger
 from gpuplace.settings import Settings
 from gpuplace.sidecar import Sidecar
@@ -93,7 +94,7 @@ class DemoSettings(Settings):
 
 def demo_nodes() -> list[dict[str, Any]]:
     """The bundled cluster: `kubectl get nodes -o json` of 36 nodes."""
-    text = resources.files("gpuplace").joinpath("data/demo-nodes.json").read_text("utf-8")
+    text = resources.files("gpuplace.dev").joinpath("data/demo-nodes.json").read_text("utf-8")
     items = json.loads(text)["items"]
     assert isinstance(items, list)
     return items

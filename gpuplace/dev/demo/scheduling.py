@@ -44,9 +44,9 @@ import aiohttp
 
 from gpuplace.cluster import quantities
 from gpuplace.cluster.node_affinity import NodeAffinity
-from gpuplace.localapi import PODS, FakeApi
-from gpuplace.localapi.resources import LEASES
-from gpuplace.localapi.store import now
+from gpuplace.dev.localapi import PODS, FakeApi
+from gpuplace.dev.localapi.resources import LEASES
+from gpuplace.dev.localapi.store import now
 
 EXTENDER_WEIGHT = 100_000
 SCORE_SCALE = 10

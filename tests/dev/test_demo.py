@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuplace.demo import reporting, running, scenario, scheduling
+from gpuplace.dev.demo import reporting, running, scenario, scheduling
 from tests.webhook import helpers
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

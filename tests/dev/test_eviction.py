@@ -15,18 +15,18 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpuplace.cluster import disruptions
-from tests import fakeapi
-from tests.fakeapi import objects
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[fakeapi.Server]:
-    api = fakeapi.FakeApi(bookmark_interval=0.05, access=fakeapi.Access.shipped())
-    async with fakeapi.serve(api) as running:
+async def server() -> AsyncIterator[localapi.Server]:
+    api = localapi.FakeApi(bookmark_interval=0.05, access=localapi.Access.shipped())
+    async with localapi.serve(api) as running:
         yield running
 
 
-def running_pod(api: fakeapi.FakeApi, name: str, labels: dict[str, str] | None = None) -> Any:
+def running_pod(api: localapi.FakeApi, name: str, labels: dict[str, str] | None = None) -> Any:
     api.create(objects.pod(name, labels=labels or {"app": "web"}))
     api.bind("default", name, "gpu-0")
     return api.patch(
@@ -39,7 +39,7 @@ def running_pod(api: fakeapi.FakeApi, name: str, labels: dict[str, str] | None =
 
 
 def budget(
-    api: fakeapi.FakeApi,
+    api: localapi.FakeApi,
     name: str,
     allowed: int,
     *,
@@ -72,7 +72,7 @@ def budget(
     )
 
 
-def observed(api: fakeapi.FakeApi, name: str, generation: int) -> None:
+def observed(api: localapi.FakeApi, name: str, generation: int) -> None:
     """What the disruption controller has seen of budget `name` (generation 1 exists)."""
     status = {"status": {"observedGeneration": generation}}
     api.patch("policy/poddisruptionbudgets", name, status, "default", subresource="status")
@@ -90,7 +90,7 @@ def eviction(name: str, uid: str | None = None) -> dict[str, Any]:
 
 
 async def evict(
-    server: fakeapi.Server, name: str, uid: str | None = None, user: Any = fakeapi.GPUPLACE
+    server: localapi.Server, name: str, uid: str | None = None, user: Any = localapi.GPUPLACE
 ) -> tuple[int, dict[str, Any]]:
     async with client.ApiClient(server.configuration(user)) as api_client:
         core: Any = client.CoreV1Api(api_client)
@@ -104,7 +104,7 @@ async def evict(
 
 
 async def test_an_eviction_without_budget_deletes_gracefully_and_answers_201(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     pod = running_pod(server.api, "web-0")
     status, body = await evict(server, "web-0", pod["metadata"]["uid"])
@@ -130,7 +130,7 @@ async def test_an_eviction_without_budget_deletes_gracefully_and_answers_201(
 
 
 async def test_a_budget_with_room_is_decremented_and_records_the_pod(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     budget(server.api, "web", 1)
     pod = running_pod(server.api, "web-0")
@@ -154,7 +154,7 @@ async def test_a_budget_with_room_is_decremented_and_records_the_pod(
     assert not server.api.get("pods", "web-1", "default")["metadata"].get("deletionTimestamp")
 
 
-async def test_an_unobserved_budget_and_two_budgets_refuse(server: fakeapi.Server) -> None:
+async def test_an_unobserved_budget_and_two_budgets_refuse(server: localapi.Server) -> None:
     budget(server.api, "web", 3)
     observed(server.api, "web", 0)
     running_pod(server.api, "web-0")
@@ -169,7 +169,7 @@ async def test_an_unobserved_budget_and_two_budgets_refuse(server: fakeapi.Serve
 
 
 async def test_an_empty_selector_covers_every_pod_of_its_namespace(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     # policy/v1: `selector: {}` selects all pods of the namespace (LabelSelectorAsSelector
     # gives Everything); only an absent selector selects none
@@ -191,7 +191,7 @@ async def test_an_empty_selector_covers_every_pod_of_its_namespace(
     assert (await evict(server, "job-0"))[0] == 201
 
 
-async def test_too_many_unconfirmed_disruptions_are_forbidden(server: fakeapi.Server) -> None:
+async def test_too_many_unconfirmed_disruptions_are_forbidden(server: localapi.Server) -> None:
     budget(server.api, "web", 5)
     stamp = "2026-01-01T00:00:00Z"
     crowd = {f"gone-{i}": stamp for i in range(disruptions.MAX_DISRUPTED_PODS + 1)}
@@ -212,7 +212,7 @@ async def test_too_many_unconfirmed_disruptions_are_forbidden(server: fakeapi.Se
     assert not server.api.get("pods", "web-0", "default")["metadata"].get("deletionTimestamp")
 
 
-async def test_missing_pod_is_404_and_a_replaced_pod_is_409(server: fakeapi.Server) -> None:
+async def test_missing_pod_is_404_and_a_replaced_pod_is_409(server: localapi.Server) -> None:
     status, body = await evict(server, "nobody")
     assert (status, body["reason"]) == (404, "NotFound")
     running_pod(server.api, "web-0")
@@ -222,20 +222,20 @@ async def test_missing_pod_is_404_and_a_replaced_pod_is_409(server: fakeapi.Serv
     assert not server.api.get("pods", "web-0", "default")["metadata"].get("deletionTimestamp")
 
 
-async def test_a_pending_pod_is_deleted_at_once_without_budget(server: fakeapi.Server) -> None:
+async def test_a_pending_pod_is_deleted_at_once_without_budget(server: localapi.Server) -> None:
     budget(server.api, "web", 0)
     server.api.create(objects.pod("web-0", labels={"app": "web"}))
     assert (await evict(server, "web-0"))[0] == 201
     assert server.api.objects("pods", "default") == []
 
 
-async def test_the_eviction_subresource_needs_its_own_grant(server: fakeapi.Server) -> None:
+async def test_the_eviction_subresource_needs_its_own_grant(server: localapi.Server) -> None:
     running_pod(server.api, "web-0")
-    status, body = await evict(server, "web-0", user=fakeapi.NODE_AGENT)
+    status, body = await evict(server, "web-0", user=localapi.NODE_AGENT)
     assert status == 403
     assert 'cannot create resource "pods/eviction"' in body["message"]
     # the sidecar may evict, and may still not delete
-    async with client.ApiClient(server.configuration(fakeapi.GPUPLACE)) as api_client:
+    async with client.ApiClient(server.configuration(localapi.GPUPLACE)) as api_client:
         core: Any = client.CoreV1Api(api_client)
         with pytest.raises(ApiException) as refused:
             await core.delete_namespaced_pod("web-0", "default")
@@ -243,7 +243,7 @@ async def test_the_eviction_subresource_needs_its_own_grant(server: fakeapi.Serv
     assert (await evict(server, "web-0"))[0] == 201
 
 
-async def test_a_mismatched_name_is_400(server: fakeapi.Server) -> None:
+async def test_a_mismatched_name_is_400(server: localapi.Server) -> None:
     running_pod(server.api, "web-0")
     async with client.ApiClient(server.configuration()) as api_client:
         core: Any = client.CoreV1Api(api_client)

@@ -1,23 +1,25 @@
 """A minimal in-memory Kubernetes API: only the endpoints gpuplace uses, in the real wire
 format, on 127.0.0.1. For `gpuplace demo` and for tests — never used against a real
-cluster, and never imported by placement/, webhook/, extender/, gpuplace/cluster/ or certs/.
+cluster, and never imported by a room below `gpuplace.dev` (import-linter).
 
 What it serves (the kube-apiserver behaviour gpuplace relies on, nothing more): pods,
-nodes, events, namespaces, configmaps, coordination.k8s.io leases and policy/v1
-PodDisruptionBudgets; list with label and field selectors and `limit`/`continue`; watch
+nodes, events, namespaces, configmaps, secrets, coordination.k8s.io leases, policy/v1
+PodDisruptionBudgets and admissionregistration.k8s.io/v1 webhook configurations (for
+`gpuplace certs`); list with label and field selectors and `limit`/`continue`; watch
 with ADDED/MODIFIED/DELETED, BOOKMARK and 410 ERROR events; create/get/put/delete, the
-three PATCH content types, `/status` subresources, `pods/NAME/binding` and
-`pods/NAME/eviction` (with the disruption-budget check); resourceVersion, uid and
-creationTimestamp set by the server; optimistic concurrency (409), immutable pod fields
-(422), gate removal and gated-pod affinity rules. With `FakeApi(access=Access.shipped())`,
-bearer-token authentication and the RBAC that deploy/ ships (module `access`), so a
-missing rule fails as on a cluster; without it, no authentication. No admission, no
-persistence.
+three PATCH content types (a strategic merge merges `webhooks` by name), `/status`
+subresources, `pods/NAME/binding` and `pods/NAME/eviction` (with the disruption-budget
+check); resourceVersion, uid and creationTimestamp set by the server; optimistic
+concurrency (409), immutable pod fields (422), gate removal and gated-pod affinity rules,
+Secrets' rules (base64 data, the keys of a TLS Secret, immutable type). With
+`FakeApi(access=Access.shipped())`, bearer-token authentication and the RBAC that deploy/
+ships (module `access`), so a missing rule fails as on a cluster; without it, no
+authentication. No admission, no persistence.
 
 Usage::
 
-    from gpuplace import localapi
-    from gpuplace.localapi import objects
+    from gpuplace.dev import localapi
+    from gpuplace.dev.localapi import objects
 
     async with localapi.serve() as server:         # FakeApi on an ephemeral port
         server.api.create(objects.node("gpu-0"))   # set-up without HTTP
@@ -31,6 +33,7 @@ Usage::
         ...
         server.api.calls_to("PATCH", "/pods/")     # what clients sent
         server.api.fail("POST", "/binding$", 500)  # the next binding fails (tests)
+        server.api.before("PATCH", "/nodes/", write)  # write() first (a racing writer)
         server.api.drop_watches()                  # watches end; clients must resume
         server.api.compact(); server.api.drop_watches()  # ... and then get 410 Gone
         server.api.expire_watches()                # ERROR 410 on every open watch
@@ -43,10 +46,9 @@ Modules: `resources` (what is served where), `store` (state, resourceVersions,
 history, watchers and the server's rules), `server` (HTTP), `patching` (merge,
 strategic-merge, JSON patch), `selectors` (label/field selectors), `statuses` (Status
 bodies), `objects` (gpuplace Node/Pod builders), `access` (authentication and RBAC).
-Tests import it as `tests.fakeapi`.
 """
 
-from gpuplace.localapi.access import (
+from gpuplace.dev.localapi.access import (
     ADMIN,
     CERTS,
     GPUPLACE,
@@ -57,8 +59,18 @@ from gpuplace.localapi.access import (
     Rbac,
     User,
 )
-from gpuplace.localapi.resources import DEFAULT_RESOURCES, EVENTS, NODES, PDBS, PODS, Resource
-from gpuplace.localapi.server import (
+from gpuplace.dev.localapi.resources import (
+    DEFAULT_RESOURCES,
+    EVENTS,
+    MUTATING_WEBHOOKS,
+    NODES,
+    PDBS,
+    PODS,
+    SECRETS,
+    VALIDATING_WEBHOOKS,
+    Resource,
+)
+from gpuplace.dev.localapi.server import (
     Call,
     FakeApi,
     Server,
@@ -67,7 +79,7 @@ from gpuplace.localapi.server import (
     serve_in_subprocess,
     serve_in_thread,
 )
-from gpuplace.localapi.statuses import ApiStatusError
+from gpuplace.dev.localapi.statuses import ApiStatusError
 
 __all__ = [
     "ADMIN",
@@ -75,11 +87,14 @@ __all__ = [
     "DEFAULT_RESOURCES",
     "EVENTS",
     "GPUPLACE",
+    "MUTATING_WEBHOOKS",
     "NODES",
     "NODE_AGENT",
     "PDBS",
     "PODS",
     "SCHEDULER",
+    "SECRETS",
+    "VALIDATING_WEBHOOKS",
     "Access",
     "ApiStatusError",
     "Call",

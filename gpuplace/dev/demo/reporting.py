@@ -12,8 +12,8 @@ from typing import Any
 
 from gpuplace.cluster import keys
 from gpuplace.cluster.gang_marks import plan_mark
-from gpuplace.demo import scenario
-from gpuplace.demo.running import Outcome, PodResult
+from gpuplace.dev.demo import scenario
+from gpuplace.dev.demo.running import Outcome, PodResult
 from gpuplace.extender import explaining
 from gpuplace.placement import requests
 from gpuplace.placement.fragmentation import Workload
@@ -56,8 +56,8 @@ def header(outcome: Outcome, node_objects: Sequence[dict[str, Any]]) -> str:
             "gpuplace demo: the whole flow on this machine, no cluster needed",
             "",
             "  This process PLAYS kube-apiserver (an in-memory API with the real wire format,",
-            "  gpuplace.localapi) and kube-scheduler (profile `gpuplace`, extender weight 100000,",
-            "  holding its leader Lease).",
+            "  gpuplace.dev.localapi) and kube-scheduler (profile `gpuplace`, extender weight",
+            "  100000, holding its leader Lease).",
             "  The admission webhook, the scheduler extender and the gang controller are the real",
             "  `gpuplace serve`, on 127.0.0.1: webhook https :"
             f"{ports.get('webhook')} (fresh CA), extender http :{ports.get('extender')}, "

@@ -9,7 +9,7 @@ returned JSONPatch is applied (`jsonpatch`); the patched pod goes to
 (`admission webhook "validate.gpuplace.io" denied the request: …`); otherwise the pod
 is stored, and the store gives it its uid, resourceVersion and creationTimestamp.
 
-Never used against a real cluster: the store is `gpuplace.localapi`'s, in memory.
+Never used against a real cluster: the store is `gpuplace.dev.localapi`'s, in memory.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Any
 import aiohttp
 import jsonpatch
 
-from gpuplace.demo.scenario import Submission
-from gpuplace.localapi import ApiStatusError, FakeApi
+from gpuplace.dev.demo.scenario import Submission
+from gpuplace.dev.localapi import ApiStatusError, FakeApi
 
 MUTATING = "mutate.gpuplace.io"
 VALIDATING = "validate.gpuplace.io"

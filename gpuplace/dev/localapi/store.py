@@ -14,6 +14,9 @@ Everything kube-apiserver guarantees that gpuplace relies on, and nothing more:
   one entering it into ADDED (as the watch cache does);
 - `status` subresources: writes to the object keep its status, writes to `/status`
   change only the status;
+- Secrets: `data` values must be base64 (400, as a body the server cannot decode), a
+  `kubernetes.io/tls` Secret must hold `tls.crt` and `tls.key`, and `type` is immutable
+  (422); a webhook configuration's `caBundle` must be base64 (400);
 - pods: `spec.nodeName` is set only through the `binding` subresource (whose
   annotations are copied onto the pod, as kube-apiserver does), scheduling gates can
   only be removed, node affinity may change only while the pod is gated, other spec
@@ -33,6 +36,8 @@ All methods are synchronous and must run on the server's event loop thread.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import copy
 import itertools
 import secrets
@@ -43,8 +48,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuplace.localapi import patching, selectors, statuses
-from gpuplace.localapi.resources import DEFAULT_RESOURCES, PDBS, PODS, Resource
+from gpuplace.dev.localapi import patching, selectors, statuses
+from gpuplace.dev.localapi.resources import (
+    DEFAULT_RESOURCES,
+    MUTATING_WEBHOOKS,
+    PDBS,
+    PODS,
+    SECRETS,
+    VALIDATING_WEBHOOKS,
+    Resource,
+)
 
 Obj = dict[str, Any]
 
@@ -262,6 +275,7 @@ class Store:
                 )
             metadata["name"] = prefix + secrets.token_hex(3)[:5]
         name = str(metadata["name"])
+        _check_kind(resource, obj, None)
         key = (str(metadata.get("namespace") or ""), name)
         if key in self._objects[resource]:
             raise statuses.ApiStatusError(
@@ -380,6 +394,7 @@ class Store:
                 new.pop("status", None)
         if resource == PODS and subresource is None:
             _check_pod_update(old, new)
+        _check_kind(resource, new, old)
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         if new == old:
             return old
@@ -400,7 +415,7 @@ class Store:
     ) -> Obj:
         old = self.get(resource, namespace, name)
         try:
-            new = patching.apply(content_type, old, patch)
+            new = patching.apply(content_type, old, patch, resource.merge_keys)
         except patching.PatchError as error:
             if content_type.startswith(patching.JSON_PATCH):
                 raise statuses.invalid(resource.kind, name, str(error)) from error
@@ -719,3 +734,46 @@ def _check_pod_update(old: Obj, new: Obj) -> None:
             "(only additions to existing tolerations), `spec.schedulingGates` (only deletion) "
             "and node affinity of gated pods",
         )
+
+
+def _undecodable(resource: Resource, field: str) -> statuses.ApiStatusError:
+    """What kube-apiserver answers for a body whose bytes field is not base64."""
+    return statuses.ApiStatusError(
+        400,
+        f'{resource.kind} in version "{resource.version}" cannot be handled as a '
+        f"{resource.kind}: {field}: illegal base64 data",
+    )
+
+
+def _base64(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return True
+
+
+def _check_kind(resource: Resource, new: Obj, old: Obj | None) -> None:
+    """The rules of Secrets and webhook configurations (`old`: None on create)."""
+    name = str((new.get("metadata") or {}).get("name") or "")
+    if resource == SECRETS:
+        data = new.get("data") or {}
+        for key, value in data.items():
+            if not _base64(value):
+                raise _undecodable(resource, f"data[{key}]")
+        kind = new.get("type") or "Opaque"
+        if old is not None and kind != (old.get("type") or "Opaque"):
+            raise statuses.invalid(
+                resource.kind, name, f'type: Invalid value: "{kind}": field is immutable'
+            )
+        if kind == "kubernetes.io/tls":
+            for key in ("tls.crt", "tls.key"):
+                if key not in data:
+                    raise statuses.invalid(resource.kind, name, f"data[{key}]: Required value")
+    elif resource in (MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS):
+        for index, webhook in enumerate(new.get("webhooks") or []):
+            bundle = (webhook.get("clientConfig") or {}).get("caBundle")
+            if bundle is not None and not _base64(bundle):
+                raise _undecodable(resource, f"webhooks[{index}].clientConfig.caBundle")

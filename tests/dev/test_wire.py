@@ -13,18 +13,18 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from tests import fakeapi
-from tests.fakeapi import objects
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[fakeapi.Server]:
-    async with fakeapi.serve(fakeapi.FakeApi(bookmark_interval=0.05)) as running:
+async def server() -> AsyncIterator[localapi.Server]:
+    async with localapi.serve(localapi.FakeApi(bookmark_interval=0.05)) as running:
         yield running
 
 
 @pytest.fixture
-async def core(server: fakeapi.Server) -> AsyncIterator[Any]:
+async def core(server: localapi.Server) -> AsyncIterator[Any]:
     """The generated CoreV1Api (typed Any: its stubs want models where it accepts dicts)."""
     async with client.ApiClient(server.configuration()) as api_client:
         yield client.CoreV1Api(api_client)
@@ -34,7 +34,7 @@ async def _json(response: Any) -> Any:
     return json.loads(await response.read())
 
 
-async def test_list_filters_by_label_and_paginates(server: fakeapi.Server, core: Any) -> None:
+async def test_list_filters_by_label_and_paginates(server: localapi.Server, core: Any) -> None:
     for index in range(5):
         server.api.create(objects.pod(f"p{index}", managed=index % 2 == 0))
     page = await _json(
@@ -60,7 +60,7 @@ async def test_list_filters_by_label_and_paginates(server: fakeapi.Server, core:
     assert sorted(pod.metadata.name for pod in typed.items) == ["p1", "p3"]
 
 
-async def test_expired_continue_is_410(server: fakeapi.Server, core: Any) -> None:
+async def test_expired_continue_is_410(server: localapi.Server, core: Any) -> None:
     for index in range(3):
         server.api.create(objects.node(f"n{index}"))
     page = await _json(await core.list_node(limit=1, _preload_content=False))
@@ -72,7 +72,7 @@ async def test_expired_continue_is_410(server: fakeapi.Server, core: Any) -> Non
 
 
 async def _watch_lines(
-    server: fakeapi.Server, query: str, count: int, timeout: float = 5.0
+    server: localapi.Server, query: str, count: int, timeout: float = 5.0
 ) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     url = f"{server.url}/api/v1/pods?watch=true&{query}"
@@ -90,7 +90,7 @@ async def _watch_lines(
 
 
 async def test_watch_resumes_from_resource_version_with_selector_transitions(
-    server: fakeapi.Server,
+    server: localapi.Server,
 ) -> None:
     api = server.api
     api.create(objects.pod("a"))
@@ -109,7 +109,7 @@ async def test_watch_resumes_from_resource_version_with_selector_transitions(
     assert events[1]["object"]["kind"] == "Pod"
 
 
-async def test_watch_sends_bookmarks_only_when_asked(server: fakeapi.Server) -> None:
+async def test_watch_sends_bookmarks_only_when_asked(server: localapi.Server) -> None:
     server.api.create(objects.pod("a"))
     rv = server.api.store.resource_version
     events = await _watch_lines(server, f"resourceVersion={rv}&allowWatchBookmarks=true", 1)
@@ -119,7 +119,7 @@ async def test_watch_sends_bookmarks_only_when_asked(server: fakeapi.Server) -> 
         await _watch_lines(server, f"resourceVersion={rv}", 1, timeout=0.2)
 
 
-async def test_too_old_watch_gets_410_error_event(server: fakeapi.Server) -> None:
+async def test_too_old_watch_gets_410_error_event(server: localapi.Server) -> None:
     first = server.api.create(objects.pod("a"))["metadata"]["resourceVersion"]
     server.api.create(objects.pod("b"))
     server.api.compact()
@@ -132,7 +132,7 @@ async def test_too_old_watch_gets_410_error_event(server: fakeapi.Server) -> Non
 
 
 async def test_merge_patch_with_stale_resource_version_conflicts(
-    server: fakeapi.Server, core: Any
+    server: localapi.Server, core: Any
 ) -> None:
     created = server.api.create(objects.pod("a"))
     rv = created["metadata"]["resourceVersion"]
@@ -157,7 +157,7 @@ async def test_merge_patch_with_stale_resource_version_conflicts(
 
 
 async def test_json_patch_test_failure_is_422_and_unknown_is_404(
-    server: fakeapi.Server, core: Any
+    server: localapi.Server, core: Any
 ) -> None:
     server.api.create(objects.pod("a"))
     with pytest.raises(ApiException) as raised:
@@ -171,7 +171,7 @@ async def test_json_patch_test_failure_is_422_and_unknown_is_404(
     assert json.loads(missing.value.body or b"{}")["details"] == {"kind": "pods", "name": "nope"}
 
 
-async def test_binding_sets_node_once(server: fakeapi.Server, core: Any) -> None:
+async def test_binding_sets_node_once(server: localapi.Server, core: Any) -> None:
     created = server.api.create(objects.pod("a"))
     body = {
         "apiVersion": "v1",
@@ -192,7 +192,7 @@ async def test_binding_sets_node_once(server: fakeapi.Server, core: Any) -> None
     assert "already assigned" in json.loads(raised.value.body or b"{}")["message"]
 
 
-async def test_status_subresource_changes_only_status(server: fakeapi.Server, core: Any) -> None:
+async def test_status_subresource_changes_only_status(server: localapi.Server, core: Any) -> None:
     server.api.create(objects.node("n1"))
     body = {
         "status": {"capacity": {"gpuplace.io/gpu-percent": "800"}},
@@ -210,7 +210,7 @@ async def test_status_subresource_changes_only_status(server: fakeapi.Server, co
 
 
 async def test_pod_spec_is_immutable_except_gates_and_gated_affinity(
-    server: fakeapi.Server, core: Any
+    server: localapi.Server, core: Any
 ) -> None:
     server.api.create(objects.pod("g", gates=["gpuplace.io/gang"]))
     affinity = {
@@ -231,7 +231,7 @@ async def test_pod_spec_is_immutable_except_gates_and_gated_affinity(
         await core.patch_namespaced_pod("g", "default", {"spec": {"nodeName": "n1"}})
 
 
-async def test_injected_fault_and_events(server: fakeapi.Server, core: Any) -> None:
+async def test_injected_fault_and_events(server: localapi.Server, core: Any) -> None:
     server.api.fail("POST", "/events$", 500)
     event = {"metadata": {"generateName": "a."}, "message": "m", "involvedObject": {"name": "a"}}
     with pytest.raises(ApiException) as raised:

@@ -2,9 +2,11 @@
 
 - `application/merge-patch+json`: RFC 7386 (a null deletes a key, maps merge, lists
   are replaced).
-- `application/strategic-merge-patch+json`: treated as a merge patch. Real strategic
-  merge differs for lists with patch-merge keys (containers, conditions...) and for
-  `$patch` directives; the fake refuses `$`-directives rather than mis-applying them.
+- `application/strategic-merge-patch+json`: a merge patch, except the top-level lists
+  the resource names with their patch-merge key (`Resource.merge_keys`: webhooks by
+  name), which merge item by item as in the real server. Other keyed lists (containers,
+  conditions...) are replaced, where the real server would merge them, and `$patch`
+  directives are refused rather than mis-applied.
 - `application/json-patch+json`: RFC 6902 through the `jsonpatch` package; a failed
   `test` or a missing path is an invalid request (422).
 """
@@ -47,16 +49,47 @@ def _has_directive(value: Any) -> bool:
     return False
 
 
-def apply(content_type: str, target: dict[str, Any], patch: Any) -> dict[str, Any]:
-    """`target` patched; raises `PatchError` when the patch does not apply."""
+def merge_by_key(items: Any, patch: list[Any], key: str) -> list[Any]:
+    """A strategic merge of a list with a patch-merge key: an item of `patch` merges into
+    the item of `items` with the same key, or is appended; the others stay. O(n × m)."""
+    merged = [copy.deepcopy(item) for item in items] if isinstance(items, list) else []
+    for item in patch:
+        if not isinstance(item, dict) or key not in item:
+            raise PatchError(f"every item of a list merged by {key!r} must name its {key!r}")
+        keys = [old.get(key) if isinstance(old, dict) else None for old in merged]
+        if item[key] in keys:
+            at = keys.index(item[key])
+            merged[at] = merge(merged[at], item)
+        else:
+            merged.append(copy.deepcopy(item))
+    return merged
+
+
+def apply(
+    content_type: str,
+    target: dict[str, Any],
+    patch: Any,
+    merge_keys: tuple[tuple[str, str], ...] = (),
+) -> dict[str, Any]:
+    """`target` patched; raises `PatchError` when the patch does not apply. `merge_keys`:
+    the top-level lists a strategic merge patch merges by key (`Resource.merge_keys`)."""
     kind = content_type.split(";", maxsplit=1)[0].strip().lower()
     if kind in (MERGE, STRATEGIC):
         if not isinstance(patch, dict):
             raise PatchError("a merge patch must be a JSON object")
+        keyed = dict(merge_keys) if kind == STRATEGIC else {}
         if kind == STRATEGIC and _has_directive(patch):
             raise PatchError("$-directives of strategic merge patch are not supported by the fake")
-        result = merge(target, patch)
+        result = merge(target, {k: v for k, v in patch.items() if k not in keyed})
         assert isinstance(result, dict)
+        for field, key in keyed.items():
+            value = patch.get(field)
+            if isinstance(value, list):
+                result[field] = merge_by_key(result.get(field), value, key)
+            elif value is not None:
+                result[field] = merge(result.get(field), value)
+            elif field in patch:
+                result.pop(field, None)
         return result
     if kind == JSON_PATCH:
         if not isinstance(patch, list):

@@ -1,0 +1,1 @@
+"""Tests of the development room (`gpuplace.dev`): the local API and the demo."""

@@ -1,3 +1,0 @@
-"""Re-export of `gpuplace.localapi.access`."""
-
-from gpuplace.localapi.access import *  # noqa: F403

@@ -1,3 +1,0 @@
-"""Re-export of `gpuplace.localapi.objects` (the fake API server's code lives there)."""
-
-from gpuplace.localapi.objects import *  # noqa: F403

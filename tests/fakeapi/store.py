@@ -1,3 +1,0 @@
-"""Re-export of `gpuplace.localapi.store` (the fake API server's code lives there)."""
-
-from gpuplace.localapi.store import *  # noqa: F403
