@@ -62,6 +62,7 @@ from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender import app as extender_app
 from gpuplace.extender import (
     binding,
+    c_helpers,
     deciding,
     gang_leader,
     gang_store,
@@ -70,7 +71,6 @@ from gpuplace.extender import (
     preempting,
     repeating,
     warming,
-    wire,
     workloads,
 )
 from gpuplace.extender.activity import Activity
@@ -78,7 +78,6 @@ from gpuplace.extender.gang_api import KubePods
 from gpuplace.extender.gang_fences import Fences
 from gpuplace.extender.gang_members import GangPod
 from gpuplace.placement import choosing, policies
-from gpuplace.placement import names as node_names
 from gpuplace.placement.inventory import Capabilities
 from gpuplace.usage import prometheus
 from gpuplace.usage.loads import LoadReader
@@ -648,24 +647,25 @@ class Sidecar:
         """Run the informers and background work for the duration of the block; on exit
         stop them and close the API client. The loops handle API failures themselves
         (backoff, retry); a task that still dies is logged."""
-        for built, helper, without in (
+        for used, helper, without in (
             (
-                node_names.NATIVE,
-                "gpuplace.placement._names",
+                c_helpers.NAME_SET is not None,
+                "gpuplace.extender._node_names",
                 "filter parses every node name, ~3 ms",
             ),
             (
-                wire.NATIVE,
+                c_helpers.RANKED_JSON is not None,
                 "gpuplace.extender._priorities",
                 "prioritize's answers are made in Python, ~1.5 ms",
             ),
         ):
-            if not built:
+            if not used:
                 log.warning(
-                    "%s (C) is not built: %s more per pod at 10,000 nodes; install with a C "
-                    "compiler to build it",
+                    "%s (C) is not in use: %s more per pod at 10,000 nodes; install with a "
+                    "C compiler to build it, and leave %s unset",
                     helper,
                     without,
+                    c_helpers.SWITCH,
                 )
         tasks = [asyncio.create_task(work, name="gpuplace-sidecar") for work in self._background()]
         for task in tasks:

@@ -37,13 +37,12 @@ from prometheus_client import CollectorRegistry, Counter
 from gpuplace.cluster import annotations as grammar
 from gpuplace.cluster import pods
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.extender import reasons
+from gpuplace.extender import node_names, reasons
 from gpuplace.extender.gang_fences import Fences
 from gpuplace.extender.loading import LoadBoard
 from gpuplace.extender.workloads import PolicyHolder
 from gpuplace.placement import choosing, fit
 from gpuplace.placement import loads as load_breaking
-from gpuplace.placement import names as node_names
 from gpuplace.placement.choosing import Choice
 from gpuplace.placement.ledger import Grant
 from gpuplace.placement.requests import GpuRequest
@@ -321,10 +320,10 @@ class Decider:
             return False
 
     def every_node(self) -> node_names.EveryNode | None:
-        """Every node's name as the policy's chooser holds them (`Chooser.every_node`):
-        filter's arguments naming exactly these are not parsed. O(1) while no node was
-        added or removed."""
-        return self.holder.current().every_node()
+        """Every node's name as the policy's chooser holds them (`Chooser.every_name`),
+        as a set: filter's arguments naming exactly these are not parsed. None without
+        the C helper. O(1) while no node was added or removed."""
+        return self.holder.every_node.of(self.holder.current())
 
     def best_on(self, node: str, request: GpuRequest) -> choosing.Choice | fit.Misfit:
         """The policy's GPUs for `request` on `node` now (bind); with loads, the least
