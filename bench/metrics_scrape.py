@@ -33,9 +33,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuplace.cluster.metering import LedgerCollector
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender.workloads import typical
+from gpuplace.placement.fragmentation_totals import ClusterMeasure
 from gpuplace.placement.inventory import Gpu, Node
 from gpuplace.placement.ledger import Grant
-from gpuplace.placement.measuring import ClusterMeasure
 from gpuplace.placement.requests import GpuRequest
 from gpuplace.sidecar import FULL_PASS_NEVER
 

@@ -21,12 +21,12 @@ settings may merge them: anything with the attributes of `SidecarConfig` will do
 `SidecarSettings.gangs` is off (a bare sidecar, as the extender tests build it);
 `gpuplace serve`'s settings turn it on by default (`--gangs false` turns it off).
 
-With `--load-aware`, the sidecar is given a factory of a `gpuplace.usage.loads.LoadReader`
+With `--load-aware`, the sidecar is given a factory of a `gpuplace.usage.gpu_loads.LoadReader`
 (`load_reader=`; `gpuplace serve` passes it through `gpuplace.composing.compose`): a
 background task reads GPU loads with it every `--load-refresh-seconds`
-(`gpuplace.extender.loading`), and the policy's exact ties are broken by them
-(`gpuplace.placement.loads`). Without a factory, `--load-aware` refuses to start (`NoLoadReader`).
-A reader with an `aclose()` or `close()` is closed when the sidecar stops.
+(`gpuplace.extender.load_polling`), and the policy's exact ties are broken by them
+(`gpuplace.placement.load_ties`). Without a factory, `--load-aware` refuses to start
+(`NoLoadReader`). A reader with an `aclose()` or `close()` is closed when the sidecar stops.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from gpuplace.extender import (
     gang_leader,
     gang_store,
     gangs,
-    loading,
+    load_polling,
     preempting,
     repeating,
     warming,
@@ -80,7 +80,7 @@ from gpuplace.extender.gang_members import GangPod
 from gpuplace.placement import choosing, policies
 from gpuplace.placement.inventory import Capabilities
 from gpuplace.usage import prometheus
-from gpuplace.usage.loads import LoadReader
+from gpuplace.usage.gpu_loads import LoadReader
 
 log = logging.getLogger(__name__)
 
@@ -392,14 +392,14 @@ class Sidecar:
             clock=clock,
             ties=settings.load_aware,
         )
-        self.loads: loading.LoadBoard | None = None
+        self.loads: load_polling.LoadBoard | None = None
         """Measured GPU loads for the tie-break (None without `load_aware`)."""
-        self.load_poller: loading.LoadPoller | None = None
+        self.load_poller: load_polling.LoadPoller | None = None
         if settings.load_aware:
             if load_reader is None:
                 raise NoLoadReader(NO_LOAD_READER)
-            self.loads = loading.LoadBoard(settings.load_max_age_seconds, clock=load_clock)
-            self.load_poller = loading.LoadPoller(
+            self.loads = load_polling.LoadBoard(settings.load_max_age_seconds, clock=load_clock)
+            self.load_poller = load_polling.LoadPoller(
                 load_reader(),
                 self.loads,
                 window_seconds=settings.load_window_seconds,

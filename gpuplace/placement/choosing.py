@@ -55,11 +55,11 @@ class Choice:
     has one (`Chooser.evaluate`)."""
     base: float | None = field(default=None, compare=False)
     """The policy's own score before the place in line was folded in (None: `score` is
-    it). Exact: `gpuplace.placement.loads` finds the nodes whose policy scores tie with it."""
+    it). Exact: `gpuplace.placement.load_ties` finds the nodes whose policy scores tie with it."""
     tied: tuple[tuple[int, ...], ...] = field(default=(), compare=False)
     """Other GPU sets of the node that tie exactly with `gpus` on the policy's score and
     preference, in the order tried (only from a Chooser built with `ties`; the load
-    tie-break of `gpuplace.placement.loads` picks among them)."""
+    tie-break of `gpuplace.placement.load_ties` picks among them)."""
 
     @property
     def policy_score(self) -> float:
@@ -239,7 +239,7 @@ class Chooser:
     O(nodes). Call `reset` when the policy's inputs change (a new typical workload).
 
     With `ties`, each node's choice also lists the GPU sets tied with it
-    (`Choice.tied`) for the load tie-break (`gpuplace.placement.loads`), which is applied to the
+    (`Choice.tied`) for the load tie-break (`gpuplace.placement.load_ties`), which is applied to the
     cached choices when read, never inside them: measured load changes no cached
     outcome, so a new measurement makes nothing here stale.
     """

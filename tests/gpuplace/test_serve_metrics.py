@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuplace import composing, localapi
 from gpuplace.cluster import keys
 from gpuplace.localapi import objects
-from gpuplace.placement.measuring import ClusterMeasure
+from gpuplace.placement.fragmentation_totals import ClusterMeasure
 from tests.deploy import test_grafana_dashboard as grafana
 from tests.gpuplace.test_serve_cluster import enforcing, member, started, two_nodes_led_here
 from tests.webhook import helpers
