@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # The gpuplace image: `gpuplace serve` (webhook + scheduler extender) and `gpuplace certs`.
 #   docker build -t gpuplace:0.1.0 .
-# Stage `build` makes wheels: gpuplace's own (with its C helpers, gpuplace/placement/_names.c and
+# Stage `build` makes wheels: gpuplace's own (with its C helpers, gpuplace/extender/_node_names.c and
 # gpuplace/extender/_priorities.c, so it has a C compiler), then every dependency at the version constraints.txt pins. Stage
 # `runtime` is the same slim Python with one virtualenv that holds only what those wheels
 # install: no compiler, no pip, no source tree.
@@ -24,7 +24,7 @@ COPY gpuplace/ gpuplace/
 # The C helpers are optional in setup.py (installs without a compiler); the image
 # must have them, so the build fails here if the wheel lacks one.
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
- && python -c "import sys, zipfile, glob; names = zipfile.ZipFile(glob.glob('/wheels/gpuplace-*.whl')[0]).namelist(); sys.exit(not all(any(n.startswith(m) and n.endswith('.so') for n in names) for m in ('gpuplace/placement/_names.', 'gpuplace/extender/_priorities.')))" \
+ && python -c "import sys, zipfile, glob; names = zipfile.ZipFile(glob.glob('/wheels/gpuplace-*.whl')[0]).namelist(); sys.exit(not all(any(n.startswith(m) and n.endswith('.so') for n in names) for m in ('gpuplace/extender/_node_names.', 'gpuplace/extender/_priorities.')))" \
  && python -c "import sys, zipfile, glob; names = zipfile.ZipFile(glob.glob('/wheels/gpuplace-*.whl')[0]).namelist(); sys.exit(any(n.startswith('gpuplace/dev/') or n == 'gpuplace/commands/demo.py' for n in names))" \
  && python -m pip wheel --only-binary=:all: --wheel-dir /wheels \
         --constraint constraints.txt /wheels/gpuplace-*.whl

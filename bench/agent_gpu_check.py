@@ -12,13 +12,13 @@ show. Not run in this repository's CI; written for the check on a lent GPU.
    must succeed, the grant plus 512 MiB must fail;
 4. the daemon is killed (SIGKILL); the supervisor starts it again, it answers again, and a
    new client is capped again;
-5. what a pod uses (`gpuplace.agent.measuring` over the real NVML): a client under the daemon holds
-   half the granted memory and keeps the GPU busy (memsets) for a few seconds, its PID
-   written into a temporary proc root as a pod's; NVML must list it among the MPS clients
-   under the PID it has here (host PIDs: the agent's hostPID), and the pod's memory must
-   be at least what it holds. Reported, not judged: its SM share, and whose PIDs the
-   driver's per-process samples name under MPS (the client's, the server's, none, or Not
-   Supported), which decides whether the pods' SM series exist on this driver.
+5. what a pod uses (`gpuplace.agent.usage_sampling` over the real NVML): a client under the
+   daemon holds half the granted memory and keeps the GPU busy (memsets) for a few
+   seconds, its PID written into a temporary proc root as a pod's; NVML must list it among
+   the MPS clients under the PID it has here (host PIDs: the agent's hostPID), and the
+   pod's memory must be at least what it holds. Reported, not judged: its SM share, and
+   whose PIDs the driver's per-process samples name under MPS (the client's, the server's,
+   none, or Not Supported), which decides whether the pods' SM series exist on this driver.
 
 Prints JSON; exit status 1 when a check fails. Needs the NVIDIA driver (libcuda,
 libnvidia-ml, nvidia-smi, nvidia-cuda-mps-control on PATH).
@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from bench import agent_answer  # noqa: E402
-from gpuplace.agent import cgroups, discovery, measuring, mps, nvml  # noqa: E402
+from gpuplace.agent import cgroups, discovery, mps, nvml, usage_sampling  # noqa: E402
 
 CLIENT = r"""
 import ctypes, json, sys
@@ -141,7 +141,7 @@ def capped(result: dict[str, Any], small: int, big: int) -> bool:
 
 
 async def usage(env: dict[str, str], hold_mib: int, seconds: float) -> dict[str, Any]:
-    """Step 5: the busy client sampled by `gpuplace.agent.measuring` over the real NVML."""
+    """Step 5: the busy client sampled by `gpuplace.agent.usage_sampling` over the real NVML."""
     report: dict[str, Any] = {}
     busy = subprocess.Popen(
         [sys.executable, "-c", BUSY_CLIENT, str(hold_mib), str(seconds)],
@@ -160,7 +160,7 @@ async def usage(env: dict[str, str], hold_mib: int, seconds: float) -> dict[str,
         (proc / str(busy.pid) / "cgroup").write_text(
             f"0::/kubepods/besteffort/pod{uid}/{'0' * 64}\n"
         )
-        meter = measuring.Meter(reading, "check", cgroups.Proc(proc))
+        meter = usage_sampling.Meter(reading, "check", cgroups.Proc(proc))
         meter.measure([pod])  # the first: samples since the driver's buffer began
         await asyncio.sleep(min(2.0, seconds / 2))
         clients = [p.pid for p in reading.mps_processes(0)]

@@ -4,7 +4,7 @@
 compute processes and one per-process SM sample each (both SYNTHETIC: no capture holds
 50 processes or per-process samples); every process's `/proc/<pid>/cgroup` written into a
 temporary proc root (systemd driver, cgroup v2), the processes spread over `--pods` pods
-of this node that hold gpuplace shares. Measures `gpuplace.agent.measuring.Meter.measure` (NVML
+of this node that hold gpuplace shares. Measures `gpuplace.agent.usage_sampling.Meter.measure` (NVML
 replayed, so the driver's own call cost is not in it: `nvml_calls` says how many a real
 sample makes) and `generate_latest` of the registry with the usage collector (the memory
 peak over a full default window: 6 samples). Prints JSON.
@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
 from bench.agent_allocate import summary  # noqa: E402
-from gpuplace.agent import cgroups, measuring, nvml  # noqa: E402
+from gpuplace.agent import cgroups, nvml, usage_sampling  # noqa: E402
 from tests.agent import kubelet as standin  # noqa: E402
 
 FIXTURES = REPO.parent / "shared" / "fixtures" / "gpu"
@@ -80,12 +80,14 @@ def main() -> None:
         proc = Path(root)
         reading, pods = node(args.gpus, args.processes, args.pods, proc)
         replay = nvml.Replay(reading)
-        meter = measuring.Meter(replay, NODE, cgroups.Proc(proc))
+        meter = usage_sampling.Meter(replay, NODE, cgroups.Proc(proc))
         by_uid = {pod["metadata"]["uid"]: pod for pod in pods}
-        sampler = measuring.Sampler(meter, lambda: pods)
+        sampler = usage_sampling.Sampler(meter, lambda: pods)
         registry = CollectorRegistry()
         registry.register(
-            measuring.UsageCollector(NODE, sampler, measuring.live_in(lambda: by_uid, NODE))
+            usage_sampling.UsageCollector(
+                NODE, sampler, usage_sampling.live_in(lambda: by_uid, NODE)
+            )
         )
         took: list[float] = []
         scraped: list[float] = []

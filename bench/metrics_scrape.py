@@ -33,9 +33,9 @@ from gpuplace import gc_tuning
 from gpuplace.cluster.metering import LedgerCollector
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender.workloads import typical
+from gpuplace.placement.fragmentation_totals import ClusterMeasure
 from gpuplace.placement.inventory import Gpu, Node
 from gpuplace.placement.ledger import Grant
-from gpuplace.placement.measuring import ClusterMeasure
 from gpuplace.placement.requests import GpuRequest
 
 SHAPES = (250, 500, 1000)

@@ -14,8 +14,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gpuplace.agent import measuring as agent_measuring
 from gpuplace.agent import mps as agent_mps
+from gpuplace.agent import usage_sampling
 from gpuplace.settings import ENV_PREFIX
 
 
@@ -96,12 +96,12 @@ class AgentSettings(BaseSettings):
 
     # --- what pods use ---------------------------------------------------------------------
     usage_seconds: float = Field(
-        agent_measuring.USAGE_SECONDS,
+        usage_sampling.USAGE_SECONDS,
         gt=0,
         description="how often the pods' GPU use (memory, SM) is sampled for /metrics",
     )
     usage_peak_seconds: float = Field(
-        agent_measuring.PEAK_SECONDS,
+        usage_sampling.PEAK_SECONDS,
         gt=0,
         description="gpuplace_pod_gpu_memory_peak_bytes is the most memory used in the "
         "samples of this many seconds; keep it at least Prometheus' scrape interval",

@@ -13,7 +13,7 @@ import prometheus_client
 from gpuplace import serving, settings
 from gpuplace.sidecar import Sidecar
 from gpuplace.usage import prometheus
-from gpuplace.usage.loads import LoadReader
+from gpuplace.usage.gpu_loads import LoadReader
 
 
 @dataclass(slots=True)

@@ -22,7 +22,7 @@ review runs into it. So:
   (`freeze_survivors`); a full unfrozen pass runs every `full_seconds`, between verbs.
 
 Frozen objects are still freed by reference counting; only cyclic garbage waits for the
-next full unfrozen pass. The dev tools' in-memory API (`gpuplace.localapi`) freezes its
+next full unfrozen pass. The dev tools' in-memory API (`gpuplace.dev.localapi`) freezes its
 own set-up objects for the same reason.
 """
 

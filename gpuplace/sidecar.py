@@ -23,12 +23,12 @@ what `gpuplace serve` passes here.
 `SidecarSettings.gangs` is off (a bare sidecar, as the extender tests build it);
 `gpuplace serve`'s settings turn it on by default (`--gangs false` turns it off).
 
-With `--load-aware`, the sidecar is given a factory of a `gpuplace.usage.loads.LoadReader`
+With `--load-aware`, the sidecar is given a factory of a `gpuplace.usage.gpu_loads.LoadReader`
 (`load_reader=`; `gpuplace serve` passes it through `gpuplace.composing.compose`): a
 background task reads GPU loads with it every `--load-refresh-seconds`
-(`gpuplace.extender.loading`), and the policy's exact ties are broken by them
-(`gpuplace.placement.loads`). Without a factory, `--load-aware` refuses to start (`NoLoadReader`).
-A reader with an `aclose()` or `close()` is closed when the sidecar stops.
+(`gpuplace.extender.load_polling`), and the policy's exact ties are broken by them
+(`gpuplace.placement.load_ties`). Without a factory, `--load-aware` refuses to start
+(`NoLoadReader`). A reader with an `aclose()` or `close()` is closed when the sidecar stops.
 """
 
 from __future__ import annotations
@@ -63,12 +63,12 @@ from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender import app as extender_app
 from gpuplace.extender import (
     binding,
+    c_helpers,
     deciding,
-    loading,
+    load_polling,
     preempt_verb,
     repeating,
     warming,
-    wire,
     workloads,
 )
 from gpuplace.extender.activity import Activity
@@ -76,11 +76,10 @@ from gpuplace.gangs import leader as gang_leader
 from gpuplace.gangs import wiring as gang_wiring
 from gpuplace.gangs.controller import GangSettings
 from gpuplace.placement import choosing, policies
-from gpuplace.placement import names as node_names
 from gpuplace.placement.fences import Fences
 from gpuplace.placement.inventory import Capabilities
 from gpuplace.usage import prometheus
-from gpuplace.usage.loads import LoadReader
+from gpuplace.usage.gpu_loads import LoadReader
 
 log = logging.getLogger(__name__)
 
@@ -315,14 +314,14 @@ class Sidecar:
             clock=clock,
             ties=settings.load_aware,
         )
-        self.loads: loading.LoadBoard | None = None
+        self.loads: load_polling.LoadBoard | None = None
         """Measured GPU loads for the tie-break (None without `load_aware`)."""
-        self.load_poller: loading.LoadPoller | None = None
+        self.load_poller: load_polling.LoadPoller | None = None
         if settings.load_aware:
             if load_reader is None:
                 raise NoLoadReader(NO_LOAD_READER)
-            self.loads = loading.LoadBoard(settings.load_max_age_seconds, clock=load_clock)
-            self.load_poller = loading.LoadPoller(
+            self.loads = load_polling.LoadBoard(settings.load_max_age_seconds, clock=load_clock)
+            self.load_poller = load_polling.LoadPoller(
                 load_reader(),
                 self.loads,
                 window_seconds=settings.load_window_seconds,
@@ -503,24 +502,25 @@ class Sidecar:
         """Run the informers and background work for the duration of the block; on exit
         stop them and close the API client. The loops handle API failures themselves
         (backoff, retry); a task that still dies is logged."""
-        for built, helper, without in (
+        for used, helper, without in (
             (
-                node_names.NATIVE,
-                "gpuplace.placement._names",
+                c_helpers.NAME_SET is not None,
+                "gpuplace.extender._node_names",
                 "filter parses every node name, ~3 ms",
             ),
             (
-                wire.NATIVE,
+                c_helpers.RANKED_JSON is not None,
                 "gpuplace.extender._priorities",
                 "prioritize's answers are made in Python, ~1.5 ms",
             ),
         ):
-            if not built:
+            if not used:
                 log.warning(
-                    "%s (C) is not built: %s more per pod at 10,000 nodes; install with a C "
-                    "compiler to build it",
+                    "%s (C) is not in use: %s more per pod at 10,000 nodes; install with a "
+                    "C compiler to build it, and leave %s unset",
                     helper,
                     without,
+                    c_helpers.SWITCH,
                 )
         tasks = [asyncio.create_task(work, name="gpuplace-sidecar") for work in self._background()]
         for task in tasks:

@@ -23,7 +23,7 @@ several hierarchies that name different pods name none (never a guess).
 
 `pod_uid` never raises, whatever the text. Static pods: the cgroup carries the UID the
 kubelet gave the static pod, which is its mirror pod's `kubernetes.io/config.mirror`
-annotation, not the mirror's own UID (`gpuplace.agent.measuring` maps both). I/O:
+annotation, not the mirror's own UID (`gpuplace.agent.usage_sampling` maps both). I/O:
 `Proc.pod_uid` reads one small file; everything else is pure.
 """
 

@@ -2,8 +2,9 @@
 
 Cluster-wide sums only, no per-node series (10,000 nodes would be 10,000 series a
 scrape): what is allocated and free, how fragmented the free compute is against the
-typical workload (`gpuplace.placement.measuring`, kept current from the ledger's change log), and
-the managed GPU pods not bound yet, by reason (`gpuplace.cluster.syncing.PENDING_REASONS`).
+typical workload (`gpuplace.placement.fragmentation_totals`, kept current from the
+ledger's change log), and the managed GPU pods not bound yet, by reason
+(`gpuplace.cluster.syncing.PENDING_REASONS`).
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ from prometheus_client.registry import Collector
 
 from gpuplace.cluster.syncing import PENDING_REASONS, LedgerSync
 from gpuplace.placement.fragmentation import Workload
+from gpuplace.placement.fragmentation_totals import ClusterMeasure
 from gpuplace.placement.ledger import GrantState
-from gpuplace.placement.measuring import ClusterMeasure
 from gpuplace.placement.requests import WHOLE
 
 
 class LedgerCollector(Collector):
     """gpuplace_ledger_* gauges and the rest of the module docstring from a LedgerSync.
     O(grants + nodes) per scrape, the fragmentation sums O(changed nodes) of it (see
-    `gpuplace.placement.measuring`). `workload`: the typical workload to measure fragmentation
-    against (None: no fragmentation gauges)."""
+    `gpuplace.placement.fragmentation_totals`). `workload`: the typical workload to measure
+    fragmentation against (None: no fragmentation gauges)."""
 
     def __init__(self, sync: LedgerSync, workload: Callable[[], Workload] | None = None) -> None:
         self.sync = sync

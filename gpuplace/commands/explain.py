@@ -22,7 +22,7 @@ from gpuplace.extender import explaining
 from gpuplace.extender.workloads import PolicyHolder
 from gpuplace.placement import policies
 from gpuplace.usage import report
-from gpuplace.usage.loads import UsageUnavailable
+from gpuplace.usage.gpu_loads import UsageUnavailable
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

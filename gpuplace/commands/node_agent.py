@@ -3,7 +3,7 @@ docs/node-agent.md). It discovers the node's GPUs and their health through NVML 
 them and a heartbeat on its Node (gpuplace.agent.publishing), answers the kubelet's device-plugin
 API so that each container gets exactly its grant (gpuplace.agent.plugin), runs one MPS control
 daemon per GPU and restarts it when it dies (gpuplace.agent.mps), samples what each pod uses of its
-GPUs (gpuplace.agent.measuring), and serves /metrics, /healthz and /readyz.
+GPUs (gpuplace.agent.usage_sampling), and serves /metrics, /healthz and /readyz.
 
 Order at start: the node's pod informer, the first discovery, then the MPS daemons of
 the node's GPUs, which must answer before a share is handed out (a client that starts
@@ -30,7 +30,16 @@ from typing import Any
 import prometheus_client
 
 from gpuplace import commands, logs, serving, settings
-from gpuplace.agent import allocating, cgroups, discovery, measuring, mps, nvml, plugin, publishing
+from gpuplace.agent import (
+    allocating,
+    cgroups,
+    discovery,
+    mps,
+    nvml,
+    plugin,
+    publishing,
+    usage_sampling,
+)
 from gpuplace.agent_settings import AgentSettings
 from gpuplace.cluster import connecting, kube, watching
 
@@ -99,7 +108,7 @@ class AgentProcess:
     supervisor: mps.Supervisor | None
     plugin: plugin.PluginServer
     informer: watching.Informer[dict[str, Any]]
-    sampler: measuring.Sampler
+    sampler: usage_sampling.Sampler
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def not_published_reason(self) -> str | None:
@@ -239,8 +248,8 @@ async def compose(
         registry=registry,
     )
     proc = cgroups.Proc(config.proc_root)
-    sampler = measuring.Sampler(
-        measuring.Meter(
+    sampler = usage_sampling.Sampler(
+        usage_sampling.Meter(
             reading,
             config.node_name,
             proc,
@@ -253,8 +262,8 @@ async def compose(
         registry=registry,
     )
     registry.register(
-        measuring.UsageCollector(
-            config.node_name, sampler, measuring.live_in(lambda: view.pods, config.node_name)
+        usage_sampling.UsageCollector(
+            config.node_name, sampler, usage_sampling.live_in(lambda: view.pods, config.node_name)
         )
     )
     server = serving.Server(registry)

@@ -31,7 +31,7 @@ import pydantic
 from gpuplace import commands
 from gpuplace.cluster import connecting, keys, kube
 from gpuplace.usage import prometheus, report
-from gpuplace.usage.loads import UsageUnavailable
+from gpuplace.usage.gpu_loads import UsageUnavailable
 
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d|w)?")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}

@@ -18,10 +18,10 @@ Evaluations are the engine's own (`evaluate(shared=True)`): read only, and only 
 ledger generation they were made at, which every reuse checks. Synchronous: no await
 between reading the ledger and answering.
 
-With measured loads (`--load-aware`: `loads`, an `gpuplace.extender.loading.LoadBoard`), of the
+With measured loads (`--load-aware`: `loads`, an `gpuplace.extender.load_polling.LoadBoard`), of the
 nodes that tie at the policy's best score the least loaded alone gets 10 in
 prioritize, and bind takes the least loaded of the GPU sets the policy scores alike
-(`gpuplace.placement.loads`). That is applied to the evaluations when they are read, never
+(`gpuplace.placement.load_ties`). That is applied to the evaluations when they are read, never
 stored in them: filter, its kept evaluations and kept answers do not depend on loads.
 """
 
@@ -37,12 +37,10 @@ from prometheus_client import CollectorRegistry, Counter
 from gpuplace.cluster import annotations as grammar
 from gpuplace.cluster import pods
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.extender import reasons
-from gpuplace.extender.loading import LoadBoard
+from gpuplace.extender import node_names, reasons
+from gpuplace.extender.load_polling import LoadBoard
 from gpuplace.extender.workloads import PolicyHolder
-from gpuplace.placement import choosing, fit
-from gpuplace.placement import loads as load_breaking
-from gpuplace.placement import names as node_names
+from gpuplace.placement import choosing, fit, load_ties
 from gpuplace.placement.choosing import Choice
 from gpuplace.placement.fences import Fences
 from gpuplace.placement.ledger import Grant
@@ -237,20 +235,20 @@ class Decider:
             )
         return verdict
 
-    def current_loads(self) -> load_breaking.Loads | None:
+    def current_loads(self) -> load_ties.Loads | None:
         """The loads that break ties now (None: none, or too old, or off). O(1)."""
         return self.loads.current() if self.loads is not None else None
 
     def _tie_broken(
-        self, found: list[Choice | None], view: load_breaking.Loads | None
+        self, found: list[Choice | None], view: load_ties.Loads | None
     ) -> list[Choice | None]:
         """`found` with the load tie-break among the nodes tied at the best policy score
-        (`gpuplace.placement.loads.tie_broken`); `found` itself without loads. O(found) + O(nodes
-        tied × GPUs of one)."""
+        (`gpuplace.placement.load_ties.tie_broken`); `found` itself without loads. O(found) +
+        O(nodes tied × GPUs of one)."""
         if view is None:
             return found
         chooser = self.holder.current()
-        return load_breaking.tie_broken(found, view, self.sync.ledger.state, chooser.policy.place)
+        return load_ties.tie_broken(found, view, self.sync.ledger.state, chooser.policy.place)
 
     def prioritize(self, pod: Mapping[str, Any], names: Sequence[str]) -> list[int]:
         """A 0-10 score per node of `names`, in their order: 10 only for the policy's best.
@@ -280,7 +278,7 @@ class Decider:
         return self._tie_broken(list(map(evaluation.choices.get, names)), self.current_loads())
 
     def chosen_ahead(
-        self, uid: str, names: Sequence[str], view: load_breaking.Loads | None = None
+        self, uid: str, names: Sequence[str], view: load_ties.Loads | None = None
     ) -> list[Choice | None] | None:
         """`chosen` for pod `uid` and the nodes its filter passed (each has a choice),
         while the evaluation filter made is current; else None. With `view` (the loads
@@ -321,18 +319,18 @@ class Decider:
             return False
 
     def every_node(self) -> node_names.EveryNode | None:
-        """Every node's name as the policy's chooser holds them (`Chooser.every_node`):
-        filter's arguments naming exactly these are not parsed. O(1) while no node was
-        added or removed."""
-        return self.holder.current().every_node()
+        """Every node's name as the policy's chooser holds them (`Chooser.every_name`),
+        as a set: filter's arguments naming exactly these are not parsed. None without
+        the C helper. O(1) while no node was added or removed."""
+        return self.holder.every_node.of(self.holder.current())
 
     def best_on(self, node: str, request: GpuRequest) -> choosing.Choice | fit.Misfit:
         """The policy's GPUs for `request` on `node` now (bind); with loads, the least
-        loaded of the sets it scores alike (`gpuplace.placement.loads.pick`). O(1) when cached,
+        loaded of the sets it scores alike (`gpuplace.placement.load_ties.pick`). O(1) when cached,
         + O(tied sets × GPUs log GPUs) with loads."""
         found = self.holder.current().outcome(node, request)
         view = self.current_loads()
         if view is None or not isinstance(found, Choice):
             return found
         state = self.sync.ledger.state(node)
-        return found if state is None else load_breaking.pick(state, found, view)
+        return found if state is None else load_ties.pick(state, found, view)

@@ -25,9 +25,9 @@ retries): a pod some node fits goes on to prioritize and bind, and its filter
 prepares prioritize's answer ahead, which a kept answer could not.
 
 Costs: a lookup is O(1) for the key, plus comparing the names (nothing when they are
-the every-node list `gpuplace.placement.names.EveryNode` already holds, O(names) in C otherwise),
-plus O(changes since the answer was made or last served); the set of names it is
-checked against is built once per kept answer, O(names), when first needed. A kept
+the every-node list `gpuplace.extender.node_names.EveryNode` already holds, O(names) in
+C otherwise), plus O(changes since the answer was made or last served); the set of names
+it is checked against is built once per kept answer, O(names), when first needed. A kept
 answer holds its bytes (a reason per node: about 0.5-1 MB at 10,000 nodes), so `KEPT`
 are kept at most.
 """

@@ -195,7 +195,7 @@ class Warmer:
             await pause_when_due()
         if chooser.ledger is self.sync.ledger:
             chooser.prepare_memory()
-            chooser.every_node()  # filter's set of every node's name, built ahead
+            self.holder.every_node.of(chooser)  # filter's set of every node's name, ahead
         gc_tuning.collect_young(self.freeze_young_above)
         return complete
 

@@ -19,16 +19,10 @@ from typing import Any
 import pydantic_core
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, RootModel, field_validator
 
+from gpuplace.extender import c_helpers
+from gpuplace.extender.node_names import EveryNode
 from gpuplace.placement import choosing
 from gpuplace.placement.choosing import Choice
-from gpuplace.placement.names import EveryNode
-
-try:
-    from gpuplace.extender import _priorities
-except ImportError:  # built without a C compiler
-    _priorities = None  # type: ignore[assignment]
-NATIVE = _priorities is not None
-"""Whether prioritize's answers are ranked and encoded in C (`ranked_priorities_json`)."""
 
 MAX_SCORE = choosing.MAX_EXTENDER_SCORE
 """kube-scheduler's extender scores are 0-10 (MaxExtenderPriority)."""
@@ -231,12 +225,13 @@ def priorities_json(hosts: list[str], scores: list[int]) -> bytes:
 
 def ranked_priorities_json(hosts: list[str], chosen: Sequence[Choice | None]) -> bytes:
     """`priorities_json(hosts, choosing.ranked_found(chosen))`: prioritize's answer given
-    each host's choice (None: none). One pass in C when the helper is built
-    (`gpuplace/extender/_priorities.c`; the same bytes, ~9 times faster at 10,000 nodes), else
-    in Python. O(n)."""
-    if _priorities is not None:
+    each host's choice (None: none). One pass in C where the helper is in use
+    (`gpuplace/extender/_priorities.c`, `c_helpers.RANKED_JSON`; the same bytes, ~9 times
+    faster at 10,000 nodes), else in Python. O(n)."""
+    ranked_json = c_helpers.RANKED_JSON
+    if ranked_json is not None:
         listed = chosen if isinstance(chosen, list) else list(chosen)
-        answer = _priorities.ranked_json(hosts, listed, choosing.MAX_EXTENDER_SCORE)
+        answer = ranked_json(hosts, listed, choosing.MAX_EXTENDER_SCORE)
         if answer is not None:
             return answer
     return priorities_json(hosts, choosing.ranked_found(chosen))

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.extender import node_names
 from gpuplace.placement import choosing, policies
 from gpuplace.placement.fragmentation import MIN_CPU_MILLI, PRIOR, TaskType, Workload
 from gpuplace.placement.requests import GpuRequest
@@ -94,6 +95,8 @@ class PolicyHolder:
         self._measured: Workload | None = None
         self._measured_from = -1
         self._measured_at = -float("inf")
+        self.every_node = node_names.EveryNodeSets()
+        """Each Chooser's every node as a set filter's arguments are compared with."""
         self.chooser = self._build()
 
     def _build(self) -> choosing.Chooser:

@@ -7,7 +7,8 @@ workload (`fragmentation`), the scoring policies (`policies`), the choice of a
 node across the cluster (`choosing`), all-or-nothing plans for gangs (`gangs`),
 and trace replay (`trace`, `replay`).
 
-It must never do I/O, read a clock, log, or import asyncio, aiohttp,
-kubernetes_asyncio, prometheus_client, pydantic or any other gpuplace room:
-the import-linter contracts in pyproject.toml keep it so.
+It must never do I/O, read a clock, log, read or write wire bytes (JSON: the
+extender's wire, with its C helpers, is the extender's), or import asyncio, aiohttp,
+kubernetes_asyncio, prometheus_client, pydantic or any other gpuplace room: the
+import-linter contracts in pyproject.toml keep it so.
 """

@@ -23,7 +23,6 @@ from itertools import filterfalse
 from typing import Protocol
 
 from gpuplace.placement import fit
-from gpuplace.placement import names as node_names
 from gpuplace.placement.ledger import Grant, Ledger, NodeState
 from gpuplace.placement.requests import WHOLE, GpuRequest
 
@@ -56,11 +55,11 @@ class Choice:
     has one (`Chooser.evaluate`)."""
     base: float | None = field(default=None, compare=False)
     """The policy's own score before the place in line was folded in (None: `score` is
-    it). Exact: `gpuplace.placement.loads` finds the nodes whose policy scores tie with it."""
+    it). Exact: `gpuplace.placement.load_ties` finds the nodes whose policy scores tie with it."""
     tied: tuple[tuple[int, ...], ...] = field(default=(), compare=False)
     """Other GPU sets of the node that tie exactly with `gpus` on the policy's score and
     preference, in the order tried (only from a Chooser built with `ties`; the load
-    tie-break of `gpuplace.placement.loads` picks among them)."""
+    tie-break of `gpuplace.placement.load_ties` picks among them)."""
 
     @property
     def policy_score(self) -> float:
@@ -240,7 +239,7 @@ class Chooser:
     O(nodes). Call `reset` when the policy's inputs change (a new typical workload).
 
     With `ties`, each node's choice also lists the GPU sets tied with it
-    (`Choice.tied`) for the load tie-break (`gpuplace.placement.loads`), which is applied to the
+    (`Choice.tied`) for the load tie-break (`gpuplace.placement.load_ties`), which is applied to the
     cached choices when read, never inside them: measured load changes no cached
     outcome, so a new measurement makes nothing here stale.
     """
@@ -285,7 +284,8 @@ class Chooser:
         self._names: dict[str, str] = {}
         """Each known node's name as a str object of the chooser's own, the key of its
         entries in every kept evaluation (see `_own_names`)."""
-        self._every: node_names.EveryNode | None = None
+        self._every: tuple[int, list[str]] | None = None
+        """`every_name()`'s list, as of the inventory's `membership` count."""
 
     def reset(self) -> None:
         self._ids.clear()
@@ -355,18 +355,16 @@ class Chooser:
         sorted index, O(log nodes + their number). `prepare` fills the kept
         evaluation ahead of requests.
 
-        `names` may be `every_node().names` itself (kube-scheduler sent every node):
+        `names` may be `every_name()` itself (kube-scheduler sent every node):
         the nodes the kept evaluation lacks are then those it misses, with no lookup
         per name: O(changed or unseen nodes) before scoring them.
         """
         inventory = self.ledger.inventory
         every = self._every
-        if every is not None and (
-            names is not every.names or every.membership != inventory.membership
-        ):
+        if every is not None and (names is not every[1] or every[0] != inventory.membership):
             every = None
         if every is not None:
-            listed = every.names
+            listed = every[1]
         else:
             listed = list(candidates(self.ledger, request) if names is None else names)
         shaped = scoring_shape(request)
@@ -490,17 +488,17 @@ class Chooser:
             if reason is not None:
                 result.misfits[name] = reason
 
-    def every_node(self) -> node_names.EveryNode | None:
-        """Every node's name, as the chooser's own copies in a list and as one set that
-        a JSON array of names is compared with (`node_names.EveryNode`); None without the C
-        helper. O(1) while no node was added or removed, else O(nodes) to build."""
-        if not node_names.NATIVE:
-            return None
+    def every_name(self) -> list[str]:
+        """Every node's name, as the chooser's own copies in one list: the same list
+        object while no node was added or removed, so that `evaluate` given this very
+        list knows by identity that it names every node (the extender's filter hands it
+        over when kube-scheduler named every node: `gpuplace.extender.node_names`). Read
+        only. O(1) while no node was added or removed, else O(nodes) to build."""
         membership = self.ledger.inventory.membership
         every = self._every
-        if every is None or every.membership != membership:
-            every = self._every = node_names.EveryNode.of(membership, self._own_names())
-        return every
+        if every is None or every[0] != membership:
+            every = self._every = (membership, self._own_names())
+        return every[1]
 
     def _own_names(self) -> list[str]:
         """Every node's name as the chooser's own str object (`_names`). O(nodes); the

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from yarl import URL
 
 from gpuplace.usage import names
-from gpuplace.usage.loads import GpuLoad, GpuLoads, UsageUnavailable
+from gpuplace.usage.gpu_loads import GpuLoad, GpuLoads, UsageUnavailable
 from gpuplace.usage.readings import GpuUse, PodGpuUse, Usage
 
 _K = TypeVar("_K")
@@ -357,7 +357,7 @@ def _range(window_seconds: float) -> str:
 
 
 class Reader:
-    """Reads `Usage` (and, as a `gpuplace.usage.loads.LoadReader`, `GpuLoads`) from Prometheus.
+    """Reads `Usage` (and, as a `gpuplace.usage.gpu_loads.LoadReader`, `GpuLoads`) from Prometheus.
 
     One read is 13 to 15 instant queries, sent together; each is O(series of its metric)
     on the server and here.
@@ -557,7 +557,7 @@ class Reader:
         return tuple(rows)
 
     async def gpu_loads(self, window_seconds: float) -> GpuLoads:
-        """`gpuplace.usage.loads.LoadReader`: each GPU's mean utilisation and memory over the
+        """`gpuplace.usage.gpu_loads.LoadReader`: each GPU's mean utilisation and memory over the
         window."""
         now = time.time()
         w = _range(window_seconds)

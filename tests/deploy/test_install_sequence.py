@@ -89,18 +89,22 @@ def tree(directory: str, overlay: str) -> str:
     return directory.removeprefix("deploy/").rstrip("/")
 
 
+def key(obj: Obj) -> tuple[str, str, str]:
+    """Where the API server keeps `obj`: kind, namespace ("" for cluster-scoped), name."""
+    namespace = "" if obj["kind"] in CLUSTER_SCOPED else obj["metadata"].get("namespace", "default")
+    return obj["kind"], namespace, obj["metadata"]["name"]
+
+
 def apply(cluster: Cluster, objects: list[Obj], *, dry_run: bool) -> None:
     """`kubectl apply` of `objects` in order; each object that fails is one error line."""
     errors: list[str] = []
     namespaces = set(cluster.namespaces)
     for obj in objects:
-        kind, api_version = obj["kind"], obj["apiVersion"]
-        group = api_version.rpartition("/")[0]
-        name = obj["metadata"]["name"]
-        if group not in BUILT_IN_GROUPS | cluster.crd_groups:
+        api_version = obj["apiVersion"]
+        kind, namespace, name = key(obj)
+        if api_version.rpartition("/")[0] not in BUILT_IN_GROUPS | cluster.crd_groups:
             errors.append(f'no matches for kind "{kind}" in version "{api_version}"')
             continue
-        namespace = "" if kind in CLUSTER_SCOPED else obj["metadata"].get("namespace", "default")
         if namespace and namespace not in namespaces:
             errors.append(f'{kind} {name}: namespaces "{namespace}" not found')
             continue
@@ -174,10 +178,42 @@ def test_documented_sequence_installs_on_a_fresh_cluster(overlay: str) -> None:
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
+PREVIOUS = "test.gpuplace.io/previous-release"
+"""Marks each object of the release installed before the upgrade."""
+
+
 @pytest.mark.parametrize("overlay", rendering.OVERLAYS)
-def test_documented_sequence_runs_again_for_an_upgrade(overlay: str) -> None:
+def test_documented_sequence_runs_again_for_an_upgrade(
+    overlay: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same lines on a cluster that holds the previous release (every object of it
+    marked) succeed, namespace line included (it must not fail on the namespace that
+    exists), and leave exactly the new release: each object replaced by its new version,
+    none twice, the namespace's Pod Security labels in place."""
+    current = rendering.render
+
+    def previous(tree: str) -> list[Obj]:
+        objects = current(tree)
+        for obj in objects:
+            obj["metadata"].setdefault("annotations", {})[PREVIOUS] = "true"
+        return objects
+
+    monkeypatch.setattr(rendering, "render", previous)
     cluster = play(documented(), overlay, cert_manager_installed())
-    play(documented(), overlay, cluster)
+    installed = dict(cluster.objects)
+    assert installed and all(
+        PREVIOUS in obj["metadata"]["annotations"] for obj in installed.values()
+    )
+    monkeypatch.setattr(rendering, "render", current)
+
+    upgraded = play(documented(), overlay, cluster)
+
+    rendered = current(f"overlays/{overlay}")
+    assert upgraded.objects == {key(obj): obj for obj in rendered}
+    assert upgraded.objects.keys() == installed.keys()
+    assert not any(PREVIOUS in obj["metadata"].get("annotations", {}) for obj in rendered)
+    namespace = upgraded.objects["Namespace", "", "gpuplace"]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
 def test_the_old_sequence_fails_as_it_did_on_a_real_cluster() -> None:

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from gpuplace.cluster import connecting, kube
 from gpuplace.dev import localapi
 from gpuplace.sidecar import Sidecar, SidecarSettings
-from gpuplace.usage.loads import LoadReader
+from gpuplace.usage.gpu_loads import LoadReader
 from tests.cluster.conftest import eventually
 
 

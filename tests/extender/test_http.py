@@ -9,7 +9,7 @@ import json
 import random
 import re
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
@@ -25,9 +25,10 @@ from gpuplace.cluster import kube
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
 from gpuplace.extender import app as extender_app
-from gpuplace.placement import names as node_names
-from gpuplace.placement.names import EveryNode
+from gpuplace.extender import c_helpers
+from gpuplace.extender.node_names import EveryNode
 from gpuplace.sidecar import Sidecar
+from tests import c_helpers_built
 from tests.cluster.conftest import eventually
 from tests.extender import conftest
 from tests.extender.conftest import Harness, harness, scored
@@ -372,8 +373,17 @@ async def test_work_after_filter_waits_until_its_answer_is_in_the_socket(
         await eventually(service.activity.idle.is_set, 5)
 
 
+@pytest.fixture
+def names_in_c() -> Iterator[None]:
+    """filter's set of every node's name in C (skipped where it is not built), whatever
+    `GPUPLACE_NO_EXTENSIONS` says."""
+    with c_helpers_built.in_use(c_helpers_built.built().name_set, c_helpers.RANKED_JSON):
+        yield
+
+
+@pytest.mark.usefixtures("names_in_c")
 async def test_filter_takes_every_node_as_bytes_and_answers_as_parsing_them(
-    server: localapi.Server, monkeypatch: pytest.MonkeyPatch
+    server: localapi.Server,
 ) -> None:
     """kube-scheduler's filter usually names every node (Go's encoding: NodeNames last, in
     its own order): they are compared as bytes, not parsed, and stand for every node by
@@ -396,10 +406,10 @@ async def test_filter_takes_every_node_as_bytes_and_answers_as_parsing_them(
                 return await response.json(content_type=None)
 
         taken = await answer()
-        monkeypatch.setattr(node_names, "NATIVE", False)
-        assert h.sidecar.decider.every_node() is None
-        assert service.filter_args(raw).node_names == go["NodeNames"]
-        assert await answer() == taken
+        with c_helpers_built.in_use(None, c_helpers.RANKED_JSON):
+            assert h.sidecar.decider.every_node() is None
+            assert service.filter_args(raw).node_names == go["NodeNames"]
+            assert await answer() == taken
         assert sorted(taken["NodeNames"]) == ["n0", "n1", "n2", "n3"]
 
 

@@ -14,10 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gpuplace.extender import _priorities, wire
+from gpuplace.extender import wire
+from gpuplace.extender.node_names import EveryNode
 from gpuplace.placement import choosing
 from gpuplace.placement.choosing import Choice
-from gpuplace.placement.names import EveryNode
+from tests import c_helpers_built
 
 
 def _model(scores: list[tuple[str, int]]) -> wire.HostPriorityList:
@@ -71,8 +72,9 @@ def test_priorities_json_outside_the_fast_path_and_misaligned() -> None:
 
 def test_the_c_encoder_is_built() -> None:
     """Without a C compiler the package installs without it (prioritize's answers are
-    then ranked and encoded in Python); where CI builds it, its absence is a failure."""
-    assert wire.NATIVE, "gpuplace.extender._priorities was not built: install gcc and python3-dev"
+    then ranked and encoded in Python); where the build is required (CI, the image), its
+    absence is a failure."""
+    c_helpers_built.check_built("gpuplace.extender._priorities")
 
 
 _SCORES = st.one_of(
@@ -95,10 +97,14 @@ def test_ranked_answer_in_c_is_byte_for_byte_pythons(
 ) -> None:
     """The C encoder writes exactly what ranking in Python and encoding does: the same
     0-10 per node (10 for the best, the rest spread over 0-9), zeros left out."""
+    ranked_json = c_helpers_built.built().ranked_json
     hosts, chosen = _choices(entries)
     python = wire.priorities_json(hosts, choosing.ranked_found(chosen))
-    assert _priorities.ranked_json(hosts, chosen, choosing.MAX_EXTENDER_SCORE) == python
-    assert wire.ranked_priorities_json(hosts, chosen) == python
+    assert ranked_json(hosts, chosen, choosing.MAX_EXTENDER_SCORE) == python
+    with c_helpers_built.in_use(None, ranked_json):
+        assert wire.ranked_priorities_json(hosts, chosen) == python
+    with c_helpers_built.in_use(None, None):
+        assert wire.ranked_priorities_json(hosts, chosen) == python
 
 
 @given(_CHOSEN, st.sampled_from(['nod"e', "nöde", "a b", "x\\y", "\u2028"]), st.data())
@@ -107,6 +113,7 @@ def test_ranked_answer_hands_what_c_does_not_write_to_python(
 ) -> None:
     """A host JSON must escape, or a score that is not a finite float: C declines (None)
     and the answer is Python's, the same as ever."""
+    ranked_json = c_helpers_built.built().ranked_json
     hosts, chosen = _choices(entries)
     at = data.draw(st.integers(0, len(hosts)))
     kind = data.draw(st.sampled_from(["host", "nan", "inf", "int"]))
@@ -117,24 +124,33 @@ def test_ranked_answer_hands_what_c_does_not_write_to_python(
         value: Any = {"nan": math.nan, "inf": math.inf, "int": 3}[kind]
         hosts.insert(at, "odd")
         chosen.insert(at, Choice("odd", (0,), value))
-    assert _priorities.ranked_json(hosts, chosen, choosing.MAX_EXTENDER_SCORE) is None
+    assert ranked_json(hosts, chosen, choosing.MAX_EXTENDER_SCORE) is None
     if kind in ("host", "int"):
         python = wire.priorities_json(hosts, choosing.ranked_found(chosen))
-        assert wire.ranked_priorities_json(hosts, chosen) == python
+        with c_helpers_built.in_use(None, ranked_json):
+            assert wire.ranked_priorities_json(hosts, chosen) == python
         assert json.loads(python)  # the odd host's score, at least, is in it
 
 
 def test_ranked_answer_edges() -> None:
     one = [Choice("a", (0,), 0.25)]
-    assert wire.ranked_priorities_json(["a"], one) == b'[{"Host":"a","Score":10}]'
-    assert wire.ranked_priorities_json(["a", "b"], [None, None]) == b"[]"
-    assert wire.ranked_priorities_json([], []) == b"[]"
+    both = c_helpers_built.BUILT
+    for ranked in (None, *([] if both is None else [both.ranked_json])):
+        with c_helpers_built.in_use(None, ranked):
+            assert wire.ranked_priorities_json(["a"], one) == b'[{"Host":"a","Score":10}]'
+            assert wire.ranked_priorities_json(["a", "b"], [None, None]) == b"[]"
+            assert wire.ranked_priorities_json([], []) == b"[]"
+
+
+def test_the_c_encoder_refuses_what_it_cannot_rank() -> None:
+    one = [Choice("a", (0,), 0.25)]
+    ranked_json = c_helpers_built.built().ranked_json
     with pytest.raises(ValueError, match="2 hosts but 1 choices"):
-        _priorities.ranked_json(["a", "b"], one, 10)
+        ranked_json(["a", "b"], one, 10)
     with pytest.raises(ValueError, match="1-99"):
-        _priorities.ranked_json(["a"], one, 100)
+        ranked_json(["a"], one, 100)
     with pytest.raises(AttributeError):
-        _priorities.ranked_json(["a"], [object()], 10)
+        ranked_json(["a"], [object()], 10)
 
 
 def test_go_and_lower_camel_keys_are_accepted() -> None:
@@ -267,6 +283,14 @@ def test_with_names_declines_what_is_not_a_top_level_last_key() -> None:
         wire.ExtenderArgs.model_validate_json(unnamed)
 
 
+def _every(names: list[str]) -> EveryNode:
+    """Every node's set in C, whether or not `GPUPLACE_NO_EXTENSIONS` is set."""
+    with c_helpers_built.in_use(c_helpers_built.built().name_set, None):
+        every = EveryNode.of(names)
+    assert every is not None
+    return every
+
+
 @given(_BODIES)
 def test_with_every_name_is_the_full_parse_or_declines(parts: Parts) -> None:
     """For any body (any key order, spacing, and text full of quotes, brackets and the
@@ -275,8 +299,7 @@ def test_with_every_name_is_the_full_parse_or_declines(parts: Parts) -> None:
     pod, sent, other, order, encode = parts
     known = list(dict.fromkeys(sent if other is None else other))
     random.Random(repr(sent)).shuffle(known)  # every node, in another order
-    every = EveryNode.of(0, known)
-    assert every is not None
+    every = _every(known)
     raw, full = _body(pod, sent, known, order, encode)
     fast = wire.ExtenderArgs.with_every_name(raw, every)
     if fast is not None:
@@ -292,8 +315,7 @@ def test_with_every_name_is_the_full_parse_or_declines(parts: Parts) -> None:
 
 
 def test_with_every_name_declines_what_is_not_every_node_once() -> None:
-    every = EveryNode.of(0, ["n0", "n1"])
-    assert every is not None
+    every = _every(["n0", "n1"])
     pod = {"metadata": {"name": "p"}}
     taken = wire.ExtenderArgs.with_every_name(_go({"Pod": pod, "NodeNames": ["n1", "n0"]}), every)
     assert taken is not None and taken.node_names is every.names

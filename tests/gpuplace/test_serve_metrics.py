@@ -28,7 +28,7 @@ from gpuplace import composing
 from gpuplace.cluster import keys
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
-from gpuplace.placement.measuring import ClusterMeasure
+from gpuplace.placement.fragmentation_totals import ClusterMeasure
 from tests.deploy import test_grafana_dashboard as grafana
 from tests.gpuplace.test_serve_cluster import enforcing, member, started, two_nodes_led_here
 from tests.webhook import helpers

@@ -215,7 +215,7 @@ every_steps = st.lists(
 def test_every_nodes_own_list_evaluates_as_any_list_of_them(
     ops: list[tuple[str, GpuRequest, list[str], int]],
 ) -> None:
-    """`evaluate(request, every_node().names)` (filter when kube-scheduler sent every
+    """`evaluate(request, every_name())` (filter when kube-scheduler sent every
     node) skips the lookup per name; whatever happened before (nodes added, removed,
     granted, prepared, or a list of every node from before a change), it answers as
     for an equal list that is not that one, and as scoring those nodes afresh."""
@@ -231,11 +231,10 @@ def test_every_nodes_own_list_evaluates_as_any_list_of_them(
             book.put_node(node(f"new{uid}", 1 + uid % 3))
         elif kind == "remove" and len(book.inventory) > 1:
             book.remove_node(names[0])
-        every = chooser.every_node()
-        assert every is not None
-        assert sorted(every.names) == sorted(book.inventory.names())
-        listed = stale if kind == "stale" and stale is not None else every.names
-        stale = every.names
+        every = chooser.every_name()
+        assert sorted(every) == sorted(book.inventory.names())
+        listed = stale if kind == "stale" and stale is not None else every
+        stale = every
         got = chooser.evaluate(request, listed, shared=True)
         want = afresh(book, request, policy, list(listed))
         assert {n: got.choices[n] for n in listed if n in got.choices} == want.choices

@@ -13,7 +13,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from gpuplace.usage import names, prometheus, report
-from gpuplace.usage.loads import GpuLoad, LoadReader, UsageUnavailable
+from gpuplace.usage.gpu_loads import GpuLoad, LoadReader, UsageUnavailable
 from gpuplace.usage.readings import Usage
 from tests.usage import harness, scenario
 from tests.usage.conftest import Setup

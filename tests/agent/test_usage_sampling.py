@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuplace.agent import cgroups, measuring, nvml
+from gpuplace.agent import cgroups, nvml, usage_sampling
 from gpuplace.usage import names
 from tests.agent.kubelet import gpu_fixture
 from tests.agent.kubelet import pod as granted_pod
@@ -62,18 +62,18 @@ def in_pod(proc: Path, pid: int, number: int) -> None:
     )
 
 
-def meter(source: Mapping[str, Any], proc: Path) -> measuring.Meter:
-    return measuring.Meter(nvml.Replay(source), NODE, cgroups.Proc(proc))
+def meter(source: Mapping[str, Any], proc: Path) -> usage_sampling.Meter:
+    return usage_sampling.Meter(nvml.Replay(source), NODE, cgroups.Proc(proc))
 
 
-def by_pod(sample: measuring.Sample) -> dict[str, measuring.PodUse]:
+def by_pod(sample: usage_sampling.Sample) -> dict[str, usage_sampling.PodUse]:
     return {use.name: use for use in sample.pods}
 
 
 def test_idle_gpu_has_totals_and_no_pod_series(tmp_path: Path) -> None:
     sample = meter(reading("idle"), tmp_path).measure([pod("agent", 1)])
     (gpu,) = sample.gpus
-    assert gpu == measuring.GpuUse(0, H100, 503316480, H100_MEMORY, 0.0)
+    assert gpu == usage_sampling.GpuUse(0, H100, 503316480, H100_MEMORY, 0.0)
     assert sample.pods == () and sample.attributed == sample.unattributed == 0
     # no capture holds per-process samples: Replay answers Not Supported there (as a
     # driver without the call would), and the failed call is counted
@@ -85,7 +85,7 @@ def test_plain_client_memory_goes_to_its_pod(tmp_path: Path) -> None:
     in_pod(tmp_path, 590, 5)
     sample = meter(reading("plain-client"), tmp_path).measure([pod("train", 5), pod("other", 6)])
     assert by_pod(sample) == {
-        "train": measuring.PodUse(
+        "train": usage_sampling.PodUse(
             uid_of(5), "research", "train", 0, H100, memory_used=3860856832, sm=None
         )
     }
@@ -108,10 +108,10 @@ def test_mps_clients_go_to_their_pods_and_the_server_to_none(tmp_path: Path) -> 
     ]
     sample = meter(reading("mps-clients"), tmp_path).measure(pods)
     assert by_pod(sample) == {
-        "big": measuring.PodUse(
+        "big": usage_sampling.PodUse(
             uid_of(1), "research", "big", 0, H100, 2353004544, None, 8192 * MIB, 0.3
         ),
-        "small": measuring.PodUse(
+        "small": usage_sampling.PodUse(
             uid_of(2), "research", "small", 0, H100, 1224736768, None, 4096 * MIB, 0.2
         ),
     }
@@ -130,7 +130,9 @@ def test_the_real_clients_cgroups_are_in_no_pod(tmp_path: Path) -> None:
     sample = meter(reading("mps-clients"), tmp_path).measure(pods)
     # the granted pod has no process on the GPU: 0 used (the list was read), its grant shown
     assert by_pod(sample) == {
-        "big": measuring.PodUse(uid_of(1), "research", "big", 0, H100, 0, None, 8192 * MIB, 0.3)
+        "big": usage_sampling.PodUse(
+            uid_of(1), "research", "big", 0, H100, 0, None, 8192 * MIB, 0.3
+        )
     }
     assert (sample.attributed, sample.unattributed) == (0, 2)
     (gpu,) = sample.gpus
@@ -162,7 +164,7 @@ def test_a_process_of_a_pod_not_known_here_is_unattributed(tmp_path: Path) -> No
 
 def test_a_static_pod_is_found_through_its_mirror(tmp_path: Path) -> None:
     in_pod(tmp_path, 590, 5)  # the cgroup carries the static pod's UID
-    mirror = pod("static-train", 77, annotations={measuring.MIRROR: uid_of(5)})
+    mirror = pod("static-train", 77, annotations={usage_sampling.MIRROR: uid_of(5)})
     sample = meter(reading("plain-client"), tmp_path).measure([mirror])
     assert by_pod(sample)["static-train"].uid == uid_of(77)
 
@@ -174,7 +176,7 @@ def with_samples(name: str, samples: list[dict[str, int]]) -> dict[str, Any]:
     """A capture with per-process samples ADDED BY THIS TEST (synthetic, NVML's fields)."""
     made = copy.deepcopy(reading(name))
     made["gpus"][0]["process_utilization"] = samples
-    made["synthetic"] = "process_utilization added by tests/agent/test_measuring.py"
+    made["synthetic"] = "process_utilization added by tests/agent/test_usage_sampling.py"
     return made
 
 
@@ -231,8 +233,8 @@ def test_a_failing_gpu_is_left_out_and_counted_never_raised(tmp_path: Path) -> N
     assert [gpu.index for gpu in sample.gpus] == [0]
     assert ("uuid", "GPU is lost") in sample.errors
     assert by_pod(sample)["train"].memory_used == 3860856832
-    broken = measuring.Meter(nvml.Replay({"count": {"nvml_error": "Driver Not Loaded"}}), NODE)
-    assert broken.measure([]) == measuring.Sample(errors=(("gpu_count", "Driver Not Loaded"),))
+    broken = usage_sampling.Meter(nvml.Replay({"count": {"nvml_error": "Driver Not Loaded"}}), NODE)
+    assert broken.measure([]) == usage_sampling.Sample(errors=(("gpu_count", "Driver Not Loaded"),))
 
 
 # --- the exported series --------------------------------------------------------------
@@ -254,11 +256,11 @@ async def test_series_carry_the_names_labels_and_end_with_the_pod(tmp_path: Path
         uid_of(2): pod("small", 2, milli=200, memory_mib=4096),
     }
     registry = CollectorRegistry()
-    sampler = measuring.Sampler(
+    sampler = usage_sampling.Sampler(
         meter(reading("mps-clients"), tmp_path), lambda: list(pods.values()), registry=registry
     )
     registry.register(
-        measuring.UsageCollector(NODE, sampler, measuring.live_in(lambda: pods, NODE))
+        usage_sampling.UsageCollector(NODE, sampler, usage_sampling.live_in(lambda: pods, NODE))
     )
     assert all(not values for name, values in scrape(registry).items() if "gpuplace_pod" in name)
     await sampler.sample_once()
@@ -310,7 +312,7 @@ async def test_the_loop_survives_a_failing_sample(tmp_path: Path) -> None:
             raise RuntimeError("a bug in a sample")
         return []
 
-    sampler = measuring.Sampler(
+    sampler = usage_sampling.Sampler(
         meter(reading("idle"), tmp_path), pods, seconds=0.01, registry=registry
     )
     task = asyncio.create_task(sampler.run())
@@ -337,7 +339,7 @@ def idle_server() -> dict[str, Any]:
     gpu = made["gpus"][0]
     gpu["mps_processes"] = []
     gpu["compute_processes"] = [p for p in gpu["compute_processes"] if p["pid"] == 663]
-    made["edited"] = "clients removed by tests/agent/test_measuring.py"
+    made["edited"] = "clients removed by tests/agent/test_usage_sampling.py"
     return made
 
 
@@ -346,12 +348,14 @@ def test_an_idle_mps_server_in_the_agents_pod_is_charged_to_no_pod(tmp_path: Pat
     pod, which the agent knows (the downward API's metadata.uid)."""
     in_pod(tmp_path, 663, 9)
     agent = pod("gpuplace-node-agent-x", 9, namespace="kube-system")
-    taking = measuring.Meter(
+    taking = usage_sampling.Meter(
         nvml.Replay(idle_server()), NODE, cgroups.Proc(tmp_path), own=uid_of(9)
     )
     sample = taking.measure([agent, pod("big", 1, milli=300, memory_mib=8192)])
     assert by_pod(sample) == {
-        "big": measuring.PodUse(uid_of(1), "research", "big", 0, H100, 0, None, 8192 * MIB, 0.3)
+        "big": usage_sampling.PodUse(
+            uid_of(1), "research", "big", 0, H100, 0, None, 8192 * MIB, 0.3
+        )
     }
     assert (sample.attributed, sample.unattributed) == (0, 0)
 
@@ -363,7 +367,7 @@ def test_a_server_the_daemons_report_is_charged_to_no_pod_without_clients(
     a PID the control daemons answer in get_server_list is never a pod's process."""
     in_pod(tmp_path, 663, 9)
     agent = pod("gpuplace-node-agent-x", 9, namespace="kube-system")
-    taking = measuring.Meter(
+    taking = usage_sampling.Meter(
         nvml.Replay(idle_server()), NODE, cgroups.Proc(tmp_path), servers=lambda: {663}
     )
     sample = taking.measure([agent])
@@ -375,20 +379,20 @@ def test_a_server_the_daemons_report_is_charged_to_no_pod_without_clients(
 
 def training(
     source: nvml.Nvml, proc: Path, **options: float
-) -> tuple[measuring.Sampler, CollectorRegistry]:
+) -> tuple[usage_sampling.Sampler, CollectorRegistry]:
     """A sampler of `source` and its exported series, for one whole-GPU pod "train" whose
     process is the plain client's (pid 590)."""
     in_pod(proc, 590, 5)
     pods = {uid_of(5): pod("train", 5, milli=1000)}
     registry = CollectorRegistry()
-    sampler = measuring.Sampler(
-        measuring.Meter(source, NODE, cgroups.Proc(proc)),
+    sampler = usage_sampling.Sampler(
+        usage_sampling.Meter(source, NODE, cgroups.Proc(proc)),
         lambda: list(pods.values()),
         registry=registry,
         **options,
     )
     registry.register(
-        measuring.UsageCollector(NODE, sampler, measuring.live_in(lambda: pods, NODE))
+        usage_sampling.UsageCollector(NODE, sampler, usage_sampling.live_in(lambda: pods, NODE))
     )
     return sampler, registry
 
@@ -436,7 +440,7 @@ async def test_a_sample_held_by_a_hung_nvml_call_stops_being_exported(
     try:
         await until(exported)
         hanging.hung.set()
-        with caplog.at_level("WARNING", logger="gpuplace.agent.measuring"):
+        with caplog.at_level("WARNING", logger="gpuplace.agent.usage_sampling"):
             await until(nothing)
             scrape(registry)
         text = generate_latest(registry).decode()

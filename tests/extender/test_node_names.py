@@ -1,5 +1,6 @@
-"""`gpuplace.placement.names`: a JSON array of node names compared as bytes with every
-node's name."""
+"""`gpuplace.extender.node_names`: a JSON array of node names compared as bytes with every
+node's name (the C helper `gpuplace.extender._node_names`, compared here with what a JSON
+parser reads), and the set of every node kept per Chooser."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuplace.placement import names
-from gpuplace.placement.names import EveryNode
+from gpuplace.extender import node_names
+from gpuplace.extender.node_names import EveryNode, EveryNodeSets
+from gpuplace.placement import choosing, policies
+from gpuplace.placement.inventory import Inventory
+from gpuplace.placement.ledger import Ledger
+from tests import c_helpers_built
+from tests.placement.clusters import node
 
 # DNS-like names, and some that JSON writes without escapes but that are not ASCII.
 _NAME = st.text(alphabet=st.sampled_from("abz019.-:_éλ中😀 /"), min_size=1, max_size=70)
@@ -19,8 +25,10 @@ _SPACE = st.sampled_from(["", " ", "\n", "\t\r "])
 
 
 def _every(listed: list[str]) -> EveryNode:
-    every = EveryNode.of(7, listed)
-    assert every is not None, "the C helper gpuplace.placement._names is not built"
+    """The set of `listed` in C, whether or not `GPUPLACE_NO_EXTENSIONS` is set."""
+    with c_helpers_built.in_use(c_helpers_built.built().name_set, None):
+        every = EveryNode.of(listed)
+    assert every is not None
     return every
 
 
@@ -40,8 +48,9 @@ def _reference(every: EveryNode, text: bytes) -> bool:
 
 def test_the_c_helper_is_built() -> None:
     """Without a C compiler the package installs without it (and filter parses every
-    name); here, where CI builds it, its absence is a failure, not a quiet slowdown."""
-    assert names.NATIVE, "gpuplace.placement._names was not built: install gcc and python3-dev"
+    name); where the build is required (CI, the image), its absence is a failure, not a
+    quiet slowdown."""
+    c_helpers_built.check_built("gpuplace.extender._node_names")
 
 
 @settings(max_examples=300)
@@ -112,7 +121,7 @@ def test_repeated_names_count_once_in_the_set() -> None:
 
 def test_names_must_be_str() -> None:
     with pytest.raises(TypeError):
-        EveryNode.of(0, ["a", b"b"])  # type: ignore[list-item]
+        c_helpers_built.built().name_set(["a", b"b"], 0)  # type: ignore[list-item]
 
 
 def test_a_name_without_utf8_matches_nothing() -> None:
@@ -121,3 +130,28 @@ def test_a_name_without_utf8_matches_nothing() -> None:
     every = _every(["a", "b\ud800"])
     assert not every.listed_by(b'["a"]', 0, 5)
     assert not every.listed_by(b'["a","b"]', 0, 9)
+
+
+def test_each_choosers_set_is_built_once_and_kept_while_its_nodes_stay() -> None:
+    """The set holds the Chooser's own list (its identity says "every node"); it is
+    built again only when a node is added or removed, and the deciding Chooser's and a
+    rebuilt one's (the warmer fills it before it decides) are both kept."""
+    book = Ledger(Inventory((node("n0", 1), node("n1", 2))))
+    current = choosing.Chooser(book, policies.make("best-fit"))
+    rebuilt = choosing.Chooser(book, policies.make("first-fit"))
+    sets = EveryNodeSets()
+    with c_helpers_built.in_use(c_helpers_built.built().name_set, None):
+        every = sets.of(current)
+        assert every is not None and every.names is current.every_name()
+        assert sorted(every.names) == ["n0", "n1"]
+        assert every.listed_by(b'["n1","n0"]', 0, 11)
+        assert sets.of(current) is every
+        staged = sets.of(rebuilt)
+        assert staged is not None and staged is not every
+        assert sets.of(current) is every and sets.of(rebuilt) is staged
+        book.put_node(node("n2", 1))
+        grown = sets.of(current)
+        assert grown is not None and grown is not every
+        assert not grown.listed_by(b'["n1","n0"]', 0, 11)
+        assert grown.listed_by(b'["n1","n0","n2"]', 0, 16)
+        assert len(sets._kept) == node_names.KEPT

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuplace.placement import measuring
+from gpuplace.placement import fragmentation_totals
 from gpuplace.placement.fragmentation import MIN_CPU_MILLI, TaskType, Workload
+from gpuplace.placement.fragmentation_totals import ClusterMeasure, Totals
 from gpuplace.placement.inventory import Gpu, Inventory, Node
 from gpuplace.placement.ledger import Grant, Ledger, LedgerError, NodeState
-from gpuplace.placement.measuring import ClusterMeasure, Totals
 
 HALVES = Workload(((TaskType(MIN_CPU_MILLI, 500, 1, frozenset()), 1.0),))
 WHOLES = Workload(((TaskType(MIN_CPU_MILLI, 1000, 2, frozenset()), 1.0),))
@@ -29,9 +29,13 @@ def from_scratch(ledger: Ledger, workload: Workload) -> Totals:
     for state in ledger.states():
         lefts = tuple(sorted(state.free_milli))
         free += sum(left for left in state.free_milli if left > 0)
-        fgd += round(workload.amount(state.node.model, state.cpu, lefts) * measuring.SCALE)
-        stranded += round(workload.stranded(state.node.model, state.cpu, lefts) * measuring.SCALE)
-    return Totals(free, fgd / measuring.SCALE, stranded / measuring.SCALE)
+        fgd += round(
+            workload.amount(state.node.model, state.cpu, lefts) * fragmentation_totals.SCALE
+        )
+        stranded += round(
+            workload.stranded(state.node.model, state.cpu, lefts) * fragmentation_totals.SCALE
+        )
+    return Totals(free, fgd / fragmentation_totals.SCALE, stranded / fragmentation_totals.SCALE)
 
 
 def test_a_half_used_gpu_is_fragment_for_whole_gpus_and_not_for_halves() -> None:
@@ -91,13 +95,13 @@ def test_a_read_with_nothing_changed_measures_no_node(monkeypatch: pytest.Monkey
     running = ClusterMeasure()
     first = running.totals(ledger, HALVES)
     measured: list[str] = []
-    original = measuring.measure
+    original = fragmentation_totals.measure
 
     def counting(state: NodeState, workload: Workload) -> tuple[int, int, int]:
         measured.append(state.node.name)
         return original(state, workload)
 
-    monkeypatch.setattr(measuring, "measure", counting)
+    monkeypatch.setattr(fragmentation_totals, "measure", counting)
     assert running.totals(ledger, HALVES) == first
     assert measured == []
     ledger.reserve(Grant("p", "n7", (0,), 250, 100))

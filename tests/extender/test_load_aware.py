@@ -15,10 +15,10 @@ from prometheus_client import CollectorRegistry
 from gpuplace.cluster import keys
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
-from gpuplace.extender import loading
+from gpuplace.extender import load_polling
 from gpuplace.placement import policies
 from gpuplace.sidecar import NoLoadReader, Sidecar
-from gpuplace.usage.loads import GpuLoad, GpuLoads, UsageUnavailable
+from gpuplace.usage.gpu_loads import GpuLoad, GpuLoads, UsageUnavailable
 from tests.extender.conftest import Harness, harness, settings
 
 NODES = ("gpu-a", "gpu-b")
@@ -75,7 +75,7 @@ async def _ready(h: Harness) -> None:
     await asyncio.wait_for(h.sidecar.sync.ready.wait(), 5)
 
 
-async def _loaded(h: Harness) -> tuple[loading.LoadBoard, loading.LoadPoller]:
+async def _loaded(h: Harness) -> tuple[load_polling.LoadBoard, load_polling.LoadPoller]:
     """The sidecar's board and poller, once synced and the first loads are read."""
     await _ready(h)
     board, poller = h.sidecar.loads, h.sidecar.load_poller
@@ -208,7 +208,7 @@ async def test_old_loads_break_no_ties_and_prometheus_down_is_logged_once(
         assert registry.get_sample_value("gpuplace_load_age_seconds") == 0.0
 
         reader.down = True
-        with caplog.at_level(logging.INFO, logger="gpuplace.extender.loading"):
+        with caplog.at_level(logging.INFO, logger="gpuplace.extender.load_polling"):
             assert await poller.read_once() == "unavailable"
             clock.now += 30.0
             assert await poller.read_once() == "unavailable"
@@ -232,7 +232,7 @@ async def test_old_loads_break_no_ties_and_prometheus_down_is_logged_once(
         assert h.pod("default", "p")["metadata"]["annotations"][keys.ASSIGNED_GPUS] == "0"
 
         reader.down = False
-        with caplog.at_level(logging.INFO, logger="gpuplace.extender.loading"):
+        with caplog.at_level(logging.INFO, logger="gpuplace.extender.load_polling"):
             assert await poller.read_once() == "ok"
         assert any(r.getMessage() == "measured GPU loads read again" for r in caplog.records)
         assert board.current() is not None
@@ -242,11 +242,11 @@ async def test_a_reader_that_breaks_is_counted_and_its_text_not_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     registry = CollectorRegistry()
-    board = loading.LoadBoard(60.0)
-    poller = loading.LoadPoller(
+    board = load_polling.LoadBoard(60.0)
+    poller = load_polling.LoadPoller(
         BrokenReader(), board, window_seconds=300.0, refresh_seconds=1.0, registry=registry
     )
-    with caplog.at_level(logging.ERROR, logger="gpuplace.extender.loading"):
+    with caplog.at_level(logging.ERROR, logger="gpuplace.extender.load_polling"):
         assert await poller.read_once() == "error"
     assert registry.get_sample_value("gpuplace_load_reads_total", {"outcome": "error"}) == 1.0
     assert board.current() is None
@@ -262,9 +262,9 @@ async def test_a_read_that_hangs_times_out() -> None:
             return {}
 
     registry = CollectorRegistry()
-    poller = loading.LoadPoller(
+    poller = load_polling.LoadPoller(
         Hanging(),
-        loading.LoadBoard(60.0),
+        load_polling.LoadBoard(60.0),
         window_seconds=300.0,
         refresh_seconds=0.05,
         registry=registry,
@@ -275,8 +275,8 @@ async def test_a_read_that_hangs_times_out() -> None:
 async def test_the_poller_keeps_reading_through_failures() -> None:
     reader = DictReader({"n": {0: 0.5}})
     reader.down = True
-    board = loading.LoadBoard(60.0)
-    poller = loading.LoadPoller(reader, board, window_seconds=300.0, refresh_seconds=0.01)
+    board = load_polling.LoadBoard(60.0)
+    poller = load_polling.LoadPoller(reader, board, window_seconds=300.0, refresh_seconds=0.01)
     task = asyncio.create_task(poller.run())
     try:
         deadline = asyncio.get_running_loop().time() + 5

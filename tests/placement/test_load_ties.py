@@ -1,6 +1,6 @@
-"""The load-aware tie-break (`gpuplace.placement.loads`): measured load orders only what the policy
-scores equal, between nodes and between GPU sets of a node; it never changes which
-(node, GPU set) answers fit, and old loads change nothing."""
+"""The load-aware tie-break (`gpuplace.placement.load_ties`): measured load orders only what
+the policy scores equal, between nodes and between GPU sets of a node; it never changes
+which (node, GPU set) answers fit, and old loads change nothing."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuplace.placement import choosing, fit, loads, policies
+from gpuplace.placement import choosing, fit, load_ties, policies
 from gpuplace.placement.fragmentation import Workload
 from gpuplace.placement.ledger import Conflict, Ledger, LedgerError
 from gpuplace.placement.requests import GpuRequest, Topology
@@ -19,8 +19,8 @@ from gpuplace.placement.requests import GpuRequest, Topology
 from .clusters import ledger, node, share, whole
 
 
-def _view(utilization: dict[str, dict[int, float]], at: float = 0.0) -> loads.Loads:
-    return loads.Loads.measured(utilization, at)
+def _view(utilization: dict[str, dict[int, float]], at: float = 0.0) -> load_ties.Loads:
+    return load_ties.Loads.measured(utilization, at)
 
 
 def _first_in_line(policy: choosing.Policy, names: list[str]) -> str:
@@ -54,18 +54,18 @@ def test_of_two_equal_nodes_the_less_loaded_wins_against_the_line() -> None:
     assert chooser.choose(request, rng).node == first  # type: ignore[union-attr]
 
     busy = _view({first: {0: 0.9, 1: 0.9}, other: {0: 0.1, 1: 0.1}})
-    assert loads.choose(chooser, request, rng, busy).node == other  # type: ignore[union-attr]
+    assert load_ties.choose(chooser, request, rng, busy).node == other  # type: ignore[union-attr]
     found = [chooser.outcome(name, request) for name in ("n1", "n2")]
     chosen = [item if isinstance(item, choosing.Choice) else None for item in found]
     scores = dict(zip(("n1", "n2"), choosing.ranked_found(chosen), strict=True))
     assert scores[first] == 10 and scores[other] < 10
-    broken = loads.tie_broken(chosen, busy, book.state, policy.place)
+    broken = load_ties.tie_broken(chosen, busy, book.state, policy.place)
     scores = dict(zip(("n1", "n2"), choosing.ranked_found(broken), strict=True))
     assert scores == {other: 10, first: 0}
 
     # Equal loads: the line decides again, as without loads.
     even = _view({first: {0: 0.3}, other: {0: 0.3}})
-    assert loads.choose(chooser, request, rng, even).node == first  # type: ignore[union-attr]
+    assert load_ties.choose(chooser, request, rng, even).node == first  # type: ignore[union-attr]
 
 
 def test_within_a_node_the_least_loaded_interchangeable_gpu_is_taken() -> None:
@@ -78,9 +78,9 @@ def test_within_a_node_the_least_loaded_interchangeable_gpu_is_taken() -> None:
     state = book.state("n")
     assert state is not None
     view = _view({"n": {0: 0.8, 1: 0.5, 2: 0.2, 3: 0.9}})
-    assert loads.pick(state, choice, view).gpus == (2,)
-    assert loads.pick(state, choice, None) is choice
-    assert loads.pick(state, choice, _view({"n": {0: 0.5, 1: 0.5}})).gpus == (0,)
+    assert load_ties.pick(state, choice, view).gpus == (2,)
+    assert load_ties.pick(state, choice, None) is choice
+    assert load_ties.pick(state, choice, _view({"n": {0: 0.5, 1: 0.5}})).gpus == (0,)
 
 
 def test_a_gpu_that_differs_is_never_swapped_in() -> None:
@@ -95,7 +95,7 @@ def test_a_gpu_that_differs_is_never_swapped_in() -> None:
     state = book.state("n")
     assert state is not None
     view = _view({"n": {0: 0.9, 1: 0.0, 2: 0.4}})
-    assert loads.pick(state, choice, view).gpus == (2,)
+    assert load_ties.pick(state, choice, view).gpus == (2,)
 
 
 def test_a_better_score_is_never_given_up_for_a_lower_load() -> None:
@@ -106,10 +106,10 @@ def test_a_better_score_is_never_given_up_for_a_lower_load() -> None:
     chooser = choosing.Chooser(book, policy, ties=True)
     request = share(500)
     view = _view({"used": {0: 1.0}, "empty": {0: 0.0}})
-    assert loads.choose(chooser, request, random.Random(0), view).node == "used"  # type: ignore[union-attr]
+    assert load_ties.choose(chooser, request, random.Random(0), view).node == "used"  # type: ignore[union-attr]
     found = [chooser.outcome(name, request) for name in ("used", "empty")]
     chosen = [item if isinstance(item, choosing.Choice) else None for item in found]
-    assert loads.tie_broken(chosen, view, book.state, policy.place) == chosen
+    assert load_ties.tie_broken(chosen, view, book.state, policy.place) == chosen
     assert choosing.ranked_found(chosen)[0] == 10
 
 
@@ -123,10 +123,10 @@ def test_without_a_line_every_least_loaded_node_gets_ten() -> None:
     chosen = [chooser.evaluate(request, ["a", "b", "c"]).choices.get(name) for name in "abc"]
     assert choosing.ranked_found(chosen) == [10, 10, 10]
     view = _view({"a": {0: 0.2}, "b": {0: 0.2}, "c": {0: 0.9}})
-    broken = loads.tie_broken(chosen, view, book.state, policy.place)
+    broken = load_ties.tie_broken(chosen, view, book.state, policy.place)
     assert choosing.ranked_found(broken) == [10, 10, 0]
     drawn = {
-        loads.choose(chooser, request, random.Random(seed), view).node  # type: ignore[union-attr]
+        load_ties.choose(chooser, request, random.Random(seed), view).node  # type: ignore[union-attr]
         for seed in range(20)
     }
     assert drawn == {"a", "b"}
@@ -148,12 +148,12 @@ def test_many_alike_nodes_the_least_loaded_wins_wherever_it_stands() -> None:
     chosen: list[choosing.Choice | None] = [
         chooser.evaluate(request, names).choices.get(name) for name in names
     ]
-    broken = loads.tie_broken(chosen, view, book.state, policy.place)
+    broken = load_ties.tie_broken(chosen, view, book.state, policy.place)
     scores = choosing.ranked_found(broken)
     assert [names[at] for at, score in enumerate(scores) if score == 10] == ["n17"]
     winner = broken[names.index("n17")]
     assert winner is not None and winner.gpus == (0,)
-    picked = loads.choose(chooser, request, random.Random(0), view)
+    picked = load_ties.choose(chooser, request, random.Random(0), view)
     assert picked is not None and (picked.node, picked.gpus) == ("n17", (0,))
 
 
@@ -250,7 +250,7 @@ def test_loads_only_reorder_equal_scores_and_never_change_what_fits(
     for choice in filter(None, chosen):
         state = book.state(choice.node)
         assert state is not None
-        picked = loads.pick(state, choice, view)
+        picked = load_ties.pick(state, choice, view)
         # Same node, same score; GPUs the policy scores and prefers exactly as its own,
         # which the ledger of grants takes (no over-commit) and which fit now offers.
         assert (picked.node, picked.score) == (choice.node, choice.score)
@@ -264,7 +264,7 @@ def test_loads_only_reorder_equal_scores_and_never_change_what_fits(
         assert fit.misfit(state, request) is None
 
     # Between nodes: an unequal policy score keeps its order; the best stays the best.
-    broken = loads.tie_broken(chosen, view, book.state, policy.place)
+    broken = load_ties.tie_broken(chosen, view, book.state, policy.place)
     assert [c is None for c in broken] == [c is None for c in chosen]
     pairs = [(a, b) for a in range(len(NAMES)) for b in range(len(NAMES))]
     for a, b in pairs:
@@ -287,21 +287,21 @@ def test_loads_only_reorder_equal_scores_and_never_change_what_fits(
         for at in tied:
             state, candidate = book.state(NAMES[at]), chosen[at]
             assert state is not None and candidate is not None
-            loads_of[at] = view.of(NAMES[at], loads.pick(state, candidate, view).gpus)
+            loads_of[at] = view.of(NAMES[at], load_ties.pick(state, candidate, view).gpus)
         assert all(loads_of[at] == min(loads_of.values()) for at in winners)
 
-        picked_node = loads.choose(chooser, request, random.Random(0), view)
+        picked_node = load_ties.choose(chooser, request, random.Random(0), view)
         assert picked_node is not None
         assert picked_node.policy_score == top
         assert view.of(picked_node.node, picked_node.gpus) == min(loads_of.values())
         assert _fits(book, picked_node, request)
     else:
-        assert loads.choose(chooser, request, random.Random(0), view) is None
+        assert load_ties.choose(chooser, request, random.Random(0), view) is None
 
     # Without loads (or with old ones, which the caller then leaves out): today's answers.
-    assert loads.tie_broken(chosen, None, book.state, policy.place) == chosen
+    assert load_ties.tie_broken(chosen, None, book.state, policy.place) == chosen
     rng_a, rng_b = random.Random(3), random.Random(3)
-    assert loads.choose(chooser, request, rng_a, None) == plain.choose(request, rng_b)
+    assert load_ties.choose(chooser, request, rng_a, None) == plain.choose(request, rng_b)
 
 
 @pytest.mark.parametrize("policy_name", ["default", "fgd", "best-fit", "first-fit"])
@@ -316,4 +316,4 @@ def test_measuring_no_gpu_of_the_tied_nodes_leaves_the_policys_order(policy_name
     view = _view({"elsewhere": {0: 0.7}})
     rng = random.Random(5)
     plain = choosing.Chooser(book, policy).choose(request, random.Random(5))
-    assert loads.choose(chooser, request, rng, view) == plain
+    assert load_ties.choose(chooser, request, rng, view) == plain

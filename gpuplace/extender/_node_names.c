@@ -1,4 +1,4 @@
-/* gpuplace.placement._names: a set of node names matched against a JSON array of strings in C.
+/* gpuplace.extender._node_names: a set of node names matched against a JSON array of strings in C.
 
    filter receives ~10,000 node names as a JSON array and usually they are exactly the
    cluster's nodes, in some order. Parsing them into str objects and looking each up
@@ -172,7 +172,7 @@ static PySequenceMethods NameSet_as_sequence = { .sq_length = (lenfunc)NameSet_l
 
 static PyTypeObject NameSetType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "gpuplace.placement._names.NameSet",
+    .tp_name = "gpuplace.extender._node_names.NameSet",
     .tp_basicsize = sizeof(NameSet),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = PyType_GenericNew,
@@ -182,9 +182,9 @@ static PyTypeObject NameSetType = {
     .tp_as_sequence = &NameSet_as_sequence,
 };
 
-static struct PyModuleDef module = { PyModuleDef_HEAD_INIT, .m_name = "_names", .m_size = -1 };
+static struct PyModuleDef module = { PyModuleDef_HEAD_INIT, .m_name = "_node_names", .m_size = -1 };
 
-PyMODINIT_FUNC PyInit__names(void) {
+PyMODINIT_FUNC PyInit__node_names(void) {
     if (PyType_Ready(&NameSetType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;

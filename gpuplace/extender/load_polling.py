@@ -1,6 +1,6 @@
-"""Measured GPU load for the opt-in load tie-break (`--load-aware`, `gpuplace.placement.loads`):
+"""Measured GPU load for the opt-in load tie-break (`--load-aware`, `gpuplace.placement.load_ties`):
 the latest loads read (`LoadBoard`) and the background task that reads them
-(`LoadPoller`) from a `gpuplace.usage.loads.LoadReader` (Prometheus).
+(`LoadPoller`) from a `gpuplace.usage.gpu_loads.LoadReader` (Prometheus).
 
 The board hands the engine its loads only while they are younger than `max_age`; older
 ones, or none yet, are no loads at all, and every decision is then exactly the policy's.
@@ -23,8 +23,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuplace.placement import loads
-from gpuplace.usage.loads import GpuLoads, LoadReader, UsageUnavailable
+from gpuplace.placement import load_ties
+from gpuplace.usage.gpu_loads import GpuLoads, LoadReader, UsageUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class LoadBoard:
     def __init__(self, max_age: float, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_age = max_age
         self._clock = clock
-        self._latest: loads.Loads | None = None
+        self._latest: load_ties.Loads | None = None
 
     def store(self, measured: GpuLoads) -> None:
         """Keep `measured` (read just now) as the latest. O(GPUs measured)."""
@@ -43,9 +43,9 @@ class LoadBoard:
             node: {index: load.utilization for index, load in gpus.items()}
             for node, gpus in measured.items()
         }
-        self._latest = loads.Loads.measured(utilization, self._clock())
+        self._latest = load_ties.Loads.measured(utilization, self._clock())
 
-    def current(self) -> loads.Loads | None:
+    def current(self) -> load_ties.Loads | None:
         """The loads to break ties with now: the latest, unless older than `max_age`
         (then None: no tie-break). The same object until the next `store`, so a
         decision made with it can tell whether it is still current. O(1)."""
