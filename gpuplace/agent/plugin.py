@@ -27,8 +27,8 @@ message: the kubelet fails that pod's admission (UnexpectedAdmissionError) and t
 container never starts, so nothing ever runs with a GPU it was not granted. A refused
 Allocate records nothing (every container of a call is answered, or none is), and bytes
 that are no message of their method get INVALID_ARGUMENT before any of this runs
-(`gpuplace.agent.decoding`). Each call waits at most `wait_seconds` in all, whatever it
-holds.
+(`gpuplace.agent.decoding`). Each call waits at most `wait_seconds` in all, and one that
+names more than `MAX_CONTAINERS` containers is refused INVALID_ARGUMENT unread.
 
 The composition root builds it (`PodView`, `pod_informer`, `PluginServer`) and runs
 `informer.run()` beside `server.run(stop)`; `/readyz` can read `server.registered`.
@@ -58,6 +58,9 @@ API_VERSION = "v1beta1"
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET = "kubelet.sock"
 SOCKET_NAME = "gpuplace.sock"
+MAX_CONTAINERS = 16
+"""Containers one Allocate or GetPreferredAllocation may name: the kubelet names one (a
+call per container); more would only cost time (each is read against every pod)."""
 
 
 # --- the pods of this node ---------------------------------------------------------
@@ -354,6 +357,9 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         self, request: api_pb2.PreferredAllocationRequest, context: Any
     ) -> api_pb2.PreferredAllocationResponse:
         response = api_pb2.PreferredAllocationResponse()
+        if len(request.container_requests) > MAX_CONTAINERS:
+            _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, _crowded(request))
+            return response
         sizes = {int(container.allocation_size) for container in request.container_requests}
         deadline = self._clock() + self.wait_seconds  # one wait per call, however many asked
         while True:
@@ -366,7 +372,9 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
                 break
             await self.pods.changed(deadline - self._clock())
         for container in request.container_requests:
-            chosen = allocating.prefer(container, candidates, self.answered.keys())
+            chosen = allocating.prefer(
+                self._slots_only(container), candidates, self.answered.keys()
+            )
             response.container_responses.append(
                 api_pb2.ContainerPreferredAllocationResponse(deviceIDs=chosen)
             )
@@ -380,6 +388,10 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         deadline = started + self.wait_seconds  # one wait per call, however many containers
         response = api_pb2.AllocateResponse()
         results: list[str] = []
+        if len(request.container_requests) > MAX_CONTAINERS:
+            self.metrics.allocate.labels("refused").observe(self._clock() - started)
+            _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, _crowded(request))
+            return response
         async with self._lock:
             taken: dict[str, tuple[str, tuple[str, ...]]] = {}
             try:
@@ -396,13 +408,10 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
                 self.answered.update(taken)
         if why:
             self.metrics.allocate.labels("refused").observe(self._clock() - started)
-            log.warning("allocate refused", extra={"reason": why[:300]})
-            # A status, not `context.abort`: its exception's traceback would keep this
-            # frame (the request: up to 4 MiB) in a reference cycle until a full collection.
-            context.set_code(
+            code = (
                 grpc.StatusCode.UNAVAILABLE if "MPS" in why else grpc.StatusCode.FAILED_PRECONDITION
             )
-            context.set_details(why)
+            _refuse(context, code, why)
             return api_pb2.AllocateResponse()
         elapsed = self._clock() - started
         for result in results:
@@ -426,6 +435,21 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
             )
             self._slots = (self.gpus, slots)
         return self._slots[1]
+
+    def _slots_only(
+        self, container: api_pb2.ContainerPreferredAllocationRequest
+    ) -> api_pb2.ContainerPreferredAllocationRequest:
+        """`container` as `prefer` reads it: when it names more IDs than there are slots (no
+        kubelet does), only the IDs of slots, so that the work stays O(slots)."""
+        listed = self._listed_slots()
+        available, must = container.available_deviceIDs, container.must_include_deviceIDs
+        if max(len(available), len(must)) <= len(listed):
+            return container
+        return api_pb2.ContainerPreferredAllocationRequest(
+            available_deviceIDs=[device for device in available if device in listed],
+            must_include_deviceIDs=[device for device in must if device in listed],
+            allocation_size=container.allocation_size,
+        )
 
     def _readings(self) -> tuple[list[allocating.Candidate], list[allocating.Stranger]]:
         """The candidates and strangers among this node's pods, each pod read once per
@@ -530,6 +554,22 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
             f"no pod bound to {self.node} holds a gpuplace grant for {size} GPU(s) that has "
             "not started yet"
         )
+
+
+def _refuse(context: Any, code: grpc.StatusCode, why: str) -> None:
+    """Answer the call with `code` and one WARNING line. A status, not `context.abort`: the
+    abort's traceback would keep the caller's frame (the request: up to 4 MiB) in a
+    reference cycle until a full collection."""
+    log.warning("request refused", extra={"code": code.name, "reason": why[:300]})
+    context.set_code(code)
+    context.set_details(why)
+
+
+def _crowded(request: api_pb2.AllocateRequest | api_pb2.PreferredAllocationRequest) -> str:
+    return (
+        f"{len(request.container_requests)} containers in one call: the kubelet asks for one "
+        f"container a call, and at most {MAX_CONTAINERS} are read"
+    )
 
 
 _OPTIONS = api_pb2.DevicePluginOptions(

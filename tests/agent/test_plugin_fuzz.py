@@ -207,7 +207,7 @@ def allocate_requests() -> st.SearchStrategy[api_pb2.AllocateRequest]:
     containers = st.builds(lambda ids: api_pb2.ContainerAllocateRequest(devices_ids=ids), id_lists)
     return st.builds(
         lambda items: api_pb2.AllocateRequest(container_requests=items),
-        st.lists(containers, max_size=4),
+        st.lists(containers, max_size=plugin.MAX_CONTAINERS + 2),
     )
 
 
@@ -222,7 +222,7 @@ def preferred_requests() -> st.SearchStrategy[api_pb2.PreferredAllocationRequest
     )
     return st.builds(
         lambda items: api_pb2.PreferredAllocationRequest(container_requests=items),
-        st.lists(container, max_size=4),
+        st.lists(container, max_size=plugin.MAX_CONTAINERS + 2),
     )
 
 
@@ -398,3 +398,27 @@ def test_oversized_requests_are_refused_and_big_ones_cost_bounded_time_and_memor
         assert took < WAIT + MARGIN
     assert agent.answered() == before
     assert max_rss_mib() - high < 32, "memory grows with the number of calls"
+
+
+@pytest.mark.parametrize("containers", [plugin.MAX_CONTAINERS + 1, 100_000, 900_000])
+@pytest.mark.parametrize("method", ["Allocate", "GetPreferredAllocation"])
+def test_a_call_naming_more_containers_than_a_kubelet_would_is_refused_at_once(
+    agent: Plugin, method: str, containers: int
+) -> None:
+    """The kubelet names one container a call; 900,000 empty ones fit in 4 MiB and took
+    seconds when each was read against every pod."""
+    if method == "Allocate":
+        raw = api_pb2.AllocateRequest(
+            container_requests=[api_pb2.ContainerAllocateRequest()] * containers
+        ).SerializeToString()
+    else:
+        item = api_pb2.ContainerPreferredAllocationRequest(allocation_size=1)
+        raw = api_pb2.PreferredAllocationRequest(
+            container_requests=[item] * containers
+        ).SerializeToString()
+    before = agent.answered()
+    code, answer, took = invoke(agent, method, raw)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT, (code, answer)
+    assert "one container a call" in answer
+    assert took < MARGIN
+    assert agent.answered() == before
