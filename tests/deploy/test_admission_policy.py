@@ -16,7 +16,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuplace.cluster import annotations as grammar
@@ -329,6 +329,7 @@ def allowed_entry(entry: Obj) -> bool:
     return not name.startswith("CUDA_MPS_")
 
 
+@settings(deadline=None)  # CEL by cel-python: 100-300 ms an example on a busy host
 @given(st.lists(ENTRY, max_size=5), st.booleans(), st.booleans())
 def test_env_is_refused_exactly_when_it_names_gpus_or_mps(
     env: list[Obj], managed: bool, init: bool
@@ -554,6 +555,7 @@ CONTAINERS = st.lists(
 )
 
 
+@settings(deadline=None)
 @given(
     CONTAINERS,
     st.none() | CONTAINERS,
