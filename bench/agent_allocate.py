@@ -28,9 +28,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from prometheus_client import CollectorRegistry  # noqa: E402
-
-from gpuplace.agent import allocating, plugin  # noqa: E402
+from gpuplace.agent import allocating  # noqa: E402
 from gpuplace.agent.deviceplugin import api_pb2  # noqa: E402
 from tests.agent import kubelet as standin  # noqa: E402
 
@@ -60,25 +58,16 @@ async def measure(pods: int, resident: int, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     gpus = standin.eight_gpus()
     directory = Path(tempfile.mkdtemp(prefix="dpb", dir="/tmp"))
-    view = plugin.PodView()
-    view.replace(
+    server = standin.plugin_server(
+        gpus,
         [
             started(standin.pod(f"resident-{i}", [i % 8], [gpus[i % 8].uuid], milli=100))
             for i in range(resident)
-        ]
-    )
-    ready = asyncio.Event()
-    ready.set()
-    server = plugin.PluginServer(
-        node=standin.NODE,
-        gpus=gpus,
-        pods=view,
-        options=allocating.Options(mps=allocating.Mps("/run/gpuplace/mps")),
-        mps_ready=ready,
-        directory=str(directory),
+        ],
+        directory,
         slots_per_gpu=100,
-        registry=CollectorRegistry(),
     )
+    view = server.pods
     kubelet = standin.Kubelet(directory)
     await kubelet.start()
     stop = asyncio.Event()

@@ -29,9 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from google.protobuf import json_format  # noqa: E402
-from prometheus_client import CollectorRegistry  # noqa: E402
 
-from gpuplace.agent import allocating, plugin  # noqa: E402
+from gpuplace.agent import allocating  # noqa: E402
 from gpuplace.agent.deviceplugin import api_pb2  # noqa: E402
 from tests.agent import kubelet as standin  # noqa: E402
 
@@ -52,8 +51,8 @@ async def answer(args: argparse.Namespace) -> dict[str, Any]:
     gpus = [allocating.NodeGpu(index, uuid) for index, uuid in enumerate(args.uuid)]
     granted = gpus[: args.count]
     directory = Path(tempfile.mkdtemp(prefix="dpa", dir="/tmp"))
-    view = plugin.PodView()
-    view.replace(
+    server = standin.plugin_server(
+        gpus,
         [
             standin.pod(
                 "client",
@@ -62,20 +61,9 @@ async def answer(args: argparse.Namespace) -> dict[str, Any]:
                 milli=args.milli,
                 memory_mib=args.memory_mib,
             )
-        ]
-    )
-    ready = asyncio.Event()
-    ready.set()
-    server = plugin.PluginServer(
-        node=standin.NODE,
-        gpus=gpus,
-        pods=view,
-        options=allocating.Options(
-            allocating.Strategy(args.strategy), mps=allocating.Mps(args.pipe_dir)
-        ),
-        mps_ready=ready,
-        directory=str(directory),
-        registry=CollectorRegistry(),
+        ],
+        directory,
+        allocating.Options(allocating.Strategy(args.strategy), mps=allocating.Mps(args.pipe_dir)),
     )
     kubelet = standin.Kubelet(directory)
     await kubelet.start()

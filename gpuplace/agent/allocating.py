@@ -18,9 +18,16 @@ whose GPU container asks for as many slots as the kubelet is allocating (`choose
 2. else, only when the caller allows it (after waiting for its pod view to catch up), a
    *mismatch*: a fresh candidate with the same count whose grant names other GPUs. The
    grant wins: the container gets its granted GPUs, whatever slots the kubelet recorded;
-3. else *again*: a container already answered or started with exactly those GPUs (the
-   kubelet allocating again after its restart): the same answer as before;
-4. else nothing: the kubelet is refused, and the container starts with no GPU at all.
+3. else nothing: the kubelet is refused, and the container starts with no GPU at all.
+
+A container is answered once. The kubelet allocates only for a container whose devices
+its checkpoint does not hold, so a call that names the GPUs of a pod already answered or
+started is another container's (docs/node-agent.md, "Why no answer is given twice").
+
+Nothing is chosen while a *stranger* could be the container the kubelet is allocating
+for: a pod bound here, not finished, whose container that has not started asks for as
+many slots, but that holds no usable grant here (`read`). Allocate cannot tell it from a
+granted pod, and whatever it answered would be that pod's to use.
 
 Within a tier the oldest pod wins (creationTimestamp, then namespace/name): the kubelet
 admits the pods it receives together in that order. Two candidates whose answers would be
@@ -147,10 +154,28 @@ class Candidate:
         return f"{self.namespace}/{self.name}"
 
 
+@dataclass(frozen=True, slots=True)
+class Stranger:
+    """A pod bound to this node, not finished, with a container that has not started and
+    asks for slots, but without a usable grant here: the kubelet may be allocating for it,
+    and it must get nothing."""
+
+    namespace: str
+    name: str
+    counts: frozenset[int]
+    """The slot counts its containers that have not started ask for."""
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+Reading = Candidate | Stranger | None
+"""How Allocate sees one pod (`read`)."""
+
+
 class Tier(enum.StrEnum):
     EXACT = "exact"
     MISMATCH = "mismatch"
-    AGAIN = "again"
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +200,12 @@ def device_id(uuid: str, slot: int) -> str:
 def gpu_of(device: str) -> str:
     """The GPU UUID of a slot ID ("" when the ID is not one of ours)."""
     uuid, separator, slot = device.rpartition(SLOT_SEPARATOR)
-    return uuid if separator and slot.isdigit() else ""
+    return uuid if separator and _number(slot) else ""
+
+
+def _number(text: str) -> bool:
+    """ASCII digits only: `str.isdigit` also takes "²" and other digits `int` refuses."""
+    return text.isascii() and text.isdigit()
 
 
 def devices(gpus: Iterable[NodeGpu], slots_per_gpu: int) -> list[api_pb2.Device]:
@@ -202,22 +232,75 @@ def devices(gpus: Iterable[NodeGpu], slots_per_gpu: int) -> list[api_pb2.Device]
 
 def _requested(container: Mapping[str, Any]) -> int:
     resources = container.get("resources") or {}
+    if not isinstance(resources, Mapping):
+        return 0
     for part in ("limits", "requests"):
-        raw = (resources.get(part) or {}).get(keys.RESOURCE_GPU)
-        if raw is not None and str(raw).isdigit():
+        values = resources.get(part) or {}
+        raw = values.get(keys.RESOURCE_GPU) if isinstance(values, Mapping) else None
+        if raw is not None and _number(str(raw)) and len(str(raw)) <= 9:
             return int(str(raw))
     return 0
 
 
+def _asking(pod: Mapping[str, Any]) -> list[tuple[str, str, int]]:
+    """(status field, container name, slots) of each container, init containers included,
+    that asks for slots."""
+    spec = pod.get("spec") or {}
+    found = []
+    for field, status_field in (
+        ("containers", "containerStatuses"),
+        ("initContainers", "initContainerStatuses"),
+    ):
+        for container in spec.get(field) or []:
+            if isinstance(container, Mapping) and (count := _requested(container)) > 0:
+                found.append((status_field, str(container.get("name") or ""), count))
+    return found
+
+
+def _started(pod: Mapping[str, Any], status_field: str, container: str) -> bool:
+    """The kubelet created that container (its status has a containerID)."""
+    return any(
+        isinstance(entry, Mapping)
+        and entry.get("name") == container
+        and bool(entry.get("containerID"))
+        for entry in (pod.get("status") or {}).get(status_field) or []
+    )
+
+
+def _finished(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def read(pod: Mapping[str, Any], node: str, gpus: Sequence[NodeGpu]) -> Reading:
+    """How Allocate sees one pod of the node: a `Candidate` (a usable grant here), a
+    `Stranger` (no usable grant, but a container that has not started asks for slots), or
+    None (not bound here, finished, or nothing left to allocate for). O(containers + GPUs)."""
+    if (pod.get("spec") or {}).get("nodeName") != node or _finished(pod):
+        return None
+    found = candidate(pod, node, gpus)
+    if found is not None:
+        return found
+    counts = frozenset(
+        count for status_field, name, count in _asking(pod) if not _started(pod, status_field, name)
+    )
+    if not counts:
+        return None
+    metadata = pod.get("metadata") or {}
+    return Stranger(
+        namespace=str(metadata.get("namespace") or ""),
+        name=str(metadata.get("name") or ""),
+        counts=counts,
+    )
+
+
 def candidate(pod: Mapping[str, Any], node: str, gpus: Sequence[NodeGpu]) -> Candidate | None:
     """The pod as an Allocate candidate, or None when it holds no usable grant on `node`
-    (not bound here, finished, no or unreadable assignment, not exactly one container
-    asking for slots, a slot count other than its granted GPU count, or granted GPUs
-    this node does not have). O(containers + GPUs)."""
+    (not bound here, finished, no or unreadable assignment, not exactly one container,
+    init containers included, asking for slots, a slot count other than its granted GPU
+    count, or granted GPUs this node does not have). O(containers + GPUs)."""
     spec = pod.get("spec") or {}
-    status = pod.get("status") or {}
     metadata = pod.get("metadata") or {}
-    if spec.get("nodeName") != node or status.get("phase") in ("Succeeded", "Failed"):
+    if spec.get("nodeName") != node or _finished(pod):
         return None
     try:
         grant = assignments.grant_of(pod)
@@ -225,26 +308,15 @@ def candidate(pod: Mapping[str, Any], node: str, gpus: Sequence[NodeGpu]) -> Can
         return None
     if grant is None or grant.node != node:
         return None
-    asking = [
-        (str(container.get("name") or ""), _requested(container))
-        for container in spec.get("containers") or []
-        if isinstance(container, Mapping)
-    ]
-    asking = [(name, count) for name, count in asking if count > 0]
-    if len(asking) != 1:
-        return None
-    container, count = asking[0]
+    asking = _asking(pod)
+    if len(asking) != 1 or asking[0][0] != "containerStatuses":
+        return None  # an init container asking too: the webhook never makes such a pod
+    _, container, count = asking[0]
     if count != len(grant.gpus):
         return None  # what the kubelet counts and what was granted disagree: refuse
     uuids = granted_uuids(pod, grant.gpus, gpus)
     if uuids is None:
         return None
-    started = any(
-        isinstance(entry, Mapping)
-        and entry.get("name") == container
-        and bool(entry.get("containerID"))
-        for entry in status.get("containerStatuses") or []
-    )
     return Candidate(
         uid=str(metadata.get("uid") or ""),
         namespace=str(metadata.get("namespace") or ""),
@@ -255,7 +327,7 @@ def candidate(pod: Mapping[str, Any], node: str, gpus: Sequence[NodeGpu]) -> Can
         uuids=uuids,
         milli=grant.milli,
         memory_mib=grant.memory_mib,
-        started=started,
+        started=_started(pod, "containerStatuses", container),
     )
 
 
@@ -290,31 +362,36 @@ def _pick(tier: Tier, pool: list[Candidate]) -> Match | None:
     return Match(chosen, tier, any(other.terms != chosen.terms for other in pool))
 
 
+def suspects(size: int, strangers: Iterable[Stranger]) -> list[Stranger]:
+    """The strangers the kubelet may be allocating `size` slots for. O(strangers)."""
+    return [stranger for stranger in strangers if size in stranger.counts]
+
+
 def choose(
     device_ids: Sequence[str],
     candidates: Iterable[Candidate],
+    strangers: Iterable[Stranger],
     answered: Set[str],
     *,
     allow_mismatch: bool,
 ) -> Match | None:
     """The pod the kubelet is allocating `device_ids` for (see the module docstring), or
-    None. `answered`: UIDs of pods whose container this plugin already answered.
-    O(candidates)."""
+    None: no fresh candidate fits, or a stranger asks for as many slots (`suspects`).
+    `answered`: UIDs of pods whose container this plugin already answered. O(candidates +
+    strangers)."""
     size = len(device_ids)
+    if suspects(size, strangers):
+        return None
     asked = {gpu_of(device) for device in device_ids}
-    same_count = [item for item in candidates if item.count == size]
-    fresh = [item for item in same_count if item.uid not in answered and not item.started]
+    fresh = [
+        item
+        for item in candidates
+        if item.count == size and item.uid not in answered and not item.started
+    ]
     exact = _pick(Tier.EXACT, [item for item in fresh if set(item.uuids) == asked])
-    if exact is not None:
+    if exact is not None or not allow_mismatch:
         return exact
-    if allow_mismatch:
-        mismatch = _pick(Tier.MISMATCH, fresh)
-        if mismatch is not None:
-            return mismatch
-    return _pick(
-        Tier.AGAIN,
-        [item for item in same_count if item not in fresh and set(item.uuids) == asked],
-    )
+    return _pick(Tier.MISMATCH, fresh)
 
 
 def prefer(
@@ -362,9 +439,11 @@ def prefer(
     return chosen
 
 
-def _slot_order(device: str) -> tuple[str, int]:
+def _slot_order(device: str) -> tuple[str, int, str]:
+    """By GPU, then by slot number (compared as digits: no `int` of a caller's string)."""
     uuid, _, slot = device.rpartition(SLOT_SEPARATOR)
-    return (uuid, int(slot) if slot.isdigit() else 0)
+    digits = slot.lstrip("0") if _number(slot) else ""
+    return (uuid, len(digits), digits)
 
 
 # --- the answer --------------------------------------------------------------------

@@ -24,7 +24,11 @@ It owns the plugin's life on the node, and nothing of the decisions (`gpuplace.a
 
 A refusal is a gRPC FAILED_PRECONDITION (UNAVAILABLE while MPS is not ready) with a
 message: the kubelet fails that pod's admission (UnexpectedAdmissionError) and the
-container never starts, so nothing ever runs with a GPU it was not granted.
+container never starts, so nothing ever runs with a GPU it was not granted. A refused
+Allocate records nothing (every container of a call is answered, or none is), and bytes
+that are no message of their method get INVALID_ARGUMENT before any of this runs
+(`gpuplace.agent.decoding`). Each call waits at most `wait_seconds` in all, and one that
+names more than `MAX_CONTAINERS` containers is refused INVALID_ARGUMENT unread.
 
 The composition root builds it (`PodView`, `pod_informer`, `PluginServer`) and runs
 `informer.run()` beside `server.run(stop)`; `/readyz` can read `server.registered`.
@@ -44,7 +48,7 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpuplace.agent import allocating
+from gpuplace.agent import allocating, decoding
 from gpuplace.agent.deviceplugin import api_pb2, api_pb2_grpc
 from gpuplace.cluster import keys, kube, watching
 
@@ -54,6 +58,9 @@ API_VERSION = "v1beta1"
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET = "kubelet.sock"
 SOCKET_NAME = "gpuplace.sock"
+MAX_CONTAINERS = 16
+"""Containers one Allocate or GetPreferredAllocation may name: the kubelet names one (a
+call per container); more would only cost time (each is read against every pod)."""
 
 
 # --- the pods of this node ---------------------------------------------------------
@@ -116,7 +123,7 @@ class PluginMetrics:
     def __init__(self, registry: CollectorRegistry | None) -> None:
         self.allocate = Histogram(
             "gpuplace_agent_allocate_duration_seconds",
-            "Allocate answers to the kubelet, by result (exact, mismatch, again, refused).",
+            "Allocate answers to the kubelet, by result (exact, mismatch, refused).",
             ["result"],
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1.0, 5.0, 10.0),
             registry=registry,
@@ -194,8 +201,12 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         self._stopping = False
         self._stop = asyncio.Event()
         """`run`'s stop event: ends registration retries too."""
-        self._read: dict[str, tuple[dict[str, Any], allocating.Candidate | None]] = {}
+        self._read: dict[str, tuple[dict[str, Any], allocating.Reading]] = {}
         self._read_gpus: tuple[allocating.NodeGpu, ...] = ()
+        self._slots: tuple[tuple[allocating.NodeGpu, ...] | None, frozenset[str]] = (
+            None,
+            frozenset(),
+        )
         self._count_devices()
 
     @property
@@ -273,7 +284,7 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
             await self._server.stop(0.5)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
-        server = grpc.aio.server()
+        server = grpc.aio.server(interceptors=[decoding.RefuseUndecodable()])
         api_pb2_grpc.add_DevicePluginServicer_to_server(self, server)
         server.add_insecure_port(f"unix://{self.socket_path}")
         await server.start()
@@ -346,21 +357,24 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         self, request: api_pb2.PreferredAllocationRequest, context: Any
     ) -> api_pb2.PreferredAllocationResponse:
         response = api_pb2.PreferredAllocationResponse()
+        if len(request.container_requests) > MAX_CONTAINERS:
+            _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, _crowded(request))
+            return response
+        sizes = {int(container.allocation_size) for container in request.container_requests}
+        deadline = self._clock() + self.wait_seconds  # one wait per call, however many asked
+        while True:
+            candidates, _ = self._readings()
+            waiting = any(
+                item.count in sizes and item.uid not in self.answered and not item.started
+                for item in candidates
+            )
+            if waiting or self._clock() >= deadline:
+                break
+            await self.pods.changed(deadline - self._clock())
         for container in request.container_requests:
-            deadline = self._clock() + self.wait_seconds
-            while True:
-                candidates = self._candidates()
-                fresh = [
-                    item
-                    for item in candidates
-                    if item.count == container.allocation_size
-                    and item.uid not in self.answered
-                    and not item.started
-                ]
-                if fresh or self._clock() >= deadline:
-                    break
-                await self.pods.changed(deadline - self._clock())
-            chosen = allocating.prefer(container, candidates, self.answered.keys())
+            chosen = allocating.prefer(
+                self._slots_only(container), candidates, self.answered.keys()
+            )
             response.container_responses.append(
                 api_pb2.ContainerPreferredAllocationResponse(deviceIDs=chosen)
             )
@@ -369,24 +383,36 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
     async def Allocate(  # noqa: N802
         self, request: api_pb2.AllocateRequest, context: Any
     ) -> api_pb2.AllocateResponse:
+        """Every container of the request answered, or none: a refusal records nothing."""
         started = self._clock()
+        deadline = started + self.wait_seconds  # one wait per call, however many containers
         response = api_pb2.AllocateResponse()
         results: list[str] = []
+        if len(request.container_requests) > MAX_CONTAINERS:
+            self.metrics.allocate.labels("refused").observe(self._clock() - started)
+            _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, _crowded(request))
+            return response
         async with self._lock:
+            taken: dict[str, tuple[str, tuple[str, ...]]] = {}
             try:
                 for container in request.container_requests:
-                    answer, result = await self._allocate(tuple(container.devices_ids))
+                    answer, result = await self._allocate(
+                        tuple(container.devices_ids), taken, deadline
+                    )
                     response.container_responses.append(answer)
                     results.append(result)
             except allocating.Refusal as refusal:
-                self.metrics.allocate.labels("refused").observe(self._clock() - started)
-                log.warning("allocate refused", extra={"reason": str(refusal)[:300]})
-                code = (
-                    grpc.StatusCode.UNAVAILABLE
-                    if "MPS" in str(refusal)
-                    else grpc.StatusCode.FAILED_PRECONDITION
-                )
-                await context.abort(code, str(refusal))
+                why = str(refusal)
+            else:
+                why = ""
+                self.answered.update(taken)
+        if why:
+            self.metrics.allocate.labels("refused").observe(self._clock() - started)
+            code = (
+                grpc.StatusCode.UNAVAILABLE if "MPS" in why else grpc.StatusCode.FAILED_PRECONDITION
+            )
+            _refuse(context, code, why)
+            return api_pb2.AllocateResponse()
         elapsed = self._clock() - started
         for result in results:
             self.metrics.allocate.labels(result).observe(elapsed)
@@ -399,53 +425,89 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
 
     # --- Allocate, one container ---------------------------------------------------------
 
-    def _candidates(self) -> list[allocating.Candidate]:
-        """The candidates among this node's pods, each pod read once per version of it
-        (the informer hands a new dict for every change) and of the GPU list."""
+    def _listed_slots(self) -> frozenset[str]:
+        """The slot IDs ListAndWatch sends for the GPUs of now. O(GPUs × slots) on a change."""
+        if self._slots[0] is not self.gpus:
+            slots = frozenset(
+                allocating.device_id(gpu.uuid, slot)
+                for gpu in self.gpus
+                for slot in range(self.slots_per_gpu)
+            )
+            self._slots = (self.gpus, slots)
+        return self._slots[1]
+
+    def _slots_only(
+        self, container: api_pb2.ContainerPreferredAllocationRequest
+    ) -> api_pb2.ContainerPreferredAllocationRequest:
+        """`container` as `prefer` reads it: when it names more IDs than there are slots (no
+        kubelet does), only the IDs of slots, so that the work stays O(slots)."""
+        listed = self._listed_slots()
+        available, must = container.available_deviceIDs, container.must_include_deviceIDs
+        if max(len(available), len(must)) <= len(listed):
+            return container
+        return api_pb2.ContainerPreferredAllocationRequest(
+            available_deviceIDs=[device for device in available if device in listed],
+            must_include_deviceIDs=[device for device in must if device in listed],
+            allocation_size=container.allocation_size,
+        )
+
+    def _readings(self) -> tuple[list[allocating.Candidate], list[allocating.Stranger]]:
+        """The candidates and strangers among this node's pods, each pod read once per
+        version of it (the informer hands a new dict for every change) and of the GPU list."""
         gpus = self.gpus
         cache = self._read if self._read_gpus is gpus else {}
-        fresh: dict[str, tuple[dict[str, Any], allocating.Candidate | None]] = {}
-        found = []
+        fresh: dict[str, tuple[dict[str, Any], allocating.Reading]] = {}
+        candidates: list[allocating.Candidate] = []
+        strangers: list[allocating.Stranger] = []
         for uid, pod in self.pods.pods.items():
             cached = cache.get(uid)
             item = (
                 cached[1]
                 if cached is not None and cached[0] is pod
-                else allocating.candidate(pod, self.node, gpus)
+                else allocating.read(pod, self.node, gpus)
             )
             fresh[uid] = (pod, item)
-            if item is not None:
-                found.append(item)
+            if isinstance(item, allocating.Candidate):
+                candidates.append(item)
+            elif item is not None:
+                strangers.append(item)
         self._read, self._read_gpus = fresh, gpus
         for uid in [uid for uid in self.answered if uid not in self.pods.pods]:
             del self.answered[uid]  # the pod is gone: forget its answer
-        return found
+        return candidates, strangers
 
     async def _allocate(
-        self, device_ids: tuple[str, ...]
+        self,
+        device_ids: tuple[str, ...],
+        taken: dict[str, tuple[str, tuple[str, ...]]],
+        deadline: float,
     ) -> tuple[api_pb2.ContainerAllocateResponse, str]:
-        on_node = {gpu.uuid for gpu in self.gpus}
-        strangers = [device for device in device_ids if allocating.gpu_of(device) not in on_node]
-        if strangers or not device_ids:
-            raise allocating.Refusal(
-                f"device {strangers[0] if strangers else '(none)'} is not a {self.resource} "
-                "slot of this node"
-            )
-        deadline = self._clock() + self.wait_seconds
+        """One container's answer; its pod goes into `taken` (the call's own record, kept
+        only if every container of the call is answered)."""
+        listed = self._listed_slots()
+        unknown = [device for device in device_ids if device not in listed]
+        if unknown or not device_ids:
+            shown = repr(unknown[0][:80]) if unknown else "(none)"
+            raise allocating.Refusal(f"device {shown} is not a {self.resource} slot of this node")
+        named = {device for _, ids in taken.values() for device in ids}
+        if len(set(device_ids)) != len(device_ids) or named.intersection(device_ids):
+            raise allocating.Refusal("the same slot is named twice")
         match = None
         while match is None:
             settled = self._clock() >= deadline
+            candidates, suspects = self._readings()
             match = allocating.choose(
-                device_ids, self._candidates(), self.answered.keys(), allow_mismatch=settled
+                device_ids,
+                candidates,
+                suspects,
+                self.answered.keys() | taken.keys(),
+                allow_mismatch=settled,
             )
             if match is not None and match.tier is not allocating.Tier.EXACT and not settled:
                 match = None  # an exact candidate may still arrive: wait for it first
             if match is None:
                 if settled:
-                    raise allocating.Refusal(
-                        f"no pod bound to {self.node} holds a gpuplace grant for "
-                        f"{len(device_ids)} GPU(s) that has not started yet"
-                    )
+                    raise allocating.Refusal(self._unmatched(len(device_ids), suspects))
                 await self.pods.changed(deadline - self._clock())
         chosen = match.candidate
         while chosen.share and not self._mps_is_ready(chosen.uuids[0]):
@@ -466,7 +528,7 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
                 "allocate matched a pod by its grant, not by the kubelet's slots",
                 extra={"pod": str(chosen), "tier": str(match.tier), "ambiguous": match.ambiguous},
             )
-        self.answered[chosen.uid] = (chosen.container, device_ids)
+        taken[chosen.uid] = (chosen.container, device_ids)
         log.info(
             "allocated",
             extra={
@@ -477,6 +539,37 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
             },
         )
         return answer, str(match.tier)
+
+    def _unmatched(self, size: int, strangers: list[allocating.Stranger]) -> str:
+        """Why nothing was chosen for `size` slots."""
+        suspects = allocating.suspects(size, strangers)
+        if suspects:
+            named = ", ".join(str(stranger) for stranger in suspects[:3])
+            return (
+                f"{named} asks for {size} {self.resource} slot(s) without a gpuplace grant on "
+                f"{self.node}; the kubelet does not say which pod it allocates for, so no pod "
+                "of that size is answered while such a pod waits for admission"
+            )
+        return (
+            f"no pod bound to {self.node} holds a gpuplace grant for {size} GPU(s) that has "
+            "not started yet"
+        )
+
+
+def _refuse(context: Any, code: grpc.StatusCode, why: str) -> None:
+    """Answer the call with `code` and one WARNING line. A status, not `context.abort`: the
+    abort's traceback would keep the caller's frame (the request: up to 4 MiB) in a
+    reference cycle until a full collection."""
+    log.warning("request refused", extra={"code": code.name, "reason": why[:300]})
+    context.set_code(code)
+    context.set_details(why)
+
+
+def _crowded(request: api_pb2.AllocateRequest | api_pb2.PreferredAllocationRequest) -> str:
+    return (
+        f"{len(request.container_requests)} containers in one call: the kubelet asks for one "
+        f"container a call, and at most {MAX_CONTAINERS} are read"
+    )
 
 
 _OPTIONS = api_pb2.DevicePluginOptions(

@@ -28,8 +28,9 @@ from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import CollectorRegistry
 
-from gpuplace.agent import allocating
+from gpuplace.agent import allocating, plugin
 from gpuplace.agent.deviceplugin import api_pb2, api_pb2_grpc
 from gpuplace.cluster import assignments, keys
 from gpuplace.placement.ledger import Grant, GrantState
@@ -128,6 +129,31 @@ def pod(
         },
         "status": {"phase": "Pending"},
     }
+
+
+def plugin_server(
+    gpus: Sequence[allocating.NodeGpu],
+    pods: Sequence[dict[str, Any]],
+    directory: Path,
+    options: allocating.Options | None = None,
+    **settings: Any,
+) -> plugin.PluginServer:
+    """A real plugin for NODE serving `pods`, its MPS ready, on its own metrics registry;
+    `settings` are further PluginServer arguments (slots_per_gpu, wait_seconds, ...)."""
+    view = plugin.PodView()
+    view.replace(list(pods))
+    ready = asyncio.Event()
+    ready.set()
+    return plugin.PluginServer(
+        node=NODE,
+        gpus=gpus,
+        pods=view,
+        options=options or allocating.Options(mps=allocating.Mps("/run/gpuplace/mps")),
+        mps_ready=ready,
+        directory=str(directory),
+        registry=CollectorRegistry(),
+        **settings,
+    )
 
 
 class Kubelet(api_pb2_grpc.RegistrationServicer):

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuplace.agent import allocating, plugin
+from gpuplace.agent.deviceplugin import api_pb2
 from gpuplace.cluster import keys, kube
 from gpuplace.dev import localapi
 from tests.agent import kubelet as standin
@@ -89,6 +90,38 @@ def granted_here(pod: dict[str, Any]) -> set[str]:
     return {by_index.get(index, "?") for index in annotations[keys.ASSIGNED_GPUS].split(",")}
 
 
+def could_ask(pod: dict[str, Any], size: int) -> bool:
+    """The kubelet may be allocating `size` slots for `pod`: bound here, not finished, and
+    a container that has not started asks for that many (read independently of the plugin)."""
+    if pod["spec"]["nodeName"] != standin.NODE or pod["status"]["phase"] in (
+        "Succeeded",
+        "Failed",
+    ):
+        return False
+    started = {
+        entry["name"]
+        for field in ("containerStatuses", "initContainerStatuses")
+        for entry in pod["status"].get(field, [])
+        if entry.get("containerID")
+    }
+    return any(
+        container.get("resources", {}).get("limits", {}).get(keys.RESOURCE_GPU) == str(size)
+        and container["name"] not in started
+        for field in ("containers", "initContainers")
+        for container in pod["spec"].get(field, [])
+    )
+
+
+def readings(
+    found: list[dict[str, Any]],
+) -> tuple[list[allocating.Candidate], list[allocating.Stranger]]:
+    read = [allocating.read(pod, standin.NODE, GPUS) for pod in found]
+    return (
+        [item for item in read if isinstance(item, allocating.Candidate)],
+        [item for item in read if isinstance(item, allocating.Stranger)],
+    )
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(pods(), max_size=8, unique_by=lambda pod: pod["metadata"]["uid"]),
@@ -99,10 +132,8 @@ def granted_here(pod: dict[str, Any]) -> set[str]:
 def test_never_a_gpu_that_was_not_granted(
     found: list[dict[str, Any]], device_ids: list[str], settled: bool, options: allocating.Options
 ) -> None:
-    candidates = [
-        item for pod in found if (item := allocating.candidate(pod, standin.NODE, GPUS)) is not None
-    ]
-    match = allocating.choose(device_ids, candidates, set(), allow_mismatch=settled)
+    candidates, strangers = readings(found)
+    match = allocating.choose(device_ids, candidates, strangers, set(), allow_mismatch=settled)
     if match is None:
         return
     pod = next(pod for pod in found if pod["metadata"]["uid"] == match.candidate.uid)
@@ -110,6 +141,10 @@ def test_never_a_gpu_that_was_not_granted(
     assert len(device_ids) == match.candidate.count == len(match.candidate.uuids)
     if match.tier is not allocating.Tier.MISMATCH:
         assert {allocating.gpu_of(device) for device in device_ids} == set(match.candidate.uuids)
+    # whichever pod the kubelet is allocating for, it holds a grant here
+    for other in found:
+        if could_ask(other, len(device_ids)):
+            assert granted_here(other), f"{other['metadata']['name']} has no grant here"
     try:
         response = allocating.answer(match.candidate, GPUS, options)
     except allocating.Refusal:
@@ -125,6 +160,50 @@ def test_a_pod_without_a_grant_is_never_a_candidate() -> None:
     assert allocating.candidate(bare, standin.NODE, GPUS) is None
     forged = standin.pod("forged", [0], ["GPU-not-on-this-node"])
     assert allocating.candidate(forged, standin.NODE, GPUS) is None
+
+
+def test_a_pod_without_a_grant_is_a_stranger_until_it_starts_or_ends() -> None:
+    bare = standin.pod("bare", [0, 1], [GPUS[0].uuid, GPUS[1].uuid], assigned=False)
+    assert allocating.read(bare, standin.NODE, GPUS) == allocating.Stranger(
+        "research", "bare", frozenset({2})
+    )
+    choice = allocating.choose(
+        [allocating.device_id(GPUS[0].uuid, 0), allocating.device_id(GPUS[1].uuid, 0)],
+        [],
+        [allocating.Stranger("research", "bare", frozenset({2}))],
+        set(),
+        allow_mismatch=True,
+    )
+    assert choice is None
+    bare["status"] = {"containerStatuses": [{"name": "train", "containerID": "containerd://x"}]}
+    assert allocating.read(bare, standin.NODE, GPUS) is None
+    bare["status"] = {"phase": "Failed"}
+    assert allocating.read(bare, standin.NODE, GPUS) is None
+    assert allocating.read(bare, "gpu-node-2", GPUS) is None
+
+
+def test_an_init_container_asking_for_slots_makes_a_stranger() -> None:
+    """The webhook lets only the GPU container ask; an init container asking too would get
+    an Allocate of its own, and the kubelet hands its slots on to the app container."""
+    pod = standin.pod("init", [0], [GPUS[0].uuid])
+    pod["spec"]["initContainers"] = [
+        {"name": "warm", "resources": {"limits": {keys.RESOURCE_GPU: "1"}}}
+    ]
+    assert allocating.candidate(pod, standin.NODE, GPUS) is None
+    assert allocating.read(pod, standin.NODE, GPUS) == allocating.Stranger(
+        "research", "init", frozenset({1})
+    )
+
+
+@pytest.mark.parametrize("slot", ["\u00b2", "\u0661", "1" * 5000, "-1", "", " 1"])
+def test_slot_ids_no_kubelet_sends_are_nobodys_and_never_raise(slot: str) -> None:
+    """ "²".isdigit() is True and int("1" * 5000) raises: neither reaches `int`."""
+    device = f"{GPUS[0].uuid}::{slot}"
+    assert allocating.gpu_of(device) == (GPUS[0].uuid if slot == "1" * 5000 else "")
+    request = api_pb2.ContainerPreferredAllocationRequest(
+        available_deviceIDs=[device, allocating.device_id(GPUS[0].uuid, 2)], allocation_size=1
+    )
+    assert len(allocating.prefer(request, [], set())) == 1
 
 
 @pytest.mark.parametrize(

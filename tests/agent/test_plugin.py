@@ -5,16 +5,19 @@ them, kubelet restarts, health changes, and every way Allocate may not find its 
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuplace.agent import allocating, plugin
+from gpuplace.agent.deviceplugin import api_pb2
 from gpuplace.cluster import keys
 from tests.agent import kubelet as standin
 
@@ -318,19 +321,164 @@ async def test_registration_is_retried_until_the_kubelet_answers(directory: Path
     assert not server.socket_path.exists()
 
 
-async def test_a_started_container_is_answered_again_after_the_wait(
+def running(pod: dict[str, Any]) -> dict[str, Any]:
+    """`pod` once the kubelet started its GPU container."""
+    pod["status"] = {
+        "phase": "Running",
+        "containerStatuses": [{"name": "train", "containerID": "containerd://abc"}],
+    }
+    return pod
+
+
+async def test_a_started_container_is_never_answered_again(node: Callable[..., Node]) -> None:
+    """The kubelet never allocates again for a container whose devices it holds
+    (docs/node-agent.md, "Why no answer is given twice"): a call naming exactly a running
+    pod's GPU is another container's, and it gets nothing."""
+    async with node() as n:
+        n.view.upsert(running(standin.pod("running", [5], uuids(n.gpus, 5))))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await n.kubelet.allocate([allocating.device_id(n.gpus[5].uuid, 3)])
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert not n.server.answered
+
+
+async def test_a_pod_without_a_grant_gets_no_gpu_an_answered_pod_holds(
+    node: Callable[..., Node],
+) -> None:
+    """Issue 30, 1: `whole-0` holds U0 and was answered; a bound pod with no grant that
+    asks for one slot makes the kubelet call Allocate [U0::3]. It got U0 after the wait
+    (the repeat tier); it must get nothing."""
+    async with node() as n:
+        n.view.upsert(standin.pod("whole-0", [0], uuids(n.gpus, 0)))
+        first = await n.kubelet.admit(1)
+        assert allocating.granted_in(first, n.server.options) == {n.gpus[0].uuid}
+        n.view.upsert(standin.pod("intruder", [0], uuids(n.gpus, 0), assigned=False))
+        answered = dict(n.server.answered)
+        for slot in range(4):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await n.kubelet.allocate([allocating.device_id(n.gpus[0].uuid, slot)])
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert n.server.answered == answered
+        assert n.metric("gpuplace_agent_allocate_duration_seconds_count", result="exact") == 1
+        assert n.metric("gpuplace_agent_allocate_duration_seconds_count", result="refused") == 4
+
+
+@pytest.mark.parametrize("slots_on", ["the waiting pod's GPU", "another GPU"])
+async def test_a_pod_without_a_grant_gets_no_gpu_a_waiting_pod_was_granted(
+    node: Callable[..., Node], slots_on: str
+) -> None:
+    """While a pod without a grant that asks for as many slots waits for admission, the
+    kubelet may be allocating for it: nothing is given, neither the exact tier (slots on
+    the granted GPU) nor the mismatch tier (slots elsewhere) may hand it the grant of a
+    pod that has not started yet."""
+    async with node() as n:
+        n.view.upsert(standin.pod("granted", [0], uuids(n.gpus, 0), created="2026-11-24T08:00:00Z"))
+        n.view.upsert(
+            standin.pod(
+                "intruder", [0], uuids(n.gpus, 0), assigned=False, created="2026-11-24T08:00:09Z"
+            )
+        )
+        index = 0 if slots_on == "the waiting pod's GPU" else 3
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await n.kubelet.allocate([allocating.device_id(n.gpus[index].uuid, 1)])
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "research/intruder" in str(refused.value.details())
+        assert not n.server.answered
+        # the kubelet refuses the intruder's admission: once it has failed, the granted pod
+        # is answered as before
+        failed = standin.pod("intruder", [0], uuids(n.gpus, 0), assigned=False)
+        failed["status"] = {"phase": "Failed", "reason": "UnexpectedAdmissionError"}
+        n.view.upsert(failed)
+        answer = await n.kubelet.admit(1)
+        assert allocating.granted_in(answer, n.server.options) == {n.gpus[0].uuid}
+
+
+async def test_a_pod_without_a_grant_that_fails_while_the_call_waits_lets_it_through(
+    node: Callable[..., Node],
+) -> None:
+    """The kubelet refused the intruder just before (its status is on the way): the
+    granted pod's Allocate waits for the pod view instead of failing too."""
+    async with node() as n:
+        n.server.wait_seconds = 3.0
+        n.view.upsert(standin.pod("granted", [2], uuids(n.gpus, 2)))
+        intruder = standin.pod("intruder", [0], uuids(n.gpus, 0), assigned=False)
+        n.view.upsert(intruder)
+        admitting = asyncio.ensure_future(n.kubelet.admit(1))
+        await asyncio.sleep(0.2)
+        assert not admitting.done()
+        intruder = {**intruder, "status": {"phase": "Failed"}}
+        n.view.upsert(intruder)
+        answer = await asyncio.wait_for(admitting, 2)
+        assert allocating.granted_in(answer, n.server.options) == {n.gpus[2].uuid}
+
+
+async def test_a_pod_without_a_grant_asking_another_count_blocks_nothing(
     node: Callable[..., Node],
 ) -> None:
     async with node() as n:
-        running = standin.pod("running", [5], uuids(n.gpus, 5))
-        running["status"] = {
-            "phase": "Running",
-            "containerStatuses": [{"name": "train", "containerID": "containerd://abc"}],
-        }
-        n.view.upsert(running)
-        answer = await n.kubelet.allocate([allocating.device_id(n.gpus[5].uuid, 3)])
-        assert allocating.granted_in(answer, n.server.options) == {n.gpus[5].uuid}
-        assert n.metric("gpuplace_agent_allocate_duration_seconds_count", result="again") == 1
+        n.view.upsert(standin.pod("pair", [0, 1], uuids(n.gpus, 0, 1), assigned=False))
+        n.view.upsert(standin.pod("granted", [4], uuids(n.gpus, 4)))
+        answer = await n.kubelet.admit(1)
+        assert allocating.granted_in(answer, n.server.options) == {n.gpus[4].uuid}
+
+
+async def test_a_refused_allocate_leaves_no_trace(node: Callable[..., Node]) -> None:
+    """Issue 30, 2: `[[U0::1], ["nope"]]` is refused whole; `q-0` (granted U0) was still
+    recorded as answered, so a retry of `[[U0::1]]` got another pod's GPU (U4) after the
+    wait. A refusal changes nothing: the retry gets U0, exactly."""
+    async with node() as n:
+        n.view.upsert(standin.pod("q-0", [0], uuids(n.gpus, 0), created="2026-11-24T08:00:00Z"))
+        n.view.upsert(standin.pod("q-1", [4], uuids(n.gpus, 4), created="2026-11-24T08:00:05Z"))
+        slot = allocating.device_id(n.gpus[0].uuid, 1)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await n.kubelet._stub().Allocate(
+                api_pb2.AllocateRequest(
+                    container_requests=[
+                        api_pb2.ContainerAllocateRequest(devices_ids=[slot]),
+                        api_pb2.ContainerAllocateRequest(devices_ids=["nope"]),
+                    ]
+                )
+            )
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert not n.server.answered
+        answer = await n.kubelet.allocate([slot])
+        assert allocating.granted_in(answer, n.server.options) == {n.gpus[0].uuid}
+        assert set(n.server.answered) == {"uid-q-0"}
+        assert n.metric("gpuplace_agent_allocate_duration_seconds_count", result="exact") == 1
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        "GetDevicePluginOptions",
+        "ListAndWatch",
+        "GetPreferredAllocation",
+        "Allocate",
+        "PreStartContainer",
+    ],
+)
+async def test_an_undecodable_request_is_invalid_argument_in_one_log_line(
+    node: Callable[..., Node], method: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 30, 8: bytes that are no protobuf message got UNKNOWN ("Unexpected
+    DecodeError") and a traceback in the agent's log."""
+    async with node() as n:
+        assert n.kubelet._channel is not None
+        path = f"/v1beta1.DevicePlugin/{method}"
+        raw = b"\xff\xff\xff\xff"
+        caplog.clear()
+        with caplog.at_level(logging.INFO), pytest.raises(grpc.aio.AioRpcError) as refused:
+            if method == "ListAndWatch":
+                async for _ in n.kubelet._channel.unary_stream(path)(raw):
+                    pass
+            else:
+                await n.kubelet._channel.unary_unary(path)(raw)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert method in str(refused.value.details())
+        records = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(records) == 1, [r.getMessage() for r in records]
+        assert records[0].exc_info is None and records[0].name.startswith("gpuplace.")
+        assert not n.server.answered
 
 
 async def test_stop_ends_the_plugin_while_no_kubelet_answers(directory: Path) -> None:

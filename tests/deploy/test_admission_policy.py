@@ -2,7 +2,8 @@
 evaluated by cel-python the way kube-apiserver evaluates them (matchConditions, then the
 variables in order, then each validation; `has` as strict as cel-go's, see tests.deploy.matching):
 against every captured AdmissionReview as the API server sent it, the same pods mutated by
-gpuplace's own webhook, a table of bypass attempts, and random env lists. An expression
+gpuplace's own webhook, a table of bypass attempts, random env lists, and for the
+resources only a grant may ask for (issue 30) a table and random pods. An expression
 that fails would refuse the request (failurePolicy Fail), so every evaluation must succeed.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuplace.cluster import annotations as grammar
@@ -34,6 +35,7 @@ from celpy import adapter, celtypes, evaluation
 Obj = dict[str, Any]
 BYPASS = "gpuplace-no-gpu-bypass"
 OWN_NODE = "gpuplace-node-agent-own-node"
+GRANT = "gpuplace-gpu-resources-need-a-grant"
 SIDECAR = WebhookConfig().sidecar_user
 AGENT = "system:serviceaccount:kube-system:gpuplace-node-agent"
 NODE_NAME = "authentication.kubernetes.io/node-name"
@@ -178,11 +180,12 @@ def captured() -> list[tuple[str, Obj]]:
 @pytest.mark.skipif(not captured(), reason=f"captured fixtures not found in {FIXTURES}")
 @pytest.mark.parametrize(("name", "body"), captured(), ids=[n for n, _ in captured()])
 def test_every_captured_request_is_allowed_as_sent_and_as_mutated(name: str, body: Obj) -> None:
-    assert refusals(BYPASS, body) == [], name
-    if body["operation"] == "CREATE":
-        after = mutated(body["object"])
-        if after is not None:  # what the webhook refuses is never stored
-            assert refusals(BYPASS, {**body, "object": after}) == [], name
+    for judge in (BYPASS, GRANT):
+        assert refusals(judge, body) == [], (judge, name)
+        if body["operation"] == "CREATE":
+            after = mutated(body["object"])
+            if after is not None:  # what the webhook refuses is never stored
+                assert refusals(judge, {**body, "object": after}) == [], (judge, name)
 
 
 def test_the_deployed_webhook_writes_no_gpu_env_and_the_policy_allows_none() -> None:
@@ -326,6 +329,7 @@ def allowed_entry(entry: Obj) -> bool:
     return not name.startswith("CUDA_MPS_")
 
 
+@settings(deadline=None)  # CEL by cel-python: 100-300 ms an example on a busy host
 @given(st.lists(ENTRY, max_size=5), st.booleans(), st.booleans())
 def test_env_is_refused_exactly_when_it_names_gpus_or_mps(
     env: list[Obj], managed: bool, init: bool
@@ -414,3 +418,169 @@ def test_other_users_are_not_judged_by_the_agents_policy() -> None:
     old = node()
     new = node(**{"other.io/x": "1"})
     assert refusals(OWN_NODE, node_update(new, old, user="system:node:h100-0", on=None)) == []
+
+
+# --- a gpuplace.io/ resource only through gpuplace's webhook (issue 30) ---------------------
+
+MIRROR = "kubernetes.io/config.mirror"
+
+
+def asking(
+    resource: str = keys.RESOURCE_GPU,
+    *,
+    namespace: str = "team-a",
+    annotations: dict[str, str] | None = None,
+    field: str = "containers",
+) -> Obj:
+    """A pod whose first container (or an init container) asks for `resource` itself."""
+    pod = helpers.pod(annotations)
+    pod["metadata"]["namespace"] = namespace
+    container = {"name": "gpu", "image": "cuda:12",
+                 "resources": {"limits": {resource: "1"}, "requests": {resource: "1"}}}  # fmt: skip
+    if field == "containers":
+        pod["spec"]["containers"][0] = container
+    else:
+        pod["spec"]["initContainers"] = [container]
+    return pod
+
+
+def webhook_namespaces_skipped() -> list[str]:
+    """The namespaces deploy/base/webhooks.yaml keeps from both webhooks."""
+    skipped = set()
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        for hook in rendering.one(rendering.render(rendering.NODE_AGENT), kind, "gpuplace")[
+            "webhooks"
+        ]:
+            (expression,) = hook["namespaceSelector"]["matchExpressions"]
+            assert expression["key"] == "kubernetes.io/metadata.name"
+            assert expression["operator"] == "NotIn"
+            skipped.add(tuple(expression["values"]))
+    (values,) = skipped
+    return list(values)
+
+
+def _grant_table() -> list[tuple[str, Obj, bool]]:
+    """(case, AdmissionRequest, refused)."""
+    gpu = mutated(helpers.pod({keys.GPU_COUNT: "1"}))
+    assert gpu is not None and keys.RESOURCE_GPU in str(gpu)
+    annotated_raw = asking(annotations={keys.GPU_COUNT: "1"})
+    mirror = asking(namespace="kube-system", annotations={MIRROR: "abc"})
+    return [
+        ("a plain pod", request("CREATE", helpers.pod()), False),
+        ("a gpuplace pod as the webhook leaves it", request("CREATE", gpu), False),
+        ("a gpuplace share as the webhook leaves it", request("CREATE", share()), False),
+        ("gpuplace.io/gpu without annotations", request("CREATE", asking()), True),
+        ("... in an init container",
+         request("CREATE", asking(field="initContainers")), True),
+        ("... gpu-percent", request("CREATE", asking(keys.RESOURCE_PERCENT)), True),
+        ("... gpu-memory", request("CREATE", asking(keys.RESOURCE_MEMORY)), True),
+        ("... in kube-system (the webhook does not see it)",
+         request("CREATE", asking(namespace="kube-system")), True),
+        ("... in gpuplace's own namespace",
+         request("CREATE", asking(namespace="gpuplace")), True),
+        ("... with annotations where the webhook does not look",
+         request("CREATE", asking(namespace="gpuplace", annotations={keys.GPU_COUNT: "1"})),
+         True),
+        ("annotations and the resource: the validating webhook judges it",
+         request("CREATE", annotated_raw), False),
+        ("a static pod's mirror (the agent must see it)",
+         request("CREATE", mirror, user="system:node:gpu-node-1"), False),
+        ("nvidia.com/gpu is not gpuplace's",
+         request("CREATE", asking("nvidia.com/gpu", namespace="kube-system")), False),
+        ("the sidecar cannot either", request("CREATE", asking(), user=SIDECAR), True),
+    ]  # fmt: skip
+
+
+GRANT_TABLE = _grant_table()
+
+
+@pytest.mark.parametrize(
+    ("case", "body", "refused"), GRANT_TABLE, ids=[case for case, _, _ in GRANT_TABLE]
+)
+def test_a_gpuplace_resource_only_through_the_webhook(case: str, body: Obj, refused: bool) -> None:
+    found = refusals(GRANT, body)
+    assert bool(found) is refused, (case, found)
+    if refused:
+        (message,) = found
+        assert "gpu" in message.lower()
+
+
+def test_the_grant_policy_names_gpuplaces_keys_and_the_webhooks_namespaces() -> None:
+    variables = {v["name"]: v["expression"] for v in policy(GRANT)["spec"]["variables"]}
+    listed = variables["requested"].split("[", 1)[1].split("]", 1)[0]
+    assert json.loads("[" + listed.replace("'", '"') + "]") == list(keys.USER_ANNOTATIONS)
+    unseen = variables["unseen"].split("[", 1)[1].split("]", 1)[0]
+    assert json.loads("[" + unseen.replace("'", '"') + "]") == webhook_namespaces_skipped()
+    objects = rendering.render(rendering.NODE_AGENT)
+    binding = rendering.one(objects, "ValidatingAdmissionPolicyBinding", GRANT)
+    # every namespace, kube-system and gpu-system ones included
+    assert binding["spec"] == {"policyName": GRANT, "validationActions": ["Deny"]}
+    assert policy(GRANT)["spec"]["failurePolicy"] == "Fail"
+    # a container's resources are set once: CREATE is judged, nothing else is sent
+    (rule,) = policy(GRANT)["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["operations"], rule["resources"]) == (["CREATE"], ["pods"])
+
+
+RESOURCES = st.dictionaries(
+    st.sampled_from(
+        [
+            keys.RESOURCE_GPU,
+            keys.RESOURCE_PERCENT,
+            keys.RESOURCE_MEMORY,
+            "nvidia.com/gpu",
+            "cpu",
+            "memory",
+        ]
+    ),
+    st.sampled_from(["1", "100m", "2"]),
+    max_size=3,
+)
+CONTAINERS = st.lists(
+    st.builds(
+        lambda n, requests, limits: {
+            "name": f"c{n}",
+            "image": "x",
+            "resources": {
+                **({"requests": requests} if requests is not None else {}),
+                **({"limits": limits} if limits is not None else {}),
+            },
+        },
+        st.integers(0, 99),
+        st.none() | RESOURCES,
+        st.none() | RESOURCES,
+    ),
+    min_size=1,
+    max_size=3,
+    unique_by=lambda c: str(c["name"]),
+)
+
+
+@settings(deadline=None)
+@given(
+    CONTAINERS,
+    st.none() | CONTAINERS,
+    st.dictionaries(
+        st.sampled_from([*keys.USER_ANNOTATIONS, MIRROR, "other.io/x", keys.ASSIGNED_GPUS]),
+        st.just("1"),
+        max_size=2,
+    ),
+    st.sampled_from(["team-a", "default", "kube-system", "gpuplace", "gpu-operator"]),
+)
+def test_refused_exactly_when_a_resource_is_asked_for_outside_the_webhooks_reach(
+    containers: list[Obj], init: list[Obj] | None, annotations: dict[str, str], namespace: str
+) -> None:
+    pod = helpers.pod(annotations, containers=containers)
+    pod["metadata"]["namespace"] = namespace
+    if init is not None:
+        pod["spec"]["initContainers"] = [{**c, "name": "i" + c["name"]} for c in init]
+    asks = any(
+        name.startswith(keys.PREFIX)
+        for container in containers + (init or [])
+        for part in ("requests", "limits")
+        for name in container["resources"].get(part, {})
+    )
+    through_webhook = any(
+        key in annotations for key in keys.USER_ANNOTATIONS
+    ) and namespace not in ("kube-system", "gpuplace")
+    refused = bool(refusals(GRANT, request("CREATE", pod)))
+    assert refused is (asks and not through_webhook and MIRROR not in annotations)
