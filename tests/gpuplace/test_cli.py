@@ -16,7 +16,7 @@ import pytest
 from gpuplace import cli, commands
 
 REPO = Path(__file__).resolve().parents[2]
-DEVELOPMENT = ("gpuplace.dev", "gpuplace.localapi", "gpuplace.commands.demo", "matplotlib")
+DEVELOPMENT = ("gpuplace.dev", "gpuplace.commands.demo", "matplotlib")
 
 # Runs `gpuplace ARGV` in this interpreter (an exit from --help included), or only parses
 # it, then prints the modules it loaded as JSON on the last line.
