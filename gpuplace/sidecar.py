@@ -83,6 +83,10 @@ from gpuplace.usage.gpu_loads import LoadReader
 
 log = logging.getLogger(__name__)
 
+DRAIN_SECONDS = 2.0
+"""How long a stopping sidecar writes the Events still queued; an API that does not take
+them in that time costs those Events, never the stop."""
+
 
 LEASE_PATTERN = r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
@@ -532,8 +536,13 @@ class Sidecar:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             if self.recorder is not None:
-                with contextlib.suppress(kube.ApiError):
-                    await asyncio.wait_for(self.recorder.drain(), 2.0)
+                try:
+                    await asyncio.wait_for(self.recorder.drain(), DRAIN_SECONDS)
+                except (kube.ApiError, TimeoutError):
+                    log.warning(
+                        "stopped with Events unwritten",
+                        extra={"events": self.recorder.queued, "seconds": DRAIN_SECONDS},
+                    )
             if self.load_poller is not None:
                 await _close(self.load_poller.reader)
             await self.api.close()

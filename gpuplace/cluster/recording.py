@@ -107,6 +107,11 @@ class Recorder:
             pending = await self._queue.get()
             await self.write(pending)
 
+    @property
+    def queued(self) -> int:
+        """Events waiting to be written."""
+        return self._queue.qsize()
+
     async def drain(self) -> None:
         """Write everything queued now (tests, shutdown)."""
         while not self._queue.empty():

@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gpuplace.cluster import keys
+from gpuplace.cluster import keys, recording
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
 from gpuplace.placement.ledger import GrantState
@@ -228,3 +228,25 @@ async def test_metrics_are_exported(server: localapi.Server) -> None:
             )
             == 1
         )
+
+
+async def test_stopping_while_the_api_takes_no_events_still_stops_cleanly(
+    server: localapi.Server,
+) -> None:
+    """On stop the sidecar writes the Events still queued for at most 2 s; an API that does
+    not take them (slow or hung) costs those Events, never a stop that raises and leaves
+    the API client open (seen under load: TimeoutError out of `Sidecar.running`)."""
+    server.api.create(objects.node("n0", gpus=1))
+    stopped_at = 0.0
+    async with harness(server) as h:
+        await ready(h)
+        server.api.fail("POST", "/events$", 0, delay=30.0, times=100)
+        recorder = h.sidecar.recorder
+        assert recorder is not None
+        for n in range(3):
+            subject = recording.Subject("default", f"p{n}", f"uid-{n}")
+            recorder.emit(subject, "Normal", "Testing", f"event {n}")
+        sidecar = h.sidecar
+        stopped_at = time.monotonic()
+    assert time.monotonic() - stopped_at < 10.0
+    assert sidecar.api.api_client.rest_client.pool_manager.closed
