@@ -2,17 +2,20 @@
 
 A queue whose waiting workload fits inside its own nominal quota, but finds its cohort's
 lending pool used up or no GPU free for it, may preempt workloads of the *borrowing*
-queues of its cohort (queues using more than their nominal), as its `Reclaim` policy
-allows: any, or only those of lower priority than the waiting workload.
+queues of its cohort (queues using more than their nominal), as its reclaim policy
+allows: any, or only those of lower priority than the waiting workload. With fair sharing
+it may also do so beyond its nominal, from queues that would still borrow at least the
+share it reaches (`gpuplace.placement.admitting` decides which candidate is allowed).
 
-`victims(candidates, admits, borrowing)` picks them:
+`victims(candidates, admits, allowed)` picks them:
 
 1. candidates in order: an elastic gang's extra members first (each alone: the gang runs
    on without them), then whole workloads (a gang is one candidate, all its members);
    each group lowest priority first, then the most recently admitted first;
-2. greedy: take candidates in that order, skipping one whose queue no longer borrows once
-   those taken are gone (`borrowing`), until the waiting workload would be admitted
-   (`admits`: quota and a real place in the ledger, the same test as admission);
+2. greedy: take candidates in that order, skipping one that is not allowed once those
+   taken are gone (`allowed`: its queue still borrows, and a policy lets it go), until the
+   waiting workload would be admitted (`admits`: quota and a real place in the ledger, the
+   same test as admission);
 3. minimal: drop every taken candidate the workload can do without, the most important
    first, so each victim left is needed: without any one of them `admits` is false.
 
@@ -58,18 +61,18 @@ def ordered(candidates: Sequence[Candidate]) -> list[Candidate]:
 def victims(
     candidates: Sequence[Candidate],
     admits: Callable[[Sequence[Candidate]], bool],
-    borrowing: Callable[[Candidate, Sequence[Candidate]], bool],
+    allowed: Callable[[Candidate, Sequence[Candidate]], bool],
 ) -> list[Candidate] | None:
     """The candidates to preempt, each one needed, or None when no choice of them lets
     the workload in. `admits(chosen)`: would it be admitted once `chosen` are gone;
-    `borrowing(candidate, chosen)`: does the candidate's queue still borrow once `chosen`
-    are gone. An empty list: it is admitted without preempting anyone. See the module
-    docstring for the order and the complexity."""
+    `allowed(candidate, chosen)`: may the candidate go once `chosen` are gone. An empty
+    list: it is admitted without preempting anyone. See the module docstring for the
+    order and the complexity."""
     if admits([]):
         return []
     chosen: list[Candidate] = []
     for candidate in ordered(candidates):
-        if not borrowing(candidate, chosen):
+        if not allowed(candidate, chosen):
             continue
         chosen.append(candidate)
         if admits(chosen):
