@@ -58,7 +58,6 @@ from gpuplace.placement.choosing import Choice, Policy
 from gpuplace.placement.gangs import Member, Plan, Shortfall
 from gpuplace.placement.ledger import Grant, Ledger
 from gpuplace.placement.quotas import Accounts, Refusal, Use, Verdict
-from gpuplace.placement.requests import WHOLE, GpuRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +215,7 @@ class Placer:
     `choosing.Chooser` (incremental: O(changed nodes + distinct node states)); a gang
     through `gangs.plan`."""
 
-    __slots__ = ("_chooser", "_summary", "explain", "ledger", "policy", "rng")
+    __slots__ = ("_chooser", "explain", "ledger", "policy", "rng")
 
     def __init__(
         self,
@@ -233,7 +232,6 @@ class Placer:
         """False: a pod that finds no place gets a short reason (a replay saves the pass
         over every node that the full reason costs)."""
         self._chooser = choosing.Chooser(ledger, policy)
-        self._summary: tuple[int, dict[str, tuple[int, int]]] = (-1, {})
 
     @classmethod
     def scratch(cls, ledger: Ledger, policy: Policy, *, rng: random.Random | None = None) -> Placer:
@@ -243,44 +241,18 @@ class Placer:
         copy.restore(ledger)
         return cls(copy, policy, rng=rng)
 
-    def plan(self, members: Sequence[Member]) -> Plan | Shortfall:
-        """Where every member would go now, or why not; changes nothing."""
+    def plan(self, members: Sequence[Member], *, explain: bool | None = None) -> Plan | Shortfall:
+        """Where every member would go now, or why not (a short reason without
+        `explain`, default `self.explain`); changes nothing."""
+        explain = self.explain if explain is None else explain
         if len(members) == 1:
             member = members[0]
-            if self._may_fit(member.request):
-                choice = self._chooser.choose(member.request, self.rng, member.nodes)
-                if choice is not None:
-                    return Plan({member.uid: choice}, (choice.node,))
-            if not self.explain:
+            choice = self._chooser.choose(member.request, self.rng, member.nodes)
+            if choice is not None:
+                return Plan({member.uid: choice}, (choice.node,))
+            if not explain:
                 return Shortfall("no node has room for it now", 0, 1, True)
-        return gangs.plan(self.ledger, self.policy, members)
-
-    def _may_fit(self, request: GpuRequest) -> bool:
-        """False when no GPU of an allowed model has the share free, or no node that many
-        whole GPUs free: a necessary condition, from a summary rebuilt when the ledger
-        changed (O(GPUs)), O(models) per call."""
-        if not request.count or not request.milli:
-            return True
-        generation, per_model = self._summary
-        if generation != self.ledger.generation:
-            per_model = {}
-            for state in self.ledger.states():
-                whole: dict[str, int] = {}
-                for gpu, free in zip(state.node.gpus, state.free_milli, strict=True):
-                    top, most = per_model.get(gpu.model, (0, 0))
-                    if free >= WHOLE:
-                        whole[gpu.model] = whole.get(gpu.model, 0) + 1
-                    per_model[gpu.model] = (max(top, free), most)
-                for model, count in whole.items():
-                    top, most = per_model[model]
-                    per_model[model] = (top, max(most, count))
-            self._summary = (self.ledger.generation, per_model)
-        models = request.models or per_model.keys()
-        for model in models:
-            top, most = per_model.get(model, (0, 0))
-            if top >= request.milli and (request.count == 1 or most >= request.count):
-                return True
-        return False
+        return gangs.plan(self.ledger, self.policy, members, explain=explain)
 
     def take(self, plan: Plan, members: Sequence[Member]) -> list[Grant]:
         """Reserve the plan's grants. O(members x GPUs)."""
@@ -357,20 +329,21 @@ class _Round:
 
     # --- one test ---------------------------------------------------------------------
 
-    def attempt(self, queue: str, members: Sequence[Member]) -> _Tried:
-        """Step 4 of the module docstring for exactly `members`; changes nothing."""
+    def attempt(self, queue: str, members: Sequence[Member], *, explain: bool = True) -> _Tried:
+        """Step 4 of the module docstring for exactly `members`; changes nothing.
+        Without `explain`, only whether it passes matters (a short reason)."""
         if self.failures is None:
-            return self._attempt(queue, members)
+            return self._attempt(queue, members, explain)
         key = (queue, *((member.request, member.nodes) for member in members))
         failed = self.failures.get(key)
         if failed is not None:
             return failed
-        tried = self._attempt(queue, members)
-        if tried.plan is None:
+        tried = self._attempt(queue, members, explain)
+        if tried.plan is None and explain:
             self.failures[key] = tried
         return tried
 
-    def _attempt(self, queue: str, members: Sequence[Member]) -> _Tried:
+    def _attempt(self, queue: str, members: Sequence[Member], explain: bool) -> _Tried:
         floor_key = None
         if self.failures is not None and not self.placer.explain:
             first = members[0].request
@@ -386,7 +359,7 @@ class _Round:
             if floor_key is not None:
                 self.floors[floor_key] = (members[0].request.milli, tried)
             return tried
-        planned = self.placer.plan(restricted)
+        planned = self.placer.plan(restricted, explain=explain and self.placer.explain)
         if isinstance(planned, Shortfall):
             return _Tried(why=Why.PLACE if planned.ever else Why.NEVER, reason=planned.reason)
         grants = planned.grants(restricted)
@@ -640,6 +613,9 @@ class _Preempting:
         self.fair = spec.fair_sharing
         self.share = _share_after(state, workload.queue, members)
         """The waiting workload's queue's share once admitted (an upper bound)."""
+        self._seen: list[reclaiming.Candidate] = []
+        self._uids: set[str] = set()
+        self._use: dict[str, Use] = {}
 
     @property
     def possible(self) -> bool:
@@ -671,15 +647,34 @@ class _Preempting:
                     into[bucket] = into.get(bucket, 0) + amount
         return found
 
+    def _taken(self, chosen: Sequence[reclaiming.Candidate]) -> tuple[set[str], dict[str, Use]]:
+        """The uids of `chosen` and their use per queue, kept from call to call while
+        `chosen` only grows (as `reclaiming.victims` asks; a list that does not end with
+        the last one seen starts over): O(new victims) a call."""
+        seen = self._seen
+        if len(chosen) < len(seen) or (seen and chosen[len(seen) - 1] is not seen[-1]):
+            self._seen, self._uids, self._use = [], set(), {}
+            seen = self._seen
+        for candidate in chosen[len(seen) :]:
+            fresh = [uid for uid in candidate.uids if uid not in self._uids]
+            self._uids.update(fresh)
+            for owner, use in self.removed(fresh).items():
+                into = self._use.setdefault(owner, {})
+                for bucket, amount in use.items():
+                    into[bucket] = into.get(bucket, 0) + amount
+            seen.append(candidate)
+        return self._uids, self._use
+
     def allowed(
         self, candidate: reclaiming.Candidate, chosen: Sequence[reclaiming.Candidate]
     ) -> bool:
         """The candidate's queue borrows once `chosen` are gone, and a policy lets it go:
         reclaim (the workload fits its nominal quota), or fair sharing (its queue keeps
-        at least the share the waiting workload's queue reaches)."""
+        at least the share the waiting workload's queue reaches). O(buckets + new
+        victims)."""
         accounts = self.state.accounts
-        uids = {uid for c in chosen if c.queue == candidate.queue for uid in c.uids}
-        before = self.removed(uids).get(candidate.queue, {})
+        uids, use = self._taken(chosen)
+        before = use.get(candidate.queue, {})
         accounts.charge(candidate.queue, before, -1)
         try:
             if not accounts.borrowing(candidate.queue):
@@ -857,7 +852,7 @@ def _admits_without(state: _Round, uids: set[str], queue: str, members: Sequence
     for owner, use in removed:
         state.accounts.charge(owner, use, -1)
     try:
-        return state.attempt(queue, members).plan is not None
+        return state.attempt(queue, members, explain=False).plan is not None
     finally:
         for owner, use in removed:
             state.accounts.charge(owner, use)

@@ -12,17 +12,20 @@ share it reaches (`gpuplace.placement.admitting` decides which candidate is allo
 1. candidates in order: an elastic gang's extra members first (each alone: the gang runs
    on without them), then whole workloads (a gang is one candidate, all its members);
    each group lowest priority first, then the most recently admitted first;
-2. greedy: take candidates in that order, skipping one that is not allowed once those
-   taken are gone (`allowed`: its queue still borrows, and a policy lets it go), until the
-   waiting workload would be admitted (`admits`: quota and a real place in the ledger, the
-   same test as admission);
-3. minimal: drop every taken candidate the workload can do without, the most important
+2. greedy: take, in that order, every candidate that is allowed once those taken before
+   it are gone (`allowed`: its queue still borrows, and a policy lets it go);
+3. shortest: the shortest start of that list after which the waiting workload would be
+   admitted (`admits`: quota and a real place in the ledger, the same test as admission),
+   found by bisection: more victims never make room smaller, so `admits` only turns from
+   false to true along the list;
+4. minimal: drop every taken candidate the workload can do without, the most important
    first, so each victim left is needed: without any one of them `admits` is false.
 
 Nothing is evicted (None) when even every candidate would not make room.
 
-Complexity: O(C log C) to order C candidates, then at most C + V calls of `admits` for
-V victims (each a quota check and a plan: `gpuplace.placement.admitting`).
+Complexity: O(C log C) to order C candidates and C calls of `allowed` (cheap: quota
+arithmetic), then O(log C + V) calls of `admits` for V victims before step 4 (each a quota
+check and a plan: `gpuplace.placement.admitting`).
 
 Pure: no I/O, no clock; ties go to the workload key.
 """
@@ -72,22 +75,39 @@ def victims(
         return []
     chosen: list[Candidate] = []
     for candidate in ordered(candidates):
-        if not allowed(candidate, chosen):
-            continue
-        chosen.append(candidate)
-        if admits(chosen):
-            return needed(chosen, admits)
-    return None
+        if allowed(candidate, chosen):
+            chosen.append(candidate)
+    if not chosen or not admits(chosen):
+        return None
+    low, high = 0, len(chosen)
+    """`admits(chosen[:low])` is false, `admits(chosen[:high])` true."""
+    while high - low > 1:
+        middle = (low + high) // 2
+        if admits(chosen[:middle]):
+            high = middle
+        else:
+            low = middle
+    return needed(chosen[:high], admits)
 
 
 def needed(
     chosen: Sequence[Candidate], admits: Callable[[Sequence[Candidate]], bool]
 ) -> list[Candidate]:
     """`chosen` (which `admits`) without every candidate it can do without, the most
-    important first (they are spared first). O(V) calls of `admits`."""
+    important first (they are spared first). Spares runs of candidates at once, halving
+    the run each pass down to one at a time (the last pass makes each one left needed:
+    sparing more never helps, since fewer victims never make more room): O(m log V)
+    calls of `admits` when m of V are needed, O(V) at worst."""
     kept = list(chosen)
-    for candidate in reversed(ordered(chosen)):
-        rest = [other for other in kept if other is not candidate]
-        if admits(rest):
-            kept = rest
-    return kept
+    size = max(1, len(kept) // 2)
+    while True:
+        end = len(kept)
+        while end > 0:
+            start = max(0, end - size)
+            rest = kept[:start] + kept[end:]
+            if rest and admits(rest):
+                kept = rest
+            end = start
+        if size == 1:
+            return kept
+        size = max(1, size // 2)

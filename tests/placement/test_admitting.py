@@ -379,6 +379,41 @@ def test_per_model_quota_steers_a_pod_to_the_model_its_queue_covers() -> None:
     assert decided.waiting[0].why is Why.QUOTA
 
 
+def test_the_worked_example_of_docs_queues_md() -> None:
+    book = ledger(node("dgx", 8))
+    queues = [spec("team-a", 4, cohort="research"), spec("team-b", 4, cohort="research")]
+    running: list[Running] = []
+
+    def step(waiting: list[Workload], now: float) -> admitting.Round:
+        decided = run(book, queues, running, waiting, now=now)
+        for order, admission in enumerate(decided.admissions):
+            for grant in admission.grants:
+                book.reserve(grant)
+            # admitted one after another, in the round's order
+            running.append(
+                Running(admission.key, admission.queue, admission.uids, 0, now + order / 100)
+            )
+        return decided
+
+    # 1. six 1-GPU pods of team A: four on its nominal, two borrowed from B
+    decided = step([pod(f"a{i}", "team-a", whole(1), created=i) for i in range(6)], 1)
+    assert len(decided.admissions) == 6
+    status = {q.name: q for q in decided.queues}
+    assert status["team-a"].borrowed == {ANY: 2000} and status["team-b"].lent == {ANY: 2000}
+    # 2. a 2-GPU pod of team B: two GPUs are free
+    assert [a.key for a in step([pod("b1", "team-b", whole(2))], 2).admissions] == ["b1"]
+    # 3. another: inside B's nominal, nothing free, A borrows 2: A's two latest pods go
+    decided = step([pod("b2", "team-b", whole(2))], 3)
+    (reclaim,) = decided.reclaims
+    assert sorted(v.key for v in reclaim.victims) == ["a4", "a5"]
+    assert decided.waiting[0].why is Why.RECLAIMING
+    for victim in reclaim.victims:
+        book.release(victim.key)
+        running[:] = [r for r in running if r.key != victim.key]
+    # ... once they are gone, b2 is admitted on their GPUs
+    assert [a.key for a in step([pod("b2", "team-b", whole(2))], 4).admissions] == ["b2"]
+
+
 # --- properties ------------------------------------------------------------------------
 
 
