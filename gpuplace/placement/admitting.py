@@ -25,11 +25,14 @@ A *workload* is a pod, or a gang as one unit (all its members; an elastic gang a
    cohort's quota (growth never takes what a waiting workload needs);
 6. a StrictFIFO queue stops at its first workload that is not admitted; a BestEffortFIFO
    queue tries the ones behind it;
-7. then, for at most `reclaims` waiting workloads that fit inside their queue's nominal
-   quota but were refused for their cohort's quota or a place, the borrowed workloads to
-   preempt (`reclaiming.victims`, where `admits` is steps 4-5 on the ledger and accounts
-   without them). Workloads already leaving count as gone there, so a reclaim in flight
-   is not repeated.
+7. then, for at most `reclaims` waiting workloads refused for their cohort's quota or a
+   place, the borrowed workloads to preempt (`reclaiming.victims`, where `admits` is step
+   4 on the ledger and accounts without them): as the queue's `reclaim` policy allows when
+   the workload fits inside its queue's nominal quota, and as its `fair_sharing` policy
+   allows from queues that would still borrow at least the share its queue reaches.
+   Workloads already leaving count as gone there, so a reclaim in flight is not repeated;
+   each reclaim chosen is applied while the next is looked for (never two on one freed
+   GPU), and all is undone before the round returns.
 
 The placer must be given a ledger that the round may write: `Placer.scratch` copies one
 (what a controller passes: its live ledger stays untouched until it reserves the grants
@@ -39,8 +42,10 @@ Complexity, with W waiting workloads, Q queues, R running ones and B buckets per
 O(R x (GPUs of a grant + B)) to count, O(W log W + W log Q) to order, and per workload
 tried O(models x members + B) for quota plus one plan (O(changed nodes + distinct node
 states) for one pod through the chooser, `gangs.plan` for a gang), x O(log gang size) for
-an elastic gang that does not fit whole; each reclaim adds at most C + V admission tests
-(C candidates, V victims), each O(GPUs of the victims) to lift and put back their grants.
+an elastic gang that does not fit whole; each reclaim looked for adds C cheap checks of
+its candidates and O(log C + V) admission tests (V victims; `reclaiming`), each O(GPUs
+of the victims) to lift and put back their grants; at most `RECLAIM_TRIES` x `reclaims`
+workloads are looked at.
 
 Pure: no I/O; `now` and every time are the caller's numbers (seconds).
 """
