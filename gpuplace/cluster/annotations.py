@@ -286,19 +286,26 @@ def _gang_name(raw: str) -> str:
     )
 
 
+def duration_seconds(text: str) -> float | None:
+    """Seconds of a duration written with units h, m, s or ms ("90s", "1h30m"), or None
+    when `text` is not one. O(len(text)), at most `MAX_SHOWN_CHARS` characters read."""
+    text = text.strip()
+    if len(text) > MAX_SHOWN_CHARS or not _DURATION.fullmatch(text):
+        return None
+    return math.fsum(
+        float(Decimal(number)) * _UNIT_SECONDS[unit]
+        for number, unit in _DURATION_PART.findall(text)
+    )
+
+
 def _duration(raw: str) -> float:
-    text = raw.strip()
     form = (
         f"a duration from {MIN_GANG_TIMEOUT_SECONDS:g}s to {MAX_GANG_TIMEOUT_SECONDS / 3600:g}h "
         'with units h, m, s or ms (e.g. "90s", "10m", "1h30m")'
     )
-    if len(text) <= MAX_SHOWN_CHARS and _DURATION.fullmatch(text):
-        seconds = math.fsum(
-            float(Decimal(number)) * _UNIT_SECONDS[unit]
-            for number, unit in _DURATION_PART.findall(text)
-        )
-        if MIN_GANG_TIMEOUT_SECONDS <= seconds <= MAX_GANG_TIMEOUT_SECONDS:
-            return seconds
+    seconds = duration_seconds(raw)
+    if seconds is not None and MIN_GANG_TIMEOUT_SECONDS <= seconds <= MAX_GANG_TIMEOUT_SECONDS:
+        return seconds
     raise AnnotationError.one(
         keys.GANG_TIMEOUT, f"{keys.GANG_TIMEOUT} must be {form}; got {_shown(raw)}"
     )

@@ -24,6 +24,17 @@ Memory-only shares (gpuplace.io/gpu-memory alone): a pod list row with num_gpu 1
 gpu_milli 0 and a gpu_memory_mib column > 0 is one; node lists may give each GPU's
 memory in a gpu_memory_mib column. --memory-only-shares MIB replays every share of
 the list as a memory-only share instead (see docs/placement.md).
+
+With --queues FILE (GpuQueue objects, docs/queues.md) it replays instead in time, event
+by event: each GPU pod of an openb pod list (with qos, creation_time, scheduled_time and
+deletion_time) arrives at its creation time, waits until admitted and placed, runs as long
+as it ran in production, then leaves; once without queues (every waiting pod takes a place
+when one fits) and once through the queues, each qos class (LS, BE, ...) being a team
+whose pods go to the GpuQueue named after it in lower case. Prints JSON: per team its
+share of the cluster against its entitlement while the teams together ask for more than
+the cluster (Jain's index over the teams), waiting time p50/p99, preemptions, and the
+allocation of both runs. --gpus N replays on about N GPUs of the node list, keeping its
+mix (the openb cluster is far larger than the trace's load). See docs/performance.md.
 """
 
 
@@ -66,6 +77,20 @@ def register(subparsers: Any) -> None:
         "policy cannot place evict lower ones as the extender's preempt verb answers); "
         "prints the preemption figures too (default: 0, no priorities)",
     )
+    parser.add_argument(
+        "--queues",
+        type=Path,
+        metavar="FILE",
+        help="replay in time with the GpuQueues of FILE (YAML) and without queues, and print "
+        "the fairness and allocation figures as JSON (needs --pods: an openb pod list)",
+    )
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="with --queues: replay on about N GPUs of the node list, keeping its mix of models "
+        "and node sizes (default: the whole node list)",
+    )
     parser.add_argument("--decisions", type=Path, help="write one JSON line per arrival here")
     parser.add_argument(
         "--plot",
@@ -77,6 +102,11 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.queues is not None:
+        return run_queues(args)
+    if args.gpus is not None:
+        print("gpuplace simulate: --gpus goes with --queues", file=sys.stderr)
+        return 2
     names = [name.strip() for name in str(args.policy).split(",") if name.strip()]
     unknown = [name for name in names if name not in policies.NAMES]
     if unknown or not names:
@@ -152,4 +182,54 @@ def run(args: argparse.Namespace) -> int:
         simulation.write_json(args.json, [figures for figures, _ in results])
     if args.plot:
         simulation.plot(args.plot, results)
+    return 0
+
+
+def run_queues(args: argparse.Namespace) -> int:
+    """`--queues FILE`: the event-driven replay with and without queues, as JSON."""
+    from gpuplace import queue_replay
+
+    if args.policy not in policies.NAMES:
+        print(
+            f"gpuplace simulate: --queues takes one policy of {', '.join(policies.NAMES)}",
+            file=sys.stderr,
+        )
+        return 2
+    others = [
+        flag
+        for flag, value in (
+            ("--via-extender", args.via_extender),
+            ("--memory-only-shares", args.memory_only_shares is not None),
+            ("--priorities", args.priorities > 0),
+            ("--decisions", args.decisions),
+            ("--plot", args.plot),
+        )
+        if value
+    ]
+    if others or args.pods is None:
+        why = f"not with {', '.join(others)}" if others else "it needs --pods (an openb pod list)"
+        print(f"gpuplace simulate: --queues: {why}", file=sys.stderr)
+        return 2
+    if args.gpus is not None and args.gpus <= 0:
+        print("gpuplace simulate: --gpus takes a number of GPUs above 0", file=sys.stderr)
+        return 2
+    bundled = resources.files("gpuplace") / "data"
+    try:
+        with resources.as_file(bundled / "nodes.csv") as default_nodes:
+            nodes = simulation.read_nodes(args.nodes or default_nodes)
+        pods = queue_replay.read_jobs(args.pods)
+        queues = queue_replay.read_queues(args.queues)
+        if args.gpus is not None:
+            nodes = trace.scaled(nodes, args.gpus)
+        document = queue_replay.replay(nodes, pods, queues, policy_name=args.policy)
+    except (trace.TraceError, queue_replay.ReplayError, ValueError) as error:
+        print(f"gpuplace simulate: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"gpuplace simulate: {error.filename}: {error.strerror}", file=sys.stderr)
+        return 1
+    text = queue_replay.dumps(document)
+    sys.stdout.write(text)
+    if args.json:
+        args.json.write_text(text, encoding="utf-8")
     return 0

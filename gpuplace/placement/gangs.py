@@ -387,11 +387,15 @@ def plan(
     members: Sequence[Member],
     *,
     exclude: Collection[str] = frozenset(),
+    explain: bool = True,
 ) -> Plan | Shortfall:
     """Place every member at once, or say why not; the ledger is never changed.
 
-    `exclude`: nodes no member may use (e.g. held for another gang). Deterministic for
-    equal inputs. See the module docstring for the rules and the complexity.
+    `exclude`: nodes no member may use (e.g. held for another gang). Without `explain`, a
+    shortfall skips the passes that find its reason and whether an idle cluster could
+    hold the gang (its `reason` is short, `ever` True, `reasons` empty): for callers that
+    only ask whether it fits. Deterministic for equal inputs. See the module docstring for
+    the rules and the complexity.
     """
     if not members:
         return Plan({}, ())
@@ -402,6 +406,11 @@ def plan(
     groups = _groups(members)
     for group in groups:
         unplaced = planner.place_group(group)
+        if unplaced and not explain:
+            placed = len(planner.choices)
+            return Shortfall(
+                f"{placed} of {len(members)} gang members fit now", placed, len(members), True
+            )
         if unplaced:
             return _shortfall(
                 ledger,

@@ -10,6 +10,10 @@ memory of each GPU, on a pod list the GPU memory asked per GPU. A pod with `num_
 1, `gpu_milli` 0 and `gpu_memory_mib` > 0 is a memory-only share (no compute
 reserved). `as_memory_only` turns a list's shares into memory-only shares instead.
 
+The openb pod lists also carry `qos`, `creation_time`, `scheduled_time` and
+`deletion_time` (seconds from the trace start): `parse_timed_pods` reads them for the
+event-driven replay (`gpuplace.placement.timeline`); `parse_pods` ignores them.
+
 Pure: the caller reads the file and passes its lines; errors name the file, line
 and column (1-based) of the offending field.
 """
@@ -17,7 +21,7 @@ and column (1-based) of the offending field.
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from gpuplace.placement.inventory import Gpu, Node
@@ -67,6 +71,26 @@ class TracePod:
             cpu_milli=self.cpu_milli,
             host_memory_mib=self.memory_mib,
         )
+
+
+TIME_COLUMNS = ("qos", "creation_time", "scheduled_time", "deletion_time")
+
+
+@dataclass(frozen=True, slots=True)
+class TimedPod:
+    """A pod of an openb list with its life: created, started in production (None: it
+    never was), deleted; and its QoS class, which the queue replay reads as its team."""
+
+    pod: TracePod
+    qos: str
+    created: int
+    scheduled: int | None
+    deleted: int
+
+    @property
+    def runtime(self) -> int | None:
+        """Seconds it ran in production (None: it never started). O(1)."""
+        return None if self.scheduled is None else max(0, self.deleted - self.scheduled)
 
 
 class _Rows:
@@ -149,31 +173,55 @@ def parse_nodes(file: str, lines: Iterable[str]) -> list[Node]:
 def parse_pods(file: str, lines: Iterable[str]) -> list[TracePod]:
     """Pods of a pod list (`gpu_milli` clamped to 1000, as the paper's converter does)."""
     rows = _Rows(file, lines, POD_COLUMNS)
-    pods: list[TracePod] = []
+    return [_pod(rows, line, row) for line, row in rows]
+
+
+def _pod(rows: _Rows, line: int, row: list[str]) -> TracePod:
+    file = rows.file
+    name = rows.text(line, row, "name")
+    cpu = rows.integer(line, row, "cpu_milli", 0, 10**9)
+    memory = rows.integer(line, row, "memory_mib", 0, 10**12)
+    num_gpu = rows.integer(line, row, "num_gpu", 0, 64)
+    gpu_milli = rows.integer(line, row, "gpu_milli", 0, 10**6)
+    spec = rows.text(line, row, "gpu_spec", "")
+    gpu_memory = _optional_integer(rows, line, row, "gpu_memory_mib") if num_gpu else 0
+    memory_only = num_gpu == 1 and gpu_milli == 0 and gpu_memory > 0
+    if num_gpu and gpu_milli == 0 and not memory_only:
+        column = rows.columns["gpu_milli"] + 1
+        raise TraceError(
+            file,
+            line,
+            column,
+            "a pod asking for GPUs needs gpu_milli > 0 (or, on one GPU, gpu_memory_mib > 0 "
+            "for a memory-only share)",
+        )
+    gpu_milli = min(gpu_milli, WHOLE) if num_gpu else 0
+    if num_gpu > 1 and gpu_milli != WHOLE:
+        column = rows.columns["gpu_milli"] + 1
+        raise TraceError(file, line, column, "a multi-GPU pod must ask for 1000 per GPU")
+    return TracePod(name, cpu, memory, num_gpu, gpu_milli, spec, gpu_memory, memory_only)
+
+
+def parse_timed_pods(file: str, lines: Iterable[str]) -> list[TimedPod]:
+    """Pods of an openb pod list with their QoS and times (`TIME_COLUMNS`; an empty
+    `scheduled_time` means the pod never started). O(lines)."""
+    rows = _Rows(file, lines, (*POD_COLUMNS, *TIME_COLUMNS))
+    found: list[TimedPod] = []
     for line, row in rows:
-        name = rows.text(line, row, "name")
-        cpu = rows.integer(line, row, "cpu_milli", 0, 10**9)
-        memory = rows.integer(line, row, "memory_mib", 0, 10**12)
-        num_gpu = rows.integer(line, row, "num_gpu", 0, 64)
-        gpu_milli = rows.integer(line, row, "gpu_milli", 0, 10**6)
-        spec = rows.text(line, row, "gpu_spec", "")
-        gpu_memory = _optional_integer(rows, line, row, "gpu_memory_mib") if num_gpu else 0
-        memory_only = num_gpu == 1 and gpu_milli == 0 and gpu_memory > 0
-        if num_gpu and gpu_milli == 0 and not memory_only:
-            column = rows.columns["gpu_milli"] + 1
-            raise TraceError(
-                file,
-                line,
-                column,
-                "a pod asking for GPUs needs gpu_milli > 0 (or, on one GPU, gpu_memory_mib > 0 "
-                "for a memory-only share)",
-            )
-        gpu_milli = min(gpu_milli, WHOLE) if num_gpu else 0
-        if num_gpu > 1 and gpu_milli != WHOLE:
-            column = rows.columns["gpu_milli"] + 1
-            raise TraceError(file, line, column, "a multi-GPU pod must ask for 1000 per GPU")
-        pods.append(TracePod(name, cpu, memory, num_gpu, gpu_milli, spec, gpu_memory, memory_only))
-    return pods
+        pod = _pod(rows, line, row)
+        qos = rows.text(line, row, "qos")
+        created = rows.integer(line, row, "creation_time", 0, 10**12)
+        deleted = rows.integer(line, row, "deletion_time", 0, 10**12)
+        scheduled = (
+            rows.integer(line, row, "scheduled_time", 0, 10**12)
+            if rows.text(line, row, "scheduled_time", "")
+            else None
+        )
+        if deleted < created:
+            column = rows.columns["deletion_time"] + 1
+            raise TraceError(rows.file, line, column, "deletion_time before creation_time")
+        found.append(TimedPod(pod, qos, created, scheduled, deleted))
+    return found
 
 
 def _optional_integer(rows: _Rows, line: int, row: list[str], name: str) -> int:
@@ -209,3 +257,25 @@ def as_memory_only(pods: Iterable[TracePod], gpu_memory_mib: int) -> list[TraceP
         else:
             converted.append(pod)
     return converted
+
+
+def scaled(nodes: Sequence[Node], gpus: int) -> list[Node]:
+    """About `gpus` GPUs of `nodes` keeping their mix: per (model, GPUs per node) kind,
+    the first nodes of the list in proportion to that kind's GPUs (a kind too small for
+    one node at that scale is left out), in list order; CPU-only nodes are left out.
+    Raises ValueError when nothing is left. O(nodes)."""
+    if gpus <= 0:
+        raise ValueError("a cluster needs at least one GPU")
+    kinds: dict[tuple[str, int], list[Node]] = {}
+    for node in nodes:
+        if node.gpus:
+            kinds.setdefault((node.model, len(node.gpus)), []).append(node)
+    total = sum(len(node.gpus) for group in kinds.values() for node in group)
+    kept: set[str] = set()
+    for (_, size), group in kinds.items():
+        share = gpus * size * len(group) / total if total else 0
+        kept.update(node.name for node in group[: min(len(group), round(share / size))])
+    chosen = [node for node in nodes if node.name in kept]
+    if not chosen:
+        raise ValueError(f"no node kind is large enough for a cluster of {gpus} GPUs")
+    return chosen

@@ -35,6 +35,7 @@ BUILT_IN_GROUPS = frozenset(
         "admissionregistration.k8s.io",
         "scheduling.k8s.io",
         "coordination.k8s.io",
+        "apiextensions.k8s.io",
     }
 )
 CLUSTER_SCOPED = frozenset(

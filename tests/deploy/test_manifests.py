@@ -87,6 +87,7 @@ def test_names_are_unique_and_namespaced_objects_live_in_gpuplace(tree: str) -> 
         "ValidatingWebhookConfiguration",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
+        "CustomResourceDefinition",
     }
     for obj in objects:
         ns = obj["metadata"].get("namespace")

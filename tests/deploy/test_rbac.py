@@ -37,6 +37,26 @@ GPUPLACE_CLUSTER: set[Grant] = {
     ("", "events", "create", ()),
     ("", "events", "patch", ()),
 }
+GPUPLACE_QUEUES: set[Grant] = {
+    ("gpuplace.io", "gpuqueues", "get", ()),
+    ("gpuplace.io", "gpuqueues", "list", ()),
+    ("gpuplace.io", "gpuqueues", "watch", ()),
+    ("gpuplace.io", "gpuqueues/status", "patch", ()),
+    ("", "namespaces", "list", ()),
+    ("", "namespaces", "watch", ()),
+}
+"""ClusterRole `gpuplace-queues`: the queue controller's (issue 29), which lands after these
+manifests; until its calls are in gpuplace/cluster/kube.py they are `QUEUE_CONTROLLER_NEXT`
+below (remove it then: the two-way check covers them)."""
+QUEUE_CONTROLLER_NEXT = {(group, resource, verb) for group, resource, verb, _ in GPUPLACE_QUEUES}
+QUEUES_VIEWER: set[Grant] = {
+    ("gpuplace.io", resource, verb, ())
+    for resource in ("gpuqueues", "gpuqueues/status")
+    for verb in ("get", "list", "watch")
+}
+QUEUES_EDITOR: set[Grant] = {
+    ("gpuplace.io", "gpuqueues", verb, ()) for verb in ("create", "update", "patch", "delete")
+}
 GPUPLACE_LEASE: set[Grant] = {("coordination.k8s.io", "leases", "get", (LEASE,))}
 SCHEDULER_LEASE: set[Grant] = {
     ("coordination.k8s.io", "leases", "create", ()),
@@ -66,6 +86,7 @@ NAMESPACE_OF = {"gpuplace-node-agent": "kube-system"}
 BINDINGS = {
     "gpuplace": {
         ("ClusterRoleBinding", "ClusterRole", "gpuplace", None),
+        ("ClusterRoleBinding", "ClusterRole", "gpuplace-queues", None),
         ("RoleBinding", "Role", "gpuplace-read-scheduler-lease", "gpuplace"),
     },
     "gpuplace-scheduler": {
@@ -132,7 +153,17 @@ def test_our_roles_grant_exactly_the_documented_verbs(objects: list[Obj]) -> Non
     assert grants(roles["gpuplace-certs"]) == CERTS_SECRETS
     assert grants(cluster_roles["gpuplace-certs"]) == CERTS_WEBHOOKS
     assert grants(cluster_roles["gpuplace-node-agent"]) == NODE_AGENT
-    assert set(cluster_roles) == {"gpuplace", "gpuplace-certs", "gpuplace-node-agent"}
+    assert grants(cluster_roles["gpuplace-queues"]) == GPUPLACE_QUEUES
+    assert grants(cluster_roles["gpuplace-queues-viewer"]) == QUEUES_VIEWER
+    assert grants(cluster_roles["gpuplace-queues-editor"]) == QUEUES_EDITOR
+    assert set(cluster_roles) == {
+        "gpuplace",
+        "gpuplace-certs",
+        "gpuplace-node-agent",
+        "gpuplace-queues",
+        "gpuplace-queues-viewer",
+        "gpuplace-queues-editor",
+    }
     assert set(roles) == {
         "gpuplace-read-scheduler-lease",
         "gpuplace-scheduler-leader-election",
@@ -141,7 +172,8 @@ def test_our_roles_grant_exactly_the_documented_verbs(objects: list[Obj]) -> Non
 
 
 def test_the_sidecar_cannot_read_secrets_or_touch_rbac_or_webhooks(objects: list[Obj]) -> None:
-    sidecar = grants(named(objects, "ClusterRole")["gpuplace"])
+    roles = named(objects, "ClusterRole")
+    sidecar = grants(roles["gpuplace"]) | grants(roles["gpuplace-queues"])
     resources = {resource for _, resource, _, _ in sidecar}
     assert not resources & {
         "secrets",
@@ -195,6 +227,7 @@ def test_leases_named_in_rbac_are_the_scheduler_lease(objects: list[Obj]) -> Non
 RBAC_SOURCES = [
     rendering.DEPLOY / "base" / "rbac-gpuplace.yaml",
     rendering.DEPLOY / "base" / "rbac-scheduler.yaml",
+    rendering.DEPLOY / "base" / "rbac-queues.yaml",
     rendering.DEPLOY / "components" / "node-agent" / "rbac-node-agent.yaml",
     rendering.DEPLOY / "overlays" / "self-managed" / "certs-rotation.yaml",
 ]
@@ -311,7 +344,7 @@ def test_rbac_covers_every_call_the_sidecar_makes(objects: list[Obj]) -> None:
     wanted = {(group, r, v) for group, call in calls for r, v in needed(call)}
     missing = wanted - granted
     assert missing == set(), f"calls without RBAC: {missing}"
-    unused = granted - wanted
+    unused = granted - wanted - QUEUE_CONTROLLER_NEXT
     assert unused == set(), f"RBAC no call needs: {unused}"
 
 
@@ -396,4 +429,4 @@ def test_the_local_api_enforces_the_rbac_kustomize_renders(objects: list[Obj]) -
         return sorted(kept, key=lambda o: (o["kind"], o["metadata"]["name"]))
 
     assert rbac(access.shipped_objects()) == rbac(objects)
-    assert len(rbac(objects)) == 15
+    assert len(rbac(objects)) == 19

@@ -190,5 +190,110 @@ def test_help_documents_the_options(flag: str) -> None:
         "--priorities",
         "--plot",
         "--json",
+        "--queues",
+        "--gpus",
     ):
         assert option in result.stdout
+
+
+# --- --queues: the replay in time ------------------------------------------------------
+
+TIMED_HEADER = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+    "creation_time,deletion_time,scheduled_time"
+)
+QUEUES = """
+apiVersion: gpuplace.io/v1alpha1
+kind: GpuQueue
+metadata: {name: ls}
+spec:
+  namespaceSelector: {}
+  cohort: trace
+  resources: [{name: gpus, nominal: 2}]
+---
+apiVersion: gpuplace.io/v1alpha1
+kind: GpuQueue
+metadata: {name: be}
+spec:
+  namespaceSelector: {}
+  cohort: trace
+  resources: [{name: gpus, nominal: 2}]
+"""
+
+
+def timed_trace(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """Four GPUs; team LS floods them at 0 for 100 s, team BE comes at 10: with queues BE
+    gets its two GPUs back at once, without it waits for LS. The figures run to the last
+    arrival (200)."""
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn1,64000,262144,4,A100\n")
+    rows = [f"ls{i},1000,1024,1,1000,,LS,Running,0,100,0" for i in range(6)]
+    rows += [f"be{i},1000,1024,1,1000,,BE,Running,10,60,10" for i in range(2)]
+    rows.append("never,1000,1024,1,1000,,BE,Pending,5,50,")
+    rows.append("late,1000,1024,1,1000,,LS,Running,200,210,200")  # the figures end here
+    pods = tmp_path / "pods.csv"
+    pods.write_text("\n".join([TIMED_HEADER, *rows]) + "\n")
+    queues = tmp_path / "queues.yaml"
+    queues.write_text(QUEUES)
+    return nodes, pods, queues
+
+
+def test_queues_replay_prints_both_runs_as_json(tmp_path: Path) -> None:
+    nodes, pods, queues = timed_trace(tmp_path)
+    out = tmp_path / "figures.json"
+    args = ["--queues", str(queues), "--nodes", str(nodes), "--pods", str(pods), "--json", str(out)]
+    result = run(*args)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document == json.loads(out.read_text())
+    assert document["jobs"] == 9  # the pod that never started in production is left out
+    assert document["teams"] == {
+        "BE": {"queue": "be", "weight": 1.0},
+        "LS": {"queue": "ls", "weight": 1.0},
+    }
+    teams = {run: {t["team"]: t for t in document[run]["teams"]} for run in ("no_queues", "queues")}
+    assert teams["queues"]["BE"]["wait_p50_s"] == 0 and teams["no_queues"]["BE"]["wait_p50_s"] == 90
+    assert document["queues"]["preemptions"] == 2
+    assert document["queues"]["jain"] > document["no_queues"]["jain"]
+    assert isinstance(document["allocation_cost_points"], float)
+
+
+@pytest.mark.parametrize(
+    ("change", "message", "code"),
+    [
+        ("no queue for be", "no GpuQueue for the trace's qos BE (name it 'be')", 1),
+        ("weight 0", "GpuQueue ls: weight must be above 0", 1),
+        ("no pods", "--queues: it needs --pods (an openb pod list)", 2),
+        ("with priorities", "--queues: not with --priorities", 2),
+        ("gpus 0", "--gpus takes a number of GPUs above 0", 2),
+        ("plain pods", "missing column 'qos'", 1),
+    ],
+)
+def test_queues_replay_refuses_what_it_cannot_use(
+    tmp_path: Path, change: str, message: str, code: int
+) -> None:
+    nodes, pods, queues = timed_trace(tmp_path)
+    args = ["--queues", str(queues), "--nodes", str(nodes), "--pods", str(pods)]
+    if change == "no queue for be":
+        queues.write_text(QUEUES.split("---", maxsplit=1)[0])
+    elif change == "weight 0":
+        queues.write_text(
+            QUEUES.replace("  cohort: trace\n", "  cohort: trace\n  weight: '0'\n", 1)
+        )
+    elif change == "no pods":
+        args = ["--queues", str(queues)]
+    elif change == "with priorities":
+        args += ["--priorities", "0.5"]
+    elif change == "gpus 0":
+        args += ["--gpus", "0"]
+    elif change == "plain pods":
+        pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,1000\n")
+    result = run(*args)
+    assert result.returncode == code
+    assert message in result.stderr
+
+
+def test_gpus_without_queues_is_refused() -> None:
+    result = run("--gpus", "8")
+    assert result.returncode == 2
+    assert "--gpus goes with --queues" in result.stderr
