@@ -6,7 +6,8 @@ GPUs come from GPU Feature Discovery labels (`nvidia.com/gpu.count`,
 `nvlink`; absent or null fields default to no UUID, NUMA 0 and no NVLink). When the
 node agent wrote it (its entries carry `memoryMiB`), the annotation alone says how many
 GPUs there are, their model and memory, and which are unhealthy (`health`); the labels
-stay the fallback. Only nodes labelled `gpuplace.io/enabled=true` are gpuplace's.
+stay the fallback. Only nodes labelled `gpuplace.io/enabled=true` are gpuplace's. Their
+taints and cordon (`spec.taints`, `spec.unschedulable`) ride along for the gang planner.
 
 `record` is the node informer's transform: whether the node is gpuplace's, its engine
 `Node` (or why it cannot be read), its node agent's last heartbeat, and the extended
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from gpuplace.cluster import keys, quantities
+from gpuplace.cluster import keys, quantities, taints
 from gpuplace.placement.inventory import NO_NVLINK, Gpu, Inventory, Node
 
 
@@ -53,8 +54,16 @@ def parse(node: Mapping[str, Any]) -> Node:
         raise NodeError(f"node {name}: allocatable: {error}") from error
     agent = keys.AGENT_HEARTBEAT in annotations
     gpus = _gpus(name, labels, annotations.get(keys.NODE_GPUS), agent=agent)
+    node_taints, unschedulable = taints.of_node(node)
     return Node(
-        name=name, cpu_milli=cpu, memory_mib=memory, gpus=gpus, max_pods=pods, labels=labels
+        name=name,
+        cpu_milli=cpu,
+        memory_mib=memory,
+        gpus=gpus,
+        max_pods=pods,
+        labels=labels,
+        taints=node_taints,
+        unschedulable=unschedulable,
     )
 
 

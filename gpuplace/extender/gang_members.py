@@ -24,9 +24,10 @@ from datetime import datetime
 from typing import Any
 
 from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import assignments, keys, pods
+from gpuplace.cluster import assignments, keys, pods, taints
 from gpuplace.extender.gang_affinity import NodeFilter
 from gpuplace.placement.requests import GpuRequest
+from gpuplace.placement.taints import Toleration
 
 GangKey = tuple[str, str]
 """(namespace, gang name)."""
@@ -93,6 +94,9 @@ class GangPod:
     problem: str = ""
     preemption_policy: str = ""
     """spec.preemptionPolicy ("Never": this member's gang never preempts)."""
+    tolerations: tuple[Toleration, ...] = ()
+    """spec.tolerations: the planner keeps it off nodes whose taints or cordon it does
+    not tolerate, as kube-scheduler would."""
 
     @property
     def key(self) -> GangKey:
@@ -201,4 +205,5 @@ class Reader:
             else None,
             problem=problem,
             preemption_policy=str(spec.get("preemptionPolicy") or ""),
+            tolerations=taints.of_pod(pod),
         )

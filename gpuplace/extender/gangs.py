@@ -725,7 +725,7 @@ class GangController:
                 allowed[pod.filter] = pod.filter.allowed(
                     (node.name, node.labels) for node in inventory
                 )
-            result.append(gangs.Member(pod.uid, pod.request, allowed[pod.filter]))
+            result.append(gangs.Member(pod.uid, pod.request, allowed[pod.filter], pod.tolerations))
         return result
 
     def _exclude(self, key: GangKey) -> frozenset[str]:
