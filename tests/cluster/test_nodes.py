@@ -1,5 +1,6 @@
-"""Node objects → the engine's nodes: the taints, cordon and pod tolerations the gang
-planner needs, read carefully."""
+"""Node objects → the engine's nodes: the node agent's GPU names in the form users and the
+webhook use (GPU Feature Discovery's product label), and the taints, cordon and pod
+tolerations the gang planner needs, read carefully."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuplace.cluster import keys, nodes, taints
+from gpuplace.placement.requests import GpuRequest
 from gpuplace.placement.taints import Taint, Toleration
 
 
@@ -31,6 +33,18 @@ def agent_node(name: str, model: str) -> dict[str, Any]:
         },
         "status": {"allocatable": {"cpu": "8", "memory": "64Gi", "pods": "110"}},
     }
+
+
+def test_the_agents_nvml_name_reads_as_gpu_feature_discoverys_product_label() -> None:
+    """Caught on the real cluster: the agent publishes NVML's "NVIDIA H100 80GB HBM3",
+    users and the webhook's affinity say "NVIDIA-H100-80GB-HBM3" (the label), and every
+    pod naming the model was refused as "wrong GPU model" on a node with an agent."""
+    node = nodes.parse(agent_node("gpu-1", "NVIDIA H100 80GB HBM3"))
+    assert node.model == "NVIDIA-H100-80GB-HBM3"
+    asks = GpuRequest(milli=1000, count=1, models=frozenset({"NVIDIA-H100-80GB-HBM3"}))
+    assert asks.allows(node.gpus[0].model)
+    assert nodes.parse(agent_node("gpu-2", "")).model == "NVIDIA-H100-80GB-HBM3"  # the label
+    assert nodes.product("  Tesla T4 ") == "Tesla-T4" and nodes.product(None) == ""
 
 
 def test_taints_and_cordon_reach_the_engines_node() -> None:

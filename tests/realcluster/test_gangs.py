@@ -1,19 +1,27 @@
 """Gangs on the real control plane (docs/gangs.md): scheduling gates lifted by the sidecar
 with its shipped RBAC, members bound by the stock kube-scheduler, conditions and Events
-as kubectl shows them; plans that respect what kube-scheduler respects (cordon, taints)."""
+as kubectl shows them; plans that respect what kube-scheduler respects (cordon, taints);
+a waiting gang of higher priority evicting through the Eviction API, all or nothing
+under PodDisruptionBudgets, on the kit's real node."""
 
 from __future__ import annotations
 
+import re
+import time
+import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from tests.realcluster.conftest import Scope
+from tests.realcluster.conftest import REAL_NODE_MODEL, Agent, Scope
+from tests.realcluster.install import Installation
 from tests.realcluster.kit import Kubectl, Objects
 from tests.realcluster.objects import (
     bound,
     gpu_node,
     grant,
     pod,
+    priority_class,
+    wait_bound,
 )
 
 GATE = "gpuplace.io/gang"
@@ -106,3 +114,131 @@ def test_gang_plans_skip_cordoned_and_tainted_nodes_as_kube_scheduler_does(
     tolerant = members_bound(kubectl, scope.namespace, "tolerant", 4)
     nodes = sorted(grant(obj)["node"] for obj in tolerant.values())
     assert nodes == sorted([free, free, tainted, tainted]), nodes
+
+
+def metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        text = answer.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if re.match(rf"{re.escape(name)}(\{{| )", line)
+    )
+
+
+def observed(kubectl: Kubectl, namespace: str, name: str, allowed: int) -> None:
+    """Until the disruption controller has observed the budget and allows `allowed`."""
+
+    def done(pdb: dict[str, Any] | None) -> bool:
+        status = (pdb or {}).get("status") or {}
+        return (
+            pdb is not None
+            and status.get("observedGeneration") == pdb["metadata"]["generation"]
+            and status.get("disruptionsAllowed") == allowed
+        )
+
+    kubectl.wait_object("poddisruptionbudgets", name, done, namespace=namespace)
+
+
+def running(obj: Mapping[str, Any] | None) -> bool:
+    status = (obj or {}).get("status") or {}
+    ready = [c for c in status.get("conditions", []) if c["type"] == "Ready"]
+    return status.get("phase") == "Running" and bool(ready) and ready[0]["status"] == "True"
+
+
+def test_a_waiting_gang_evicts_all_or_nothing_through_the_eviction_api(
+    scope: Scope, kubectl: Kubectl, gpuplace: Installation, node_agent: Agent
+) -> None:
+    """On the real node (two replayed GPUs, pods that really run): two low-priority
+    whole-GPU pods, each under its own PodDisruptionBudget, and a complete gang of higher
+    priority that needs both GPUs. While one budget allows no disruption, neither victim
+    is evicted; once it allows one, both are, through the Eviction API, and the gang
+    starts there."""
+    low, high = f"{scope.namespace}-low", f"{scope.namespace}-high"
+    scope.create(priority_class(low, 100), priority_class(high, 1000))
+    on_node = {"kubernetes.io/hostname": node_agent.node}
+    whole = {"gpuplace.io/gpu-count": "1", "gpuplace.io/gpu-model": REAL_NODE_MODEL}
+    victims = ("victim-a", "victim-b")
+    kubectl.apply(
+        *(
+            pod(
+                name,
+                scope.namespace,
+                whole,
+                priority_class=low,
+                node_selector=on_node,
+                labels={"app": name},
+                grace=2,
+            )
+            for name in victims
+        )
+    )
+    for name in victims:
+        kubectl.wait_object("pods", name, running, namespace=scope.namespace, timeout=90)
+
+    def budget(name: str, allowed: int) -> dict[str, Any]:
+        """A budget for one bare pod (no controller: only an integer minAvailable counts)
+        that allows `allowed` (0 or 1) disruptions."""
+        return {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": name, "namespace": scope.namespace},
+            "spec": {"minAvailable": 1 - allowed, "selector": {"matchLabels": {"app": name}}},
+        }
+
+    kubectl.apply(budget("victim-a", 1), budget("victim-b", 0))
+    for name, allowed in (("victim-a", 1), ("victim-b", 0)):
+        observed(kubectl, scope.namespace, name, allowed)
+    metrics = f"http://127.0.0.1:{gpuplace.ports.metrics}/metrics"
+    plans = metric(metrics, "gpuplace_gang_preemption_plans_total")
+    gang_annotations = {**whole, "gpuplace.io/gang-name": "urgent", "gpuplace.io/gang-size": "2"}
+    kubectl.apply(
+        *(
+            pod(
+                f"urgent-{i}",
+                scope.namespace,
+                gang_annotations,
+                priority_class=high,
+                node_selector=on_node,
+            )
+            for i in range(2)
+        )
+    )
+    # the planner found victims and the budget pre-check refused the plan, twice (after
+    # 10 s it looks again, as budgets change)
+    deadline = time.monotonic() + 60
+    while metric(metrics, "gpuplace_gang_preemption_plans_total") < plans + 2:
+        assert time.monotonic() < deadline, "the gang never planned a preemption"
+        time.sleep(0.5)
+    for name in victims:
+        obj = kubectl.json("-n", scope.namespace, "get", "pod", name)
+        assert running(obj) and "deletionTimestamp" not in obj["metadata"], name
+    assert metric(metrics, "gpuplace_gang_preemption_victims_total") == 0
+    # the budget now allows it: both victims go through the Eviction API, then the gang
+    evicted: set[str] = set()
+
+    def both_evicted(seen: Objects) -> bool:
+        for obj in seen.values():
+            for condition in obj["status"].get("conditions", []):
+                if condition["type"] == "DisruptionTarget" and condition.get("reason") == (
+                    "EvictionByEvictionAPI"
+                ):
+                    evicted.add(obj["metadata"]["name"])
+        return evicted == set(victims)
+
+    kubectl.apply(budget("victim-b", 1))
+    kubectl.watch(
+        ["pods", "-n", scope.namespace, "-l", "app"],
+        both_evicted,
+        timeout=90,
+        what="both victims evicted through the Eviction API",
+    )
+    started = members_bound(kubectl, scope.namespace, "urgent", 2)
+    assert {grant(obj)["node"] for obj in started.values()} == {node_agent.node}
+    for name in started:
+        kubectl.wait_object(
+            "pods", name.split("/")[1], running, namespace=scope.namespace, timeout=90
+        )
+    preempted = kubectl.wait_event(scope.namespace, "victim-a", "GpuPreempted")
+    assert f"for gang {scope.namespace}/urgent" in preempted, preempted
+    assert wait_bound(kubectl, scope.namespace, "urgent-0")
