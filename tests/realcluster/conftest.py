@@ -152,7 +152,13 @@ def scope(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[Scope]:
     try:
         yield made
     finally:
-        kubectl.run("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False)
+        # the pods first, waiting (their GPUs go back to the ledger and the kubelet as they
+        # go; their grace periods are 0-2 s), then the namespace without waiting for the
+        # namespace controller's sweep of the rest
+        kubectl.run(
+            "-n", name, "delete", "pods", "--all", "--wait=true", "--timeout=120s", check=False
+        )
+        kubectl.run("delete", "namespace", name, "--wait=false", check=False)
         for node in made.nodes:
             kubectl.run("delete", "node", node, "--wait=false", check=False)
         for obj in made.cluster_objects:

@@ -7,9 +7,10 @@ run as host processes with the shipped identities.
    `deploy/overlays/self-managed-node-agent` (self-managed certificates plus the node
    agent component: the superset, so that the node agent's RBAC and admission policies are
    the shipped ones too);
-2. runs README step 3 verbatim: `kubectl create namespace gpuplace --dry-run=client -o
-   yaml | kubectl apply -f -`, `kubectl apply -k OVERLAY --dry-run=server`, `kubectl apply
-   -k OVERLAY` (each output kept for the tests that check them);
+2. runs README step 3 verbatim, the lines of docs/deploy.md's install-sequence block:
+   `kubectl create namespace gpuplace --dry-run=client -o yaml | kubectl apply -f -`,
+   `kubectl apply -k OVERLAY --dry-run=server`, `kubectl apply -k OVERLAY` (each output
+   kept for the tests that check them);
 3. step 4 the way docs/deploy.md offers for running it from one's own machine: `gpuplace
    certs rotate --secret gpuplace-webhook-tls --inject`, plus `--ip-address 127.0.0.1`
    (the API server calls the webhook at that address, see below) and `--out-dir` (the
@@ -36,6 +37,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -46,6 +48,7 @@ from typing import Any
 
 import yaml
 
+from tests.deploy import test_install_sequence as install_sequence
 from tests.realcluster.kit import ROOT, Cluster, Kubectl, Result, free_port
 from tests.realcluster.processes import HostProcess, container, with_flags
 
@@ -151,21 +154,40 @@ class Installation:
         return self.cluster.kubeconfig_for(path, f"{namespace}-{account}", token)
 
 
+STEPS = ("namespace", "dry-run", "apply")
+"""The three lines of README step 3, as docs/deploy.md's install-sequence block has them."""
+
+
+def play(kubectl: Kubectl, line: str, overlay: Path) -> Result:
+    """One documented line (`kubectl ...`, maybe piped into another `kubectl ...`) with
+    the kit's kubectl, the test overlay standing for `my-gpuplace`."""
+    stdin: str | None = None
+    result: Result | None = None
+    for part in line.split("|"):
+        argv = shlex.split(part)
+        assert argv[0] == "kubectl", line
+        args = [str(overlay) if arg == "my-gpuplace" else arg for arg in argv[1:]]
+        result = kubectl.run(*args, input=stdin)
+        stdin = result.out
+    assert result is not None
+    return result
+
+
 def install(cluster: Cluster, workdir: Path) -> Installation:
     """README's install on `cluster`, then serve and the scheduler started (see above)."""
     kubectl = cluster.kubectl(workdir)
     ports = Ports()
     directory = overlay(workdir, ports.webhook)
-    steps: dict[str, Result] = {}
-    namespace = kubectl.run("create", "namespace", NAMESPACE, "--dry-run=client", "-o", "yaml")
-    steps["namespace"] = kubectl.run("apply", "-f", "-", input=namespace.out)
-    steps["dry-run"] = kubectl.run("apply", "-k", str(directory), "--dry-run=server")
+    lines = install_sequence.documented()
+    assert len(lines) == len(STEPS), lines
+    steps = {STEPS[0]: play(kubectl, lines[0], directory)}
+    steps[STEPS[1]] = play(kubectl, lines[1], directory)
     rendered = [
         item for item in yaml.safe_load_all(kubectl.run("kustomize", str(directory)).out) if item
     ]
     found = kubectl.run("get", "-k", str(directory), "--ignore-not-found", "-o", "name").out
     stored = [name for name in found.split() if name != f"namespace/{NAMESPACE}"]
-    steps["apply"] = kubectl.run("apply", "-k", str(directory))
+    steps[STEPS[2]] = play(kubectl, lines[2], directory)
     tls = workdir / "tls"
     certs = subprocess.run(
         [
