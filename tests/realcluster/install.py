@@ -140,8 +140,8 @@ class Installation:
     stored_after_dry_run: list[str]
     """Objects of the overlay found right after the server dry run (expected: none)."""
     rendered: list[dict[str, Any]]
-    serve: HostProcess
-    scheduler: HostProcess
+    serve: HostProcess = field(init=False)
+    scheduler: HostProcess = field(init=False)
 
     def sa_kubeconfig(self, namespace: str, account: str, **bound: str) -> Path:
         """A kubeconfig with a fresh token of ServiceAccount namespace/account
@@ -206,18 +206,8 @@ def install(cluster: Cluster, workdir: Path) -> Installation:
         check=False,
     )
     steps["certs"] = Result(("certs",), certs.returncode, certs.stdout, certs.stderr).check()
-    placeholder = HostProcess("unused", (), workdir / "unused.log")
     installation = Installation(
-        cluster,
-        kubectl,
-        workdir,
-        directory,
-        ports,
-        steps,
-        stored,
-        rendered,
-        placeholder,
-        placeholder,
+        cluster, kubectl, workdir, directory, ports, steps, stored, rendered
     )
     installation.serve = serve_process(installation)
     installation.scheduler = scheduler_process(installation)

@@ -348,6 +348,10 @@ class Cluster:
                 cluster.node_problem = None
             except ClusterError as error:
                 cluster.node_problem = str(error)
+                # a failed `up` stops all it started, the control plane too when it got
+                # as far as starting containerd: bring that back (reused when it runs)
+                cluster.run_env["NODES"] = "none"
+                cluster.env = cluster._up("control-plane-again")
         return cluster
 
     def _up(self, stage: str) -> dict[str, str]:

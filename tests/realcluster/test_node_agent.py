@@ -52,9 +52,18 @@ def start(kubectl: Kubectl, obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def inside(kubectl: Kubectl, obj: Mapping[str, Any], *command: str) -> str:
-    """A command run in the pod's container (kubectl exec: the API server dials the kubelet)."""
+    """A command run in the pod's container (kubectl exec: the API server dials the
+    kubelet). A kubelet that has just started answers "pod does not exist" until it has
+    read its pods again, which nothing in the API shows: asked again for up to 60 s."""
     meta = obj["metadata"]
-    return kubectl.run("-n", meta["namespace"], "exec", meta["name"], "--", *command).out
+    args = ("-n", meta["namespace"], "exec", meta["name"], "--", *command)
+    deadline = time.monotonic() + 60
+    while True:
+        done = kubectl.run(*args, check=False)
+        if done.code == 0 or "pod does not exist" not in done.err:
+            return done.check().out
+        assert time.monotonic() < deadline, done.err
+        time.sleep(0.5)
 
 
 def environment(kubectl: Kubectl, obj: Mapping[str, Any]) -> dict[str, str]:
