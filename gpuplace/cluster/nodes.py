@@ -5,8 +5,10 @@ GPUs come from GPU Feature Discovery labels (`nvidia.com/gpu.count`,
 `gpuplace.io/gpus` (a JSON list with one object per GPU: `index`, `uuid`, `numa`,
 `nvlink`; absent or null fields default to no UUID, NUMA 0 and no NVLink). When the
 node agent wrote it (its entries carry `memoryMiB`), the annotation alone says how many
-GPUs there are, their model and memory, and which are unhealthy (`health`); the labels
-stay the fallback. Only nodes labelled `gpuplace.io/enabled=true` are gpuplace's.
+GPUs there are, their model (NVML's name, read in GFD's label form: `product`) and memory,
+and which are unhealthy (`health`); the labels stay the fallback. Only nodes labelled
+`gpuplace.io/enabled=true` are gpuplace's. Their taints and cordon (`spec.taints`,
+`spec.unschedulable`) ride along for the gang planner.
 
 `record` is the node informer's transform: whether the node is gpuplace's, its engine
 `Node` (or why it cannot be read), its node agent's last heartbeat, and the extended
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from gpuplace.cluster import keys, quantities
+from gpuplace.cluster import keys, quantities, taints
 from gpuplace.placement.inventory import NO_NVLINK, Gpu, Inventory, Node
 
 
@@ -53,8 +55,16 @@ def parse(node: Mapping[str, Any]) -> Node:
         raise NodeError(f"node {name}: allocatable: {error}") from error
     agent = keys.AGENT_HEARTBEAT in annotations
     gpus = _gpus(name, labels, annotations.get(keys.NODE_GPUS), agent=agent)
+    node_taints, unschedulable = taints.of_node(node)
     return Node(
-        name=name, cpu_milli=cpu, memory_mib=memory, gpus=gpus, max_pods=pods, labels=labels
+        name=name,
+        cpu_milli=cpu,
+        memory_mib=memory,
+        gpus=gpus,
+        max_pods=pods,
+        labels=labels,
+        taints=node_taints,
+        unschedulable=unschedulable,
     )
 
 
@@ -109,7 +119,7 @@ def _gpus(
             gpus.append(
                 Gpu(
                     index=index,
-                    model=str(entry.get("model") or model),
+                    model=product(entry.get("model")) or model,
                     memory_mib=_or(entry.get("memoryMiB"), 0) if published else memory,
                     uuid=str(entry.get("uuid") or ""),
                     numa=_or(entry.get("numa"), 0),
@@ -120,6 +130,13 @@ def _gpus(
         except (TypeError, ValueError) as error:
             raise NodeError(f"node {name}: GPU {index} in {keys.NODE_GPUS}: {error}") from error
     return tuple(gpus)
+
+
+def product(name: object) -> str:
+    """An NVML device name as GPU Feature Discovery labels it in `nvidia.com/gpu.product`
+    (spaces become '-': "NVIDIA H100 80GB HBM3" → "NVIDIA-H100-80GB-HBM3"), the form users
+    write in `gpuplace.io/gpu-model` and the webhook's node affinity matches; "" for none."""
+    return str(name).strip().replace(" ", "-") if name else ""
 
 
 HEALTHY = "healthy"

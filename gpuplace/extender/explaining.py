@@ -146,7 +146,7 @@ def explain(
                     gpus,
                     free,
                     HERE if name == here else FITS,
-                    f"policy score {choice.score:.6g}; would take GPU {taken}",
+                    _scored(choice) + f"would take GPU {taken}",
                     scores.get(name, 0),
                 )
             )
@@ -284,3 +284,11 @@ def render(explanation: Explanation, *, limit: int | None = 40) -> str:
     if explanation.summary:
         lines += ["", explanation.summary]
     return "\n".join(lines)
+
+
+def _scored(choice: choosing.Choice) -> str:
+    """The policy's score, and the NVLink preference of `preferred` when it counted."""
+    score = choice.score
+    if score >= choosing.LINKED / 2:
+        return f"one NVLink domain, policy score {score - choosing.LINKED:.6g}; "
+    return f"policy score {score:.6g}; "

@@ -355,7 +355,9 @@ class GangController:
                 allowed[pod.affinity] = pod.affinity.allowed(
                     (node.name, node.labels) for node in inventory
                 )
-            result.append(gangs.Member(pod.uid, pod.request, allowed[pod.affinity]))
+            result.append(
+                gangs.Member(pod.uid, pod.request, allowed[pod.affinity], pod.tolerations)
+            )
         return result
 
     def _exclude(self, key: GangKey) -> frozenset[str]:

@@ -18,11 +18,12 @@ from datetime import datetime
 from typing import Any
 
 from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import assignments, keys, pods
+from gpuplace.cluster import assignments, keys, pods, taints
 from gpuplace.cluster.gang_marks import PlanMark, gated, plan_mark
 from gpuplace.cluster.node_affinity import NodeAffinity
 from gpuplace.placement.gangs import GangKey
 from gpuplace.placement.requests import GpuRequest
+from gpuplace.placement.taints import Toleration
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,9 @@ class GangPod:
     problem: str = ""
     preemption_policy: str = ""
     """spec.preemptionPolicy ("Never": this member's gang never preempts)."""
+    tolerations: tuple[Toleration, ...] = ()
+    """spec.tolerations: the planner keeps it off nodes whose taints or cordon it does
+    not tolerate, as kube-scheduler would."""
 
     @property
     def key(self) -> GangKey:
@@ -148,4 +152,5 @@ class Reader:
             else None,
             problem=problem,
             preemption_policy=str(spec.get("preemptionPolicy") or ""),
+            tolerations=taints.of_pod(pod),
         )

@@ -4,7 +4,9 @@
 and prioritize); `choose` takes the best over the whole cluster. Exact ties between
 nodes go to the node earliest in the policy's line (`Policy.place`: packing); only a
 policy without a line (random) leaves them to chance, drawn uniformly as
-kube-scheduler's selectHost would. `evaluate` folds the line into its scores, and
+kube-scheduler's selectHost would. A multi-GPU request whose topology is `preferred`
+takes a GPU set inside one NVLink domain wherever one fits (`LINKED`), before the
+policy's scores. `evaluate` folds the line into its scores, and
 `extender_scores` maps them onto kube-scheduler's 0-10 extender scale so that only the
 policy's best node gets 10: the stock scheduler then binds the node the policy chose.
 
@@ -23,8 +25,9 @@ from itertools import filterfalse
 from typing import Protocol
 
 from gpuplace.placement import fit
+from gpuplace.placement.inventory import NO_NVLINK
 from gpuplace.placement.ledger import Grant, Ledger, NodeState
-from gpuplace.placement.requests import WHOLE, GpuRequest
+from gpuplace.placement.requests import WHOLE, GpuRequest, Topology
 
 MAX_EXTENDER_SCORE = 10
 
@@ -102,7 +105,7 @@ def best_on(
     best: tuple[float, float, tuple[int, ...]] | None = None
     tied: list[tuple[int, ...]] = []
     for gpus in fit.gpu_sets(state, request):
-        rank = (policy.score(state, request, gpus), policy.prefer(state, request, gpus), gpus)
+        rank = (scored(policy, state, request, gpus), policy.prefer(state, request, gpus), gpus)
         if best is None or rank[:2] > best[:2]:
             best = rank
             tied.clear()
@@ -113,6 +116,31 @@ def best_on(
     if tied:
         return Choice(state.node.name, best[2], best[0], tied=tuple(tied))
     return Choice(state.node.name, best[2], best[0])
+
+
+LINKED = 1e7
+"""Added to the policy's score of a GPU set inside one NVLink domain when a multi-GPU
+request's topology is `preferred` (the annotation's default for several GPUs): such a
+set beats, on any node, every set that spans domains or has no NVLink, and the policy
+orders the sets of each kind among themselves. Far above any policy's scores (at most
+about 1e5 in magnitude) and far below a float's limits, so the place in line (`TIE`)
+still tells nodes apart."""
+
+
+def linked(state: NodeState, gpus: tuple[int, ...]) -> bool:
+    """Whether `gpus` all lie in one NVLink domain of the node. O(len(gpus))."""
+    node_gpus = state.node.gpus
+    domain = node_gpus[gpus[0]].nvlink
+    return domain != NO_NVLINK and all(node_gpus[i].nvlink == domain for i in gpus)
+
+
+def scored(policy: Policy, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+    """The policy's score of `gpus` on the node, plus `LINKED` where the request prefers
+    NVLink and gets it. O(policy.score)."""
+    score = policy.score(state, request, gpus)
+    if request.count > 1 and request.topology is Topology.PREFERRED and linked(state, gpus):
+        score += LINKED
+    return score
 
 
 def scoring_shape(request: GpuRequest) -> GpuRequest:

@@ -9,8 +9,12 @@ rest do not, and whether an idle cluster could ever hold the gang (`ever`).
 
 How members are placed (greedy first-fit-decreasing on capacity):
 
-1. members are grouped by (request, eligible nodes); groups are placed largest
-   request first, so multi-GPU members claim nodes before small ones fill them;
+1. members are grouped by (request, eligible nodes, tolerations); groups are placed
+   largest request first, so multi-GPU members claim nodes before small ones fill them;
+   a member's candidates are the nodes of its models that its node constraints allow
+   and that admit it as kube-scheduler would (taints it tolerates, the cordon:
+   `Node.admits`, `gpuplace.placement.taints`), so no plan puts it where kube-scheduler
+   will never bind it;
 2. a node's *capacity* for a request is how many copies of it the node could take now
    (`capacity`; exact for the engine's packing rules: whole GPUs by count, or NVLink
    domains when required; shares by per-GPU share and memory; bounded by CPU, memory
@@ -50,6 +54,7 @@ from gpuplace.placement.choosing import Choice, Policy
 from gpuplace.placement.inventory import NO_NVLINK
 from gpuplace.placement.ledger import Grant, Ledger, LedgerError, NodeState
 from gpuplace.placement.requests import WHOLE, GpuRequest, Topology
+from gpuplace.placement.taints import UNSCHEDULABLE, Toleration, untolerated
 
 GangKey = tuple[str, str]
 """A gang: (namespace, gang name)."""
@@ -64,6 +69,10 @@ class Member:
     nodes: frozenset[str] | None = None
     """Names of the nodes its own constraints allow (node affinity, node selector);
     None = any node."""
+    tolerations: tuple[Toleration, ...] = ()
+    """Its pod's tolerations: nodes with a NoSchedule/NoExecute taint it does not
+    tolerate, or cordoned unless it tolerates that, are never planned (kube-scheduler
+    would not bind it there; `gpuplace.placement.taints`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,23 +241,52 @@ def _weight(request: GpuRequest) -> tuple[int, int, int, int, int]:
 
 
 def _groups(members: Sequence[Member]) -> list[list[Member]]:
-    """Members with equal request and eligible nodes, heaviest request first (stable)."""
-    by_key: dict[tuple[GpuRequest, frozenset[str] | None], list[Member]] = {}
+    """Members with equal request, eligible nodes and tolerations, heaviest request first
+    (stable)."""
+    by_key: dict[
+        tuple[GpuRequest, frozenset[str] | None, tuple[Toleration, ...]], list[Member]
+    ] = {}
     for member in members:
-        by_key.setdefault((member.request, member.nodes), []).append(member)
+        by_key.setdefault((member.request, member.nodes, member.tolerations), []).append(member)
     return sorted(by_key.values(), key=lambda group: _weight(group[0].request), reverse=True)
 
 
 def _candidates(ledger: Ledger, member: Member, exclude: Collection[str]) -> list[tuple[int, str]]:
-    """(inventory position, name) of the nodes a member may use. O(C)."""
+    """(inventory position, name) of the nodes a member may use: its model's, allowed by
+    its node constraints, not excluded, and admitting it (taints, cordon).
+    O(C × taints × tolerations)."""
     allowed = member.nodes
     names = choosing.candidates(ledger, member.request)
     order = _order(ledger)
+    inventory = ledger.inventory
     return sorted(
         (order[name], name)
         for name in names
-        if name not in exclude and (allowed is None or name in allowed) and name in order
+        if name not in exclude
+        and (allowed is None or name in allowed)
+        and name in order
+        and inventory[name].admits(member.tolerations)
     )
+
+
+def _kept_off(ledger: Ledger, member: Member, exclude: Collection[str]) -> dict[str, int]:
+    """Nodes its constraints allow that its tolerations do not, by why. O(C × taints)."""
+    allowed = member.nodes
+    found: Counter[str] = Counter()
+    for name in choosing.candidates(ledger, member.request):
+        node = ledger.inventory.get(name)
+        if node is None or name in exclude or (allowed is not None and name not in allowed):
+            continue
+        taint = untolerated(node.taints, member.tolerations, unschedulable=node.unschedulable)
+        if taint is UNSCHEDULABLE:
+            found[CORDONED] += 1
+        elif taint is not None:
+            found[UNTOLERATED] += 1
+    return dict(found.most_common())
+
+
+CORDONED = "node cordoned"
+UNTOLERATED = "taint not tolerated"
 
 
 def _order(ledger: Ledger) -> dict[str, int]:
@@ -369,8 +407,9 @@ class _Planner:
         return found
 
     def why(self, member: Member) -> dict[str, int]:
-        """Misfit kinds over the member's candidate nodes (for the reason line). O(C × G)."""
-        kinds: Counter[str] = Counter()
+        """Misfit kinds over the member's candidate nodes, and the nodes its tolerations
+        keep it off (for the reason line). O(C × G)."""
+        kinds: Counter[str] = Counter(_kept_off(self.ledger, member, self.exclude))
         for _, name in _candidates(self.ledger, member, self.exclude):
             state = self.scratch.state(name)
             if state is None:
@@ -454,7 +493,13 @@ def _shortfall(
         need += f"; {total} node{'s' if total != 1 else ''}: {detail}"
     elif first.nodes is not None and not first.nodes:
         need += "; no node matches the pod's node affinity or node selector"
-    if not ever:
+    if not ever and (CORDONED in kinds or UNTOLERATED in kinds):
+        head = (
+            "the gang cannot fit on the nodes that admit its members (cordoned or tainted "
+            f"ones left out): even idle they would hold only {idle_placed} of {needed}; "
+            f"{placed} fit now"
+        )
+    elif not ever:
         head = (
             f"the gang can never fit: even with every node idle only {idle_placed} of "
             f"{needed} members would; {placed} fit now"

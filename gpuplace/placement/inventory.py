@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from gpuplace.placement.taints import Taint, Toleration, untolerated
+
 NO_NVLINK = -1
 """NVLink domain of a GPU that shares NVLink with no other GPU."""
 
@@ -47,6 +49,11 @@ class Node:
     closed: str = ""
     """Why no new GPU grant goes on this node ("" = open), e.g. its node agent is silent;
     grants already on it stay. Stable while the cause lasts (no clock in it)."""
+    taints: tuple[Taint, ...] = ()
+    """`spec.taints`: the gang planner keeps members off those they do not tolerate, as
+    kube-scheduler does (`gpuplace.placement.taints`)."""
+    unschedulable: bool = False
+    """`spec.unschedulable` (cordoned): only members tolerating that are planned here."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -64,6 +71,14 @@ class Node:
     def model(self) -> str:
         """The node's GPU model ('' without GPUs; the first GPU's on a mixed node)."""
         return self.gpus[0].model if self.gpus else ""
+
+    def admits(self, tolerations: Iterable[Toleration]) -> bool:
+        """Whether kube-scheduler would let a pod with `tolerations` on this node: every
+        NoSchedule/NoExecute taint tolerated, and the cordon too when cordoned.
+        O(taints × tolerations)."""
+        if not self.taints and not self.unschedulable:
+            return True
+        return untolerated(self.taints, tolerations, unschedulable=self.unschedulable) is None
 
     def nvlink_domains(self) -> dict[int, tuple[int, ...]]:
         """GPU indices per NVLink domain (domain -1, no NVLink, is left out). O(GPUs)."""

@@ -102,7 +102,8 @@ async def test_unknown_stays_null_on_the_node_and_the_sidecar_reads_it_as_no_nvl
     node = nodes.record(stored).node
     assert node is not None
     assert node.gpus[0].nvlink == NO_NVLINK
-    assert node.gpus[0].model == "NVIDIA H100 80GB HBM3"
+    # NVML's name as GPU Feature Discovery labels it, the form gpu-model annotations use
+    assert node.gpus[0].model == "NVIDIA-H100-80GB-HBM3"
 
 
 async def test_writes_only_on_change_or_when_the_heartbeat_is_due(

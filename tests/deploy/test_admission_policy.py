@@ -96,6 +96,23 @@ def refusals(name: str, request: Obj) -> list[str]:
     return refused
 
 
+def served(obj: Obj | None) -> Obj | None:
+    """`obj` as the API server hands it to a policy: decoded into the Go types and
+    encoded again, so a field that is `omitempty` and empty is not there. The one that
+    matters here: an env entry's `value: ""` (what the real API server showed this
+    policy, tests/realcluster/test_policies.py)."""
+    if obj is None:
+        return None
+    found = copy.deepcopy(obj)
+    spec = found.get("spec") or {}
+    for field in ("containers", "initContainers", "ephemeralContainers"):
+        for container in spec.get(field) or []:
+            for entry in container.get("env") or []:
+                if entry.get("value") == "":
+                    del entry["value"]
+    return found
+
+
 def request(
     operation: str,
     obj: Obj | None,
@@ -104,7 +121,9 @@ def request(
     user: str = "alice",
     extra: dict[str, list[str]] | None = None,
 ) -> Obj:
-    body: Obj = helpers.review(obj, operation=operation, old=old, user=user)["request"]
+    body: Obj = helpers.review(served(obj), operation=operation, old=served(old), user=user)[
+        "request"
+    ]
     body["userInfo"]["extra"] = extra or {}
     return body
 

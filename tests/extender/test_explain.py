@@ -16,7 +16,10 @@ from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
 from gpuplace.extender import explaining
+from gpuplace.placement import choosing, policies
 from gpuplace.placement.ledger import Grant
+from gpuplace.placement.requests import Topology
+from tests.placement import clusters
 
 
 def place(
@@ -206,3 +209,15 @@ def test_a_gang_member_shows_its_gangs_pending_preemption() -> None:
     evicted = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
     (line,) = explaining.preemption_lines(sync, victim, [evicted])
     assert line.startswith("Being evicted through the Eviction API")
+
+
+def test_explain_shows_the_policy_score_and_the_nvlink_preference_apart() -> None:
+    book = clusters.ledger(clusters.node("nvlink", 8, nvlink=(0,) * 8))
+    policy = policies.make("best-fit")
+    found = choosing.evaluate(book, clusters.whole(2, topology=Topology.PREFERRED), policy).choices
+    state = book.state("nvlink")
+    assert state is not None
+    plain = policy.score(
+        state, clusters.whole(2, topology=Topology.PREFERRED), found["nvlink"].gpus
+    )
+    assert explaining._scored(found["nvlink"]) == (f"one NVLink domain, policy score {plain:.6g}; ")

@@ -255,7 +255,7 @@ def test_loads_only_reorder_equal_scores_and_never_change_what_fits(
         # which the ledger of grants takes (no over-commit) and which fit now offers.
         assert (picked.node, picked.score) == (choice.node, choice.score)
         assert len(set(picked.gpus)) == len(choice.gpus)
-        assert policy.score(state, request, picked.gpus) == choice.policy_score
+        assert choosing.scored(policy, state, request, picked.gpus) == choice.policy_score
         assert policy.prefer(state, request, picked.gpus) == policy.prefer(
             state, request, choice.gpus
         )

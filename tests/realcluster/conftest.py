@@ -1,0 +1,231 @@
+"""Fixtures of the real-cluster tier (docs/realcluster.md): real Kubernetes v1.36.2 from
+`../shared/k8s`, gpuplace installed as the README says, its processes on this host.
+
+Session-scoped, started once for the whole tier and in this order, each only when a test
+asks for it:
+
+- `cluster`: `kit.Cluster`, control plane + the one kubelet node (`cluster.sh up`, state
+  under pytest's tmp; `down` at the end, always);
+- `gpuplace`: `install.Installation`, README's install plus `gpuplace serve` and the
+  gpuplace kube-scheduler running (and leading);
+- `node_agent`: `Agent`, the real node opted in (GFD-like labels for two H100s),
+  `gpuplace node-agent` registered with its kubelet, NVML replayed from two GPUs derived
+  from `../shared/fixtures/gpu/nvml-idle.json`.
+
+Per test: `scope` (`Scope`: a namespace and a GPU model of its own, fake nodes and
+cluster-scoped objects it made, all removed after it) and `kubectl` (admin, in the test's
+tmp dir). `serve` is running at the start of every test (a test that stops it, the outage,
+need not restart it).
+
+Skips: where `../shared/k8s` is absent the whole tier skips, saying so. Where the kit is
+there but unusable (a binary missing, `up` failing, not root for the kubelet) the tier
+skips with the reason, and FAILS under `CI=true`. Every test here is marked `realcluster`
+(deselect with `-m "not realcluster"`) and gets a timeout of `TIMEOUT` seconds, which
+also covers the session's start on the first test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+
+from gpuplace.agent import nvml
+from tests.realcluster import install, kit
+from tests.realcluster.install import Installation
+from tests.realcluster.kit import Cluster, Kubectl
+from tests.realcluster.objects import H100_MIB, SLOTS_PER_GPU, add_nodes
+from tests.realcluster.processes import HostProcess
+
+HERE = Path(__file__).resolve().parent
+TIMEOUT = 600
+GPU_FIXTURES = kit.ROOT.parent / "shared" / "fixtures" / "gpu"
+REAL_NODE_GPUS = 2
+REAL_NODE_MODEL = "NVIDIA-H100-80GB-HBM3"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.realcluster)
+            item.add_marker(pytest.mark.timeout(TIMEOUT))
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def unusable(reason: str) -> NoReturn:
+    """The kit is here but cannot serve: skip, or fail under CI=true."""
+    message = f"real-cluster tier: {reason}"
+    if in_ci():
+        pytest.fail(message + " (CI=true: the tier must run)", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if not kit.KIT.is_dir():
+        pytest.skip(f"real-cluster tier: {kit.KIT} absent (../shared beside the checkout)")
+    problem = kit.kit_missing()
+    if problem is not None:
+        unusable(problem)
+    state = tmp_path_factory.mktemp("k8s") / "state"
+    try:
+        started = Cluster.up(state, node=os.geteuid() == 0)
+    except kit.ClusterError as error:
+        unusable(str(error))
+    if os.geteuid() != 0:
+        started.node_problem = "the kubelet node needs root"
+    try:
+        yield started
+    finally:
+        started.down()
+
+
+@pytest.fixture(scope="session")
+def gpuplace(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installation]:
+    workdir = tmp_path_factory.mktemp("gpuplace")
+    installation = install.install(cluster, workdir)
+    try:
+        installation.serve.start()
+        installation.scheduler.start()
+        install.wait_leading(installation)
+        yield installation
+    finally:
+        installation.scheduler.stop()
+        installation.serve.stop()
+
+
+@pytest.fixture
+def kubectl(gpuplace: Installation, tmp_path: Path) -> Kubectl:
+    """Admin kubectl working in the test's tmp dir (where a test writes pod.yaml)."""
+    if not gpuplace.serve.alive:
+        gpuplace.serve.start()
+    return Kubectl(gpuplace.kubectl.binary, gpuplace.kubectl.kubeconfig, tmp_path)
+
+
+@dataclass
+class Scope:
+    """What one test makes on the shared cluster: its namespace, a GPU model no other
+    test's nodes have, and the nodes and cluster-scoped objects to remove after it."""
+
+    kubectl: Kubectl
+    namespace: str
+    model: str
+    nodes: list[str] = field(default_factory=list)
+    cluster_objects: list[str] = field(default_factory=list)
+
+    def add_nodes(self, *nodes: Mapping[str, Any]) -> None:
+        self.nodes += [node["metadata"]["name"] for node in nodes]
+        add_nodes(self.kubectl, *nodes)
+
+    def create(self, *objects: Mapping[str, Any]) -> None:
+        """`kubectl apply` of the objects; cluster-scoped ones are removed after the test."""
+        for obj in objects:
+            if "namespace" not in obj["metadata"]:
+                self.cluster_objects.append(f"{obj['kind'].lower()}/{obj['metadata']['name']}")
+        self.kubectl.apply(*objects)
+
+    def node(self, suffix: str) -> str:
+        """A node name of this test."""
+        return f"{self.namespace}-{suffix}"
+
+
+@pytest.fixture
+def scope(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[Scope]:
+    test = request.node.name
+    slug = re.sub(r"[^a-z0-9]+", "-", test.lower().removeprefix("test_"))[:22].strip("-")
+    tag = hashlib.sha256(test.encode()).hexdigest()[:4]
+    # short enough for `gpuplace explain`'s 40-character columns, with node suffixes
+    name = f"rc-{slug}-{tag}"
+    kubectl.run("create", "namespace", name)
+    made = Scope(kubectl, name, f"RC-{slug.upper()}-{tag.upper()}")
+    try:
+        yield made
+    finally:
+        # the pods first, waiting (their GPUs go back to the ledger and the kubelet as they
+        # go; their grace periods are 0-2 s), then the namespace without waiting for the
+        # namespace controller's sweep of the rest
+        kubectl.run(
+            "-n", name, "delete", "pods", "--all", "--wait=true", "--timeout=120s", check=False
+        )
+        kubectl.run("delete", "namespace", name, "--wait=false", check=False)
+        for node in made.nodes:
+            kubectl.run("delete", "node", node, "--wait=false", check=False)
+        for obj in made.cluster_objects:
+            kubectl.run("delete", obj, "--wait=false", check=False)
+
+
+@dataclass
+class Agent:
+    """The node agent on the kit's kubelet node."""
+
+    process: HostProcess
+    node: str
+    uuids: list[str]
+    metrics_url: str
+    replay: Path
+
+
+@pytest.fixture(scope="session")
+def node_agent(
+    cluster: Cluster, gpuplace: Installation, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Agent]:
+    if cluster.node_problem is not None:
+        unusable(f"no kubelet node: {cluster.node_problem}")
+    readings = GPU_FIXTURES / "nvml-idle.json"
+    if not readings.is_file():
+        unusable(f"GPU fixture {readings} missing")
+    workdir = tmp_path_factory.mktemp("agent")
+    derived = nvml.derived(json.loads(readings.read_text()), REAL_NODE_GPUS)
+    replay = workdir / "nvml-derived.json"
+    replay.write_text(json.dumps(derived))
+    node = cluster.node_name
+    kubectl = gpuplace.kubectl
+    # what GPU Feature Discovery would label on this node, and gpuplace's opt-in
+    kubectl.run(
+        "label",
+        "node",
+        node,
+        "--overwrite",
+        "gpuplace.io/enabled=true",
+        f"nvidia.com/gpu.count={REAL_NODE_GPUS}",
+        f"nvidia.com/gpu.product={REAL_NODE_MODEL}",
+        f"nvidia.com/gpu.memory={H100_MIB}",
+    )
+    port = kit.free_port()
+    process, mps = install.node_agent_process(
+        gpuplace, node, replay, Path(cluster.env["K8S_DEVICE_PLUGIN_DIR"]), port
+    )
+    try:
+        process.start()
+        slots = str(SLOTS_PER_GPU * REAL_NODE_GPUS)
+        kubectl.watch(
+            ["nodes", "--field-selector", f"metadata.name={node}"],
+            lambda seen: any(
+                (obj["status"].get("allocatable") or {}).get("gpuplace.io/gpu") == slots
+                and "gpuplace.io/gpu-percent" in (obj["status"].get("allocatable") or {})
+                for obj in seen.values()
+            ),
+            timeout=120,
+            what=f"the kubelet to offer {slots} gpuplace.io/gpu and the sidecar its GPUs",
+        )
+        yield Agent(
+            process,
+            node,
+            [gpu["uuid"] for gpu in derived["gpus"]],
+            f"http://127.0.0.1:{port}/metrics",
+            replay,
+        )
+    finally:
+        process.stop()
+        shutil.rmtree(mps, ignore_errors=True)
