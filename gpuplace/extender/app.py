@@ -288,8 +288,9 @@ class Service:
         answer from a partial ledger could evict for nothing; kube-scheduler retries)."""
         if not await self.ready():
             return PreemptionResult(), "not-synced"
-        if self.preempter is None:
-            return PreemptionResult(nodes=args.offered()), "ok"
+        if self.preempter is None:  # as offered, less the nodes with no victims
+            offered = args.offered()
+            return PreemptionResult(nodes={n: v for n, v in offered.items() if v[0]}), "ok"
         return self.preempter.answer(args), "ok"
 
     async def bind(self, args: BindingArgs) -> tuple[BindingResult, str]:

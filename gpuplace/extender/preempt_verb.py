@@ -24,7 +24,11 @@ Who may be a victim on a node (a `gpuplace.placement.victim_choice.Unit` each):
   the preemptor itself.
 
 Where the preemptor already fits the node's GPUs, kube-scheduler's victims stand
-unchanged, unless they would split a running gang: then the node is left out.
+unchanged, unless they would split a running gang: then the node is left out. A node
+offered with no victims where it already fits is left out too (`not-needed`): the answer
+never names a node with no victims, which kube-scheduler takes as an error that fails the
+whole preemption (`callExtenders`); the pod is tried again in its next scheduling cycle,
+where filter passes that node.
 
 Offered victims holding no GPU stay in the answer (kube-scheduler needed them for
 something gpuplace does not count, CPU or ports).
@@ -118,7 +122,8 @@ class Preempter:
         self.nodes = Counter(
             "gpuplace_preempt_nodes_total",
             "Candidate nodes of kube-scheduler's preemptions: victims narrowed to one GPU "
-            "set, kept as offered (GPUs were not short), or dropped (no victims free one).",
+            "set, kept as offered (GPUs were not short), dropped (no victims free one), or "
+            "not-needed (the pod fits there with no victims: left out).",
             ["result"],
             registry=registry,
         )
@@ -143,8 +148,7 @@ class Preempter:
             self.nodes.labels("dropped").inc(len(offered))
             return PreemptionResult()  # filter refused it everywhere: preempt for nothing
         if request is None or request.count == 0:
-            self.nodes.labels("kept").inc(len(offered))
-            return PreemptionResult(nodes=offered)
+            return PreemptionResult(nodes=self._as_offered(offered))
         priority = pods.priority_of((pod.get("spec") or {}).get("priority"))
         grants = self._grants_on(offered.keys())
         gangs = self._gangs(grants)
@@ -159,6 +163,9 @@ class Preempter:
             if own:  # its own hold there counts as free for it
                 state = victim_choice.after(state, [Unit((uid,), tuple(own), (priority,))])
             if fit.misfit(state, request) is None:
+                if not victims:  # it fits as it is: nothing to evict, nothing to answer
+                    self.nodes.labels("not-needed").inc()
+                    continue
                 if self._splits_a_gang(node, victims, gangs):
                     self.nodes.labels("dropped").inc()
                     continue
@@ -197,6 +204,17 @@ class Preempter:
         if uid and plans:
             self._remember(Pending(uid, namespace, name, priority, request, plans, self._clock()))
         return PreemptionResult(nodes=answer)
+
+    def _as_offered(
+        self, offered: dict[str, tuple[list[str], int]]
+    ) -> dict[str, tuple[list[str], int]]:
+        """kube-scheduler's victims as they are (a pod gpuplace places nothing for), less
+        the nodes offered with none: an answer with no victims on a node fails
+        kube-scheduler's whole preemption. O(nodes)."""
+        kept = {node: found for node, found in offered.items() if found[0]}
+        self.nodes.labels("kept").inc(len(kept))
+        self.nodes.labels("not-needed").inc(len(offered) - len(kept))
+        return kept
 
     def _evict(
         self,

@@ -354,3 +354,25 @@ async def test_a_placeholder_node_gets_victims_chosen_by_the_extender(
         status, body = await h.post("preempt", preempt_args(high, {"gpu-x": []}))
         assert status == 200, body
     assert answered(body) == {"gpu-x": {uid_of(pods[1])}}
+
+
+@pytest.mark.parametrize("percent", [70, None])
+async def test_a_node_where_the_preemptor_already_fits_is_left_out(
+    server: localapi.Server, percent: int | None
+) -> None:
+    """Issue 30, point 7: an empty node offered as a placeholder (no victims), where the
+    70% preemptor (or a pod with no GPU request) fits as it is. An entry with no victims
+    fails kube-scheduler's whole preemption (`callExtenders`: "expected at least one
+    victim pod on node"), so the node is left out, and counted as not needing any."""
+    server.api.create(objects.node("fit-0", gpus=1))
+    async with harness(server) as h:
+        await ready(h)
+        high = h.api.create(preemptor(percent=70) if percent else objects.pod("plain"))
+        status, body = await h.post("preempt", preempt_args(high, {"fit-0": []}))
+        assert status == 200, body
+        assert answered(body) == {}
+        registry = h.sidecar.registry
+        left_out = registry.get_sample_value(
+            "gpuplace_preempt_nodes_total", {"result": "not-needed"}
+        )
+        assert left_out == 1.0
