@@ -21,8 +21,9 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -97,6 +98,9 @@ class Service:
     metrics: Metrics
     ready_timeout: float = 5.0
     max_body_bytes: int = 32 * 1024 * 1024
+    preempt_max_body_bytes: int = 4 * 1024 * 1024
+    """preempt's own limit (within `max_body_bytes`): its body is decoded in one
+    stretch of the event loop, ~25 ms per MiB."""
     activity: Activity = field(default_factory=Activity)
     """Verbs in flight (background work gives way to them)."""
     ahead: OrderedDict[str, Ahead] = field(default_factory=OrderedDict)
@@ -291,7 +295,7 @@ class Service:
         if self.preempter is None:  # as offered, less the nodes with no victims
             offered = args.offered()
             return PreemptionResult(nodes={n: v for n, v in offered.items() if v[0]}), "ok"
-        return self.preempter.answer(args), "ok"
+        return await in_slices(self.preempter.answering(args)), "ok"
 
     async def bind(self, args: BindingArgs) -> tuple[BindingResult, str]:
         if not await self.ready():
@@ -313,10 +317,32 @@ class Service:
 
 SERVICE = web.AppKey("gpuplace.extender", Service)
 
+T = TypeVar("T")
+SLICE_SECONDS = 0.005
+"""How long a verb's work runs before it gives the event loop a turn (`in_slices`)."""
 
-def _bad_request(message: str) -> web.Response:
+
+async def in_slices(steps: Generator[None, None, T]) -> T:
+    """Run `steps` to its end, giving the event loop a turn whenever it has run for
+    `SLICE_SECONDS` since the last: other verbs, `/readyz` and the informers then wait
+    about that long at most for one step (a preempt call's node) to end, not for the
+    whole of it."""
+    until = time.perf_counter() + SLICE_SECONDS
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        if time.perf_counter() >= until:
+            await asyncio.sleep(0)
+            until = time.perf_counter() + SLICE_SECONDS
+
+
+def _refused(status: int, message: str) -> web.Response:
+    """A request refused before any decision: `{"Error": message}` with `status`."""
     body = BindingResult(error=message[:2000]).dump()
-    return web.Response(status=400, body=body, content_type="application/json")
+    return web.Response(status=status, body=body, content_type="application/json")
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -352,20 +378,24 @@ async def _answered(
     writing is not: the socket's pace is not ours)."""
     started = time.perf_counter()
     result = "bad-request"
+    limit = service.preempt_max_body_bytes if verb == "preempt" else service.max_body_bytes
+    too_large = f"the {verb} request body is larger than {limit} bytes"
     try:
-        if request.content_length is not None and request.content_length > service.max_body_bytes:
+        if request.content_length is not None and request.content_length > limit:
             result = "too-large"
-            return web.Response(status=413, text="request body too large"), None
+            return _refused(413, too_large), None
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
+            raw = None
+        if raw is None or len(raw) > limit:  # the latter: sent chunked, with no length
             result = "too-large"
-            return web.Response(status=413, text="request body too large"), None
+            return _refused(413, too_large), None
         try:
             body, result, then = await answer(service, raw)
         except ValidationError as error:
             message = f"not a kube-scheduler {verb} request: {_errors(error)}"
-            return _bad_request(message), None
+            return _refused(400, message), None
         return web.Response(body=body, content_type="application/json"), then
     finally:
         service.metrics.duration.labels(verb, result).observe(time.perf_counter() - started)

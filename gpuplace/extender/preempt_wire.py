@@ -16,16 +16,21 @@ read back), and a UID not on that node fails the whole preemption.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import pydantic_core
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, with_config
+from typing_extensions import TypedDict
 
 from gpuplace.extender.wire import _alias, _In
 
 
-class MetaPod(_In):
-    uid: str = Field(validation_alias=AliasChoices("UID", "uid", "Uid"), max_length=128)
+@with_config(ConfigDict(extra="ignore"))
+class MetaPod(TypedDict):
+    """A victim by UID. A TypedDict, not a model: a call may name 100,000 of them, and a
+    dict each decodes ~5 times faster than a model object each."""
+
+    uid: Annotated[str, Field(validation_alias=AliasChoices("UID", "uid", "Uid"), max_length=128)]
 
 
 class MetaVictims(_In):
@@ -57,7 +62,7 @@ class PreemptionArgs(_In):
         found: dict[str, tuple[list[str], int]] = {}
         for name, meta in (self.node_name_to_meta_victims or {}).items():
             if meta is not None:
-                found[name] = ([pod.uid for pod in meta.pods or ()], meta.num_pdb_violations)
+                found[name] = ([pod["uid"] for pod in meta.pods or ()], meta.num_pdb_violations)
         for name, full in (self.node_name_to_victims or {}).items():
             if full is not None and name not in found:
                 uids = [
