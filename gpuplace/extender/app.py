@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from gpuplace.cluster import annotations as grammar
 from gpuplace.cluster import recording
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.extender import binding, deciding, preempt_verb, reasons, repeating
+from gpuplace.extender import binding, deciding, preempt_verb, reasons, repeating, wire_objects
 from gpuplace.extender.activity import Activity
 from gpuplace.extender.preempt_wire import PreemptionArgs, PreemptionResult
 from gpuplace.extender.wire import (
@@ -394,7 +394,7 @@ async def _answered(
         try:
             body, result, then = await answer(service, raw)
         except ValidationError as error:
-            message = f"not a kube-scheduler {verb} request: {_errors(error)}"
+            message = f"not a kube-scheduler {verb} request: {wire_objects.describe(error)}"
             return _refused(400, message), None
         return web.Response(body=body, content_type="application/json"), then
     finally:
@@ -415,14 +415,6 @@ async def _send(request: web.Request, response: web.Response) -> None:
         transport.set_write_buffer_limits(high=0)
     await response.prepare(request)
     await response.write_eof()
-
-
-def _errors(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors()[:5]:
-        where = ".".join(str(part) for part in item["loc"]) or "body"
-        parts.append(f"{where}: {item['msg']}")
-    return "; ".join(parts)
 
 
 async def _filter(service: Service, raw: bytes) -> tuple[bytes, str, Then]:
