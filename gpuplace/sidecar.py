@@ -140,6 +140,9 @@ class SidecarSettings(BaseSettings):
     extender_max_body_bytes: int = Field(
         32 * 1024 * 1024, ge=1024, description="larger extender requests get HTTP 413"
     )
+    extender_read_timeout_seconds: float = Field(
+        10.0, gt=0, description="an extender request body not received within this gets HTTP 408"
+    )
     warm_shapes: int = Field(
         64,
         ge=0,
@@ -418,6 +421,7 @@ class Sidecar:
             ready_timeout=settings.sync_wait_seconds,
             max_body_bytes=settings.extender_max_body_bytes,
             preempt_max_body_bytes=settings.preempt_max_body_bytes,
+            read_timeout=settings.extender_read_timeout_seconds,
             activity=self.activity,
             repeats=(
                 repeating.Repeats(self.sync, size=settings.filter_answers_kept, registry=registry)

@@ -5,7 +5,10 @@ extender v1).
 Errors are mapped here, in one place:
 
 - a body that is not the extender JSON → HTTP 400 with `{"Error": "..."}` saying what
-  is wrong (kube-scheduler logs it); a body over `max_body_bytes` → 413;
+  is wrong (kube-scheduler logs it); a body over `max_body_bytes` (preempt's:
+  `preempt_max_body_bytes`) → 413; not in within `read_timeout` → 408; compressed → 415,
+  unread (kube-scheduler never compresses; nothing is inflated here); a caller gone
+  mid-request → counted `dropped`, one DEBUG line, never an ERROR;
 - a pod we cannot place, or a bind that did not happen → HTTP 200 with the protocol's
   own error channel (`FailedNodes`/`FailedAndUnresolvableNodes`, or `Error`), which
   kube-scheduler turns into its FailedScheduling event and retries;
@@ -25,7 +28,7 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import ValidationError
 
@@ -101,6 +104,8 @@ class Service:
     preempt_max_body_bytes: int = 4 * 1024 * 1024
     """preempt's own limit (within `max_body_bytes`): its body is decoded in one
     stretch of the event loop, ~25 ms per MiB."""
+    read_timeout: float = 10.0
+    """Seconds a request body may take to arrive (then HTTP 408)."""
     activity: Activity = field(default_factory=Activity)
     """Verbs in flight (background work gives way to them)."""
     ahead: OrderedDict[str, Ahead] = field(default_factory=OrderedDict)
@@ -339,10 +344,22 @@ async def in_slices(steps: Generator[None, None, T]) -> T:
             until = time.perf_counter() + SLICE_SECONDS
 
 
-def _refused(status: int, message: str) -> web.Response:
-    """A request refused before any decision: `{"Error": message}` with `status`."""
-    body = BindingResult(error=message[:2000]).dump()
-    return web.Response(status=status, body=body, content_type="application/json")
+class _RefusedError(Exception):
+    """A request refused before any decision: HTTP `status`, `result` in the duration
+    histogram, and what the answer's `Error` says."""
+
+    def __init__(self, status: int, result: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.result = result
+        self.message = message
+
+    def response(self) -> web.Response:
+        body = BindingResult(error=self.message[:2000]).dump()
+        return web.Response(status=self.status, body=body, content_type="application/json")
+
+
+IDENTITY = frozenset({"", "identity"})
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -357,7 +374,11 @@ def _verb(
         service = request.app[SERVICE]
         with service.activity:
             response, then = await _answered(verb, answer, service, request)
-            await _send(request, response)
+            try:
+                await _send(request, response)
+            except ConnectionError:  # the caller went away: nothing to answer to
+                log.debug("client gone before its answer", extra={"verb": verb})
+                return response
             if then is not None:
                 try:
                     then()
@@ -378,27 +399,47 @@ async def _answered(
     writing is not: the socket's pace is not ours)."""
     started = time.perf_counter()
     result = "bad-request"
-    limit = service.preempt_max_body_bytes if verb == "preempt" else service.max_body_bytes
-    too_large = f"the {verb} request body is larger than {limit} bytes"
     try:
-        if request.content_length is not None and request.content_length > limit:
-            result = "too-large"
-            return _refused(413, too_large), None
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raw = None
-        if raw is None or len(raw) > limit:  # the latter: sent chunked, with no length
-            result = "too-large"
-            return _refused(413, too_large), None
+        raw = await _body(verb, service, request)
         try:
             body, result, then = await answer(service, raw)
         except ValidationError as error:
             message = f"not a kube-scheduler {verb} request: {wire_objects.describe(error)}"
-            return _refused(400, message), None
+            raise _RefusedError(400, "bad-request", message) from None
         return web.Response(body=body, content_type="application/json"), then
+    except _RefusedError as refused:
+        result = refused.result
+        return refused.response(), None
     finally:
         service.metrics.duration.labels(verb, result).observe(time.perf_counter() - started)
+
+
+async def _body(verb: str, service: Service, request: web.Request) -> bytes:
+    """The request's body as sent, or `_RefusedError`: compressed (415: kube-scheduler
+    never compresses, and nothing is inflated here), over the verb's limit (413), not in
+    within `read_timeout` seconds (408), or cut off by the caller (never answered)."""
+    encoding = request.headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
+    if encoding not in IDENTITY:
+        message = f"Content-Encoding {encoding[:40]!r} is not accepted: send the body as is"
+        raise _RefusedError(415, "unsupported-encoding", message)
+    limit = service.preempt_max_body_bytes if verb == "preempt" else service.max_body_bytes
+    too_large = _RefusedError(413, "too-large", f"the {verb} request body is over {limit} bytes")
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    try:
+        async with asyncio.timeout(service.read_timeout):
+            raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large from None
+    except TimeoutError:
+        message = f"the {verb} request body did not arrive within {service.read_timeout} s"
+        raise _RefusedError(408, "timeout", message) from None
+    except ConnectionError:
+        log.debug("client gone before its request body arrived", extra={"verb": verb})
+        raise _RefusedError(400, "dropped", "the connection closed mid-body") from None
+    if len(raw) > limit:  # sent chunked, with no Content-Length
+        raise too_large
+    return raw
 
 
 async def _send(request: web.Request, response: web.Response) -> None:
