@@ -140,6 +140,11 @@ class SidecarSettings(BaseSettings):
     extender_max_body_bytes: int = Field(
         32 * 1024 * 1024, ge=1024, description="larger extender requests get HTTP 413"
     )
+    extender_max_nodes: int = Field(
+        20_000,
+        ge=1,
+        description="filter and prioritize requests naming more nodes than this get HTTP 413",
+    )
     extender_read_timeout_seconds: float = Field(
         10.0, gt=0, description="an extender request body not received within this gets HTTP 408"
     )
@@ -422,6 +427,7 @@ class Sidecar:
             max_body_bytes=settings.extender_max_body_bytes,
             preempt_max_body_bytes=settings.preempt_max_body_bytes,
             read_timeout=settings.extender_read_timeout_seconds,
+            max_nodes=settings.extender_max_nodes,
             activity=self.activity,
             repeats=(
                 repeating.Repeats(self.sync, size=settings.filter_answers_kept, registry=registry)
