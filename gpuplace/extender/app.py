@@ -463,7 +463,8 @@ async def _send(request: web.Request, response: web.Response) -> None:
 
 def _within_max_nodes(verb: str, service: Service, args: ExtenderArgs) -> ExtenderArgs:
     """`args`, unless they name more than `max_nodes` nodes: 413 (each node costs a few
-    microseconds of the event loop and ~60 bytes of the answer). O(1)."""
+    microseconds of the event loop and ~60 bytes of the answer). O(1) for `NodeNames`,
+    O(nodes) for full `Nodes`."""
     named = len(args.names())
     if named > service.max_nodes:
         message = f"the {verb} request names {named} nodes, over {service.max_nodes}"

@@ -79,7 +79,8 @@ PENDING_KEPT = 256
 """Preemptors whose answers are kept until kube-scheduler acts on one (oldest dropped)."""
 OWNER = "preemption"
 LOGGED_NODES = 16
-"""Nodes whose victims the "preemption answered" log line names (the others counted)."""
+"""Nodes the "preemption answered" log line gives a count of victims for (it counts the
+nodes answered, and names no victim: an answer may name 1,000 per node)."""
 
 
 @dataclass(frozen=True, slots=True)
