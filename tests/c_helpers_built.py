@@ -43,6 +43,19 @@ def skip_unless_required() -> None:
         )
 
 
+NOTICE = "(C) is not in use"
+"""What the sidecar's start-up WARNING says of a C helper it runs without
+(`gpuplace.sidecar`): a notice for operators, expected where the helpers are optional and
+not built (or switched off)."""
+
+
+def is_expected_notice(message: str) -> bool:
+    """Whether a log line is the sidecar's notice of a C helper not in use, where that is
+    expected: the helpers optional here, or switched off (`c_helpers.SWITCH`); where they
+    are required and on, it is a failure to see."""
+    return NOTICE in message and (not required() or bool(os.environ.get(c_helpers.SWITCH)))
+
+
 def check_built(module: str) -> None:
     """Fail unless `module` (one of `HELPERS`) imports; skip where the build is optional."""
     skip_unless_required()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import ssl
 import time
@@ -22,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from gpuplace import composing
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
+from tests import c_helpers_built
 from tests.gpuplace.test_serve_cluster import enforcing, settings, started
 from tests.webhook import helpers
 
@@ -105,7 +107,8 @@ async def test_readyz_and_filter_answer_while_a_huge_preempt_is_in_flight(
     """The issue's probe: /preempt with the pod and tens of thousands of victims on one
     node (its one GPU held, the others holding none) froze every verb and /readyz for
     ~67 s at 100,000 (a list scanned per victim). Now every /readyz and /filter sent
-    while it is in flight answers within a second."""
+    while it is in flight answers within seconds (the body's decoding is the longest
+    stretch)."""
     async with serving(tls, tmp_path, {"gpu-x": 1, "gpu-y": 1}, **values) as running:
         low = await bound_pod(running, "low", "gpu-x", 100)
         high = objects.pod("high", percent=70)
@@ -120,7 +123,15 @@ async def test_readyz_and_filter_answer_while_a_huge_preempt_is_in_flight(
                 "gpu-x": {"Pods": [{"UID": uid} for uid in offered], "NumPDBViolations": 0}
             },
         }
-        preempt = asyncio.create_task(running.post("preempt", body))
+        encoded = json.dumps(body).encode()  # here, not in the loop the server shares
+
+        async def preempting() -> tuple[int, Any]:
+            url = running.url("extender", "/preempt")
+            headers = {"Content-Type": "application/json"}
+            async with running.session.post(url, data=encoded, headers=headers) as response:
+                return response.status, await response.json(content_type=None)
+
+        preempt = asyncio.create_task(preempting())
         slowest, probes = 0.0, 0
         while not preempt.done() or probes < 2:
             started = time.perf_counter()
@@ -134,7 +145,10 @@ async def test_readyz_and_filter_answer_while_a_huge_preempt_is_in_flight(
     assert answer_status == status
     if status == 200:
         assert set(answer["NodeNameToMetaVictims"]) == {"gpu-x"}
-    assert slowest < 1.0, f"/readyz + /filter took {slowest:.2f} s during the preempt"
+    # The body's decoding is one stretch by design (bounded by --preempt-max-body-bytes):
+    # tenths of a second here, a second or two on a loaded 2-core machine; the freeze this
+    # guards against lasted 40-67 s (a turn between the answer's steps: test_preempt.py).
+    assert slowest < 3.0, f"/readyz + /filter took {slowest:.2f} s during the preempt"
 
 
 # --- point 4: partial requests time out, and a dropped client is no ERROR -------------------
@@ -171,7 +185,13 @@ async def closed_within(reader: asyncio.StreamReader, seconds: float) -> tuple[f
 
 
 def errors(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.WARNING]
+    """Warning and error lines, but the sidecar's start-up notice of a C helper not in
+    use (an install without a C compiler)."""
+    return [
+        f"{r.name}: {r.getMessage()}"
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and not c_helpers_built.is_expected_notice(r.getMessage())
+    ]
 
 
 @pytest.mark.parametrize("site", ["extender", "webhook", "ops"])
