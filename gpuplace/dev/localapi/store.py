@@ -461,6 +461,15 @@ class Store:
             "deletionTimestamp"
         ):
             self._disrupt(namespace, pod)
+        uid = preconditions.get("uid")
+        if uid not in (None, "") and uid != pod["metadata"]["uid"]:
+            raise statuses.conflict(
+                "Pod",
+                name,
+                f"the UID in the precondition ({uid}) does not match the UID in record "
+                f"({pod['metadata']['uid']}). The object might have been deleted and then "
+                "recreated",
+            )
         if preconditions:
             probe = {"metadata": {**pod["metadata"], **dict(preconditions)}}
             self._preconditions(PODS, pod, probe)
@@ -511,6 +520,7 @@ class Store:
                 500,
                 "This pod has more than one PodDisruptionBudget, which the eviction "
                 "subresource does not support.",
+                reason="",
             )
         if not budgets:
             return
