@@ -209,23 +209,56 @@ def bind_histogram(installation: Installation) -> Obj:
 
 
 async def watch_binds(api: Api, namespace: str, rv: str, timing: Timing, expected: int) -> None:
+    """Record when each pod is first seen bound, until `expected` are; a watch that ends
+    is resumed from the last resourceVersion it delivered (a 410: from a new list)."""
     path = f"{api.url}/api/v1/namespaces/{namespace}/pods"
-    params = {"watch": "true", "resourceVersion": rv, "allowWatchBookmarks": "true"}
     timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
-    async with api.session.get(path, params=params, ssl=api.tls, timeout=timeout) as response:
-        async for line in response.content:
-            if not line.strip():
-                continue
-            now = time.monotonic()
-            event = json.loads(line)
-            obj = event.get("object") or {}
-            name = str((obj.get("metadata") or {}).get("name"))
-            node = (obj.get("spec") or {}).get("nodeName")
-            if event.get("type") == "MODIFIED" and node:
-                timing.bound.setdefault(name, now)
-                timing.nodes.setdefault(name, str(node))
+    while len(timing.bound) < expected:
+        params = {"watch": "true", "resourceVersion": rv, "allowWatchBookmarks": "true"}
+        async with api.session.get(path, params=params, ssl=api.tls, timeout=timeout) as response:
+            async for line in response.content:
+                if not line.strip():
+                    continue
+                now = time.monotonic()
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    listed = await api.call("GET", f"/api/v1/namespaces/{namespace}/pods")
+                    for item in listed["items"]:
+                        seen(item, now, timing)
+                    rv = listed["metadata"]["resourceVersion"]
+                    break
+                rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                seen(obj, now, timing)
                 if len(timing.bound) >= expected:
                     return
+
+
+def seen(obj: Mapping[str, Any], now: float, timing: Timing) -> None:
+    name = str((obj.get("metadata") or {}).get("name"))
+    node = (obj.get("spec") or {}).get("nodeName")
+    if node:
+        timing.bound.setdefault(name, now)
+        timing.nodes.setdefault(name, str(node))
+
+
+def log_problems(log: Path) -> dict[str, int]:
+    """How often each WARNING or ERROR message of a JSON log was logged."""
+    counts: dict[str, int] = {}
+    if not log.exists():
+        return counts
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and str(record.get("level", "")).upper() in (
+            "WARNING",
+            "ERROR",
+        ):
+            key = f"{record.get('level')}: {record.get('message') or record.get('msg')}"
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 async def measure(
@@ -330,6 +363,8 @@ async def measure(
                     "plain": kinds_of(plain_pods, timing, namespace),
                 },
                 "sidecar_bind_metrics": bind_histogram(installation),
+                "serve_log_problems": log_problems(installation.workdir / "serve.log"),
+                "logs": str(installation.workdir),
             }
         finally:
             if cleanup:
@@ -353,28 +388,28 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(json.dumps({"error": problem}))
         return 2
-    with tempfile.TemporaryDirectory(prefix="gpuplace-bench-") as scratch:
-        cluster = kit.Cluster.up(Path(scratch) / "state", node=False)
+    scratch = tempfile.mkdtemp(prefix="gpuplace-bench-")  # kept: the processes' logs
+    cluster = kit.Cluster.up(Path(scratch) / "state", node=False)
+    try:
+        installation = install.install(cluster, Path(scratch))
+        installation.serve.start()
+        installation.scheduler.start()
         try:
-            installation = install.install(cluster, Path(scratch))
-            installation.serve.start()
-            installation.scheduler.start()
-            try:
-                install.wait_leading(installation)
-                result = asyncio.run(
-                    measure(
-                        installation,
-                        args.nodes,
-                        args.pods or 2 * args.nodes,
-                        timeout=args.timeout,
-                        cleanup=False,
-                    )
+            install.wait_leading(installation)
+            result = asyncio.run(
+                measure(
+                    installation,
+                    args.nodes,
+                    args.pods or 2 * args.nodes,
+                    timeout=args.timeout,
+                    cleanup=False,
                 )
-            finally:
-                installation.scheduler.stop()
-                installation.serve.stop()
+            )
         finally:
-            cluster.down()
+            installation.scheduler.stop()
+            installation.serve.stop()
+    finally:
+        cluster.down()
     print(json.dumps(result, indent=2))
     return 0
 

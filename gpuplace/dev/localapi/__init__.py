@@ -17,7 +17,7 @@ ships (module `access`), so a missing rule fails as on a cluster; without it, no
 authentication. No admission, no persistence.
 
 Refereed (issue 27): the contract tests in `tests/dev` (test_wire, test_access,
-test_eviction, test_gated) run against this server and against the real kube-apiserver
+test_eviction, test_gated, test_certs_kinds) run against this server and against the real kube-apiserver
 v1.36.2 of the real-cluster tier, with the same requests as the same users (the shipped
 RBAC applied to both), and assert what the real one answers: status codes, Status
 reasons, causes and messages, list and watch shapes (remainingItemCount, continue, 410

@@ -425,11 +425,16 @@ class Store:
         old = self.get(resource, namespace, name)
         try:
             new = patching.apply(content_type, old, patch, resource.merge_keys)
+        except patching.MergeKeyMissing as error:
+            raise statuses.ApiStatusError(500, str(error), reason="") from error
         except patching.PatchError as error:
             if content_type.startswith(patching.JSON_PATCH):
                 raise statuses.invalid(resource.kind, name, str(error)) from error
             raise statuses.ApiStatusError(400, str(error)) from error
-        return self.update(resource, namespace, name, new, subresource)
+        try:
+            return self.update(resource, namespace, name, new, subresource)
+        except Undecodable as error:
+            raise error.of_patch(patch) from error
 
     def delete(
         self,
@@ -741,13 +746,37 @@ def _too_many(cause: str, retry_after: int) -> statuses.ApiStatusError:
     )
 
 
-def _undecodable(resource: Resource, field: str) -> statuses.ApiStatusError:
-    """What kube-apiserver answers for a body whose bytes field is not base64."""
-    return statuses.ApiStatusError(
-        400,
-        f'{resource.kind} in version "{resource.version}" cannot be handled as a '
-        f"{resource.kind}: {field}: illegal base64 data",
-    )
+class Undecodable(statuses.ApiStatusError):
+    """A bytes field that is not base64: what kube-apiserver answers for such a body
+    (400); `at` is the first byte Go's decoder refuses."""
+
+    def __init__(self, resource: Resource, field: str, value: object) -> None:
+        super().__init__(
+            400,
+            f'{resource.kind} in version "{resource.version}" cannot be handled as a '
+            f"{resource.kind}: {field}: illegal base64 data",
+        )
+        text = str(value)
+        self.at = next((i for i, c in enumerate(text) if c not in _ALPHABET), len(text))
+
+    def of_patch(self, patch: object) -> statuses.ApiStatusError:
+        """kube-apiserver's answer when a PATCH made the field so: 422 on the patch."""
+        why = (
+            f'Invalid value: "{patching.go_text(patch)}": error decoding from json: '
+            f"illegal base64 data at input byte {self.at}"
+        )
+        return statuses.ApiStatusError(
+            422,
+            f' "" is invalid: patch: {why}',
+            causes=[{"reason": "FieldValueInvalid", "message": why, "field": "patch"}],
+        )
+
+
+_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+
+
+def _undecodable(resource: Resource, field: str, value: object) -> Undecodable:
+    return Undecodable(resource, field, value)
 
 
 def _base64(value: object) -> bool:
@@ -767,7 +796,7 @@ def _check_kind(resource: Resource, new: Obj, old: Obj | None) -> None:
         data = new.get("data") or {}
         for key, value in data.items():
             if not _base64(value):
-                raise _undecodable(resource, f"data[{key}]")
+                raise _undecodable(resource, f"data[{key}]", value)
         kind = new.get("type") or "Opaque"
         if old is not None and kind != (old.get("type") or "Opaque"):
             raise statuses.invalid(
@@ -781,4 +810,4 @@ def _check_kind(resource: Resource, new: Obj, old: Obj | None) -> None:
         for index, webhook in enumerate(new.get("webhooks") or []):
             bundle = (webhook.get("clientConfig") or {}).get("caBundle")
             if bundle is not None and not _base64(bundle):
-                raise _undecodable(resource, f"webhooks[{index}].clientConfig.caBundle")
+                raise _undecodable(resource, f"webhooks[{index}].clientConfig.caBundle", bundle)
