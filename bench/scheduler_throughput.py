@@ -242,6 +242,18 @@ def seen(obj: Mapping[str, Any], now: float, timing: Timing) -> None:
         timing.nodes.setdefault(name, str(node))
 
 
+def exited(installation: Installation) -> str | None:
+    """Why the gpuplace kube-scheduler stopped during the run (None: it runs): it exits
+    when it cannot renew its Lease in time, as a saturated API server makes it."""
+    process = getattr(installation.scheduler, "process", None)
+    if process is None or process.poll() is None:
+        return None
+    log = installation.workdir / "kube-scheduler.log"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    last = [line for line in lines if line.startswith(("E", "F"))][-1:]
+    return f"exit {process.returncode}: {last[0] if last else ''}"[:300]
+
+
 def log_problems(log: Path) -> dict[str, int]:
     """How often each WARNING or ERROR message of a JSON log was logged."""
     counts: dict[str, int] = {}
@@ -364,6 +376,7 @@ async def measure(
                 },
                 "sidecar_bind_metrics": bind_histogram(installation),
                 "serve_log_problems": log_problems(installation.workdir / "serve.log"),
+                "gpuplace_scheduler_exited": exited(installation),
                 "logs": str(installation.workdir),
             }
         finally:
@@ -374,6 +387,17 @@ async def measure(
                     await api.call("DELETE", f"/api/v1/nodes/{name}")
 
                 await each(delete_node, gpu_names + plain_names)
+
+
+def up(scratch: Path, tries: int = 3) -> kit.Cluster:
+    """A control plane; again on failure (a free port taken by another process meanwhile)."""
+    for attempt in range(1, tries + 1):
+        try:
+            return kit.Cluster.up(scratch / f"state-{attempt}", node=False)
+        except kit.ClusterError:
+            if attempt == tries:
+                raise
+    raise AssertionError("unreachable")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"error": problem}))
         return 2
     scratch = tempfile.mkdtemp(prefix="gpuplace-bench-")  # kept: the processes' logs
-    cluster = kit.Cluster.up(Path(scratch) / "state", node=False)
+    cluster = up(Path(scratch))
     try:
         installation = install.install(cluster, Path(scratch))
         installation.serve.start()
