@@ -17,9 +17,9 @@ ships (module `access`), so a missing rule fails as on a cluster; without it, no
 authentication. No admission, no persistence.
 
 Refereed (issue 27): the contract tests in `tests/dev` (test_wire, test_access,
-test_eviction, test_gated, test_certs_kinds) run against this server and against the real kube-apiserver
-v1.36.2 of the real-cluster tier, with the same requests as the same users (the shipped
-RBAC applied to both), and assert what the real one answers: status codes, Status
+test_eviction, test_gated, test_certs_kinds) run against this server and against the
+real kube-apiserver v1.36.2 of the real-cluster tier, with the same requests as the same
+users (the shipped RBAC applied to both), and assert what the real one answers: status codes, Status
 reasons, causes and messages, list and watch shapes (remainingItemCount, continue, 410
 after a compaction, BOOKMARKs), resourceVersion semantics, graceful pod deletion,
 bindings, eviction and PodDisruptionBudget answers, and the gated-pod update rules of
