@@ -1,9 +1,9 @@
-"""The local API's authentication and RBAC: `kubectl auth can-i` answers for the identities
-deploy/ ships, request attributes as kube-apiserver computes them, and the 401/403 wire."""
+"""Authentication and RBAC, refereed: `kubectl auth can-i` answers for the identities deploy/
+ships, asked of the local API and of the real kube-apiserver by sending each request as that
+identity (with the shipped RBAC applied to both), and the 401/403 wire; request attributes
+as kube-apiserver computes them (the local API's own function)."""
 
 from __future__ import annotations
-
-import json
 
 import aiohttp
 import pytest
@@ -11,6 +11,7 @@ import pytest
 from gpuplace.dev.localapi import access, objects
 from gpuplace.dev.localapi.access import ADMIN, CERTS, GPUPLACE, SCHEDULER, User
 from gpuplace.dev.localapi.server import FakeApi, serve
+from tests.dev.servers import Served
 
 ANYONE = access.service_account("default", "default")
 ADMISSION = "admissionregistration.k8s.io"
@@ -72,9 +73,34 @@ CASES = [
 ]  # fmt: skip
 
 
+def request_for(verb: str, what: str, namespace: str) -> tuple[str, str, dict[str, str]]:
+    """The request `kubectl auth can-i VERB WHAT -n NAMESPACE` asks about, with a body
+    (`{}`) no API server accepts: what it answers besides 403 Forbidden does not matter."""
+    resource, name, sub = [*what.split("/"), "", ""][:3]
+    plural, _, group = resource.partition(".")
+    prefix = f"/apis/{group}/v1" if group else "/api/v1"
+    path = prefix + (f"/namespaces/{namespace}" if namespace else "") + f"/{plural}"
+    path += f"/{name}" if name else ""
+    path += f"/{sub}" if sub else ""
+    method = {"get": "GET", "list": "GET", "watch": "GET", "create": "POST"}.get(verb)
+    method = method or {"update": "PUT", "patch": "PATCH", "delete": "DELETE"}[verb]
+    query = {"watch": "true", "timeoutSeconds": "1"} if verb == "watch" else {}
+    return method, path, query
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_can_i(rbac: access.Rbac, case: tuple[User, str, str, str, bool]) -> None:
+async def test_can_i(
+    server: Served, rbac: access.Rbac, case: tuple[User, str, str, str, bool]
+) -> None:
+    """Each answer of the shipped RBAC, asked of both servers by sending the request as
+    that user (403 Forbidden or not), and of the local API's `Rbac` directly."""
     user, verb, what, namespace, allowed = case
+    if what == "nodes/n":
+        what = f"nodes/{server.node_name('n')}"  # nodes are shared on the real server
+    method, path, query = request_for(verb, what, namespace)
+    body: dict[str, str] | None = None if method in ("GET", "DELETE") else {}
+    answer = await server.call(method, path, body, user=user, query=query)
+    assert (answer.status != 403) is allowed, answer
     assert can_i(rbac, user, verb, what, namespace) is allowed
 
 
@@ -103,52 +129,69 @@ def test_attributes_as_kube_apiserver_computes_them(
     assert (got.verb, got.group, got.resource, got.subresource, got.namespace, got.name) == (wanted)
 
 
+async def test_the_wire_401_and_403_as_kube_apiserver_sends_them(server: Served) -> None:
+    """A token nobody issued: 401. No credentials at all: the anonymous user, whom RBAC
+    denies (403; kube-apiserver's default `--anonymous-auth=true`). A ServiceAccount asking
+    beyond its roles: 403 with kube-apiserver's message and details."""
+    lease = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kube-scheduler"
+    unknown = await server.call("GET", lease, user=None, token="not-a-token-anyone-issued")
+    assert (unknown.status, unknown.body) == (
+        401,
+        {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "Unauthorized", "reason": "Unauthorized", "code": 401,
+        },
+    )  # fmt: skip
+    anonymous = await server.call("GET", lease, user=None)
+    assert (anonymous.status, anonymous.reason) == (403, "Forbidden")
+    assert anonymous.message == (
+        'leases.coordination.k8s.io "kube-scheduler" is forbidden: User "system:anonymous" '
+        'cannot get resource "leases" in API group "coordination.k8s.io" in the namespace '
+        '"kube-system"'
+    )
+    denied = await server.call("GET", lease, user=GPUPLACE)
+    assert (denied.status, denied.body) == (
+        403,
+        {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": 'leases.coordination.k8s.io "kube-scheduler" is forbidden: User '
+            '"system:serviceaccount:gpuplace:gpuplace" cannot get resource "leases" in API '
+            'group "coordination.k8s.io" in the namespace "kube-system"',
+            "reason": "Forbidden",
+            "details": {"name": "kube-scheduler", "group": "coordination.k8s.io", "kind": "leases"},
+            "code": 403,
+        },
+    )
+    name = server.node_name("a")
+    await server.create(objects.node(name, enabled=False))
+    assert (await server.call("GET", "/api/v1/nodes", user=GPUPLACE)).status == 200
+    refused = await server.call("DELETE", f"/api/v1/nodes/{name}", user=GPUPLACE)
+    assert refused.status == 403
+    assert refused.message == (
+        f'nodes "{name}" is forbidden: User "system:serviceaccount:gpuplace:gpuplace" '
+        'cannot delete resource "nodes" in API group "" at the cluster scope'
+    )
+    assert await server.get(f"/api/v1/nodes/{name}")  # the denied request changed nothing
+
+
 def without_lease_rule(objs: list[access.Obj]) -> list[access.Obj]:
     return [o for o in objs if o["metadata"]["name"] != "gpuplace-read-scheduler-lease"]
 
 
-async def test_the_wire_401_and_403_as_kube_apiserver_sends_them() -> None:
+async def test_a_rule_removed_from_the_manifests_is_missing_on_the_local_api() -> None:
+    """The local API alone: its RBAC is read from deploy/, so a rule taken out there
+    (here, the sidecar's read of the scheduler's Lease) is refused as on a cluster."""
     api = FakeApi(access=access.Access.shipped(edit=without_lease_rule))
-    api.create(objects.node("a"))
-    async with serve(api) as server, aiohttp.ClientSession() as session:
-        lease = f"{server.url}/apis/coordination.k8s.io/v1/namespaces/gpuplace/leases/"
+    async with serve(api) as running, aiohttp.ClientSession() as session:
+        lease = f"{running.url}/apis/coordination.k8s.io/v1/namespaces/gpuplace/leases/"
         lease += "gpuplace-scheduler"
-        async with session.get(lease) as response:
-            assert response.status == 401
-            assert json.loads(await response.read()) == {
-                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": "Unauthorized", "reason": "Unauthorized", "code": 401,
-            }  # fmt: skip
-        bearer = {"Authorization": f"Bearer {server.token(GPUPLACE)}"}
+        bearer = {"Authorization": f"Bearer {running.token(GPUPLACE)}"}
         async with session.get(lease, headers=bearer) as response:
             assert response.status == 403
-            assert json.loads(await response.read()) == {
-                "kind": "Status",
-                "apiVersion": "v1",
-                "metadata": {},
-                "status": "Failure",
-                "message": 'leases.coordination.k8s.io "gpuplace-scheduler" is forbidden: '
-                'User "system:serviceaccount:gpuplace:gpuplace" cannot get resource "leases" '
-                'in API group "coordination.k8s.io" in the namespace "gpuplace"',
-                "reason": "Forbidden",
-                "details": {
-                    "name": "gpuplace-scheduler",
-                    "group": "coordination.k8s.io",
-                    "kind": "leases",
-                },
-                "code": 403,
-            }
-        async with session.get(f"{server.url}/api/v1/nodes", headers=bearer) as response:
-            assert response.status == 200
-        async with session.delete(f"{server.url}/api/v1/nodes/a", headers=bearer) as response:
-            assert response.status == 403
-            body = json.loads(await response.read())
-            assert body["message"] == (
-                'nodes "a" is forbidden: User "system:serviceaccount:gpuplace:gpuplace" '
-                'cannot delete resource "nodes" in API group "" at the cluster scope'
-            )
-        assert [c.user for c in api.calls][-3:] == [GPUPLACE.name] * 3
-        assert api.get("nodes", "a")  # the denied request changed nothing
+            assert [c.user for c in api.calls] == [GPUPLACE.name]
 
 
 def test_the_shipped_manifests_must_be_there(tmp_path: object) -> None:

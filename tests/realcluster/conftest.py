@@ -1,16 +1,13 @@
 """Fixtures of the real-cluster tier (docs/realcluster.md): real Kubernetes v1.36.2 from
 `../shared/k8s`, gpuplace installed as the README says, its processes on this host.
 
-Session-scoped, started once for the whole tier and in this order, each only when a test
-asks for it:
-
-- `cluster`: `kit.Cluster`, control plane + the one kubelet node (`cluster.sh up`, state
-  under pytest's tmp; `down` at the end, always);
-- `gpuplace`: `install.Installation`, README's install plus `gpuplace serve` and the
-  gpuplace kube-scheduler running (and leading);
-- `node_agent`: `Agent`, the real node opted in (GFD-like labels for two H100s),
-  `gpuplace node-agent` registered with its kubelet, NVML replayed from two GPUs derived
-  from `../shared/fixtures/gpu/nvml-idle.json`.
+The session ones live in `tests.realcluster.sessions` (registered for every test folder
+by `tests/conftest.py`, so that the local API's referee in `tests/dev` shares the
+cluster): `control_plane`, `cluster` (plus the one kubelet node), `installed` and
+`gpuplace` (`install.Installation`, with `gpuplace serve` and the gpuplace kube-scheduler
+running and leading). Here, session-scoped too, `node_agent`: `Agent`, the real node opted
+in (GFD-like labels for two H100s), `gpuplace node-agent` registered with its kubelet, NVML
+replayed from two GPUs derived from `../shared/fixtures/gpu/nvml-idle.json`.
 
 Per test: `scope` (`Scope`: a namespace and a GPU model of its own, fake nodes and
 cluster-scoped objects it made, all removed after it) and `kubectl` (admin, in the test's
@@ -28,13 +25,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 
@@ -44,9 +40,9 @@ from tests.realcluster.install import Installation
 from tests.realcluster.kit import Cluster, Kubectl
 from tests.realcluster.objects import H100_MIB, SLOTS_PER_GPU, add_nodes
 from tests.realcluster.processes import HostProcess
+from tests.realcluster.sessions import TIMEOUT, unusable
 
 HERE = Path(__file__).resolve().parent
-TIMEOUT = 600
 GPU_FIXTURES = kit.ROOT.parent / "shared" / "fixtures" / "gpu"
 REAL_NODE_GPUS = 2
 REAL_NODE_MODEL = "NVIDIA-H100-80GB-HBM3"
@@ -57,52 +53,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if HERE in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.realcluster)
             item.add_marker(pytest.mark.timeout(TIMEOUT))
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
-
-
-def unusable(reason: str) -> NoReturn:
-    """The kit is here but cannot serve: skip, or fail under CI=true."""
-    message = f"real-cluster tier: {reason}"
-    if in_ci():
-        pytest.fail(message + " (CI=true: the tier must run)", pytrace=False)
-    pytest.skip(message)
-
-
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    if not kit.KIT.is_dir():
-        pytest.skip(f"real-cluster tier: {kit.KIT} absent (../shared beside the checkout)")
-    problem = kit.kit_missing()
-    if problem is not None:
-        unusable(problem)
-    state = tmp_path_factory.mktemp("k8s") / "state"
-    try:
-        started = Cluster.up(state, node=os.geteuid() == 0)
-    except kit.ClusterError as error:
-        unusable(str(error))
-    if os.geteuid() != 0:
-        started.node_problem = "the kubelet node needs root"
-    try:
-        yield started
-    finally:
-        started.down()
-
-
-@pytest.fixture(scope="session")
-def gpuplace(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installation]:
-    workdir = tmp_path_factory.mktemp("gpuplace")
-    installation = install.install(cluster, workdir)
-    try:
-        installation.serve.start()
-        installation.scheduler.start()
-        install.wait_leading(installation)
-        yield installation
-    finally:
-        installation.scheduler.stop()
-        installation.serve.stop()
 
 
 @pytest.fixture

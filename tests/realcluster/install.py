@@ -143,13 +143,17 @@ class Installation:
     serve: HostProcess = field(init=False)
     scheduler: HostProcess = field(init=False)
 
-    def sa_kubeconfig(self, namespace: str, account: str, **bound: str) -> Path:
-        """A kubeconfig with a fresh token of ServiceAccount namespace/account
-        (`kubectl create token`; `bound` adds --bound-object-kind/-name)."""
+    def token(self, namespace: str, account: str, **bound: str) -> str:
+        """A fresh token of ServiceAccount namespace/account (`kubectl create token`;
+        `bound` adds --bound-object-kind/-name)."""
         args = ["-n", namespace, "create", "token", account, "--duration=6h"]
         if bound:
             args += [f"--bound-object-kind={bound['kind']}", f"--bound-object-name={bound['name']}"]
-        token = self.kubectl.run(*args).out.strip()
+        return self.kubectl.run(*args).out.strip()
+
+    def sa_kubeconfig(self, namespace: str, account: str, **bound: str) -> Path:
+        """A kubeconfig with a fresh token of ServiceAccount namespace/account (`token`)."""
+        token = self.token(namespace, account, **bound)
         path = self.workdir / f"{namespace}-{account}.kubeconfig"
         return self.cluster.kubeconfig_for(path, f"{namespace}-{account}", token)
 

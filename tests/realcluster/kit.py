@@ -321,8 +321,8 @@ class Cluster:
 
     @classmethod
     def up(cls, state: Path, *, node: bool = True, wait_seconds: int = 300) -> Cluster:
-        """Control plane, then (with `node`) the kubelet node. ClusterError when the
-        control plane fails; a failed node leaves `node_problem` set instead."""
+        """Control plane, then (with `node`) the kubelet node (`add_node`). ClusterError
+        when the control plane fails; a failed node leaves `node_problem` set instead."""
         state.mkdir(parents=True, exist_ok=True)
         cluster = cls(state)
         cluster.run_env = {
@@ -337,22 +337,31 @@ class Cluster:
         }
         cluster.env = cluster._up("control-plane")
         if node:
-            node_env = {
-                "NODES": "kubelet",
-                "K8S_KUBELET_PORT": str(free_port("0.0.0.0")),
-                "K8S_KUBELET_HEALTHZ_PORT": str(free_port()),
-            }
-            cluster.run_env.update(node_env)
-            try:
-                cluster.env = cluster._up("node")
-                cluster.node_problem = None
-            except ClusterError as error:
-                cluster.node_problem = str(error)
-                # a failed `up` stops all it started, the control plane too when it got
-                # as far as starting containerd: bring that back (reused when it runs)
-                cluster.run_env["NODES"] = "none"
-                cluster.env = cluster._up("control-plane-again")
+            cluster.add_node()
         return cluster
+
+    def add_node(self) -> None:
+        """The kubelet node, added to the running control plane by a second `up` (the
+        machine's one kubelet: a kubelet already running elsewhere makes it fail). A
+        failure leaves `node_problem` set and the control plane running."""
+        node_env = {
+            "NODES": "kubelet",
+            "K8S_KUBELET_PORT": str(free_port("0.0.0.0")),
+            "K8S_KUBELET_HEALTHZ_PORT": str(free_port()),
+            # a failed `up` would stop all it started, the control plane too once it got
+            # as far as starting containerd, and with it what is installed there already;
+            # kept, what the node stage started is stopped by `down` (by recorded PID)
+            "K8S_KEEP_ON_FAILURE": "1",
+        }
+        self.run_env.update(node_env)
+        try:
+            self.env = self._up("node")
+            self.node_problem = None
+        except ClusterError as error:
+            self.node_problem = str(error)
+        finally:
+            self.run_env["NODES"] = "kubelet" if self.node_problem is None else "none"
+            self.run_env.pop("K8S_KEEP_ON_FAILURE")
 
     def _up(self, stage: str) -> dict[str, str]:
         log = self.state.parent / f"{self.state.name}-up-{stage}.log"
@@ -384,6 +393,33 @@ class Cluster:
         if self.kubelet is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.kubelet.wait(timeout=30)
+
+    @property
+    def etcd_url(self) -> str:
+        """etcd's client URL (plain HTTP on 127.0.0.1, as cluster.sh starts it)."""
+        return f"http://127.0.0.1:{self.run_env['K8S_ETCD_PORT']}"
+
+    def compact(self) -> int:
+        """An etcd compaction at the current revision (what kube-apiserver's compactor
+        does every 5 minutes to the revision it saw 5 minutes before), through etcd's
+        JSON gateway (`/v3/kv/range` for the revision, `/v3/kv/compaction`): a watch or a
+        list `continue` from an older resourceVersion that etcd serves (not the watch
+        cache: events, whose cache kube-apiserver turns off) then gets 410 Expired.
+        Returns the revision."""
+
+        def post(path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+            request = urllib.request.Request(
+                self.etcd_url + path,
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                found: dict[str, Any] = json.loads(answer.read())
+                return found
+
+        revision = int(post("/v3/kv/range", {"key": "Lw=="})["header"]["revision"])  # "/"
+        post("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+        return revision
 
     @property
     def kubeconfig(self) -> Path:

@@ -10,11 +10,26 @@ with ADDED/MODIFIED/DELETED, BOOKMARK and 410 ERROR events; create/get/put/delet
 three PATCH content types (a strategic merge merges `webhooks` by name), `/status`
 subresources, `pods/NAME/binding` and `pods/NAME/eviction` (with the disruption-budget
 check); resourceVersion, uid and creationTimestamp set by the server; optimistic
-concurrency (409), immutable pod fields (422), gate removal and gated-pod affinity rules,
+concurrency (409), immutable pod fields (422), the gated-pod update rules (`podupdates`),
 Secrets' rules (base64 data, the keys of a TLS Secret, immutable type). With
 `FakeApi(access=Access.shipped())`, bearer-token authentication and the RBAC that deploy/
 ships (module `access`), so a missing rule fails as on a cluster; without it, no
 authentication. No admission, no persistence.
+
+Refereed (issue 27): the contract tests in `tests/dev` (test_wire, test_access,
+test_eviction, test_gated, test_certs_kinds) run against this server and against the
+real kube-apiserver v1.36.2 of the real-cluster tier, with the same requests as the same
+users (the shipped RBAC applied to both), and assert what the real one answers: status codes, Status
+reasons, causes and messages, list and watch shapes (remainingItemCount, continue, 410
+after a compaction, BOOKMARKs), resourceVersion semantics, graceful pod deletion,
+bindings, eviction and PodDisruptionBudget answers, and the gated-pod update rules of
+KEP-3838 (module `podupdates`). What it does not model, and a test must not rely on:
+admission (no webhooks are called, no defaulting: a pod is stored as sent), controllers
+(no disruption controller: a budget's status is written by the test; no namespace
+lifecycle, garbage collection or kubelet), a watch cache (a compaction forgets all
+history here, where kube-apiserver still resumes watches within its cache's window), the
+Go rendering of an invalid value in a 422 message (JSON here), field validation of
+objects beyond the rules above, and every resource and verb gpuplace does not use.
 
 Usage::
 

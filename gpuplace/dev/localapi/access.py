@@ -4,10 +4,12 @@ a cluster (issue 18: the sidecar could not read the scheduler's Lease, and only 
 cluster showed it).
 
 - **Authentication**: `Access.token(user)` hands out a bearer token for a `User`; a
-  request without a token, or with an unknown one, gets 401 Unauthorized (a real API
-  server with anonymous auth off). `ADMIN` is in `system:masters` (test set-up and the
-  demo's user); `GPUPLACE`, `SCHEDULER` and `CERTS` are the ServiceAccounts deploy/ ships,
-  with the groups a ServiceAccount token carries.
+  request with an unknown token gets 401 Unauthorized; one without any is the
+  anonymous user (`ANONYMOUS`, group `system:unauthenticated`: kube-apiserver's default
+  `--anonymous-auth=true`), whom RBAC then denies every resource (403). `ADMIN` is in
+  `system:masters` (test set-up and the demo's user); `GPUPLACE`, `SCHEDULER` and
+  `CERTS` are the ServiceAccounts deploy/ ships, with the groups a ServiceAccount
+  token carries.
 - **Request attributes** (`attributes`), as kube-apiserver's RequestInfoFactory computes
   them: verb from the method (GET object = get, GET collection = list, `watch=true` =
   watch, POST = create, PUT = update, PATCH = patch, DELETE = delete or
@@ -22,7 +24,8 @@ cluster showed it).
   the real 403 Forbidden Status, message and details included.
 
 Non-resource paths (`/version`, `/api`) are allowed to any authenticated user (the
-bootstrap `system:discovery` binding). Never used against a real cluster.
+bootstrap `system:discovery` binding), and `PUBLIC_INFO` (`/version`, `/healthz`, ...) to
+the anonymous user too (`system:public-info-viewer`). Never used against a real cluster.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ def service_account(namespace: str, name: str) -> User:
     )
 
 
+ANONYMOUS = User("system:anonymous", ("system:unauthenticated",))
+"""Who sends a request without credentials."""
 ADMIN = User("kubernetes-admin", ("system:masters", "system:authenticated"))
 GPUPLACE = service_account("gpuplace", "gpuplace")
 """The webhook + extender sidecar + gang controller."""
@@ -175,6 +180,10 @@ def _subject_is(subject: Mapping[str, Any], user: User) -> bool:
     return False
 
 
+PUBLIC_INFO = frozenset({"/healthz", "/livez", "/readyz", "/version"})
+"""The paths bootstrap ClusterRole `system:public-info-viewer` opens to everyone."""
+
+
 class Rbac:
     """RBAC authorization over a fixed set of objects. `allows` is O(bindings × rules)."""
 
@@ -226,7 +235,9 @@ class Rbac:
 
     def allows(self, asked: Attributes) -> bool:
         if not asked.resource_request:
-            return "system:authenticated" in asked.user.groups and asked.verb == "get"
+            if asked.verb != "get":
+                return False
+            return "system:authenticated" in asked.user.groups or asked.path in PUBLIC_INFO
         return any(
             rule.allows(asked) for rules in self._granted(asked.user, asked.namespace)
             for rule in rules
@@ -290,8 +301,11 @@ class Access:
         return self._tokens[user]
 
     def user(self, authorization: str | None) -> User:
-        """The user an `Authorization` header authenticates as; 401 otherwise."""
-        scheme, _, token = (authorization or "").partition(" ")
+        """The user an `Authorization` header authenticates as (none: `ANONYMOUS`);
+        401 for a token nobody issued."""
+        if not authorization:
+            return ANONYMOUS
+        scheme, _, token = authorization.partition(" ")
         user = self._users.get(token.strip()) if scheme.lower() == "bearer" else None
         if user is None:
             raise unauthorized()

@@ -28,6 +28,24 @@ class PatchError(ValueError):
     """A patch that cannot be applied; the message says why."""
 
 
+class MergeKeyMissing(PatchError):
+    """A strategic merge patch's list item without its patch-merge key: kube-apiserver
+    answers a 500 (no reason) with the Go rendering of the item."""
+
+
+def go_text(value: Any) -> str:
+    """`value` as Go's fmt prints a decoded JSON value (`%v`): maps with sorted keys."""
+    if isinstance(value, dict):
+        return "map[" + " ".join(f"{k}:{go_text(value[k])}" for k in sorted(value)) + "]"
+    if isinstance(value, list):
+        return "[" + " ".join(go_text(item) for item in value) + "]"
+    if value is None:
+        return "<nil>"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 def merge(target: Any, patch: Any) -> Any:
     """RFC 7386 merge patch: returns a new value, `target` is not changed."""
     if not isinstance(patch, dict):
@@ -55,7 +73,9 @@ def merge_by_key(items: Any, patch: list[Any], key: str) -> list[Any]:
     merged = [copy.deepcopy(item) for item in items] if isinstance(items, list) else []
     for item in patch:
         if not isinstance(item, dict) or key not in item:
-            raise PatchError(f"every item of a list merged by {key!r} must name its {key!r}")
+            raise MergeKeyMissing(
+                f"map: {go_text(item)} does not contain declared merge key: {key}"
+            )
         keys = [old.get(key) if isinstance(old, dict) else None for old in merged]
         if item[key] in keys:
             at = keys.index(item[key])

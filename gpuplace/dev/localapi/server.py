@@ -8,7 +8,8 @@ Routes (core group under /api/v1, other groups under /apis/GROUP/VERSION):
   DELETED, BOOKMARK (with `allowWatchBookmarks=true`, every `bookmark_interval`
   seconds) and ERROR (a Status; 410 Expired when `resourceVersion` is older than the
   history); the stream ends after `timeoutSeconds`;
-- `GET`/`PUT`/`PATCH`/`DELETE` object and `/status`; `POST` collection (create,
+- `GET`/`PUT`/`PATCH`/`DELETE` object and `/status` (a pod's DELETE is graceful:
+  `Store.terminate`); `POST` collection (create,
   `generateName`); `POST pods/NAME/binding` (201); `POST pods/NAME/eviction` (201, or
   429 when a PodDisruptionBudget forbids: `Store.evict`);
 - failures are `Status` bodies with the real codes and reasons (400, 404, 409
@@ -360,7 +361,10 @@ class FakeApi:
             )
             return web.json_response(patched)
         if method == "DELETE" and sub is None:
-            preconditions = (body or {}).get("preconditions") if isinstance(body, dict) else None
+            options = body if isinstance(body, dict) else {}
+            if resource == PODS and namespace is not None:
+                return web.json_response(store.terminate(namespace, name, options))
+            preconditions = options.get("preconditions")
             return web.json_response(store.delete(resource, namespace, name, preconditions))
         raise statuses.ApiStatusError(405, f"{method} is not supported here")
 
@@ -371,7 +375,7 @@ class FakeApi:
             limit = int(query.get("limit") or 0)
         except ValueError as error:
             raise statuses.ApiStatusError(400, "limit must be an integer") from error
-        items, rv, token = self.store.list(
+        items, rv, token, remaining = self.store.list(
             resource,
             namespace,
             label_selector=query.get("labelSelector"),
@@ -382,6 +386,8 @@ class FakeApi:
         metadata: dict[str, Any] = {"resourceVersion": rv}
         if token:
             metadata["continue"] = token
+        if remaining is not None:
+            metadata["remainingItemCount"] = remaining
         head = json.dumps(
             {"kind": resource.list_kind, "apiVersion": resource.api_version, "metadata": metadata},
             separators=(",", ":"),
@@ -441,6 +447,8 @@ class FakeApi:
             await response.write_eof()
             return response
         response.enable_chunked_encoding()
+        started = query.get("resourceVersion") or "0"
+        seen = int(started) if started.isdigit() and started != "0" else self.store.latest(resource)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         aborted = False
@@ -454,13 +462,16 @@ class FakeApi:
                 try:
                     item = await asyncio.wait_for(watcher.queue.get(), wait)
                 except TimeoutError:
-                    if bookmarks and loop.time() < deadline:
-                        item = (BOOKMARK, self.store.bookmark_object(resource))
-                    else:
+                    if loop.time() >= deadline:
                         break
+                    if self.store.latest(resource) <= seen:
+                        continue  # nothing of its kind moved: no bookmark
+                    item = (BOOKMARK, self.store.bookmark_object(resource))
                 if item is None:
                     aborted = watcher.abort
                     break
+                with contextlib.suppress(KeyError, TypeError, ValueError):
+                    seen = max(seen, int(item[1]["metadata"]["resourceVersion"]))
                 await response.write(_json_line(*item))
         except ConnectionError:
             return response

@@ -38,7 +38,8 @@ class ApiStatusError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-        self.reason = reason or REASONS.get(code, "Unknown")
+        self.reason = REASONS.get(code, "Unknown") if reason is None else reason
+        """"" leaves `reason` out (a plain error kube-apiserver wraps as a 500)."""
         self.kind = kind
         self.name = name
         self.group = group
@@ -74,16 +75,19 @@ def status(
     name: str = "",
     group: str = "",
 ) -> dict[str, Any]:
-    """A failure Status; `kind`/`name` fill `details` as the API server does."""
+    """A failure Status; `kind`/`name` fill `details` as the API server does; a `reason`
+    of "" is left out."""
     body: dict[str, Any] = {
         "kind": "Status",
         "apiVersion": "v1",
         "metadata": {},
         "status": "Failure",
         "message": message,
-        "reason": reason or REASONS.get(code, "Unknown"),
+        "reason": REASONS.get(code, "Unknown") if reason is None else reason,
         "code": code,
     }
+    if not body["reason"]:
+        del body["reason"]
     if kind or name:
         details: dict[str, Any] = {"kind": kind}
         if name:

@@ -18,17 +18,19 @@ Everything kube-apiserver guarantees that gpuplace relies on, and nothing more:
   `kubernetes.io/tls` Secret must hold `tls.crt` and `tls.key`, and `type` is immutable
   (422); a webhook configuration's `caBundle` must be base64 (400);
 - pods: `spec.nodeName` is set only through the `binding` subresource (whose
-  annotations are copied onto the pod, as kube-apiserver does), scheduling gates can
-  only be removed, node affinity may change only while the pod is gated, other spec
-  fields are immutable (422);
+  annotations are copied onto the pod, as kube-apiserver does); what an update may
+  change of the spec is `podupdates` (gates only removed; while gated, node selector
+  additions and node affinity narrowing only; 422 otherwise);
 - the `eviction` subresource (`evict`), as pkg/registry/core/pod/storage/eviction.go:
   PodDisruptionBudget checked and decremented (429 TooManyRequests with a
   `DisruptionBudget` cause when it forbids), the pod recorded in the budget's
   `disruptedPods`, the UID precondition checked, the `DisruptionTarget` condition
   (reason `EvictionByEvictionAPI`) written, then a graceful deletion: a running pod on
   a node gets `deletionTimestamp` and stays until the kubelet (the test: `delete`)
-  removes it; a pending or finished pod goes at once. A plain DELETE still removes at
-  once.
+  removes it; a pending or finished pod goes at once, after a MODIFIED event with its
+  `deletionTimestamp` (grace 0), as kube-apiserver's registry does. A DELETE of a pod
+  over HTTP is the same graceful deletion (`terminate`); `delete`, the test's
+  synchronous helper, removes at once (the kubelet's last step).
 
 All methods are synchronous and must run on the server's event loop thread.
 """
@@ -48,7 +50,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuplace.dev.localapi import patching, selectors, statuses
+from gpuplace.dev.localapi import patching, podupdates, selectors, statuses
 from gpuplace.dev.localapi.resources import (
     DEFAULT_RESOURCES,
     MUTATING_WEBHOOKS,
@@ -147,7 +149,9 @@ class Store:
         self._history: deque[Change] = deque(maxlen=history)
         self._floor = 0
         self.watchers: set[Watcher] = set()
-        self._continues: dict[str, tuple[Resource, int, list[Obj]]] = {}
+        self._continues: dict[str, tuple[Resource, int, list[Obj], bool]] = {}
+        self._latest: dict[Resource, int] = {}
+        """The resourceVersion of each resource's latest change (its bookmarks')."""
         for resource in resources:
             self.register(resource)
 
@@ -194,8 +198,10 @@ class Store:
         field_selector: str | None = None,
         limit: int | None = None,
         continue_token: str | None = None,
-    ) -> tuple[list[Obj], str, str]:
-        """(items, resourceVersion, continue token or ""); pages share one snapshot."""
+    ) -> tuple[list[Obj], str, str, int | None]:
+        """(items, resourceVersion, continue token or "", remainingItemCount or None);
+        pages share one snapshot. As kube-apiserver, a page of a list without selectors
+        counts the items left after it; with a selector it cannot (None)."""
         if continue_token:
             saved = self._continues.pop(continue_token, None)
             if saved is None or saved[0] != resource:
@@ -207,7 +213,7 @@ class Store:
                     "list - objects that were created, modified, or deleted between the time "
                     "the first chunk was returned and now may show up in the list."
                 )
-            _, rv, remaining = saved
+            _, rv, remaining, counted = saved
         else:
             try:
                 labels = selectors.parse(label_selector)
@@ -215,6 +221,7 @@ class Store:
             except ValueError as error:
                 raise statuses.ApiStatusError(400, str(error)) from error
             watcher = Watcher(resource, namespace, labels, fields)
+            counted = not label_selector and not field_selector
             rv = self._rv
             remaining = sorted(
                 (obj for obj in self._objects[resource].values() if watcher.matches(obj)),
@@ -223,9 +230,9 @@ class Store:
         if limit and limit > 0 and len(remaining) > limit:
             page, rest = remaining[:limit], remaining[limit:]
             token = secrets.token_urlsafe(12)
-            self._continues[token] = (resource, rv, rest)
-            return page, str(rv), token
-        return remaining, str(rv), ""
+            self._continues[token] = (resource, rv, rest, counted)
+            return page, str(rv), token, len(rest) if counted else None
+        return remaining, str(rv), "", None
 
     def expire_continues(self) -> None:
         """Forget every continue token (the next page then answers 410)."""
@@ -241,6 +248,7 @@ class Store:
         if self._history.maxlen is not None and len(self._history) == self._history.maxlen:
             self._floor = self._history[0].rv
         change = Change(self._rv, resource, kind, obj, old)
+        self._latest[resource] = self._rv
         self._history.append(change)
         for watcher in list(self.watchers):
             if watcher.resource is resource or watcher.resource == resource:
@@ -326,6 +334,7 @@ class Store:
             obj["kind"], obj["apiVersion"] = resource.kind, resource.api_version
             metadata["resourceVersion"] = str(self._next_rv())
             self._objects[resource][_key(obj)] = obj
+            self._latest[resource] = self._rv
             count += 1
         self._history.clear()
         self._floor = self._rv
@@ -393,7 +402,7 @@ class Store:
             else:
                 new.pop("status", None)
         if resource == PODS and subresource is None:
-            _check_pod_update(old, new)
+            podupdates.check(old, new)
         _check_kind(resource, new, old)
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         if new == old:
@@ -416,11 +425,16 @@ class Store:
         old = self.get(resource, namespace, name)
         try:
             new = patching.apply(content_type, old, patch, resource.merge_keys)
+        except patching.MergeKeyMissing as error:
+            raise statuses.ApiStatusError(500, str(error), reason="") from error
         except patching.PatchError as error:
             if content_type.startswith(patching.JSON_PATCH):
                 raise statuses.invalid(resource.kind, name, str(error)) from error
             raise statuses.ApiStatusError(400, str(error)) from error
-        return self.update(resource, namespace, name, new, subresource)
+        try:
+            return self.update(resource, namespace, name, new, subresource)
+        except Undecodable as error:
+            raise error.of_patch(patch) from error
 
     def delete(
         self,
@@ -452,12 +466,28 @@ class Store:
             "deletionTimestamp"
         ):
             self._disrupt(namespace, pod)
+        uid = preconditions.get("uid")
+        if uid not in (None, "") and uid != pod["metadata"]["uid"]:
+            raise statuses.conflict(
+                "Pod",
+                name,
+                f"the UID in the precondition ({uid}) does not match the UID in record "
+                f"({pod['metadata']['uid']}). The object might have been deleted and then "
+                "recreated",
+            )
         if preconditions:
             probe = {"metadata": {**pod["metadata"], **dict(preconditions)}}
             self._preconditions(PODS, pod, probe)
         pod = self._disruption_target(pod)
         self._terminate(pod, preconditions, options.get("gracePeriodSeconds"))
         return statuses.success(201)
+
+    def terminate(self, namespace: str, name: str, options: Mapping[str, Any]) -> Obj:
+        """DELETE pods/NAME with DeleteOptions `options` (`_terminate`); the pod as it
+        was left (its last state when it went at once)."""
+        pod = self.get(PODS, namespace, name)
+        preconditions = options.get("preconditions") or {}
+        return self._terminate(pod, preconditions, options.get("gracePeriodSeconds"))
 
     def _disruption_target(self, pod: Obj) -> Obj:
         """The condition kube-apiserver (PodDisruptionConditions, GA in 1.31) writes on a
@@ -495,6 +525,7 @@ class Store:
                 500,
                 "This pod has more than one PodDisruptionBudget, which the eviction "
                 "subresource does not support.",
+                reason="",
             )
         if not budgets:
             return
@@ -536,9 +567,12 @@ class Store:
         status.update(disruptionsAllowed=allowed - 1, disruptedPods=disrupted)
         self.update(PDBS, namespace, pdb_name, {**pdb, "status": status}, "status")
 
-    def _terminate(self, pod: Obj, preconditions: Mapping[str, Any], grace: object = None) -> None:
-        """Delete a pod as kube-apiserver's pod strategy does: a pod bound to a node and
-        not finished gets `deletionTimestamp` (the kubelet removes it); others go now."""
+    def _terminate(self, pod: Obj, preconditions: Mapping[str, Any], grace: object = None) -> Obj:
+        """Delete a pod as kube-apiserver's pod strategy and registry do: it always gets
+        `deletionTimestamp` and `deletionGracePeriodSeconds` first (a MODIFIED event);
+        a pod bound to a node and not finished then stays for its grace period (the
+        kubelet removes it: the test, `delete`), others (grace 0: unbound, finished or
+        asked so) go at once (DELETED). Returns the pod as left (its last state)."""
         metadata = pod["metadata"]
         if preconditions:
             probe = {"metadata": {**metadata, **dict(preconditions)}}
@@ -546,21 +580,24 @@ class Store:
         namespace, name = metadata["namespace"], metadata["name"]
         phase = (pod.get("status") or {}).get("phase")
         bound = (pod.get("spec") or {}).get("nodeName")
-        if not bound or phase in ("Succeeded", "Failed") or grace == 0:
-            self.delete(PODS, namespace, name)
-            return
-        if metadata.get("deletionTimestamp"):
-            return
         seconds = grace if isinstance(grace, int) else None
+        if not bound or phase in ("Succeeded", "Failed"):
+            seconds = 0
         if seconds is None:
             given = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
             seconds = given if isinstance(given, int) else 30
+        earlier = metadata.get("deletionGracePeriodSeconds")
+        if metadata.get("deletionTimestamp") and (earlier is None or seconds >= earlier):
+            return pod  # already terminating, no sooner
         new = copy.deepcopy(pod)
         new["metadata"]["deletionTimestamp"] = now()
         new["metadata"]["deletionGracePeriodSeconds"] = seconds
         new["metadata"]["resourceVersion"] = str(self._next_rv())
         self._objects[PODS][_key(pod)] = new
         self._record(PODS, MODIFIED, new, pod)
+        if seconds == 0:
+            return self.delete(PODS, namespace, name)
+        return new
 
     def bind(self, namespace: str, name: str, binding: Mapping[str, Any]) -> None:
         """POST pods/NAME/binding: set spec.nodeName once, with the Binding's annotations."""
@@ -574,11 +611,13 @@ class Store:
             raise statuses.invalid("Binding", name, "target: Required value: a Node")
         uid = metadata.get("uid")
         if uid and uid != pod["metadata"]["uid"]:
+            # etcd3's storage error, as kube-apiserver lets it through
             raise statuses.conflict(
-                "pods/binding",
+                "pods",
                 name,
-                f"Precondition failed: UID in precondition: {uid}, "
-                f"UID in object meta: {pod['metadata']['uid']}",
+                f"StorageError: invalid object, Code: 4, Key: /registry/pods/{namespace}/{name}, "
+                "ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: UID in "
+                f"precondition: {uid}, UID in object meta: {pod['metadata']['uid']}",
             )
         rv = metadata.get("resourceVersion")
         if rv and rv != pod["metadata"]["resourceVersion"]:
@@ -645,7 +684,7 @@ class Store:
                     400, f"invalid resource version {resource_version!r}"
                 ) from error
             if since < self._floor:
-                raise statuses.gone(f"too old resource version: {since} ({self._floor})")
+                raise statuses.gone("The resourceVersion for the provided watch is too old.")
             for change in itertools.dropwhile(lambda c: c.rv <= since, self._history):
                 if change.resource == resource:
                     event = watcher.event_for(change)
@@ -658,22 +697,30 @@ class Store:
         self.watchers.discard(watcher)
 
     def bookmark(self) -> None:
-        """Every open watch that allows bookmarks gets one at the current resourceVersion."""
+        """Every open watch that allows bookmarks gets one now (`bookmark_object`)."""
         for watcher in list(self.watchers):
             if watcher.bookmarks:
                 watcher.queue.put_nowait((BOOKMARK, self.bookmark_object(watcher.resource)))
 
+    def latest(self, resource: Resource) -> int:
+        """The resourceVersion of `resource`'s latest change (0: none yet)."""
+        return self._latest.get(resource, 0)
+
     def bookmark_object(self, resource: Resource) -> Obj:
+        """A BOOKMARK's object: as kube-apiserver's watch cache, the resourceVersion its
+        kind has reached (a change of another kind does not move it)."""
         return {
             "kind": resource.kind,
             "apiVersion": resource.api_version,
-            "metadata": {"resourceVersion": str(self._rv)},
+            "metadata": {"resourceVersion": str(self.latest(resource))},
         }
 
     def compact(self) -> None:
-        """Drop the change history: a watch from any earlier resourceVersion gets 410."""
+        """Drop the change history: a watch from any earlier resourceVersion, and a list
+        `continue` of a page served before, get 410 (etcd's compaction)."""
         self._history.clear()
         self._floor = self._rv
+        self._continues.clear()
 
     def close_watches(self, *, abort: bool = False, expire: bool = False) -> int:
         """End every open watch: cleanly, as a broken connection, or with a 410 ERROR."""
@@ -689,9 +736,6 @@ class Store:
         return count
 
 
-_MUTABLE_POD_SPEC = ("schedulingGates", "affinity", "activeDeadlineSeconds", "tolerations")
-
-
 def _too_many(cause: str, retry_after: int) -> statuses.ApiStatusError:
     """eviction.go's 429: the real message, a DisruptionBudget cause."""
     return statuses.ApiStatusError(
@@ -702,47 +746,37 @@ def _too_many(cause: str, retry_after: int) -> statuses.ApiStatusError:
     )
 
 
-def _check_pod_update(old: Obj, new: Obj) -> None:
-    name = old["metadata"]["name"]
-    before, after = old.get("spec") or {}, new.get("spec") or {}
-    if before.get("nodeName") != after.get("nodeName"):
-        raise statuses.invalid(
-            "Pod", name, "spec.nodeName: Forbidden: may only be set through pods/binding"
-        )
-    old_gates = [gate.get("name") for gate in before.get("schedulingGates") or []]
-    new_gates = [gate.get("name") for gate in after.get("schedulingGates") or []]
-    if any(gate not in old_gates for gate in new_gates):
-        raise statuses.invalid(
-            "Pod", name, "spec.schedulingGates: Forbidden: only deletion is allowed"
-        )
-    if before.get("affinity") != after.get("affinity") and not old_gates:
-        raise statuses.invalid(
-            "Pod", name, "spec.affinity: Forbidden: may change only while the pod is gated"
-        )
+class Undecodable(statuses.ApiStatusError):
+    """A bytes field that is not base64: what kube-apiserver answers for such a body
+    (400); `at` is the first byte Go's decoder refuses."""
 
-    def fixed(spec: Mapping[str, Any]) -> Obj:
-        kept = _without(dict(spec), *_MUTABLE_POD_SPEC)
-        kept["containers"] = [_without(c, "image") for c in spec.get("containers") or []]
-        return kept
+    def __init__(self, resource: Resource, field: str, value: object) -> None:
+        super().__init__(
+            400,
+            f'{resource.kind} in version "{resource.version}" cannot be handled as a '
+            f"{resource.kind}: {field}: illegal base64 data",
+        )
+        text = str(value)
+        self.at = next((i for i, c in enumerate(text) if c not in _ALPHABET), len(text))
 
-    if fixed(before) != fixed(after):
-        raise statuses.invalid(
-            "Pod",
-            name,
-            "spec: Forbidden: pod updates may not change fields other than "
-            "`spec.containers[*].image`, `spec.activeDeadlineSeconds`, `spec.tolerations` "
-            "(only additions to existing tolerations), `spec.schedulingGates` (only deletion) "
-            "and node affinity of gated pods",
+    def of_patch(self, patch: object) -> statuses.ApiStatusError:
+        """kube-apiserver's answer when a PATCH made the field so: 422 on the patch."""
+        why = (
+            f'Invalid value: "{patching.go_text(patch)}": error decoding from json: '
+            f"illegal base64 data at input byte {self.at}"
+        )
+        return statuses.ApiStatusError(
+            422,
+            f' "" is invalid: patch: {why}',
+            causes=[{"reason": "FieldValueInvalid", "message": why, "field": "patch"}],
         )
 
 
-def _undecodable(resource: Resource, field: str) -> statuses.ApiStatusError:
-    """What kube-apiserver answers for a body whose bytes field is not base64."""
-    return statuses.ApiStatusError(
-        400,
-        f'{resource.kind} in version "{resource.version}" cannot be handled as a '
-        f"{resource.kind}: {field}: illegal base64 data",
-    )
+_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+
+
+def _undecodable(resource: Resource, field: str, value: object) -> Undecodable:
+    return Undecodable(resource, field, value)
 
 
 def _base64(value: object) -> bool:
@@ -762,7 +796,7 @@ def _check_kind(resource: Resource, new: Obj, old: Obj | None) -> None:
         data = new.get("data") or {}
         for key, value in data.items():
             if not _base64(value):
-                raise _undecodable(resource, f"data[{key}]")
+                raise _undecodable(resource, f"data[{key}]", value)
         kind = new.get("type") or "Opaque"
         if old is not None and kind != (old.get("type") or "Opaque"):
             raise statuses.invalid(
@@ -776,4 +810,4 @@ def _check_kind(resource: Resource, new: Obj, old: Obj | None) -> None:
         for index, webhook in enumerate(new.get("webhooks") or []):
             bundle = (webhook.get("clientConfig") or {}).get("caBundle")
             if bundle is not None and not _base64(bundle):
-                raise _undecodable(resource, f"webhooks[{index}].clientConfig.caBundle")
+                raise _undecodable(resource, f"webhooks[{index}].clientConfig.caBundle", bundle)

@@ -1,0 +1,457 @@
+"""Throughput against the stock scheduler (issue 27, point 5), on real Kubernetes v1.36.2.
+
+One run on the real-cluster tier's control plane (`tests/realcluster`: `../shared/k8s`,
+gpuplace installed as README says, `gpuplace serve` and the gpuplace kube-scheduler with
+the shipped configuration running as in the tier; no kubelet): N GPU nodes for gpuplace
+(GFD labels, `gpuplace.io/enabled`, 8 GPUs, a kubelet-like status) and N plain nodes
+(`nvidia.com/gpu: 8`, as NVIDIA's device plugin advertises), made through the API; then
+P gated GPU pods (`gpuplace.io/gpu-count: 1`, scheduled by the gpuplace profile through
+the sidecar's filter, prioritize and bind) and P gated plain pods (`nvidia.com/gpu: 1`,
+the cluster's kube-scheduler with the default profile), all ungated together, kinds
+interleaved. A watch on the pods times each bind.
+
+Per kind: pods/s (P over first ungate → last bind) and per-pod ungate → bind p50/p99/max
+(ungate: when the API answered the pod's ungate patch; bind: when the watch delivered the
+pod with `spec.nodeName`), plus the sidecar's own bind histogram from its /metrics. Prints
+one JSON document.
+
+    .venv/bin/python -m bench.scheduler_throughput --nodes 300   # 300 + 300 nodes, 600 + 600 pods
+    .venv/bin/python -m bench.scheduler_throughput --nodes 1000 --pods 1200
+
+`measure` is what the tier's smoke test runs at a tiny size on the session's cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import secrets
+import ssl
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+
+from tests.realcluster import install, kit
+from tests.realcluster.install import Installation
+from tests.realcluster.objects import SLOTS_PER_GPU, gpu_node
+
+GPUS = 8
+GATE = "bench.gpuplace.io/hold"
+PLAIN = "nvidia.com/gpu"
+CONCURRENCY = 32
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+
+
+@dataclass
+class Api:
+    """The tier's kube-apiserver as an admin (client certificate), over aiohttp."""
+
+    url: str
+    session: aiohttp.ClientSession
+    tls: ssl.SSLContext
+
+    async def call(self, method: str, path: str, body: Any = None, **headers: str) -> Any:
+        content = headers.pop("content_type", "application/json")
+        async with self.session.request(
+            method,
+            self.url + path,
+            data=None if body is None else json.dumps(body),
+            headers={"Content-Type": content},
+            ssl=self.tls,
+        ) as response:
+            answer = await response.json(content_type=None)
+            if response.status >= 300:
+                raise RuntimeError(f"{method} {path}: {response.status} {answer}")
+            return answer
+
+
+def admin_tls(installation: Installation) -> ssl.SSLContext:
+    cluster = installation.cluster
+    tls = ssl.create_default_context(cafile=str(cluster.ca_file))
+    pki = cluster.state / "pki"
+    tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    return tls
+
+
+def kubelet_status(extra: Mapping[str, str]) -> Obj:
+    resources = {"cpu": "64", "memory": "512Gi", "pods": "110", **extra}
+    ready = {"type": "Ready", "status": "True", "reason": "NoKubelet", "message": "bench"}
+    return {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}}
+
+
+async def each(
+    job: Callable[[T], Awaitable[Any]], items: Iterable[T], limit: int = CONCURRENCY
+) -> list[Any]:
+    """`job(item)` for every item, at most `limit` at a time."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(item: T) -> Any:
+        async with gate:
+            return await job(item)
+
+    return await asyncio.gather(*(one(item) for item in items))
+
+
+async def add_node(api: Api, node: Obj, extra: Mapping[str, str]) -> None:
+    name = node["metadata"]["name"]
+    await api.call("POST", "/api/v1/nodes", node)
+    merge = "application/merge-patch+json"
+    await api.call(
+        "PATCH", f"/api/v1/nodes/{name}/status", kubelet_status(extra), content_type=merge
+    )
+    # the API server taints every new Node not-ready; no node-lifecycle controller lifts it
+    await api.call("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": None}}, content_type=merge)
+
+
+def gpu_pod(name: str, model: str) -> Obj:
+    spec = pod_spec({})
+    annotations = {"gpuplace.io/gpu-count": "1", "gpuplace.io/gpu-model": model}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": spec,
+    }
+
+
+def plain_pod(name: str) -> Obj:
+    spec = pod_spec({PLAIN: "1"})
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def pod_spec(limits: Mapping[str, str]) -> Obj:
+    box: Obj = {"name": "main", "image": "localhost/busybox:local", "command": ["sleep", "3600"]}
+    if limits:
+        box["resources"] = {"limits": dict(limits)}
+    return {
+        "terminationGracePeriodSeconds": 0,
+        "containers": [box],
+        "schedulingGates": [{"name": GATE}],
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+@dataclass
+class Timing:
+    ungated: dict[str, float] = field(default_factory=dict)
+    bound: dict[str, float] = field(default_factory=dict)
+    nodes: dict[str, str] = field(default_factory=dict)
+
+
+def summary(names: list[str], timing: Timing) -> Obj:
+    done = [name for name in names if name in timing.bound and name in timing.ungated]
+    latencies = [timing.bound[name] - timing.ungated[name] for name in done]
+    if not done:
+        return {"pods": len(names), "bound": 0}
+    start = min(timing.ungated[name] for name in names if name in timing.ungated)
+    span = max(timing.bound[name] for name in done) - start
+    return {
+        "pods": len(names),
+        "bound": len(done),
+        "seconds": round(span, 3),
+        "pods_per_second": round(len(done) / span, 2) if span > 0 else None,
+        "ungate_to_bind_s": {
+            "p50": round(percentile(latencies, 0.50), 3),
+            "p99": round(percentile(latencies, 0.99), 3),
+            "max": round(max(latencies), 3),
+            "mean": round(statistics.fmean(latencies), 3),
+        },
+    }
+
+
+def kinds_of(pods: list[str], timing: Timing, namespace: str) -> str:
+    """Which kind of node `pods` went to: "gpu", "plain", or "mixed"."""
+    kinds = {
+        timing.nodes[name].removeprefix(namespace + "-").split("-")[0]
+        for name in pods
+        if name in timing.nodes
+    }
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def bind_histogram(installation: Installation) -> Obj:
+    """The sidecar's own bind latency (its /metrics), when it exports one."""
+    url = f"http://127.0.0.1:{installation.ports.metrics}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            text = answer.read().decode()
+    except OSError as error:
+        return {"error": str(error)}
+    found: Obj = {}
+    for line in text.splitlines():
+        if (
+            line.startswith("gpuplace_extender_")
+            and 'verb="bind"' in line
+            and "_bucket" not in line
+        ):
+            metric, _, value = line.rpartition(" ")
+            found[metric] = float(value)
+    return found
+
+
+async def watch_binds(api: Api, namespace: str, rv: str, timing: Timing, expected: int) -> None:
+    """Record when each pod is first seen bound, until `expected` are; a watch that ends
+    is resumed from the last resourceVersion it delivered (a 410: from a new list)."""
+    path = f"{api.url}/api/v1/namespaces/{namespace}/pods"
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
+    while len(timing.bound) < expected:
+        params = {"watch": "true", "resourceVersion": rv, "allowWatchBookmarks": "true"}
+        async with api.session.get(path, params=params, ssl=api.tls, timeout=timeout) as response:
+            async for line in response.content:
+                if not line.strip():
+                    continue
+                now = time.monotonic()
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    listed = await api.call("GET", f"/api/v1/namespaces/{namespace}/pods")
+                    for item in listed["items"]:
+                        seen(item, now, timing)
+                    rv = listed["metadata"]["resourceVersion"]
+                    break
+                rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                seen(obj, now, timing)
+                if len(timing.bound) >= expected:
+                    return
+
+
+async def events_written(api: Api, namespace: str, reason: str, count: int) -> None:
+    """Until `count` Events of `reason` are in `namespace` (30 s at most)."""
+    path = f"/api/v1/namespaces/{namespace}/events?fieldSelector=reason%3D{reason}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if len((await api.call("GET", path))["items"]) >= count:
+            return
+        await asyncio.sleep(0.2)
+
+
+def seen(obj: Mapping[str, Any], now: float, timing: Timing) -> None:
+    name = str((obj.get("metadata") or {}).get("name"))
+    node = (obj.get("spec") or {}).get("nodeName")
+    if node:
+        timing.bound.setdefault(name, now)
+        timing.nodes.setdefault(name, str(node))
+
+
+def exited(installation: Installation) -> str | None:
+    """Why the gpuplace kube-scheduler stopped during the run (None: it runs): it exits
+    when it cannot renew its Lease in time, as a saturated API server makes it."""
+    process = getattr(installation.scheduler, "process", None)
+    if process is None or process.poll() is None:
+        return None
+    log = installation.workdir / "kube-scheduler.log"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    last = [line for line in lines if line.startswith(("E", "F"))][-1:]
+    return f"exit {process.returncode}: {last[0] if last else ''}"[:300]
+
+
+def log_problems(log: Path) -> dict[str, int]:
+    """How often each WARNING or ERROR message of a JSON log was logged."""
+    counts: dict[str, int] = {}
+    if not log.exists():
+        return counts
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and str(record.get("level", "")).upper() in (
+            "WARNING",
+            "ERROR",
+        ):
+            key = f"{record.get('level')}: {record.get('message') or record.get('msg')}"
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+async def measure(
+    installation: Installation,
+    nodes: int,
+    pods: int,
+    *,
+    timeout: float = 600,
+    cleanup: bool = True,
+) -> Obj:
+    """One run: `nodes` GPU + `nodes` plain nodes, `pods` pods of each kind; see the
+    module docstring. With `cleanup`, removes its namespace and nodes after."""
+    run = secrets.token_hex(3)
+    namespace, model = f"bench-{run}", f"BENCH-{run.upper()}"
+    jar = aiohttp.TCPConnector(limit=CONCURRENCY * 2)
+    async with aiohttp.ClientSession(connector=jar) as session:
+        api = Api(installation.cluster.server, session, admin_tls(installation))
+        await api.call("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+        for _ in range(600):  # the ServiceAccount admission needs `default` first
+            try:
+                await api.call("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")
+                break
+            except RuntimeError:
+                await asyncio.sleep(0.1)
+        gpu_names = [f"{namespace}-gpu-{i}" for i in range(nodes)]
+        plain_names = [f"{namespace}-plain-{i}" for i in range(nodes)]
+        began = time.monotonic()
+        slots = {"gpuplace.io/gpu": str(SLOTS_PER_GPU * GPUS)}
+        plain_slots = {PLAIN: str(GPUS)}
+        made_nodes: list[tuple[Obj, Mapping[str, str]]] = [
+            (gpu_node(name, model=model, gpus=GPUS), slots) for name in gpu_names
+        ]
+        for name in plain_names:
+            labels = {"kubernetes.io/hostname": name, "bench": run}
+            plain = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "labels": labels},
+            }
+            made_nodes.append((plain, plain_slots))
+
+        async def create_node(made: tuple[Obj, Mapping[str, str]]) -> None:
+            await add_node(api, *made)
+
+        timing = Timing()
+        gpu_pods: list[str] = []
+        try:
+            await each(create_node, made_nodes)
+            # the sidecar knows a GPU node once it advertises its GPUs on the node's status
+            selector = f"nvidia.com/gpu.product={model}"
+            while True:
+                listed = await api.call("GET", f"/api/v1/nodes?labelSelector={selector}")
+                ready = [
+                    n
+                    for n in listed["items"]
+                    if "gpuplace.io/gpu-percent" in (n["status"].get("allocatable") or {})
+                ]
+                if len(ready) == nodes:
+                    break
+                if time.monotonic() - began > timeout:
+                    raise TimeoutError(f"the sidecar advertised {len(ready)} of {nodes} GPU nodes")
+                await asyncio.sleep(0.5)
+            nodes_s = time.monotonic() - began
+            gpu_pods = [f"g{i}" for i in range(pods)]
+            plain_pods = [f"p{i}" for i in range(pods)]
+            base = f"/api/v1/namespaces/{namespace}/pods"
+            bodies = [gpu_pod(n, model) for n in gpu_pods] + [plain_pod(n) for n in plain_pods]
+
+            async def create_pod(body: Obj) -> None:
+                await api.call("POST", base, body)
+
+            await each(create_pod, bodies)
+            rv = (await api.call("GET", base + "?limit=1"))["metadata"]["resourceVersion"]
+            watching = asyncio.create_task(watch_binds(api, namespace, rv, timing, 2 * pods))
+            await asyncio.sleep(0.5)  # the watch is open
+            merge = "application/merge-patch+json"
+            ungate = {"spec": {"schedulingGates": None}}
+
+            async def release(name: str) -> None:
+                await api.call("PATCH", f"{base}/{name}", ungate, content_type=merge)
+                timing.ungated[name] = time.monotonic()
+
+            order = [name for pair in zip(gpu_pods, plain_pods, strict=True) for name in pair]
+            await each(release, order)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(watching, timeout)
+            gpu, plain = summary(gpu_pods, timing), summary(plain_pods, timing)
+            ratio = None
+            if gpu.get("pods_per_second") and plain.get("pods_per_second"):
+                ratio = round(gpu["pods_per_second"] / plain["pods_per_second"], 3)
+            return {
+                "nodes": {
+                    "gpu": nodes,
+                    "plain": nodes,
+                    "gpus_per_node": GPUS,
+                    "setup_s": round(nodes_s, 1),
+                },
+                "gpuplace": gpu,
+                "plain": plain,
+                "throughput_ratio": ratio,
+                "placed_on": {
+                    "gpuplace": kinds_of(gpu_pods, timing, namespace),
+                    "plain": kinds_of(plain_pods, timing, namespace),
+                },
+                "sidecar_bind_metrics": bind_histogram(installation),
+                "serve_log_problems": log_problems(installation.workdir / "serve.log"),
+                "gpuplace_scheduler_exited": exited(installation),
+                "logs": str(installation.workdir),
+            }
+        finally:
+            if cleanup:
+                # the sidecar's GpusAssigned events first: a namespace being deleted refuses
+                # them (403), which the tier counts as RBAC refusing gpuplace a call
+                assigned = sum(name in timing.bound for name in gpu_pods)
+                await events_written(api, namespace, "GpusAssigned", assigned)
+                await api.call("DELETE", f"/api/v1/namespaces/{namespace}")
+
+                async def delete_node(name: str) -> None:
+                    await api.call("DELETE", f"/api/v1/nodes/{name}")
+
+                await each(delete_node, gpu_names + plain_names)
+
+
+def up(scratch: Path, tries: int = 3) -> kit.Cluster:
+    """A control plane; again on failure (a free port taken by another process meanwhile)."""
+    for attempt in range(1, tries + 1):
+        try:
+            return kit.Cluster.up(scratch / f"state-{attempt}", node=False)
+        except kit.ClusterError:
+            if attempt == tries:
+                raise
+    raise AssertionError("unreachable")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=300, help="GPU nodes, and as many plain ones")
+    parser.add_argument(
+        "--pods", type=int, default=None, help="pods of each kind (default 2 × nodes)"
+    )
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args(argv)
+    problem = kit.kit_missing()
+    if problem is not None:
+        print(json.dumps({"error": problem}))
+        return 2
+    scratch = tempfile.mkdtemp(prefix="gpuplace-bench-")  # kept: the processes' logs
+    cluster = up(Path(scratch))
+    try:
+        installation = install.install(cluster, Path(scratch))
+        installation.serve.start()
+        installation.scheduler.start()
+        try:
+            install.wait_leading(installation)
+            result = asyncio.run(
+                measure(
+                    installation,
+                    args.nodes,
+                    args.pods or 2 * args.nodes,
+                    timeout=args.timeout,
+                    cleanup=False,
+                )
+            )
+        finally:
+            installation.scheduler.stop()
+            installation.serve.stop()
+    finally:
+        cluster.down()
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
