@@ -8,6 +8,7 @@ from gpuplace.cluster import keys
 from gpuplace.cluster.gang_marks import gated
 from gpuplace.cluster.node_affinity import NodeAffinity
 from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from tests.queues.rig import events, gpuqueue, namespace, nodes, queued, rig, two_teams
 
 
@@ -61,8 +62,6 @@ async def test_a_pod_is_admitted_only_where_a_gpu_is_free(server: localapi.Serve
     namespace(server.api, "team-a", team="a")
     server.api.create(gpuqueue("team-a", "8"))
     async with rig(server) as r:
-        from gpuplace.dev.localapi import objects
-
         r.api.create(objects.pod("outside", "default", percent=None, count=2))
         assert await r.schedule() == []
         r.api.create(queued("big", "team-a", count=4))
