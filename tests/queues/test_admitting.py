@@ -4,6 +4,8 @@ status, Events and metrics."""
 
 from __future__ import annotations
 
+import asyncio
+
 from gpuplace.cluster import keys
 from gpuplace.cluster.gang_marks import gated
 from gpuplace.cluster.node_affinity import NodeAffinity
@@ -18,11 +20,14 @@ async def test_queued_pods_are_admitted_within_quota_in_priority_then_age_order(
     nodes(server.api, 2, gpus=4)
     namespace(server.api, "team-a", team="a")
     server.api.create(gpuqueue("team-a", "3"))
+    # one round sees them all; creationTimestamp counts seconds
+    server.api.create(queued("old", "team-a"))
+    await asyncio.sleep(1.05)
+    server.api.create(queued("young", "team-a"))
+    await asyncio.sleep(1.05)
+    server.api.create(queued("last", "team-a"))
+    server.api.create(queued("urgent", "team-a", priority=100))
     async with rig(server) as r:
-        r.api.create(queued("old", "team-a"))
-        r.api.create(queued("young", "team-a"))
-        r.api.create(queued("urgent", "team-a", priority=100))
-        r.api.create(queued("last", "team-a"))
         await r.quiet()
         # three GPUs of quota: the urgent one, then the oldest two; `last` waits for quota
         assert r.admitted() == ["old", "urgent", "young"]
