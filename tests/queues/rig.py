@@ -79,7 +79,7 @@ class Rig:
         value = self.registry.get_sample_value(name, labels or {})
         return 0.0 if value is None else value
 
-    async def rounds(self, count: int = 2, timeout: float = 10.0) -> None:
+    async def rounds(self, count: int = 2, timeout: float = 30.0) -> None:
         """Let the controller complete `count` more rounds."""
         target = self.controller.rounds + count
         loop = asyncio.get_running_loop()
@@ -90,7 +90,7 @@ class Rig:
             self.controller.wake()
             await asyncio.sleep(0.01)
 
-    async def quiet(self, timeout: float = 15.0) -> None:
+    async def quiet(self, timeout: float = 40.0) -> None:
         """Wait until the informers caught up with the API (queued pods, the ledger's
         pods, the queues) and two rounds in a row changed nothing in the API."""
         loop = asyncio.get_running_loop()
@@ -138,11 +138,17 @@ class Rig:
                 continue
             if spec.get("schedulingGates") or pod["metadata"].get("deletionTimestamp"):
                 continue
+            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
             try:
                 await self.h.schedule(pod)
             except (Unschedulable, NoLongerFits):
                 left.append(pod["metadata"]["name"])
                 continue
+            except AssertionError as error:
+                if "not found" in str(error):
+                    continue  # evicted (a reclaim) between the list and the bind
+                raise
             metadata = pod["metadata"]
             self.api.set_phase(metadata["namespace"], metadata["name"], "Running")
         return left
@@ -249,7 +255,8 @@ async def rig(
                     queues.store.synced.is_set()
                     and directory.synced()
                     and h.sidecar.sync.ready.is_set()
-                )
+                ),
+                timeout=30.0,  # the whole suite loads the machine
             )
             yield made
         finally:
