@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuplace.cluster import annotations as grammar
 from gpuplace.cluster import assignments, keys, queue_directory
-from gpuplace.cluster.gang_marks import gated
+from gpuplace.cluster.gang_marks import gated, plan_mark
 from gpuplace.cluster.queue_directory import QueueDirectory
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
@@ -92,7 +92,8 @@ class Rig:
 
     async def quiet(self, timeout: float = 40.0) -> None:
         """Wait until the informers caught up with the API (queued pods, the ledger's
-        pods, the queues) and two rounds in a row changed nothing in the API."""
+        pods, the queues), the gang controller started every gang its queue admitted, and
+        two rounds in a row changed nothing in the API."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -112,7 +113,14 @@ class Rig:
             synced = {
                 uid: record.resource_version for uid, record in self.h.sidecar.sync.pods.items()
             }
-            if store == queued and synced == managed:
+            handed = [  # admitted by its queue, the gang controller has yet to start it
+                pod
+                for pod in self.pods()
+                if plan_mark(pod) is not None
+                and not gated(pod, keys.QUEUE_GATE)
+                and gated(pod, keys.GANG_GATE)
+            ]
+            if store == queued and synced == managed and not handed:
                 await self.rounds(2, timeout)
                 if self._versions() == before:
                     return
