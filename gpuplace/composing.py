@@ -60,7 +60,12 @@ async def compose(
     if config.inventory is None:
         sidecar = await Sidecar.create(config, registry, rng=rng, load_reader=load_reader)
     try:
-        server = serving.build(config, registry, capabilities=sidecar)
+        server = serving.build(
+            config,
+            registry,
+            capabilities=sidecar,
+            queues=sidecar.directory if sidecar is not None else None,
+        )
     except BaseException:
         if sidecar is not None:
             await sidecar.api.close()

@@ -52,6 +52,7 @@ from gpuplace.webhook.auditing import AuditLog, RotatingFileSink, Sink, StreamSi
 from gpuplace.webhook.config import WebhookConfig
 from gpuplace.webhook.inventory import CapabilitySource, FixedCapabilities
 from gpuplace.webhook.metrics import WebhookMetrics
+from gpuplace.webhook.queueing import QueueSource
 from gpuplace.webhook.tls import CertificateReloader
 
 log = logging.getLogger(__name__)
@@ -335,11 +336,14 @@ def build(
     registry: CollectorRegistry,
     *,
     capabilities: CapabilitySource | None = None,
+    queues: QueueSource | None = None,
 ) -> Server:
     """The process as configured: ops site, webhook site, inventory source.
 
     `capabilities` replaces the inventory source (a live, informer-backed one); without it
-    `--inventory FILE` is used, and without that the webhook stays not ready. Raises
+    `--inventory FILE` is used, and without that the webhook stays not ready. `queues`:
+    the sidecar's GpuQueues and namespaces, which the webhook reads to queue GPU pods
+    (None: queues are off). Raises
     `OSError`/`ssl.SSLError` when the certificate cannot be loaded (fail at start).
     """
     server = Server(
@@ -385,7 +389,7 @@ def build(
 
     server.add_context(closing_audit)
     app = webhook_app.create_app(
-        webhook_config(settings), source, audit, metrics, certificates=certificates
+        webhook_config(settings), source, audit, metrics, certificates=certificates, queues=queues
     )
     server.add_site(
         "webhook",

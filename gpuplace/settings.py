@@ -113,6 +113,12 @@ class Settings(SidecarSettings):
         description="run the gang controller: plan complete gangs all at once, reserve "
         "their GPUs and remove their scheduling gates together",
     )
+    queues: bool = Field(
+        True,
+        description="run the queue controller: GPU pods whose namespace or annotation names "
+        "a GpuQueue wait behind its gate until the queue's quota and a free GPU cover them "
+        "(needs the GpuQueue CRD; the webhook reads the queues from this sidecar)",
+    )
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -2,9 +2,12 @@
 background work that keeps the API right (node status, Events, expired reservations)
 and, with `gangs`, the gang controller (`gpuplace.gangs`, built by `gpuplace.gangs.wiring`:
 its own gang-pod informer, planning on the shared ledger, ungating members together),
-which plans only while this pod's kube-scheduler holds its leader-election Lease
-(`--scheduler-lease`, `gpuplace.gangs.leader`), so that one replica's ledger decides at a
-time.
+and with `queues` the GpuQueue and namespace informers (`gpuplace.cluster.queue_directory`,
+which the webhook of the same process reads: `directory`) and the queue controller
+(`gpuplace.queues`, built by `gpuplace.queues.wiring`). Both controllers decide only while
+this pod's kube-scheduler holds its leader-election Lease (`--scheduler-lease`, one
+`gpuplace.gangs.leader.LeaseFollower` for both), so that one replica's ledger decides at
+a time.
 
 For `gpuplace serve` (see gpuplace.serving):
 
@@ -56,9 +59,12 @@ from gpuplace.cluster import (
     metering,
     mirroring,
     nodes,
+    queue_directory,
     reaping,
     recording,
+    watching,
 )
+from gpuplace.cluster.queue_directory import QueueDirectory
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender import app as extender_app
 from gpuplace.extender import (
@@ -78,6 +84,8 @@ from gpuplace.gangs.controller import GangSettings
 from gpuplace.placement import choosing, policies
 from gpuplace.placement.fences import Fences
 from gpuplace.placement.inventory import Capabilities
+from gpuplace.queues import wiring as queue_wiring
+from gpuplace.queues.controller import QueueSettings
 from gpuplace.usage import prometheus
 from gpuplace.usage.gpu_loads import LoadReader
 
@@ -205,6 +213,24 @@ class SidecarSettings(BaseSettings):
         description="kube-scheduler's leader-election Lease (NAMESPACE/NAME): the gang "
         "controller plans only while this pod's kube-scheduler holds it; empty = always "
         "(a single replica)",
+    )
+    queues: bool = Field(
+        False,
+        description="run the queue controller: GPU pods whose namespace or annotation names "
+        "a GpuQueue wait behind its gate until the queue's quota and a free GPU cover them "
+        "(needs the GpuQueue CRD; the webhook reads the queues from this sidecar)",
+    )
+    queue_window: int = Field(
+        100,
+        ge=1,
+        description="waiting workloads per queue one admission round looks at (the most "
+        "urgent; the rest wait their turn)",
+    )
+    queue_min_round_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="admission rounds that decide are at least this far apart (a round at "
+        "1,000 nodes costs 1-2 s on the event loop the extender shares)",
     )
     gang_starve_after_seconds: float = Field(
         120.0,
@@ -442,8 +468,15 @@ class Sidecar:
         )
         self.app = extender_app.create_app(self.service)
         """The extender's aiohttp app (/filter, /prioritize, /bind, /preempt), for its own site."""
+        self.leader: gang_leader.LeaseFollower | None = None
+        """Whether this replica's kube-scheduler leads (None: always treated as leading,
+        or neither controller runs): the gang and queue controllers decide only then."""
+        if settings.scheduler_lease and (settings.gangs or settings.queues):
+            namespace, _, name = settings.scheduler_lease.partition("/")
+            self.leader = gang_leader.LeaseFollower(api, namespace=namespace, name=name)
+        blocked = self.leader.blocked_reason if self.leader is not None else None
         self.gangs: gang_wiring.Gangs | None = None
-        """The gang controller, its informer and leader gate (None with `gangs` off)."""
+        """The gang controller and its informer (None with `gangs` off)."""
         if settings.gangs:
             self.gangs = gang_wiring.build(
                 api,
@@ -456,9 +489,44 @@ class Sidecar:
                     starve_after_seconds=settings.gang_starve_after_seconds,
                     hold_seconds=settings.reservation_timeout_seconds,
                 ),
-                scheduler_lease=settings.scheduler_lease,
                 page_size=settings.list_page_size,
                 watch_seconds=settings.watch_timeout_seconds,
+                active=self.leader,
+                blocked=blocked,
+            )
+        self.directory: QueueDirectory | None = None
+        """The GpuQueues and namespaces (None with `queues` off): the queue controller's,
+        and the webhook's `QueueSource` in the same process."""
+        self.queues: queue_wiring.Queues | None = None
+        """The queue controller and its informer (None with `queues` off)."""
+        self._queue_informers: list[watching.Informer[Any]] = []
+        if settings.queues:
+            self.directory = QueueDirectory()
+            self._queue_informers = list(
+                queue_directory.informers(
+                    api,
+                    self.directory,
+                    page_size=settings.list_page_size,
+                    watch_seconds=settings.watch_timeout_seconds,
+                )
+            )
+            self.queues = queue_wiring.build(
+                api,
+                self.sync,
+                self.directory,
+                lambda: self.holder.current().policy,
+                fences=self.fences,
+                recorder=self.recorder,
+                registry=registry,
+                settings=QueueSettings(
+                    window=settings.queue_window,
+                    min_round_seconds=settings.queue_min_round_seconds,
+                    hold_seconds=settings.reservation_timeout_seconds,
+                ),
+                page_size=settings.list_page_size,
+                watch_seconds=settings.watch_timeout_seconds,
+                active=self.leader,
+                blocked=blocked,
             )
 
     @classmethod
@@ -483,6 +551,10 @@ class Sidecar:
         refused = self.api.refusals.not_ready_reason()
         if refused is not None:
             return f"the API refuses calls gpuplace needs (check its RBAC): {refused}"
+        if self.directory is not None:
+            queues = self.directory.not_ready_reason()
+            if queues is not None:
+                return queues
         return self.mirror.not_ready_reason()
 
     def _nodes_changed(self, _: object) -> None:
@@ -528,8 +600,13 @@ class Sidecar:
             work.append(self.advertiser.run())
         if self.recorder is not None:
             work.append(self.recorder.run())
+        if self.leader is not None:
+            work.append(self.leader.run())
         if self.gangs is not None:
             work.extend(self.gangs.work())
+        work.extend(informer.run() for informer in self._queue_informers)
+        if self.queues is not None:
+            work.extend(self.queues.work())
         return work
 
     @contextlib.asynccontextmanager

@@ -45,12 +45,15 @@ MAX_SHOWN_CHARS = 40
 _INTEGER = re.compile(r"[0-9]{1,9}")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_QUEUE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?")
+"""A GpuQueue's name that also fits a label value (the pod label and the namespace label
+carry it): a DNS subdomain of at most 63 characters."""
 _DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:h|ms|m|s))+")
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(h|ms|m|s)")
 _UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 
-_GPU_KEYS = (keys.GPU_MEMORY, keys.GPU_MODEL, keys.GPU_TOPOLOGY, keys.CONTAINER)
-_GANG_KEYS = (keys.GANG_NAME, keys.GANG_SIZE, keys.GANG_TIMEOUT)
+_GPU_KEYS = (keys.GPU_MEMORY, keys.GPU_MODEL, keys.GPU_TOPOLOGY, keys.CONTAINER, keys.QUEUE)
+_GANG_KEYS = (keys.GANG_NAME, keys.GANG_SIZE, keys.GANG_TIMEOUT, keys.GANG_MIN)
 _KNOWN = frozenset(keys.USER_ANNOTATIONS) | frozenset(keys.SYSTEM_ANNOTATIONS)
 
 
@@ -100,7 +103,8 @@ class GpuTopology(enum.StrEnum):
 
 
 class Gang(BaseModel):
-    """`gang-name`, `gang-size`, `gang-timeout`: pods that start together or not at all."""
+    """`gang-name`, `gang-size`, `gang-timeout`, `gang-min`: pods that start together or
+    not at all (an elastic gang: at least `gang-min` of them)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -111,6 +115,19 @@ class Gang(BaseModel):
         ge=MIN_GANG_TIMEOUT_SECONDS,
         le=MAX_GANG_TIMEOUT_SECONDS,
     )
+    minimum: int = Field(default=0, ge=0, le=MAX_GANG_SIZE)
+    """`gang-min`: the fewest members it may start with; 0 (absent) or `size`: all."""
+
+    @model_validator(mode="after")
+    def _minimum_fits(self) -> Self:
+        if self.minimum > self.size:
+            raise ValueError(_minimum_above(self.minimum, self.size))
+        return self
+
+    @property
+    def elastic(self) -> bool:
+        """It may run with fewer than `size` members (`gang-min` below `gang-size`)."""
+        return 0 < self.minimum < self.size
 
 
 class PodGpuSpec(BaseModel):
@@ -133,6 +150,9 @@ class PodGpuSpec(BaseModel):
     container: str | None = None
     """Name of the container that gets the GPU; None = the first container (the webhook
     keeps the one already carrying the gpuplace resources, if exactly one does)."""
+    queue: str | None = None
+    """`gpuplace.io/queue`: the GpuQueue the pod asks for (None: its namespace's default
+    queue, if any; docs/queues.md)."""
 
     @model_validator(mode="after")
     def _combination(self) -> Self:
@@ -215,6 +235,41 @@ def _count(raw: str) -> int:
     return _integer(
         keys.GPU_COUNT, raw, 1, MAX_GPU_COUNT, f'an integer from 1 to {MAX_GPU_COUNT} (e.g. "2")'
     )
+
+
+def _minimum_above(minimum: int, size: int) -> str:
+    return (
+        f"{keys.GANG_MIN}={minimum} is above {keys.GANG_SIZE}={size}: an elastic gang starts "
+        f"with at least {keys.GANG_MIN} and at most {keys.GANG_SIZE} members"
+    )
+
+
+def _gang_min(raw: str) -> int:
+    return _integer(
+        keys.GANG_MIN,
+        raw,
+        1,
+        MAX_GANG_SIZE,
+        f'an integer from 1 to {keys.GANG_SIZE} (e.g. "2": the fewest members it may start with)',
+    )
+
+
+def _queue(raw: str) -> str:
+    text = raw.strip()
+    if _QUEUE_NAME.fullmatch(text):
+        return text
+    raise AnnotationError.one(
+        keys.QUEUE,
+        f"{keys.QUEUE} must name a GpuQueue: 1-63 lowercase letters, digits, '-' or '.', "
+        f'starting and ending with a letter or digit (e.g. "team-a"); got {_shown(raw)}',
+    )
+
+
+def queue_name(raw: str) -> str | None:
+    """`raw` as a GpuQueue name a label can carry (a namespace's `gpuplace.io/queue`), or
+    None when it is not one. O(len(raw))."""
+    text = raw.strip()
+    return text if _QUEUE_NAME.fullmatch(text) else None
 
 
 def _gang_size(raw: str) -> int:
@@ -365,6 +420,8 @@ def parse(annotations: Mapping[str, str]) -> PodGpuSpec | None:
         (keys.GANG_NAME, "gang_name", _gang_name),
         (keys.GANG_SIZE, "gang_size", _gang_size),
         (keys.GANG_TIMEOUT, "gang_timeout", _duration),
+        (keys.GANG_MIN, "gang_min", _gang_min),
+        (keys.QUEUE, "queue", _queue),
     )
     for key, name, convert in converters:
         if key in given:
@@ -393,6 +450,7 @@ def parse(annotations: Mapping[str, str]) -> PodGpuSpec | None:
             name=values["gang_name"],
             size=values["gang_size"],
             timeout_seconds=values.get("gang_timeout", DEFAULT_GANG_TIMEOUT_SECONDS),
+            minimum=values.get("gang_min", 0),
         )
     return PodGpuSpec(
         percent=percent,
@@ -403,6 +461,7 @@ def parse(annotations: Mapping[str, str]) -> PodGpuSpec | None:
         topology=values.get("topology", default_topology),
         gang=gang,
         container=values.get("container"),
+        queue=values.get("queue"),
     )
 
 
@@ -431,7 +490,10 @@ def _combination_problems(given: Mapping[str, str], values: Mapping[str, Any]) -
                 'gang, an integer from 2 (e.g. "4")',
             )
         )
-    for key in (keys.GANG_SIZE, keys.GANG_TIMEOUT):
+    size, minimum = values.get("gang_size"), values.get("gang_min")
+    if size is not None and minimum is not None and minimum > size:
+        problems.append(Problem(keys.GANG_MIN, _minimum_above(minimum, size)))
+    for key in (keys.GANG_SIZE, keys.GANG_TIMEOUT, keys.GANG_MIN):
         if key in given and keys.GANG_NAME not in given:
             problems.append(
                 Problem(

@@ -6,7 +6,8 @@ The plan mark is the value of the `gpuplace.io/gang-plan` annotation, compact JS
 to, how many members that plan placed, and this member's node. The member's GPUs are
 in the assignment annotations (`gpuplace.cluster.assignments`), written in the same
 PATCH, so the ledger rebuilt after a restart holds them exactly as planned. The gate
-`gpuplace.io/gang` holds a member back from kube-scheduler until its gang starts.
+`gpuplace.io/gang` holds a member back from kube-scheduler until its gang starts; a queued
+member also carries `gpuplace.io/queue` until its queue admits it (docs/queues.md).
 
 Written by the gang controller (`gpuplace.gangs`); read by it, by the demo's report and
 by tests. Pure: no I/O.
@@ -66,6 +67,12 @@ def gates(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [gate for gate in raw if isinstance(gate, dict)]
 
 
-def gated(pod: Mapping[str, Any]) -> bool:
-    """True while our gate is on the pod."""
-    return any(gate.get("name") == keys.GANG_GATE for gate in gates(pod))
+def gated(pod: Mapping[str, Any], gate: str = keys.GANG_GATE) -> bool:
+    """True while our gate `gate` (the gang's, or the queue's) is on the pod."""
+    return any(item.get("name") == gate for item in gates(pod))
+
+
+def queued(pod: Mapping[str, Any]) -> bool:
+    """True for a pod the webhook queued (label `gpuplace.io/queue`): its queue admits it
+    (removing the queue gate) before anything else may start it."""
+    return bool(((pod.get("metadata") or {}).get("labels") or {}).get(keys.QUEUE_LABEL))

@@ -17,7 +17,15 @@ GPU_TOPOLOGY = PREFIX + "gpu-topology"
 GANG_NAME = PREFIX + "gang-name"
 GANG_SIZE = PREFIX + "gang-size"
 GANG_TIMEOUT = PREFIX + "gang-timeout"
+GANG_MIN = PREFIX + "gang-min"
+"""An elastic gang: it may start with this many members (below `gang-size`) when that is
+all that fits, and grows as GPUs free (docs/gangs.md, "Elastic gangs")."""
 CONTAINER = PREFIX + "container"
+QUEUE = PREFIX + "queue"
+"""The GpuQueue a GPU pod uses (docs/queues.md). The same key is the namespace label that
+names its default queue, the pod label the webhook sets to the queue it chose (informers
+select on it, and the pod keeps its queue whatever the namespace's label becomes), and
+the scheduling gate a queued pod waits behind until its queue admits it."""
 
 USER_ANNOTATIONS = (
     GPU_PERCENT,
@@ -28,7 +36,9 @@ USER_ANNOTATIONS = (
     GANG_NAME,
     GANG_SIZE,
     GANG_TIMEOUT,
+    GANG_MIN,
     CONTAINER,
+    QUEUE,
 )
 
 # --- system annotations on pods (written by the sidecar at bind) --------------
@@ -50,6 +60,9 @@ ASSIGNED_AT = PREFIX + "assigned-at"
 GANG_PLAN = PREFIX + "gang-plan"
 """JSON plan mark `{"id", "members", "node"}` the gang controller writes with the assignment
 annotations before ungating (see docs/gangs.md)."""
+GANG_COUNT = PREFIX + "gang-count"
+"""How many members of the member's gang run once its plan starts (written with the plan;
+an elastic gang's members read it through the downward API: docs/gangs.md)."""
 
 SYSTEM_ANNOTATIONS = (
     ASSIGNED_NODE,
@@ -60,6 +73,7 @@ SYSTEM_ANNOTATIONS = (
     ASSIGNED_MEMORY,
     ASSIGNED_AT,
     GANG_PLAN,
+    GANG_COUNT,
 )
 
 # --- labels -------------------------------------------------------------------
@@ -67,11 +81,16 @@ MANAGED = PREFIX + "managed"
 """Pod label: "true" on every pod the webhook mutated; the sidecar watches these."""
 GANG_LABEL = PREFIX + "gang"
 """Pod label: the gang name of a gang member."""
+QUEUE_LABEL = QUEUE
+"""Pod label: the queue the webhook chose for a queued pod; namespace label: the default
+queue of the namespace's GPU pods."""
 NODE_ENABLED = PREFIX + "enabled"
 """Node label: "true" opts a node in; gpuplace manages no other node."""
 
-# --- scheduling gate ----------------------------------------------------------
+# --- scheduling gates ---------------------------------------------------------
 GANG_GATE = PREFIX + "gang"
+QUEUE_GATE = QUEUE
+"""A queued pod waits behind it until its queue admits it (then the gang gate, if any)."""
 
 # --- extended resources -------------------------------------------------------
 RESOURCE_PERCENT = PREFIX + "gpu-percent"

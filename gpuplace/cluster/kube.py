@@ -2,7 +2,8 @@
 
 Every API call of the sidecar goes through here (a test fails when a generated `*Api`
 is used anywhere else, and reads the calls here to check the shipped RBAC): the generated
-`CoreV1Api`, `CoordinationV1Api` and `PolicyV1Api` with `_preload_content=False`, decoded here with
+`CoreV1Api`, `CoordinationV1Api`, `PolicyV1Api` and `CustomObjectsApi` (GpuQueues only:
+`gpuqueues.gpuplace.io`) with `_preload_content=False`, decoded here with
 `json.loads`: pods and nodes stay the dicts the API server sent (the
 informers and the extender read them as such, and a model round trip costs more than
 the decision). A failure becomes one exception type, `ApiError`, carrying the parsed
@@ -19,6 +20,7 @@ This module owns no state beyond that and never retries: retry policy belongs to
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Mapping
@@ -36,7 +38,11 @@ MERGE_PATCH = "application/merge-patch+json"
 MAX_LINE = 16 * 1024 * 1024
 """Longest watch event accepted (etcd stores objects up to 1.5 MiB)."""
 
-Kind = Literal["nodes", "pods"]
+Kind = Literal["nodes", "pods", "namespaces", "gpuqueues"]
+"""What the informers list and watch (GpuQueues are the custom resource of
+deploy/base/gpuqueue-crd.yaml)."""
+GPUQUEUES = ("gpuplace.io", "v1alpha1", "gpuqueues")
+"""Group, version and plural of the GpuQueue custom resource."""
 
 
 class ApiError(Exception):
@@ -119,6 +125,7 @@ class Kube:
         self.core: Any = client.CoreV1Api(api_client)
         self.coordination: Any = client.CoordinationV1Api(api_client)
         self.policy: Any = client.PolicyV1Api(api_client)
+        self.custom: Any = client.CustomObjectsApi(api_client)
         self.timeout = timeout
         """Seconds for one request (watches use their own, longer, read timeout)."""
         self.refusals = refusals or refusing.Refusals()
@@ -154,6 +161,10 @@ class Kube:
         return answer
 
     def _lister(self, kind: Kind) -> Any:
+        if kind == "gpuqueues":
+            return functools.partial(self.custom.list_cluster_custom_object, *GPUQUEUES)
+        if kind == "namespaces":
+            return self.core.list_namespace
         return self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
 
     async def list_page(
@@ -380,6 +391,18 @@ class Kube:
             "pods/status",
             self._merge(self.core.patch_namespaced_pod_status, name, namespace, patch=patch),
             namespace,
+            name,
+        )
+
+    async def patch_gpuqueue_status(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """JSON merge patch of gpuqueues/NAME/status (what the queue controller reports)."""
+        return await self._object(
+            "patch",
+            "gpuqueues/status",
+            self._merge(
+                self.custom.patch_cluster_custom_object_status, *GPUQUEUES, name, patch=patch
+            ),
+            None,
             name,
         )
 

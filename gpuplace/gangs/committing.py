@@ -18,6 +18,11 @@ entirely ungated or entirely gated, never half:
    never fully written) **roll back**: **clear** the mark and assignment from each
    member still unbound, and release what the ledger held for them.
 
+A queued gang's plan is written by its queue (`gpuplace.queues.committing`, with the queue
+gate still on every member) and handed over here once the queue removed its gates: a
+plan is never settled while a member carries the queue gate, and once none does it only
+rolls forward (the queue admitted it; a gate is never added back).
+
 Every step is a `gpuplace.gangs.writing.Writer.write`: a merge patch with UID and
 resourceVersion preconditions, recomputed from a fresh read on 409, and a no-op when
 the pod already shows it, so settling a plan twice (two rounds, two replicas during a
@@ -36,7 +41,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuplace.cluster import assignments, keys, kube, recording
-from gpuplace.cluster.gang_marks import PlanMark, gated, gates, plan_mark
+from gpuplace.cluster.gang_marks import PlanMark, gated, gates, plan_mark, queued
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.gangs import events, pinning
 from gpuplace.gangs.members import GangPod
@@ -112,14 +117,20 @@ class Commits:
 
     def open_plans(self) -> list[tuple[GangKey, str]]:
         """Plans to settle: those committed here, and those the store shows on gated live
-        members (written before a restart, or by another replica). O(gang pods)."""
+        members (written before a restart, or by another replica, or by a queue). A plan
+        with a member its queue still gates is the queue's to settle (`gpuplace.queues`):
+        left alone. O(gang pods)."""
         found: dict[str, GangKey] = {
             plan_id: committed.key for plan_id, committed in self.committed.items()
         }
+        queues: set[str] = set()
         for pod in self.store.pods.values():
-            if pod.plan is not None and pod.gated and pod.live and pod.gang:
-                found.setdefault(pod.plan.id, pod.key)
-        return [(key, plan_id) for plan_id, key in found.items()]
+            if pod.plan is not None and pod.live and pod.gang:
+                if pod.queue_gated:
+                    queues.add(pod.plan.id)
+                elif pod.gated:
+                    found.setdefault(pod.plan.id, pod.key)
+        return [(key, plan_id) for plan_id, key in found.items() if plan_id not in queues]
 
     async def start(
         self,
@@ -128,9 +139,12 @@ class Commits:
         since: float,
         grants: Sequence[Grant],
         nodes: int,
+        *,
+        running: int = 0,
     ) -> Outcome:
         """Write a new plan (one `grants` entry per member, already held in the ledger),
-        then settle it. A failed write rolls it back and releases the holds."""
+        then settle it. A failed write rolls it back and releases the holds. `running`:
+        members of the gang already started (its `gang-count` counts them too)."""
         plan_id = secrets.token_hex(6)
         by_uid = {grant.pod_uid: grant for grant in grants}
         size = len(members)
@@ -144,6 +158,7 @@ class Commits:
             mark = PlanMark(plan_id, size, grant.node)
             annotations = assignments.annotations_for(grant, inventory.get(grant.node), at)
             annotations[keys.GANG_PLAN] = mark.encode()
+            annotations[keys.GANG_COUNT] = str(running + size)
             try:
                 metadata = {
                     "uid": pod.uid,
@@ -212,7 +227,12 @@ class Commits:
             for pod, body in zip(members, fresh, strict=True)
             if body is not None and marked(body, plan_id)
         ]
-        started = any(not gated(body) for _, body in present)
+        # a queue that admitted the plan (no member gated by it any more) started it too:
+        # its members can never be queued again (a gate is never added back)
+        started = any(
+            not gated(body) or (queued(body) and not gated(body, keys.QUEUE_GATE))
+            for _, body in present
+        )
         if not started and len(present) < size:
             return await self.roll_back(key, plan_id, present, size)
         waiting = [(pod, body) for pod, body in present if gated(body)]
@@ -300,6 +320,7 @@ class Commits:
                 return None
             cleared: dict[str, Any] = dict(assignments.cleared())
             cleared[keys.GANG_PLAN] = None
+            cleared[keys.GANG_COUNT] = None
             return {"metadata": {"annotations": cleared}}
 
         await self.writer.write(pod, body, change)

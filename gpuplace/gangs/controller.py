@@ -17,7 +17,11 @@ ledger changes (pods and nodes coming and going) and timers:
    nothing) and reserve them in memory (`LedgerSync.hold`) in one synchronous step, then
    commit the plan (write, narrow, ungate). A gang that does not fit reserves nothing,
    so two gangs that each fit alone can never both hold part of what they need (no
-   deadlock); smaller gangs behind it may still be placed (backfill).
+   deadlock); smaller gangs behind it may still be placed (backfill). An elastic gang
+   (`gang-min`) that does not fit whole starts with the most members that fit from
+   `gang-min` up; a running one grows by its waiting members, as many as fit, after
+   every other gang had its try and only in a round where none of them lacked room
+   (it never preempts and never times out: it runs).
 4. **Anti-starvation**: the head gang (first in the order above) that has been
    complete but unplaceable for `starve_after_seconds` gets a capacity hold
    (`gpuplace.placement.fences`): the nodes that would hold it once drained are kept
@@ -64,7 +68,7 @@ from gpuplace.gangs.metrics import GangMetrics
 from gpuplace.gangs.store import GangStore
 from gpuplace.gangs.waiting import Wait, waits
 from gpuplace.gangs.writing import Writer
-from gpuplace.placement import gangs
+from gpuplace.placement import elastic, gangs
 from gpuplace.placement.choosing import Policy
 from gpuplace.placement.fences import Fence, Fences
 from gpuplace.placement.gangs import GangKey
@@ -248,11 +252,21 @@ class GangController:
         if self.preemptions is not None:
             self.preemptions.new_round()
         self._update_fence(found, now)
+        crowded = False
         for wait in found:
+            if wait.growing:
+                continue
             if not wait.complete:
                 await self._incomplete(wait, now)
                 continue
             await self._attempt(wait, now)
+            shortfall = self._shortfalls.get(wait.key)
+            crowded = crowded or (shortfall is not None and shortfall.ever)
+        # an elastic gang grows only in a round where no waiting gang lacked room: growth
+        # never takes what a gang that waits to start needs
+        for wait in found if not crowded else ():
+            if wait.growing:
+                await self._attempt(wait, now)
         self._forget_gone()
         self.rounds += 1
 
@@ -374,16 +388,39 @@ class GangController:
             id(policy),
         )
 
+    def _plan(
+        self, wait: Wait, policy: Policy, members: list[gangs.Member]
+    ) -> gangs.Plan | gangs.Shortfall:
+        """Every member at once; for an elastic gang, else the most that fit from
+        `wait.low` up (the oldest first; `gpuplace.placement.elastic`). O(log members)
+        plans."""
+        exclude = self._exclude(wait.key)
+        whole = gangs.plan(self.sync.ledger, policy, members, exclude=exclude)
+        if not isinstance(whole, gangs.Shortfall) or wait.low >= len(members):
+            return whole
+        found: dict[int, gangs.Plan] = {}
+
+        def fits(count: int) -> bool:
+            plan = gangs.plan(self.sync.ledger, policy, members[:count], exclude=exclude)
+            if isinstance(plan, gangs.Shortfall):
+                return False
+            found[count] = plan
+            return True
+
+        count = elastic.largest(fits, wait.low, len(members) - 1)
+        return whole if count is None else found[count]
+
     def _plan_and_hold(
         self, wait: Wait, policy: Policy
     ) -> tuple[gangs.Plan, list[Grant]] | gangs.Shortfall:
         """Plan and reserve in one synchronous step (no await: nothing interleaves)."""
         members = self._members(wait)
         started = time.perf_counter()
-        result = gangs.plan(self.sync.ledger, policy, members, exclude=self._exclude(wait.key))
+        result = self._plan(wait, policy, members)
         self.metrics.plan_seconds.observe(time.perf_counter() - started)
         if isinstance(result, gangs.Shortfall):
             return result
+        members = [member for member in members if member.uid in result.choices]
         grants = result.grants(members)
         owner = f"gang:{wait.key[0]}/{wait.key[1]}"
         held: list[str] = []
@@ -406,9 +443,15 @@ class GangController:
                 outcome = self._plan_and_hold(wait, policy)
             if not isinstance(outcome, gangs.Shortfall):
                 plan, grants = outcome
+                planned = [pod for pod in wait.members if pod.uid in plan.choices]
                 await self._told_of(
                     await self.commits.start(
-                        wait.key, wait.members, wait.since, grants, len(plan.nodes)
+                        wait.key,
+                        planned,
+                        wait.since,
+                        grants,
+                        len(plan.nodes),
+                        running=wait.started,
                     )
                 )
                 return
@@ -416,7 +459,7 @@ class GangController:
             self._shortfalls[wait.key] = outcome
             self._waiting(wait, outcome)
         shortfall = self._shortfalls.get(wait.key)
-        if shortfall is None:
+        if shortfall is None or wait.growing:
             return
         if now < wait.deadline:
             self._alarm(wait.deadline, now)
@@ -455,7 +498,17 @@ class GangController:
 
     def _waiting(self, wait: Wait, shortfall: gangs.Shortfall) -> None:
         for pod in wait.members:
-            if not shortfall.ever:
+            if wait.growing:
+                if self._told.first(pod.uid, f"{events.GROWING}@{wait.started}"):
+                    self._emit(
+                        pod,
+                        recording.NORMAL,
+                        events.GROWING,
+                        f"elastic gang {wait.key[1]} runs with {wait.started} of its "
+                        f"{wait.size} members (gang-min {wait.minimum}); this member starts "
+                        f"when GPUs free: {shortfall.reason}",
+                    )
+            elif not shortfall.ever:
                 if self._told.first(pod.uid, f"{events.UNSCHEDULABLE}@{wait.since}"):
                     self._emit(
                         pod,
@@ -497,6 +550,7 @@ class GangController:
     def _update_fence(self, found: list[Wait], now: float) -> None:
         if self.fences is None:
             return
+        found = [wait for wait in found if not wait.growing]
         if self.preemptions is not None:
             complete = [wait for wait in found if wait.complete and now < wait.deadline]
             self.preemptions.keep_only(wait.key for wait in complete)

@@ -24,6 +24,8 @@ ROLLED_BACK = "GangPlanRolledBack"
 HELD = "GangCapacityHeld"
 INVALID = "GangMemberInvalid"
 BLOCKED = "GangControllerBlocked"
+GROWING = "GangGrowing"
+"""On the waiting members of an elastic gang that already runs."""
 
 
 class Pod(Protocol):

@@ -383,16 +383,9 @@ class GangPreemptions:
             )
             if len(records) != len(eviction.uids):
                 return None  # a victim went meanwhile: the ledger changes, next round
-            for record in records:
-                if record.uid not in fresh:
-                    fresh[record.uid] = await self._victim(record)
-                if record.namespace not in budgets:
-                    listed = await self.api.disruption_budgets(record.namespace)
-                    budgets[record.namespace] = [disruptions.budget(pdb) for pdb in listed]
-            if any(fresh[record.uid] is None for record in records):
+            refused = await budget_refusals(self.api, records, fresh=fresh, budgets=budgets)
+            if refused is None:
                 return None
-            victims = [v for r in records if (v := fresh[r.uid]) is not None]
-            refused = disruptions.refused([b for bs in budgets.values() for b in bs], victims)
             if not refused:
                 return eviction, records
             blocked = "; ".join(
@@ -418,27 +411,6 @@ class GangPreemptions:
             if r is not None and r.deleting and not r.terminal and r.priority < priority
         )
 
-    async def _victim(self, record: PodRecord) -> disruptions.Victim | None:
-        """A victim as the API has it now (labels for its budgets); None when it is gone
-        or was replaced."""
-        try:
-            body = await self.api.get_pod(record.namespace, record.name)
-        except kube.ApiError as error:
-            if error.not_found:
-                return None
-            raise
-        metadata = body.get("metadata") or {}
-        if metadata.get("uid") != record.uid:
-            return None
-        return disruptions.Victim(
-            uid=record.uid,
-            namespace=record.namespace,
-            name=record.name,
-            labels={str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
-            phase=str((body.get("status") or {}).get("phase") or ""),
-            deleting=bool(metadata.get("deletionTimestamp")),
-        )
-
     async def _evict(
         self,
         key: GangKey,
@@ -451,7 +423,7 @@ class GangPreemptions:
         now: float,
     ) -> float | None:
         """Evict every victim, in order; stop at the first refusal (module docstring)."""
-        freed = _freed(self.sync, victims)
+        freed_gpus = freed(self.sync, victims)
         wants = ", ".join(sorted({requests.describe(m.request) for m in members if m.request}))
         gone: list[PodRecord] = []
         refusal: tuple[PodRecord, kube.ApiError] | None = None
@@ -459,7 +431,7 @@ class GangPreemptions:
             try:
                 await self.api.evict_pod(victim.namespace, victim.name, uid=victim.uid)
             except kube.ApiError as refused:
-                if _unknown(refused):
+                if unknown_outcome(refused):
                     underway.unsure.add(victim.uid)
                 refusal = (victim, refused)
                 break
@@ -469,7 +441,7 @@ class GangPreemptions:
                 victim,
                 recording.NORMAL,
                 recording.PREEMPTED,
-                f"preempted to free {freed.get(victim.uid, 'its GPUs')} for gang "
+                f"preempted to free {freed_gpus.get(victim.uid, 'its GPUs')} for gang "
                 f"{key[0]}/{key[1]} (priority {priority}, "
                 f"{len(members)} members: {wants})",
             )
@@ -499,7 +471,7 @@ class GangPreemptions:
             return None
         victim, error = refusal
         underway.retry_at = now + self.retry_seconds
-        why = _why(error)
+        why = refusal_text(error)
         for member in members:
             self._emit(
                 member,
@@ -515,7 +487,56 @@ class GangPreemptions:
         events.emit(self.recorder, pod, kind, reason, message)
 
 
-def _freed(sync: LedgerSync, victims: Sequence[PodRecord]) -> Mapping[str, str]:
+async def fresh_victim(api: EvictionApi, record: PodRecord) -> disruptions.Victim | None:
+    """A victim as the API has it now (labels for its budgets); None when it is gone or
+    was replaced. Raises `kube.ApiError`."""
+    try:
+        body = await api.get_pod(record.namespace, record.name)
+    except kube.ApiError as error:
+        if error.not_found:
+            return None
+        raise
+    metadata = body.get("metadata") or {}
+    if metadata.get("uid") != record.uid:
+        return None
+    return disruptions.Victim(
+        uid=record.uid,
+        namespace=record.namespace,
+        name=record.name,
+        labels={str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
+        phase=str((body.get("status") or {}).get("phase") or ""),
+        deleting=bool(metadata.get("deletionTimestamp")),
+    )
+
+
+async def budget_refusals(
+    api: EvictionApi,
+    records: Sequence[PodRecord],
+    *,
+    fresh: dict[str, disruptions.Victim | None] | None = None,
+    budgets: dict[str, list[disruptions.Budget]] | None = None,
+) -> dict[str, str] | None:
+    """The PodDisruptionBudget pre-check of evicting all of `records` now: victim UID ->
+    why the API server would refuse it (empty: none), or None when a victim is gone or
+    was replaced. Reads each victim and each namespace's budgets once (`fresh` and
+    `budgets` keep them across calls). Raises `kube.ApiError`. O(victims + budgets)
+    reads, then `gpuplace.cluster.disruptions.refused`."""
+    fresh = {} if fresh is None else fresh
+    budgets = {} if budgets is None else budgets
+    for record in records:
+        if record.uid not in fresh:
+            fresh[record.uid] = await fresh_victim(api, record)
+        if record.namespace not in budgets:
+            listed = await api.disruption_budgets(record.namespace)
+            budgets[record.namespace] = [disruptions.budget(pdb) for pdb in listed]
+    victims = [fresh[record.uid] for record in records]
+    if any(victim is None for victim in victims):
+        return None
+    every = [budget for found in budgets.values() for budget in found]
+    return disruptions.refused(every, [victim for victim in victims if victim is not None])
+
+
+def freed(sync: LedgerSync, victims: Sequence[PodRecord]) -> Mapping[str, str]:
     """Per victim, the GPUs it frees ("GPUs 0,1 of node gpu-3")."""
     shown: dict[str, str] = {}
     for victim in victims:
@@ -527,13 +548,14 @@ def _freed(sync: LedgerSync, victims: Sequence[PodRecord]) -> Mapping[str, str]:
     return shown
 
 
-def _unknown(error: kube.ApiError) -> bool:
+def unknown_outcome(error: kube.ApiError) -> bool:
     """The request may have been carried out (no answer, or a gateway's)."""
     return error.status in (0, 502, 503, 504)
 
 
-def _why(error: kube.ApiError) -> str:
-    if _unknown(error):
+def refusal_text(error: kube.ApiError) -> str:
+    """Why an eviction was refused, as Events say it."""
+    if unknown_outcome(error):
         return (
             f"its outcome is unknown, {error.status} {error.reason}: {error.message}; "
             "if it went through, the pod terminates and is not evicted again"

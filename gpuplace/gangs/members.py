@@ -3,7 +3,8 @@
 `Reader.record(pod)` is the transform of the gang-pod informer (pods labelled
 `gpuplace.io/gang`): the few fields gang decisions need, read once per event —
 gang name, size and timeout (`gpuplace.cluster.annotations`), priority, creation time,
-our scheduling gate and the plan mark (`gpuplace.cluster.gang_marks`), the GPU request,
+our scheduling gate and the plan mark (`gpuplace.cluster.gang_marks`), whether its queue
+holds it (the queue label and gate), the GPU request,
 the node constraints (`gpuplace.cluster.node_affinity.NodeAffinity`) and the
 `gpuplace.io/GangReady` condition.
 
@@ -19,7 +20,7 @@ from typing import Any
 
 from gpuplace.cluster import annotations as grammar
 from gpuplace.cluster import assignments, keys, pods, taints
-from gpuplace.cluster.gang_marks import PlanMark, gated, plan_mark
+from gpuplace.cluster.gang_marks import PlanMark, gated, plan_mark, queued
 from gpuplace.cluster.node_affinity import NodeAffinity
 from gpuplace.placement.gangs import GangKey
 from gpuplace.placement.requests import GpuRequest
@@ -59,6 +60,17 @@ class GangPod:
     tolerations: tuple[Toleration, ...] = ()
     """spec.tolerations: the planner keeps it off nodes whose taints or cordon it does
     not tolerate, as kube-scheduler would."""
+    minimum: int = 0
+    """`gang-min`: an elastic gang may run with this many members (0: all of `size`)."""
+    queued: bool = False
+    """The webhook queued it (label `gpuplace.io/queue`): its GpuQueue admits the gang and
+    writes its plan; the gang controller never plans it, it only settles that plan."""
+    queue_gated: bool = False
+    """The queue's gate is still on it (its queue has not admitted it yet)."""
+
+    @property
+    def elastic(self) -> bool:
+        return 0 < self.minimum < self.size
 
     @property
     def key(self) -> GangKey:
@@ -81,7 +93,8 @@ class GangPod:
         return f"{self.namespace}/{self.name}"
 
 
-def _timestamp(raw: object) -> float:
+def timestamp(raw: object) -> float:
+    """An RFC 3339 time (creationTimestamp) as POSIX seconds; 0 when absent or unreadable."""
     if not isinstance(raw, str) or not raw:
         return 0.0
     try:
@@ -113,7 +126,7 @@ class Reader:
         labels = metadata.get("labels") or {}
         problem = ""
         gang = ""
-        size = 0
+        size = minimum = 0
         timeout = grammar.DEFAULT_GANG_TIMEOUT_SECONDS
         request: GpuRequest | None = None
         try:
@@ -121,6 +134,7 @@ class Reader:
             if parsed is not None and parsed.gang is not None:
                 gang, size = parsed.gang.name, parsed.gang.size
                 timeout = parsed.gang.timeout_seconds
+                minimum = parsed.gang.minimum
             request = self._requests.request(pod)
         except grammar.AnnotationError as error:
             problem = str(error)
@@ -138,7 +152,7 @@ class Reader:
             size=size,
             timeout=timeout,
             priority=priority if isinstance(priority, int) else 0,
-            created=_timestamp(metadata.get("creationTimestamp")),
+            created=timestamp(metadata.get("creationTimestamp")),
             gated=gated(pod),
             node_name=str(spec.get("nodeName") or ""),
             phase=str(status.get("phase") or ""),
@@ -153,4 +167,7 @@ class Reader:
             problem=problem,
             preemption_policy=str(spec.get("preemptionPolicy") or ""),
             tolerations=taints.of_pod(pod),
+            minimum=minimum,
+            queued=queued(pod),
+            queue_gated=gated(pod, keys.QUEUE_GATE),
         )

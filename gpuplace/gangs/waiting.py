@@ -4,10 +4,14 @@ Per gang (`gpuplace.gangs.store`), the live ungated members count as started; th
 gated members fill the gang up to its size N (a replacement pod joins a started gang
 this way); members beyond N stay gated (Event `GangFull`), and a member whose
 annotations cannot be read never joins (`GangMemberInvalid`). A gang with gated members
-waits: for members while fewer than N exist (incomplete), else for room. A gang whose
-gated members still show a plan mark or a reservation (our own writes not yet seen by
-the informers) is left for the next round, so a half-seen plan is never mistaken for
-started members.
+waits: for members while fewer than N exist (incomplete), else for room. An elastic gang
+(`gang-min` M below N) starts once all N exist, with as many as fit from M up; once
+it runs with at least M, its other members wait to *grow* it (`Wait.growing`): any
+number of them may start. A gang whose gated members still show a plan mark or a
+reservation (our own writes not yet seen by the informers) is left for the next round,
+so a half-seen plan is never mistaken for started members. A queued gang (its members
+carry `gpuplace.io/queue`) is its queue's to admit and plan (`gpuplace.queues`): it
+never waits here.
 
 Waiting gangs are tried in `Wait.order`: priority (the highest of their members), then
 age (the oldest member's creation), then name. O(gang pods log gang pods) per round.
@@ -37,10 +41,32 @@ class Wait:
     since: float
     deadline: float
     timeout: float
+    started: int = 0
+    """Live members already ungated."""
+    minimum: int = 0
+    """`gang-min` of an elastic gang (0: not elastic)."""
+
+    @property
+    def growing(self) -> bool:
+        """An elastic gang that runs with at least `gang-min` members: the waiting ones
+        start as GPUs free, in any number; it neither preempts nor times out."""
+        return 0 < self.minimum <= self.started
 
     @property
     def complete(self) -> bool:
+        if self.growing:
+            return True
+        if self.minimum and self.started:  # an elastic gang below its minimum
+            return self.started + len(self.members) >= self.minimum
         return len(self.members) == self.need
+
+    @property
+    def low(self) -> int:
+        """The fewest of `members` a plan may start: all of them, or for an elastic gang
+        as many as take it to `gang-min` (at least one)."""
+        if not self.minimum:
+            return len(self.members)
+        return min(max(self.minimum - self.started, 1), len(self.members))
 
     def order(self) -> tuple[int, float, GangKey]:
         return (-self.priority, self.since, self.key)
@@ -59,7 +85,7 @@ def waits(
     found = []
     for key, pods in store.gangs().items():
         live = [pod for pod in pods if pod.live]
-        if not live:
+        if not live or any(pod.queued for pod in live):
             continue
         if any(pod.gated and (pod.plan is not None or pod.uid in ledger) for pod in live):
             # a plan is being written, finished or undone and our view of it is
@@ -100,6 +126,7 @@ def waits(
             continue
         since = min(pod.created for pod in members) or now
         timeout = members[0].timeout
+        minimum = leader.minimum if leader.elastic else 0
         found.append(
             Wait(
                 key=key,
@@ -108,8 +135,10 @@ def waits(
                 need=need,
                 priority=max(pod.priority for pod in members),
                 since=since,
-                deadline=since + timeout,
+                deadline=float("inf") if 0 < minimum <= started else since + timeout,
                 timeout=timeout,
+                started=started,
+                minimum=minimum,
             )
         )
     return found

@@ -60,11 +60,14 @@ def build(
     watch_seconds: int = 300,
     clock: Callable[[], float] = time.time,
     active: Callable[[], bool] | None = None,
+    blocked: Callable[[], str | None] | None = None,
 ) -> Gangs:
     """The gang controller over `api`, planning on `sync`'s ledger with `policy()`.
     `scheduler_lease` ("NAMESPACE/NAME", "" for none) is kube-scheduler's leader-election
     Lease: the controller decides only while this pod's kube-scheduler holds it; without
-    one, `active` (None: always) says whether it decides. `clock`: POSIX seconds."""
+    one, `active` (None: always) says whether it decides and `blocked` why it cannot tell
+    (the sidecar passes the leader gate it shares with the queue controller). `clock`:
+    POSIX seconds."""
     leader = None
     if scheduler_lease:
         namespace, _, name = scheduler_lease.partition("/")
@@ -82,6 +85,6 @@ def build(
         settings=settings,
         clock=clock,
         active=leader if leader is not None else active,
-        blocked=leader.blocked_reason if leader is not None else None,
+        blocked=leader.blocked_reason if leader is not None else blocked,
     )
     return Gangs(store, informer, controller, leader)

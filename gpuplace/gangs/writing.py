@@ -5,7 +5,8 @@ replaced: another UID under the same name). `Writer.write` applies a change as a
 merge patch carrying the pod's UID and resourceVersion as preconditions, and on 409
 Conflict reads the pod again and recomputes the change (`attempts` times at most), so a
 write never undoes one it did not see. `Writer.each` runs one such step on every member
-of a gang, at most `concurrency` at once. Owns no state; every failure is a
+of a gang, at most `concurrency` at once (the queue controller writes its admissions with
+it too). Owns no state; every failure is a
 `gpuplace.cluster.kube.ApiError`.
 """
 
@@ -13,13 +14,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from gpuplace.cluster import kube
 from gpuplace.gangs.api import PodApi
-from gpuplace.gangs.members import GangPod
 
 T = TypeVar("T")
+
+
+class Pod(Protocol):
+    """The pod a write is for (a gang member, a queued pod): where, and which one."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+
 
 Change = Callable[[dict[str, Any]], dict[str, Any] | None]
 """The merge patch to apply to the pod as it is now, or None when nothing is left to do."""
@@ -35,7 +47,7 @@ class Writer:
         self.attempts = attempts
         """Attempts of one write that hits 409 Conflict (re-read in between)."""
 
-    async def fetch(self, pod: GangPod) -> dict[str, Any] | None:
+    async def fetch(self, pod: Pod) -> dict[str, Any] | None:
         """The pod as the API has it now; None when it is gone or was replaced."""
         try:
             fresh = await self.api.get_pod(pod.namespace, pod.name)
@@ -47,7 +59,7 @@ class Writer:
             return None
         return fresh
 
-    async def fetch_quietly(self, pod: GangPod) -> dict[str, Any] | None:
+    async def fetch_quietly(self, pod: Pod) -> dict[str, Any] | None:
         """`fetch`, None on any API failure too."""
         try:
             return await self.fetch(pod)
@@ -67,7 +79,7 @@ class Writer:
 
     async def write(
         self,
-        pod: GangPod,
+        pod: Pod,
         body: dict[str, Any] | None,
         change: Change,
         *,

@@ -22,6 +22,7 @@ from gpuplace.cluster import keys
 from gpuplace.webhook import capacity, mutating, patches, pods
 from gpuplace.webhook.config import WebhookConfig
 from gpuplace.webhook.inventory import CapabilitySource
+from gpuplace.webhook.queueing import QueueSource
 from gpuplace.webhook.reviews import AdmissionRequest, ReviewError
 
 # Allowed.
@@ -43,6 +44,12 @@ FORGED = "forged-system-annotation"
 CHANGED = "annotation-changed"
 UNMANAGED = "managed-label-removed"
 FOREIGN_RESOURCE = "foreign-resource"
+QUEUE_UNKNOWN = "queue-unknown"
+"""The pod's queue does not exist or cannot be used (or queues are off)."""
+QUEUE_FORBIDDEN = "queue-forbidden"
+"""The pod's namespace may not use its queue."""
+QUEUES_UNKNOWN = "queues-unknown"
+"""gpuplace has not read the queues and namespaces yet."""
 
 DENIAL_REASONS = (
     INVALID_ANNOTATION,
@@ -53,6 +60,9 @@ DENIAL_REASONS = (
     FORGED,
     CHANGED,
     FOREIGN_RESOURCE,
+    QUEUE_UNKNOWN,
+    QUEUE_FORBIDDEN,
+    QUEUES_UNKNOWN,
 )
 MAX_PATHS_SHOWN = 6
 
@@ -70,6 +80,8 @@ class Decision:
     ops: list[dict[str, Any]] = field(default_factory=list)
     warnings: tuple[str, ...] = ()
     spec: grammar.PodGpuSpec | None = None
+    queue: str = ""
+    """The GpuQueue the pod waits in ("" for none): for the audit annotations and log."""
 
     @property
     def paths(self) -> list[str]:
@@ -100,18 +112,53 @@ def describe(spec: grammar.PodGpuSpec) -> str:
     if spec.count > 1:
         parts.append(f"topology={spec.topology.value}")
     if spec.gang is not None:
-        parts.append(f"gang={spec.gang.name}/{spec.gang.size}")
+        low = f"{spec.gang.minimum}.." if spec.gang.elastic else ""
+        parts.append(f"gang={spec.gang.name}/{low}{spec.gang.size}")
     return " ".join(parts)
 
 
 class Reviewer:
-    """Decides reviews for one configuration and one source of capabilities."""
+    """Decides reviews for one configuration, one source of capabilities and, where
+    queues are on, one source of queues."""
 
-    __slots__ = ("config", "source")
+    __slots__ = ("config", "queues", "source")
 
-    def __init__(self, config: WebhookConfig, source: CapabilitySource) -> None:
+    def __init__(
+        self, config: WebhookConfig, source: CapabilitySource, queues: QueueSource | None = None
+    ) -> None:
         self.config = config
         self.source = source
+        self.queues = queues
+        """Which queue a pod uses (None: queues are off; `gpuplace.webhook.queueing`)."""
+
+    def _queue(self, namespace: str, spec: grammar.PodGpuSpec) -> tuple[str, str] | Decision:
+        """(queue, where it came from) for a GPU pod ("" for none), or the denial."""
+        if self.queues is None:
+            if spec.queue is None:
+                return "", ""
+            return _invalid(
+                QUEUE_UNKNOWN,
+                f"{keys.QUEUE}={spec.queue}: this gpuplace runs without GpuQueues (serve "
+                f"--queues false, or an offline webhook), so nothing would admit the pod; "
+                f"remove {keys.QUEUE}",
+                spec,
+            )
+        if not self.queues.synced():
+            return Decision(
+                False,
+                QUEUES_UNKNOWN,
+                "gpuplace has not read the cluster's GpuQueues and namespaces yet, so it "
+                "cannot tell which queue this pod waits in; retry in a minute",
+                503,
+                "ServiceUnavailable",
+                spec=spec,
+            )
+        found = self.queues.resolve(namespace, spec.queue)
+        if found.refusal:
+            if found.forbidden:
+                return _forbidden(QUEUE_FORBIDDEN, found.refusal, spec)
+            return _invalid(QUEUE_UNKNOWN, found.refusal, spec)
+        return found.queue, found.source
 
     # --- /mutate ----------------------------------------------------------------------------
 
@@ -137,12 +184,17 @@ class Reviewer:
             return _invalid(INVALID_ANNOTATION, error.message, spec)
         if problems:
             return _invalid(INVALID_POD, "; ".join(problems), spec)
-        mutation = _build(pod, spec, container, self.config)
+        queued = self._queue(request.namespace, spec)
+        if isinstance(queued, Decision):
+            return queued
+        queue, source = queued
+        mutation = _build(pod, spec, container, self.config, queue=queue, source=source)
         return _allow(
             MUTATED if mutation.ops else UNCHANGED,
             ops=mutation.ops,
             warnings=mutation.warnings,
             spec=spec,
+            queue=queue,
         )
 
     # --- /validate --------------------------------------------------------------------------
@@ -190,7 +242,11 @@ class Reviewer:
         why = capacity.misfit(spec, capabilities)
         if why is not None:
             return _invalid(UNSATISFIABLE, why, spec)
-        leftover = _build(pod, spec, container, self.config)
+        queued = self._queue(request.namespace, spec)
+        if isinstance(queued, Decision):
+            return queued
+        queue, source = queued
+        leftover = _build(pod, spec, container, self.config, queue=queue, source=source)
         if leftover.ops:
             shown = ", ".join(_parts(leftover.patch.paths()))
             return _forbidden(
@@ -201,7 +257,7 @@ class Reviewer:
                 "namespace",
                 spec,
             )
-        return _allow(VALID, spec=spec)
+        return _allow(VALID, spec=spec, queue=queue)
 
     def _plain_pod(self, pod: Mapping[str, Any]) -> Decision:
         for index, container in enumerate(pods.containers(pod)):
@@ -295,11 +351,23 @@ def _forged_message(names: list[str]) -> str:
 
 
 def _build(
-    pod: Mapping[str, Any], spec: grammar.PodGpuSpec, container: int, config: WebhookConfig
+    pod: Mapping[str, Any],
+    spec: grammar.PodGpuSpec,
+    container: int,
+    config: WebhookConfig,
+    *,
+    queue: str = "",
+    source: str = "",
 ) -> mutating.Mutation:
     try:
         return mutating.build(
-            pod, spec, container, config.scheduler_name, node_agent=config.node_agent
+            pod,
+            spec,
+            container,
+            config.scheduler_name,
+            node_agent=config.node_agent,
+            queue=queue,
+            queue_source=source,
         )
     except patches.PatchError as error:
         raise ReviewError(f"request.object has an impossible shape: {error}") from None

@@ -25,6 +25,7 @@ from gpuplace.webhook.auditing import AuditLog
 from gpuplace.webhook.config import WebhookConfig
 from gpuplace.webhook.inventory import CapabilitySource
 from gpuplace.webhook.metrics import WebhookMetrics
+from gpuplace.webhook.queueing import QueueSource
 from gpuplace.webhook.tls import CertificateReloader
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,8 @@ def _answer(
     audit_annotations: dict[str, str] = {"decision": decision.reason}
     if decision.spec is not None:
         audit_annotations["request"] = admission.describe(decision.spec)
+    if decision.queue:
+        audit_annotations["queue"] = decision.queue
     if decision.allowed:
         answer = reviews.allowed(
             request.uid, patch=decision.ops, warnings=decision.warnings, audit=audit_annotations
@@ -179,6 +182,7 @@ def _answer(
         message=decision.message,
         patch=decision.paths,
         warnings=decision.warnings,
+        gpu_queue=decision.queue,
     )
     return response
 
@@ -200,12 +204,14 @@ def create_app(
     metrics: WebhookMetrics,
     *,
     certificates: CertificateReloader | None = None,
+    queues: QueueSource | None = None,
 ) -> web.Application:
     """The webhook application. With `certificates`, its reload poll runs while the app
-    runs (serve it with `certificates.context`)."""
+    runs (serve it with `certificates.context`); `queues`: which queue a GPU pod uses
+    (None: queues are off)."""
     app = web.Application(client_max_size=config.max_body_bytes)
     app[CONFIG] = config
-    app[REVIEWER] = admission.Reviewer(config, source)
+    app[REVIEWER] = admission.Reviewer(config, source, queues)
     app[AUDIT] = audit
     app[METRICS] = metrics
     app.router.add_post("/mutate", _handler("mutate", admission.Reviewer.mutate))

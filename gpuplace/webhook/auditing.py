@@ -2,7 +2,8 @@
 
 A line holds who asked what and what was decided — time, endpoint, uid, operation,
 namespace, pod name (or generateName), user, dryRun, the pod's `gpuplace.io/` annotations
-(keys and values cut to `MAX_VALUE_CHARS`), decision, reason, message, the patch's paths
+(keys and values cut to `MAX_VALUE_CHARS`), the GpuQueue it waits in (also when its
+namespace's label chose it), decision, reason, message, the patch's paths
 (never its values), warnings and latency. Never env values, tokens, or pod bodies.
 
 Lines are written by a thread, never by the event loop: a slow disk or a full stdout pipe
@@ -134,6 +135,7 @@ class AuditLog:
         message: str = "",
         patch: Sequence[str] = (),
         warnings: Sequence[str] = (),
+        gpu_queue: str = "",
     ) -> None:
         line: dict[str, Any] = {
             "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
@@ -153,6 +155,8 @@ class AuditLog:
             _cut(key, MAX_VALUE_CHARS): _cut(value, MAX_VALUE_CHARS)
             for key, value in (annotations or {}).items()
         }
+        if gpu_queue:
+            line["queue"] = _cut(gpu_queue, MAX_VALUE_CHARS)
         line["decision"] = decision
         line["reason"] = reason
         if message:

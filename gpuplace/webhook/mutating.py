@@ -17,7 +17,13 @@ returns the minimal JSON Patch to get there:
   the kubelet with the container's GPUs, MPS pipe directory and limits, read from the
   grant on the node (one source of truth; see docs/node-agent.md, "Allocate");
 - the label `gpuplace.io/managed=true`; for a gang member the gang label and the
-  scheduling gate.
+  scheduling gate;
+- for a queued pod (`queue`: the GpuQueue `gpuplace.io/queue` or its namespace's label
+  names, docs/queues.md) the label `gpuplace.io/queue=<queue>` and the scheduling gate
+  `gpuplace.io/queue`, which the queue controller removes when the queue admits it;
+- for a member of an elastic gang (`gang-min` below `gang-size`) the env var
+  `GPUPLACE_GANG_COUNT`, the gang's member count when this member starts, read through the
+  downward API from the annotation `gpuplace.io/gang-count` its plan carries.
 
 Applying `build` to its own output yields no operation (the webhook is reinvoked with
 `reinvocationPolicy: IfNeeded`, and the validating webhook uses this to tell a mutated pod
@@ -38,6 +44,8 @@ from gpuplace.webhook import patches
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+GANG_COUNT_ENV = "GPUPLACE_GANG_COUNT"
+"""An elastic gang member's count of running members at its start (docs/gangs.md)."""
 DEFAULT_SCHEDULER = "default-scheduler"
 MEMORY_ONLY_WARNING = (
     "memory-only share: {memory} MiB of GPU memory and no compute reserved; it is time-sliced "
@@ -106,6 +114,15 @@ def env_vars(spec: grammar.PodGpuSpec) -> list[dict[str, Any]]:
     return env
 
 
+def gang_count_env() -> dict[str, Any]:
+    """`GPUPLACE_GANG_COUNT` from the plan's `gpuplace.io/gang-count`, downward API."""
+    field_path = f"metadata.annotations['{keys.GANG_COUNT}']"
+    return {
+        "name": GANG_COUNT_ENV,
+        "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}},
+    }
+
+
 def build(
     pod: Mapping[str, Any],
     spec: grammar.PodGpuSpec,
@@ -113,10 +130,14 @@ def build(
     scheduler_name: str,
     *,
     node_agent: bool = False,
+    queue: str = "",
+    queue_source: str = "",
 ) -> Mutation:
     """The patch that makes `pod` a gpuplace pod. `container` indexes `spec.containers`
     (see `pods.problems`); `node_agent`: the GPU nodes run the node agent (slots instead
-    of env vars). Raises `patches.PatchError` on a pod of impossible shape."""
+    of env vars); `queue`: the GpuQueue it waits in ("" for none), which `queue_source`
+    (`annotation`, `namespace`) named. Raises `patches.PatchError` on a pod of impossible
+    shape."""
     patch = patches.Patch(pod)
     warnings: list[str] = []
     _resources(patch, spec, container)
@@ -125,14 +146,21 @@ def build(
     _affinity(patch, node_expressions(spec))
     if not node_agent:
         _env(patch, env_vars(spec), container, warnings)
+    if spec.gang is not None and spec.gang.elastic:
+        _env(patch, [gang_count_env()], container, warnings)
     patch.put(("metadata", "labels", keys.MANAGED), "true")
+    if queue:
+        patch.put(("metadata", "labels", keys.QUEUE_LABEL), queue)
+        _gate(patch, keys.QUEUE_GATE)
+        named = "its namespace's default" if queue_source == "namespace" else "asked for"
+        warnings.append(
+            f"queued in GpuQueue {queue} ({named}): the pod waits behind the scheduling gate "
+            f"{keys.QUEUE_GATE} until its queue admits it (quota and a free GPU); "
+            "`gpuplace explain` on the pod says why it waits"
+        )
     if spec.gang is not None:
         patch.put(("metadata", "labels", keys.GANG_LABEL), spec.gang.name)
-        gates = patch.get(("spec", "schedulingGates"))
-        if not isinstance(gates, list) or not any(
-            isinstance(gate, Mapping) and gate.get("name") == keys.GANG_GATE for gate in gates
-        ):
-            patch.append(("spec", "schedulingGates"), {"name": keys.GANG_GATE})
+        _gate(patch, keys.GANG_GATE)
     if spec.memory_rounded:
         warnings.append(
             f"{keys.GPU_MEMORY} was rounded up to whole MiB: {spec.memory_mib}Mi per GPU"
@@ -147,6 +175,15 @@ def build(
     if spec.count == 1 and spec.topology is not grammar.GpuTopology.NONE:
         warnings.append(f"{keys.GPU_TOPOLOGY} is ignored for a single GPU")
     return Mutation(patch, tuple(warnings))
+
+
+def _gate(patch: patches.Patch, name: str) -> None:
+    """Add the scheduling gate `name` unless the pod has it."""
+    gates = patch.get(("spec", "schedulingGates"))
+    if not isinstance(gates, list) or not any(
+        isinstance(gate, Mapping) and gate.get("name") == name for gate in gates
+    ):
+        patch.append(("spec", "schedulingGates"), {"name": name})
 
 
 def _resources(patch: patches.Patch, spec: grammar.PodGpuSpec, container: int) -> None:

@@ -4,8 +4,10 @@ cluster, and never imported by a room below `gpuplace.dev` (import-linter).
 
 What it serves (the kube-apiserver behaviour gpuplace relies on, nothing more): pods,
 nodes, events, namespaces, configmaps, secrets, coordination.k8s.io leases, policy/v1
-PodDisruptionBudgets and admissionregistration.k8s.io/v1 webhook configurations (for
-`gpuplace certs`); list with label and field selectors and `limit`/`continue`; watch
+PodDisruptionBudgets, admissionregistration.k8s.io/v1 webhook configurations (for
+`gpuplace certs`) and gpuplace.io/v1alpha1 GpuQueues (as if their CRD were installed:
+status subresource and generation, not its schema); list with label and field selectors
+and `limit`/`continue`; watch
 with ADDED/MODIFIED/DELETED, BOOKMARK and 410 ERROR events; create/get/put/delete, the
 three PATCH content types (a strategic merge merges `webhooks` by name), `/status`
 subresources, `pods/NAME/binding` and `pods/NAME/eviction` (with the disruption-budget
@@ -77,6 +79,7 @@ from gpuplace.dev.localapi.access import (
 from gpuplace.dev.localapi.resources import (
     DEFAULT_RESOURCES,
     EVENTS,
+    GPUQUEUES,
     MUTATING_WEBHOOKS,
     NODES,
     PDBS,
@@ -102,6 +105,7 @@ __all__ = [
     "DEFAULT_RESOURCES",
     "EVENTS",
     "GPUPLACE",
+    "GPUQUEUES",
     "MUTATING_WEBHOOKS",
     "NODES",
     "NODE_AGENT",

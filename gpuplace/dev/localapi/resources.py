@@ -25,6 +25,9 @@ class Resource:
     merge_keys: tuple[tuple[str, str], ...] = ()
     """(top-level list, key) pairs a strategic merge patch merges item by item on the key,
     as the Go type's `patchMergeKey` says (`webhooks` by `name`); other lists are replaced."""
+    generation: bool = False
+    """The server keeps `metadata.generation`: 1 at creation, one more with every change of
+    anything but metadata and status (custom resources with a status subresource)."""
 
     @property
     def api_version(self) -> str:
@@ -58,6 +61,18 @@ CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap", True, frozenset())
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", True, frozenset())
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True)
 SECRETS = Resource("", "v1", "secrets", "Secret", True, frozenset())
+GPUQUEUES = Resource(
+    "gpuplace.io",
+    "v1alpha1",
+    "gpuqueues",
+    "GpuQueue",
+    False,
+    frozenset({"status"}),
+    generation=True,
+)
+"""The GpuQueue custom resource (deploy/base/gpuqueue-crd.yaml) as if its CRD were installed:
+served with its status subresource and generation, without the CRD's schema and CEL rules
+(gpuplace checks a queue again when it reads one: `gpuplace.cluster.gpuqueues`)."""
 ADMISSION = "admissionregistration.k8s.io"
 MUTATING_WEBHOOKS = Resource(
     ADMISSION,
@@ -89,4 +104,5 @@ DEFAULT_RESOURCES = (
     SECRETS,
     MUTATING_WEBHOOKS,
     VALIDATING_WEBHOOKS,
+    GPUQUEUES,
 )

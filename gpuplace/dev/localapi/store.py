@@ -13,7 +13,11 @@ Everything kube-apiserver guarantees that gpuplace relies on, and nothing more:
 - label-selector watches that turn an object leaving the selection into DELETED and
   one entering it into ADDED (as the watch cache does);
 - `status` subresources: writes to the object keep its status, writes to `/status`
-  change only the status;
+  change only the status; `metadata.generation` where the resource keeps one (a custom
+  resource with a status subresource: 1 at creation, one more whenever anything but
+  metadata and status changes);
+- namespaces carry the label `kubernetes.io/metadata.name` with their name (set on every
+  write, as kube-apiserver's namespace strategy does);
 - Secrets: `data` values must be base64 (400, as a body the server cannot decode), a
   `kubernetes.io/tls` Secret must hold `tls.crt` and `tls.key`, and `type` is immutable
   (422); a webhook configuration's `caBundle` must be base64 (400);
@@ -54,6 +58,7 @@ from gpuplace.dev.localapi import patching, podupdates, selectors, statuses
 from gpuplace.dev.localapi.resources import (
     DEFAULT_RESOURCES,
     MUTATING_WEBHOOKS,
+    NAMESPACES,
     PDBS,
     PODS,
     SECRETS,
@@ -299,6 +304,9 @@ class Store:
         metadata["uid"] = uid or str(uuid.uuid4())
         metadata["creationTimestamp"] = now()
         metadata.pop("deletionTimestamp", None)
+        if resource.generation:
+            metadata["generation"] = 1
+        _name_label(resource, obj)
         if resource is PODS or resource == PODS:
             obj.setdefault("spec", {})
             status = obj.setdefault("status", {})
@@ -404,6 +412,13 @@ class Store:
         if resource == PODS and subresource is None:
             podupdates.check(old, new)
         _check_kind(resource, new, old)
+        _name_label(resource, new)
+        if resource.generation:
+            generation = old["metadata"].get("generation", 1)
+            spec_changed = _without(new, "metadata", "status") != _without(
+                old, "metadata", "status"
+            )
+            new["metadata"]["generation"] = generation + 1 if spec_changed else generation
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         if new == old:
             return old
@@ -770,6 +785,20 @@ class Undecodable(statuses.ApiStatusError):
             f' "" is invalid: patch: {why}',
             causes=[{"reason": "FieldValueInvalid", "message": why, "field": "patch"}],
         )
+
+
+def _name_label(resource: Resource, obj: Obj) -> None:
+    """kube-apiserver labels every namespace with its own name."""
+    if resource == NAMESPACES:
+        metadata = obj["metadata"]
+        labels = metadata.get("labels")
+        metadata["labels"] = {
+            **(labels if isinstance(labels, dict) else {}),
+            NAME_LABEL: metadata["name"],
+        }
+
+
+NAME_LABEL = "kubernetes.io/metadata.name"
 
 
 _ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")

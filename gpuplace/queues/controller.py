@@ -1,0 +1,513 @@
+"""The queue controller: queued GPU pods are admitted by their GpuQueue, in rounds.
+
+One asyncio task in the sidecar (`QueueController.run`), deciding only in the replica whose
+kube-scheduler leads (the gang controller's leader gate, `gpuplace.gangs.leader`). A round
+runs when something changed — a queued pod, a GpuQueue or namespace, the ledger (pods and
+nodes coming and going), a capacity hold — never per pod: bursts of changes within
+`settle_seconds` make one round, and rounds that decide are at least `min_round_seconds`
+apart. Each round (`step`):
+
+1. **Settle** plans found in the API (`gpuplace.queues.committing`: a queued gang's plan
+   written before a crash rolls forward or back, never half).
+2. **Collect** the workloads from the pods themselves (`gpuplace.queues.workloads`):
+   what runs, what waits, what waits outside the round (a gang still missing members).
+   At most `window` waiting workloads per queue enter the round (the most urgent: past
+   `maxWait`, then priority, then age); the others wait their turn.
+3. **Decide** (`gpuplace.placement.admitting.admit`, on a scratch copy of the live ledger)
+   and reserve every admission's grants in the live ledger (holds), in one synchronous
+   step: no await in between, so nothing the extender binds meanwhile can take them, and
+   two admissions never count one GPU. This is the round's CPU work on the event loop
+   the extender's verbs share (0.1-0.2 s at 100 nodes, 1-2 s at 1,000: bench/queue_round.py),
+   which is why rounds are bounded (`window`) and spaced (`min_round_seconds`) and yield
+   to the loop before and after.
+4. **Admit**: write each admission (`committing`: a pod in one write; a gang's plan, then
+   its queue gates; the gang controller starts it), with Events `QueueAdmitted`.
+5. **Reclaim** for at most `reclaims` waiting workloads (`gpuplace.queues.reclaiming`:
+   PodDisruptionBudgets checked, Eviction API).
+6. **Tell**: Events on waiting pods (once per reason), each GpuQueue's status (when it
+   changed: `gpuplace.queues.statuses`), the per-queue metrics.
+
+A round that finds nothing changed since the last one (and no `poll_seconds` passed, for
+`maxWait`) decides nothing. API failures are logged and retried next round; nothing here
+is kept only in memory that a restart could lose (admissions are read from the pods,
+evictions in flight from their deletion).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry
+
+from gpuplace.cluster import assignments, kube, recording
+from gpuplace.cluster.queue_directory import QueueDirectory
+from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.gangs import events as gang_events
+from gpuplace.gangs.api import PodApi
+from gpuplace.gangs.writing import Writer
+from gpuplace.placement import admitting, quotas
+from gpuplace.placement.choosing import Policy
+from gpuplace.placement.fences import Fences
+from gpuplace.placement.ledger import LedgerError
+from gpuplace.queues import events, statuses, workloads
+from gpuplace.queues.committing import Admitter, Written
+from gpuplace.queues.metrics import QueueMetrics
+from gpuplace.queues.pods import QueuedPod, QueueStore
+from gpuplace.queues.reclaiming import Reclaimer
+
+log = logging.getLogger(__name__)
+
+
+class QueueApi(PodApi, Protocol):
+    """What the controller calls: a pod's reads and writes (`PodApi`) and a GpuQueue's
+    status."""
+
+    async def patch_gpuqueue_status(
+        self, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    poll_seconds: float = 10.0
+    """Longest wait between rounds when nothing wakes the controller (`maxWait`)."""
+    settle_seconds: float = 0.2
+    """Wait after a wake-up so that bursts of events make one round."""
+    min_round_seconds: float = 1.0
+    """Rounds that decide are at least this far apart (the event loop is shared)."""
+    window: int = 100
+    """Waiting workloads per queue one round looks at (the rest wait their turn)."""
+    hold_seconds: float = 300.0
+    """In-memory reservation of an admission while it is written."""
+    reclaims: int = 1
+    """Waiting workloads a round may reclaim for (one at a time, like gang preemption)."""
+    reclaim_retry_seconds: float = 10.0
+    """After a refused reclaim: the wait before it is tried again."""
+    concurrency: int = 16
+    write_attempts: int = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """One round's decision with what it was made from (for the writes and the tells)."""
+
+    round: admitting.Round
+    found: workloads.Found
+    waiting: tuple[admitting.Workload, ...]
+    """What entered the round."""
+    cut: Mapping[str, tuple[int, int]]
+    """Per queue, (workloads, pods) left out by the window."""
+
+
+def urgency(workload: admitting.Workload, spec: quotas.QueueSpec, now: float) -> tuple[Any, ...]:
+    """The engine's order within a queue, as far as the controller can tell it before a
+    round (past `maxWait`, then priority, then age)."""
+    overdue = spec.max_wait is not None and now - workload.created > spec.max_wait
+    return (not overdue, -workload.priority, workload.created, workload.key)
+
+
+def window(
+    waiting: Sequence[admitting.Workload],
+    specs: Sequence[quotas.QueueSpec],
+    now: float,
+    size: int,
+) -> tuple[list[admitting.Workload], dict[str, tuple[int, int]]]:
+    """At most `size` waiting workloads per queue, the most urgent; and per queue what was
+    left out, (workloads, pods). O(W log W)."""
+    by_name = {spec.name: spec for spec in specs}
+    lines: dict[str, list[admitting.Workload]] = {}
+    for workload in waiting:
+        lines.setdefault(workload.queue, []).append(workload)
+    kept: list[admitting.Workload] = []
+    cut: dict[str, tuple[int, int]] = {}
+    for queue, line in lines.items():
+        spec = by_name.get(queue)
+        if spec is not None:
+            line.sort(key=lambda w: urgency(w, spec, now))
+        kept.extend(line[:size])
+        rest = line[size:]
+        if rest:
+            cut[queue] = (len(rest), sum(len(w.members) for w in rest))
+    return kept, cut
+
+
+def decide(
+    sync: LedgerSync,
+    policy: Policy,
+    specs: Sequence[quotas.QueueSpec],
+    pods: Mapping[str, QueuedPod],
+    *,
+    now: float,
+    fenced: frozenset[str] = frozenset(),
+    leaving: Mapping[str, str] | None = None,
+    size: int = 100,
+    reclaims: int = 1,
+) -> Decided:
+    """Steps 2 and 3 of the module docstring without the holds: the round on a scratch
+    copy of `sync`'s ledger (which stays as it was). Synchronous; its cost is the
+    engine's (`gpuplace.placement.admitting`). Also what `gpuplace explain` asks."""
+    found = workloads.collect(pods.values(), sync.ledger.inventory, fenced=fenced, leaving=leaving)
+    waiting, cut = window(found.waiting, specs, now, size)
+    placer = admitting.Placer.scratch(sync.ledger, policy)
+    result = admitting.admit(placer, specs, found.running, waiting, now=now, reclaims=reclaims)
+    return Decided(result, found, tuple(waiting), cut)
+
+
+class QueueController:
+    """See the module docstring. Collaborators are passed in (`gpuplace.queues.wiring`
+    builds them for the sidecar and the tests alike): `api`, the queued-pod `store`, the
+    `directory` of queues and namespaces, the `sync` whose ledger it reserves in, the
+    `policy` in force, the `fences` of a starving gang, `recorder`, `registry`, `clock`
+    (POSIX seconds), `active` (whether this replica decides now) and `blocked` (why it
+    cannot tell)."""
+
+    def __init__(
+        self,
+        api: QueueApi,
+        store: QueueStore,
+        directory: QueueDirectory,
+        sync: LedgerSync,
+        policy: Callable[[], Policy],
+        *,
+        recorder: recording.Recorder | None = None,
+        registry: CollectorRegistry | None = None,
+        fences: Fences | None = None,
+        settings: QueueSettings | None = None,
+        clock: Callable[[], float] = time.time,
+        active: Callable[[], bool] | None = None,
+        blocked: Callable[[], str | None] | None = None,
+    ) -> None:
+        self.api = api
+        self.store = store
+        self.directory = directory
+        self.sync = sync
+        self.policy = policy
+        self.recorder = recorder
+        self.fences = fences
+        self.settings = settings or QueueSettings()
+        self.clock = clock
+        self.active = active
+        self.blocked = blocked
+        self.metrics = QueueMetrics(registry)
+        writer = Writer(
+            api, concurrency=self.settings.concurrency, attempts=self.settings.write_attempts
+        )
+        self.admitter = Admitter(writer, sync, clock=clock)
+        self.reclaimer = Reclaimer(
+            api,
+            sync,
+            self.metrics,
+            recorder=recorder,
+            retry_seconds=self.settings.reclaim_retry_seconds,
+        )
+        self.rounds = 0
+        """Completed rounds, deciding or following (tests wait on it)."""
+        self.decisions = 0
+        """Rounds that ran the engine."""
+        self.last: Decided | None = None
+        """The last round's decision (tests, metrics)."""
+        self._wake = asyncio.Event()
+        self._signature: tuple[object, ...] = ()
+        self._decided_at = float("-inf")
+        self._told = gang_events.Told()
+        self._written: dict[str, dict[str, Any]] = {}
+        store.listeners.append(self.wake)
+        directory.listeners.append(self.wake)
+        sync.pod_listeners.append(self._poke)
+        sync.node_listeners.append(self._poke)
+
+    # --- running ---------------------------------------------------------------------
+
+    def _poke(self, *_: object) -> None:
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Run a round soon."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Run rounds until cancelled; never raises on API failures."""
+        await self.store.synced.wait()
+        await self.directory.queues_synced.wait()
+        await self.directory.namespaces_synced.wait()
+        await self.sync.ready.wait()
+        while True:
+            try:
+                leading = self.active is None or self.active()
+                self.metrics.leading.set(1 if leading else 0)
+                if leading:
+                    await self.step()
+                else:
+                    self._follow()
+                    self.rounds += 1
+            except kube.ApiError as error:
+                log.warning(
+                    "queue round failed, retrying",
+                    extra={"status": error.status, "reason": error.reason},
+                )
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.poll_seconds):
+                    await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(self.settings.settle_seconds)
+            rest = self._decided_at + self.settings.min_round_seconds - time.monotonic()
+            if rest > 0:
+                await asyncio.sleep(rest)
+
+    def _follow(self) -> None:
+        """A round while another replica decides: tell waiting pods if gpuplace is
+        blocked (the Lease cannot be read), nothing else."""
+        reason = self.blocked() if self.blocked is not None else None
+        if reason is None:
+            return
+        for pod in self.store.pods.values():
+            if pod.gated and pod.live and self._told.first(pod.uid, f"{events.BLOCKED}"):
+                self._emit(pod, recording.WARNING, events.BLOCKED, reason)
+
+    def _fenced(self) -> frozenset[str]:
+        return self.fences.nodes if self.fences is not None else frozenset()
+
+    async def step(self) -> None:
+        """One round (module docstring)."""
+        now = self.clock()
+        await self._settle()
+        policy = self.policy()
+        signature = (
+            self.sync.ledger.generation,
+            self.sync.pods_version,
+            self.store.version,
+            self.directory.version,
+            self.fences.version if self.fences is not None else 0,
+            id(policy),
+            len(self.reclaimer.leaving),
+        )
+        fresh = time.monotonic() - self._decided_at >= self.settings.poll_seconds
+        if signature == self._signature and not fresh:
+            self.rounds += 1
+            return
+        await asyncio.sleep(0)  # let the extender's verbs in before the round's CPU work
+        started = time.perf_counter()
+        specs = self.directory.specs()
+        decided = decide(
+            self.sync,
+            policy,
+            specs,
+            self.store.pods,
+            now=now,
+            fenced=self._fenced(),
+            leaving=self.reclaimer.leaving,
+            size=self.settings.window,
+            reclaims=self.settings.reclaims,
+        )
+        held = self._hold(decided.round.admissions)
+        self.metrics.rounds.observe(time.perf_counter() - started)
+        self._signature = signature
+        self._decided_at = time.monotonic()
+        self.last = decided
+        self.decisions += 1
+        await asyncio.sleep(0)
+        for admission in held:
+            await self._admit(admission, decided.found, now)
+        await self._reclaim(decided, now)
+        self._tell(decided)
+        await self._statuses(decided, specs)
+        self._forget()
+        self.rounds += 1
+
+    # --- settling, holding, admitting ------------------------------------------------
+
+    async def _settle(self) -> None:
+        for plan_id, members in self.admitter.open_plans(self.store.pods).items():
+            try:
+                written = await self.admitter.settle(plan_id, members)
+            except kube.ApiError as error:
+                log.warning(
+                    "queue plan not settled",
+                    extra={"plan": plan_id, "status": error.status, "reason": error.reason},
+                )
+                continue
+            for pod in written.admitted:
+                self._admitted(pod, "its plan was settled after a restart or a failover")
+
+    def _hold(self, admissions: Sequence[admitting.Admission]) -> list[admitting.Admission]:
+        """Reserve every admission's grants in the live ledger, all or none per admission
+        (synchronous). The round was decided on a copy of this very ledger with nothing in
+        between, so a refusal means a bug or a grant the copy did not see: that admission
+        is left for the next round."""
+        held = []
+        for admission in admissions:
+            taken: list[str] = []
+            try:
+                for grant in admission.grants:
+                    self.sync.hold(
+                        grant, seconds=self.settings.hold_seconds, owner=f"queue:{admission.key}"
+                    )
+                    taken.append(grant.pod_uid)
+            except LedgerError as error:
+                log.warning(
+                    "queue admission not reserved",
+                    extra={"workload": admission.key, "error": str(error)},
+                )
+                for uid in taken:
+                    self.sync.unhold(uid)
+                continue
+            held.append(admission)
+        return held
+
+    async def _admit(
+        self, admission: admitting.Admission, found: workloads.Found, now: float
+    ) -> None:
+        pods = [found.pods[uid] for uid in admission.uids if uid in found.pods]
+        by_uid = {grant.pod_uid: grant for grant in admission.grants}
+        if len(pods) != len(admission.uids):
+            for uid in admission.uids:
+                self.sync.unhold(uid)
+            return
+        if len(pods) == 1 and not pods[0].gang:
+            written = await self.admitter.pod(pods[0], by_uid[pods[0].uid])
+        else:
+            running = sum(
+                len(r.uids) for r in found.running if r.key == admission.key and not r.leaving_for
+            )
+            written = await self.admitter.gang(
+                pods, [by_uid[pod.uid] for pod in pods], running=running
+            )
+        self._written_admission(admission, pods, written, now)
+
+    def _written_admission(
+        self,
+        admission: admitting.Admission,
+        pods: Sequence[QueuedPod],
+        written: Written,
+        now: float,
+    ) -> None:
+        if not written.admitted:
+            log.info(
+                "queue admission not written",
+                extra={"workload": admission.key, "why": written.why},
+            )
+            return
+        self.metrics.admissions.labels(admission.queue).inc()
+        spec = next((s for s in self.directory.specs() if s.name == admission.queue), None)
+        cohort = spec.cohort if spec is not None else ""
+        borrowing = f", borrowing from cohort {cohort}" if admission.borrowing else ""
+        growth = " (the elastic gang grows)" if admission.growth else ""
+        waited = max(now - min(pod.created for pod in pods), 0.0)
+        log.info(
+            "queue admitted",
+            extra={
+                "workload": admission.key,
+                "queue": admission.queue,
+                "pods": len(written.admitted),
+                "borrowing": admission.borrowing,
+            },
+        )
+        for pod in written.admitted:
+            grant = next(g for g in admission.grants if g.pod_uid == pod.uid)
+            gpus = ",".join(map(str, grant.gpus))
+            self._admitted(
+                pod,
+                f"admitted by GpuQueue {admission.queue}{borrowing}{growth} after "
+                f"{gang_events.duration(waited)}: GPUs {gpus} of node {grant.node} are "
+                "reserved for it",
+            )
+
+    def _admitted(self, pod: QueuedPod, message: str) -> None:
+        self._emit(pod, recording.NORMAL, events.ADMITTED, message)
+
+    # --- reclaiming --------------------------------------------------------------------
+
+    async def _reclaim(self, decided: Decided, now: float) -> None:
+        members = {w.key: w for w in decided.waiting}
+        for reclaim in decided.round.reclaims:
+            workload = members.get(reclaim.key)
+            claimants = (
+                [decided.found.pods[m.uid] for m in workload.members if m.uid in decided.found.pods]
+                if workload is not None
+                else []
+            )
+            await self.reclaimer.apply(reclaim, claimants, now)
+
+    # --- telling -----------------------------------------------------------------------
+
+    def _tell(self, decided: Decided) -> None:
+        """Events on waiting pods, once per (pod, reason kind)."""
+        members = {w.key: w for w in decided.waiting}
+        for waiting in decided.round.waiting:
+            workload = members.get(waiting.key)
+            if workload is None:
+                continue
+            for member in workload.members:
+                pod = decided.found.pods.get(member.uid)
+                if pod is None or not self._told.first(pod.uid, waiting.why.value):
+                    continue
+                if waiting.why is admitting.Why.NEVER:
+                    kind, reason = recording.WARNING, events.UNPLACEABLE
+                elif waiting.why is admitting.Why.NO_QUEUE:
+                    kind, reason = recording.WARNING, events.MISSING
+                else:
+                    kind, reason = recording.NORMAL, events.WAITING
+                self._emit(
+                    pod,
+                    kind,
+                    reason,
+                    f"waiting in GpuQueue {waiting.queue} ({waiting.why.value}): {waiting.reason}",
+                )
+        for aside in decided.found.aside:
+            kind = recording.WARNING if aside.why == workloads.UNREADABLE else recording.NORMAL
+            for pod in aside.pods:
+                if self._told.first(pod.uid, aside.why):
+                    self._emit(
+                        pod,
+                        kind,
+                        events.WAITING,
+                        f"waiting in GpuQueue {aside.queue}: {aside.reason}",
+                    )
+
+    async def _statuses(self, decided: Decided, specs: Sequence[quotas.QueueSpec]) -> None:
+        """Each GpuQueue's status, written when it changed; the per-queue metrics."""
+        by_name = {status.name: status for status in decided.round.queues}
+        stamp = assignments.rfc3339(datetime.fromtimestamp(self.clock(), UTC))
+        for spec in specs:
+            status = by_name.get(spec.name)
+            if status is not None:
+                workloads_cut, pods_cut = decided.cut.get(spec.name, (0, 0))
+                status = dataclasses.replace(
+                    status,
+                    waiting=status.waiting + workloads_cut,
+                    waiting_pods=status.waiting_pods + pods_cut,
+                )
+                by_name[spec.name] = status
+                self.metrics.show(status, spec)
+        self.metrics.keep(by_name)
+        for name, record in list(self.directory.queues.items()):
+            wanted = statuses.body(record, by_name.get(name), stamp)
+            if not statuses.changed(record, wanted) or self._written.get(name) == wanted:
+                continue
+            try:
+                await self.api.patch_gpuqueue_status(name, {"status": wanted})
+            except kube.ApiError as error:
+                log.warning(
+                    "queue status not written",
+                    extra={"queue": name, "status": error.status, "reason": error.reason},
+                )
+                continue
+            self._written[name] = wanted
+
+    def _forget(self) -> None:
+        """Drop memos of pods and queues the API no longer has (bounded memory)."""
+        self._told.keep(self.store.pods)
+        self._written = {n: s for n, s in self._written.items() if n in self.directory.queues}
+        waiting = {pod.key for pod in self.store.pods.values() if pod.gated}
+        self.reclaimer.keep(self.store.pods, waiting)
+
+    def _emit(self, pod: QueuedPod, kind: str, reason: str, message: str) -> None:
+        gang_events.emit(self.recorder, pod, kind, reason, message)

@@ -1,0 +1,100 @@
+"""What the queue controller writes into each GpuQueue's status (the status subresource).
+
+`body(record, status)` is the status a queue should show after a round: admitted and
+waiting workloads, waiting pods, the weighted share (per mille), per quota line what is
+used, borrowed beyond nominal and lent to the cohort (quantities as the spec writes them:
+`2500m` GPUs, `40Gi` of memory), `observedGeneration`, and one condition `Active`: True
+while the queue admits, False with the reason `InvalidSpec` and why when gpuplace cannot
+use its spec (an API server without the CRD's rules). `changed(record, wanted)` says
+whether a write is needed (the transition time aside), so a quiet cluster writes nothing.
+Pure: no I/O; the caller's clock stamps transitions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuplace.cluster.queue_directory import QueueRecord
+from gpuplace.placement import quotas
+from gpuplace.placement.admitting import QueueStatus
+from gpuplace.placement.requests import WHOLE
+
+ACTIVE = "Active"
+READY = "Admitting"
+INVALID = "InvalidSpec"
+
+
+def quantity(resource: str, amount: int) -> str:
+    """An engine amount as a Kubernetes quantity: milli-GPU as `3` or `2500m`, MiB as
+    `40Gi` or `512Mi`."""
+    if resource == quotas.GPU_MEMORY:
+        return f"{amount // 1024}Gi" if amount % 1024 == 0 and amount else f"{amount}Mi"
+    return str(amount // WHOLE) if amount % WHOLE == 0 else f"{amount}m"
+
+
+def _condition(
+    record: QueueRecord, status: str, reason: str, message: str, stamp: str
+) -> dict[str, Any]:
+    old = next(
+        (
+            c
+            for c in record.status.get("conditions") or []
+            if isinstance(c, Mapping) and c.get("type") == ACTIVE
+        ),
+        None,
+    )
+    since = stamp
+    if old is not None and old.get("status") == status and old.get("lastTransitionTime"):
+        since = str(old["lastTransitionTime"])
+    return {
+        "type": ACTIVE,
+        "status": status,
+        "reason": reason,
+        "message": message[:32768],
+        "lastTransitionTime": since,
+        "observedGeneration": record.generation,
+    }
+
+
+def body(record: QueueRecord, status: QueueStatus | None, stamp: str) -> dict[str, Any]:
+    """The status `record` should show (module docstring); `status` None: the queue was
+    not in the round (its spec cannot be used)."""
+    if record.spec is None or status is None:
+        return {
+            "observedGeneration": record.generation,
+            "admittedWorkloads": 0,
+            "waitingWorkloads": 0,
+            "waitingPods": 0,
+            "weightedShare": 0,
+            "resources": [],
+            "conditions": [
+                _condition(record, "False", INVALID, record.problem or "not in the round", stamp)
+            ],
+        }
+    lines = []
+    for bucket in sorted(record.spec.quotas):
+        resource, model = bucket
+        lines.append(
+            {
+                "name": resource,
+                "model": model,
+                "used": quantity(resource, status.used.get(bucket, 0)),
+                "borrowed": quantity(resource, status.borrowed.get(bucket, 0)),
+                "lent": quantity(resource, status.lent.get(bucket, 0)),
+            }
+        )
+    return {
+        "observedGeneration": record.generation,
+        "admittedWorkloads": status.admitted,
+        "waitingWorkloads": status.waiting,
+        "waitingPods": status.waiting_pods,
+        "weightedShare": round(status.share * 1000),
+        "resources": lines,
+        "conditions": [_condition(record, "True", READY, "the queue admits workloads", stamp)],
+    }
+
+
+def changed(record: QueueRecord, wanted: Mapping[str, Any]) -> bool:
+    """Whether `wanted` differs from what the queue shows. O(quota lines)."""
+    return dict(record.status) != dict(wanted)
