@@ -22,8 +22,8 @@ review runs into it. So:
   (`freeze_survivors`); a full unfrozen pass runs every `full_seconds`, between verbs.
 
 Frozen objects are still freed by reference counting; only cyclic garbage waits for the
-next full unfrozen pass. The dev tools' in-memory API (`gpuplace.dev.localapi`) freezes its
-own set-up objects for the same reason.
+next full unfrozen pass. The dev tools' in-memory API (`gpuplace.dev.localapi`, when it runs
+as its own process) freezes its set-up objects through `freeze()` for the same reason.
 """
 
 from __future__ import annotations

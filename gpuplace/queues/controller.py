@@ -209,7 +209,7 @@ class QueueController:
             retry_seconds=self.settings.reclaim_retry_seconds,
         )
         self.rounds = 0
-        """Completed rounds (tests wait on it)."""
+        """Completed rounds, deciding or following (tests wait on it)."""
         self.decisions = 0
         """Rounds that ran the engine."""
         self.last: Decided | None = None
@@ -247,6 +247,7 @@ class QueueController:
                     await self.step()
                 else:
                     self._follow()
+                    self.rounds += 1
             except kube.ApiError as error:
                 log.warning(
                     "queue round failed, retrying",

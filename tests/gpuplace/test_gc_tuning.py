@@ -4,8 +4,10 @@ first sync frozen with automatic full passes off; the sidecar's loop doing its p
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import gc
+from pathlib import Path
 
 from gpuplace import gc_tuning
 from gpuplace.gc_tuning import collect_young
@@ -104,3 +106,23 @@ async def test_the_loop_freezes_after_the_first_sync_then_runs_full_passes() -> 
         await asyncio.gather(loop, return_exceptions=True)
         gc.unfreeze()
         gc.set_threshold(*threshold)
+
+
+def test_only_gc_tuning_touches_the_collector() -> None:
+    """Every call to `gc` is in `gpuplace.gc_tuning` (issue 26: the tuning lives in one
+    place); any other module of the package that imports `gc` fails here."""
+    package = Path(gc_tuning.__file__).parent
+    importers = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            if "gc" in names:
+                importers.append(str(path.relative_to(package)))
+    assert importers == ["gc_tuning.py"]

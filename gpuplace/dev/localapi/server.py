@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import gc
 import json
 import multiprocessing
 import re
@@ -46,6 +45,7 @@ import yaml
 from aiohttp import web
 from kubernetes_asyncio import client
 
+from gpuplace import gc_tuning
 from gpuplace.dev.localapi import access as accessing
 from gpuplace.dev.localapi import patching, statuses
 from gpuplace.dev.localapi.resources import DEFAULT_RESOURCES, PODS, Resource
@@ -574,7 +574,7 @@ def serve_in_thread(api: FakeApi | None = None) -> Iterator[ThreadedServer]:
 
 def _serve_forever(api: FakeApi, sock: socket.socket) -> None:
     api.warm()
-    gc.freeze()  # the set-up objects are permanent: never traverse them again
+    gc_tuning.freeze()  # the set-up objects are permanent: never traverse them again
 
     async def main() -> None:
         runner = web.AppRunner(api.app(), handle_signals=True, access_log=None)
