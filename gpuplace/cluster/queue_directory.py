@@ -31,6 +31,8 @@ from gpuplace.placement import quotas
 
 NAME_LABEL = "kubernetes.io/metadata.name"
 """The label kube-apiserver sets on every namespace to its name."""
+API_VERSION = "gpuplace.io/v1alpha1"
+KIND = "GpuQueue"
 SHOWN_QUEUES = 8
 """Queue names a refusal lists at most."""
 
@@ -86,7 +88,10 @@ def queue_record(raw: Mapping[str, Any]) -> QueueRecord:
         status=dict(status) if isinstance(status, Mapping) else {},
     )
     try:
-        queue = gpuqueues.read(raw)
+        # the informer lists gpuqueues: an item without apiVersion and kind (a list of a
+        # built-in kind leaves them out; some servers do so for custom resources too) is
+        # one all the same
+        queue = gpuqueues.read({"apiVersion": API_VERSION, "kind": KIND, **raw})
         spec = gpuqueues.to_spec(queue)
     except gpuqueues.QueueError as error:
         return replace(base, problem=str(error))

@@ -3,7 +3,11 @@
 Reads the live state from the API (nodes, managed pods, the pod, its Events), rebuilds
 the ledger exactly as the sidecar does, and prints the policy's view node by node:
 which nodes fit (with the extender score kube-scheduler would get) and, for the others,
-why not; then one summary line by reason kind.
+why not; then one summary line by reason kind. For a pod in a GpuQueue it first says
+where the pod stands in its queue: admitted, or its position and why it waits (quota,
+cohort, place, ...), from one admission round decided on the same state as the queue
+controller decides it (`gpuplace.queues.explaining`; GpuQueues and namespaces are read
+too).
 """
 
 from __future__ import annotations
@@ -15,12 +19,13 @@ import sys
 from typing import Any
 
 from gpuplace import commands
-from gpuplace.cluster import connecting, kube, mirroring, nodes, pods
+from gpuplace.cluster import connecting, keys, kube, mirroring, pods
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.commands import queues as queues_command
 from gpuplace.commands import usage as usage_command
 from gpuplace.extender import explaining
 from gpuplace.extender.workloads import PolicyHolder
-from gpuplace.placement import policies
+from gpuplace.queues import explaining as explaining_queues
 from gpuplace.usage import report
 from gpuplace.usage.gpu_loads import UsageUnavailable
 
@@ -34,19 +39,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("pod", metavar="NAMESPACE/POD", help="the pod (namespace/name)")
     usage_command.add_cluster_arguments(parser)
-    parser.add_argument(
-        "--policy", default="default", choices=policies.NAMES, help="the sidecar's --policy"
-    )
-    parser.add_argument(
-        "--agent-silence-seconds",
-        type=float,
-        default=nodes.DEFAULT_AGENT_SILENCE,
-        help="the sidecar's --agent-silence-seconds: nodes whose node agent is silent this "
-        "long are shown closed to new GPU pods",
-    )
-    parser.add_argument(
-        "--require-node-agent", action="store_true", help="the sidecar's --require-node-agent"
-    )
+    queues_command.add_policy_arguments(parser)
     parser.add_argument("--all", action="store_true", help="show every node, not the first 40")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
     usage_command.add_prometheus_arguments(parser, required=False)
@@ -92,6 +85,10 @@ async def _explain(args: argparse.Namespace, namespace: str, name: str) -> int:
         )
         await mirroring.Mirror(api, sync).load()
         events = await api.pod_events(namespace, name)
+        wait: explaining_queues.PodWait | None = None
+        if keys.QUEUE_LABEL in ((pod.get("metadata") or {}).get("labels") or {}):
+            seen = await queues_command.snapshot(args, api)
+            wait = explaining_queues.pod_wait(seen, str(pod["metadata"].get("uid") or ""))
         managed = await usage_command.managed_pods(api) if args.prometheus else []
     finally:
         await api.close()
@@ -110,10 +107,14 @@ async def _explain(args: argparse.Namespace, namespace: str, name: str) -> int:
             unavailable = str(error)
     if args.output == "json":
         data: dict[str, Any] = json.loads(explanation.as_json())
+        if wait is not None:
+            data["queue"] = wait.as_dict()
         if args.prometheus:
             data["usage"] = _usage_json(used, namespace, name, unavailable)
         print(json.dumps(data, indent=2))
     else:
+        if wait is not None:
+            print(explaining_queues.render_pod(wait))
         print(explaining.render(explanation, limit=None if args.all else 40))
         if used is not None:
             print()

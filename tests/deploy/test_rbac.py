@@ -38,17 +38,13 @@ GPUPLACE_CLUSTER: set[Grant] = {
     ("", "events", "patch", ()),
 }
 GPUPLACE_QUEUES: set[Grant] = {
-    ("gpuplace.io", "gpuqueues", "get", ()),
     ("gpuplace.io", "gpuqueues", "list", ()),
     ("gpuplace.io", "gpuqueues", "watch", ()),
     ("gpuplace.io", "gpuqueues/status", "patch", ()),
     ("", "namespaces", "list", ()),
     ("", "namespaces", "watch", ()),
 }
-"""ClusterRole `gpuplace-queues`: the queue controller's (issue 29), which lands after these
-manifests; until its calls are in gpuplace/cluster/kube.py they are `QUEUE_CONTROLLER_NEXT`
-below (remove it then: the two-way check covers them)."""
-QUEUE_CONTROLLER_NEXT = {(group, resource, verb) for group, resource, verb, _ in GPUPLACE_QUEUES}
+"""ClusterRole `gpuplace-queues`: the queue controller's and its informers' (issue 29)."""
 QUEUES_VIEWER: set[Grant] = {
     ("gpuplace.io", resource, verb, ())
     for resource in ("gpuqueues", "gpuqueues/status")
@@ -248,8 +244,20 @@ def test_every_verb_says_why(path: Path) -> None:
 CLI_ONLY = {("", "list_namespaced_event")}
 VERB_OF = {"read": ("get",), "list": ("list", "watch"), "patch": ("patch",),
            "create": ("create",), "replace": ("update",), "delete": ("delete",)}  # fmt: skip
-GROUP_OF = {"core": "", "coordination": "coordination.k8s.io", "policy": "policy"}
-"""`gpuplace.cluster.kube.Kube`'s generated clients, by attribute, and their API groups."""
+GROUP_OF = {
+    "core": "",
+    "coordination": "coordination.k8s.io",
+    "policy": "policy",
+    "custom": "gpuplace.io",
+}
+"""`gpuplace.cluster.kube.Kube`'s generated clients, by attribute, and their API groups
+(`custom`, the CustomObjectsApi, serves GpuQueues only)."""
+CUSTOM_OBJECTS = {
+    "list_cluster_custom_object": {("gpuqueues", "list"), ("gpuqueues", "watch")},
+    "patch_cluster_custom_object_status": {("gpuqueues/status", "patch")},
+}
+"""What each CustomObjectsApi method Kube calls needs (on gpuqueues, the one custom
+resource it reads: `kube.GPUQUEUES`)."""
 
 KUBE = rendering.ROOT / "gpuplace" / "cluster" / "kube.py"
 SIDECAR_ROOMS = ("gpuplace",)
@@ -294,6 +302,8 @@ def needed(method: str) -> set[tuple[str, str]]:
     create_namespaced_pod_eviction -> (pods/eviction, create)."""
     if method in ONE_OFF_LISTS:
         return {(ONE_OFF_LISTS[method], "list")}
+    if method in CUSTOM_OBJECTS:
+        return CUSTOM_OBJECTS[method]
     action, _, rest = method.partition("_")
     rest = rest.removeprefix("namespaced_").removesuffix("_for_all_namespaces")
     kind, _, sub = rest.partition("_")
@@ -344,7 +354,7 @@ def test_rbac_covers_every_call_the_sidecar_makes(objects: list[Obj]) -> None:
     wanted = {(group, r, v) for group, call in calls for r, v in needed(call)}
     missing = wanted - granted
     assert missing == set(), f"calls without RBAC: {missing}"
-    unused = granted - wanted - QUEUE_CONTROLLER_NEXT
+    unused = granted - wanted
     assert unused == set(), f"RBAC no call needs: {unused}"
 
 

@@ -4,10 +4,13 @@ status, Events and metrics."""
 
 from __future__ import annotations
 
+import asyncio
+
 from gpuplace.cluster import keys
 from gpuplace.cluster.gang_marks import gated
 from gpuplace.cluster.node_affinity import NodeAffinity
 from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
 from tests.queues.rig import events, gpuqueue, namespace, nodes, queued, rig, two_teams
 
 
@@ -17,11 +20,14 @@ async def test_queued_pods_are_admitted_within_quota_in_priority_then_age_order(
     nodes(server.api, 2, gpus=4)
     namespace(server.api, "team-a", team="a")
     server.api.create(gpuqueue("team-a", "3"))
+    # one round sees them all; creationTimestamp counts seconds
+    server.api.create(queued("old", "team-a"))
+    await asyncio.sleep(1.05)
+    server.api.create(queued("young", "team-a"))
+    await asyncio.sleep(1.05)
+    server.api.create(queued("last", "team-a"))
+    server.api.create(queued("urgent", "team-a", priority=100))
     async with rig(server) as r:
-        r.api.create(queued("old", "team-a"))
-        r.api.create(queued("young", "team-a"))
-        r.api.create(queued("urgent", "team-a", priority=100))
-        r.api.create(queued("last", "team-a"))
         await r.quiet()
         # three GPUs of quota: the urgent one, then the oldest two; `last` waits for quota
         assert r.admitted() == ["old", "urgent", "young"]
@@ -61,8 +67,6 @@ async def test_a_pod_is_admitted_only_where_a_gpu_is_free(server: localapi.Serve
     namespace(server.api, "team-a", team="a")
     server.api.create(gpuqueue("team-a", "8"))
     async with rig(server) as r:
-        from gpuplace.dev.localapi import objects
-
         r.api.create(objects.pod("outside", "default", percent=None, count=2))
         assert await r.schedule() == []
         r.api.create(queued("big", "team-a", count=4))

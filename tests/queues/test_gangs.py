@@ -1,0 +1,136 @@
+"""A queued gang is admitted by its queue as one unit (plan written with the queue gates on,
+then every queue gate removed), then started by the gang controller (the gang gates
+removed together); an elastic gang starts with what fits from `gang-min`, grows as GPUs
+free and gives back its extras first to a reclaim."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuplace.cluster import keys
+from gpuplace.cluster.gang_marks import gated, plan_mark
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
+from gpuplace.webhook import mutating
+from tests.gangs.rig import check_plans
+from tests.queues.rig import Rig, events, gpuqueue, namespace, nodes, queued, rig, two_teams
+from tests.queues.test_reclaiming import deleting, kubelet_finishes
+
+
+def members(r: Rig, gang: str, namespace: str = "team-a") -> list[dict[str, Any]]:
+    return [
+        pod
+        for pod in r.pods(namespace)
+        if (pod["metadata"].get("labels") or {}).get(keys.GANG_LABEL) == gang
+    ]
+
+
+async def test_a_queued_gang_is_admitted_whole_then_started_by_the_gang_controller(
+    server: localapi.Server,
+) -> None:
+    nodes(server.api, 2, gpus=4)
+    namespace(server.api, "team-a", team="a")
+    server.api.create(gpuqueue("team-a", "6"))
+    async with rig(server) as r:
+        # three of four members: the gang waits, holding nothing
+        for i in range(3):
+            r.api.create(queued(f"w{i}", "team-a", count=2, gang="train", size=4))
+        await r.quiet()
+        assert r.admitted() == []
+        said = await events(r, "team-a", "QueueWaiting")
+        assert said and "3 of its 4 members exist" in said[0]
+        # the fourth: 8 GPUs but the quota is 6: it still waits, now for quota
+        r.api.create(queued("w3", "team-a", count=2, gang="train", size=4))
+        await r.quiet()
+        assert r.admitted() == []
+        assert all(plan_mark(pod) is None for pod in members(r, "train"))
+        # the quota grows to 8: admitted whole, and the gang controller ungates it
+        r.api.patch(
+            "gpuplace.io/gpuqueues",
+            "team-a",
+            {"spec": {"resources": [{"name": "gpus", "nominal": "8"}]}},
+        )
+        await r.quiet()
+        pods = members(r, "train")
+        assert r.admitted() == ["w0", "w1", "w2", "w3"]
+        assert not any(gated(pod) for pod in pods)
+        marks = [plan_mark(pod) for pod in pods]
+        assert len({mark.id for mark in marks if mark is not None}) == 1 and None not in marks
+        assert all(pod["metadata"]["annotations"][keys.GANG_COUNT] == "4" for pod in pods)
+        # the queue's writes never removed a queue gate before every member was marked
+        calls = r.api.calls_to("PATCH", r"/namespaces/team-a/pods/w\d$")
+        ungates = [
+            i for i, c in enumerate(calls) if "schedulingGates" in (c.body.get("spec") or {})
+        ]
+        marked = [
+            i
+            for i, c in enumerate(calls)
+            if keys.GANG_PLAN in ((c.body.get("metadata") or {}).get("annotations") or {})
+        ]
+        assert len(marked) >= 4 and max(marked) < min(ungates)
+        check_plans(r.pods("team-a"))
+        assert await r.schedule() == []
+        r.check()
+        assert r.status("team-a")["admittedWorkloads"] == 1
+
+
+async def test_an_elastic_gang_starts_with_what_fits_and_grows(server: localapi.Server) -> None:
+    nodes(server.api, 1, gpus=4)
+    namespace(server.api, "team-a", team="a")
+    server.api.create(gpuqueue("team-a", "8"))
+    async with rig(server) as r:
+        r.api.create(objects.pod("outside", "default", percent=None, count=2))
+        assert await r.schedule() == []
+        for i in range(4):
+            r.api.create(queued(f"e{i}", "team-a", count=1, gang="elastic", size=4, minimum=2))
+        await r.quiet()
+        # two GPUs are free: it starts with 2 of its 4 members (gang-min 2)
+        assert r.admitted() == ["e0", "e1"]
+        assert await r.schedule() == []
+        started = members(r, "elastic")
+        counts = {
+            pod["metadata"]["name"]: (pod["metadata"].get("annotations") or {}).get(keys.GANG_COUNT)
+            for pod in started
+        }
+        assert counts["e0"] == counts["e1"] == "2"
+        # the pod outside goes: the gang grows by its missing members
+        r.api.delete("pods", "outside", "default")
+        await r.quiet()
+        assert r.admitted() == ["e0", "e1", "e2", "e3"]
+        assert await r.schedule() == []
+        r.check()
+        grown = {
+            pod["metadata"]["name"]: pod["metadata"]["annotations"].get(keys.GANG_COUNT)
+            for pod in members(r, "elastic")
+        }
+        assert grown["e2"] == grown["e3"] == "4"
+
+
+async def test_a_reclaim_takes_an_elastic_gangs_extras_first(server: localapi.Server) -> None:
+    nodes(server.api, 2, gpus=4)
+    two_teams(server.api)
+    async with rig(server) as r:
+        for i in range(3):
+            r.api.create(queued(f"a{i}", "team-a", count=2, gang="wide", size=3, minimum=1))
+        r.api.create(queued("a-solo", "team-a", count=1))
+        await r.quiet()
+        assert r.admitted() == ["a-solo", "a0", "a1", "a2"]  # 7 GPUs: 3 borrowed
+        assert await r.schedule() == []
+        r.api.create(queued("b0", "team-b", count=2))
+        await r.quiet()
+        # one 2-GPU extra of the elastic gang is given back, not the whole gang nor a-solo
+        gone = deleting(r.api)
+        assert len(gone) == 1 and gone[0] in ("a1", "a2")
+        kubelet_finishes(r.api)
+        await r.quiet()
+        assert r.admitted("team-b") == ["b0"]
+        assert await r.schedule() == []
+        r.check()
+
+
+def test_the_webhook_gives_an_elastic_member_its_count_through_the_downward_api() -> None:
+    env = mutating.gang_count_env()
+    assert env["name"] == "GPUPLACE_GANG_COUNT"
+    assert env["valueFrom"]["fieldRef"]["fieldPath"] == (
+        f"metadata.annotations['{keys.GANG_COUNT}']"
+    )
