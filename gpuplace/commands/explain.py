@@ -96,7 +96,14 @@ async def _explain(args: argparse.Namespace, namespace: str, name: str) -> int:
     record = pods.record(pod)
     holder = PolicyHolder(sync, args.policy, refresh_seconds=0.0)
     conditions = (pod.get("status") or {}).get("conditions") or []
-    explanation = explaining.explain(sync, holder, record, events=events, conditions=conditions)
+    gates = [
+        str(gate.get("name"))
+        for gate in (pod.get("spec") or {}).get("schedulingGates") or []
+        if isinstance(gate, dict)
+    ]
+    explanation = explaining.explain(
+        sync, holder, record, events=events, conditions=conditions, gates=gates
+    )
     used: report.Report | None = None
     unavailable = ""
     if args.prometheus:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpuplace.cluster import recording
+from gpuplace.cluster import keys, recording
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender import reasons
@@ -81,8 +81,10 @@ def explain(
     *,
     events: Sequence[Mapping[str, Any]] = (),
     conditions: Sequence[Mapping[str, Any]] = (),
+    gates: Sequence[str] = (),
 ) -> Explanation:
-    """The explanation for one pod. Mutates `sync` (sets the pod's own grant aside)."""
+    """The explanation for one pod (`gates`: the names of its scheduling gates). Mutates
+    `sync` (sets the pod's own grant aside)."""
     result = Explanation(pod=str(record), headline=[])
     head = result.headline
     if record.terminal:
@@ -109,6 +111,11 @@ def explain(
             f"Pending, with {_grant_text(grant)} reserved on node {grant.node}: the next "
             "scheduling attempt binds it there (it is offered no other node); the "
             "reservation is released if that does not happen in time."
+        )
+    elif record.gated and keys.QUEUE_GATE in gates:
+        head.append(
+            f"Pending behind the scheduling gate {keys.QUEUE_GATE}: its GpuQueue admits it "
+            "when its quota and a free GPU cover it (docs/queues.md)."
         )
     elif record.gated:
         head.append(

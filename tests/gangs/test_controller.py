@@ -417,3 +417,35 @@ async def test_only_the_leading_replica_plans(server: localapi.Server) -> None:
         leading[0] = True
         await r.quiet()
         assert not any(gated(pod) for pod in r.gang_pods("train"))
+
+
+async def test_an_elastic_gang_starts_with_what_fits_and_grows_as_gpus_free(
+    server: localapi.Server,
+) -> None:
+    nodes(server.api, 1)
+    async with rig(server) as r:
+        r.api.create(other("busy", count=2))
+        assert await r.schedule_ungated() == []
+        for i in range(4):
+            pod = member(f"e{i}", "elastic", 4, count=1)
+            pod["metadata"]["annotations"][keys.GANG_MIN] = "2"
+            r.api.create(pod)
+        await r.quiet()
+        started = sorted(p["metadata"]["name"] for p in r.gang_pods("elastic") if not gated(p))
+        assert started == ["e0", "e1"]  # 2 GPUs free: gang-min 2 of its 4 members
+        counts = {
+            p["metadata"]["name"]: p["metadata"]["annotations"].get(keys.GANG_COUNT)
+            for p in r.gang_pods("elastic")
+        }
+        assert counts["e0"] == counts["e1"] == "2"
+        assert await r.schedule_ungated() == []
+        r.api.delete("pods", "busy", "default")
+        await r.quiet()
+        assert not any(gated(p) for p in r.gang_pods("elastic"))
+        grown = {
+            p["metadata"]["name"]: p["metadata"]["annotations"].get(keys.GANG_COUNT)
+            for p in r.gang_pods("elastic")
+        }
+        assert grown["e2"] == grown["e3"] == "4"
+        assert await r.schedule_ungated() == []
+        check_grants(r.api.objects("nodes"), r.pods_everywhere())

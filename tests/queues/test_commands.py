@@ -99,6 +99,7 @@ def test_queues_and_explain_show_use_borrowing_and_why_a_pod_waits(
         out = capsys.readouterr().out
         first = out.splitlines()[0]
         assert first.startswith("queue: waiting in GpuQueue team-a, position 2 ("), first
+        assert "Pending behind the scheduling gate gpuplace.io/queue: its GpuQueue" in out
         assert run(server, tmp_path, "explain", "team-a/a4", "-o", "json") == 0
         wait = json.loads(capsys.readouterr().out)["queue"]
         assert (wait["queue"], wait["admitted"], wait["position"]) == ("team-a", False, 2)

@@ -347,3 +347,29 @@ def test_parse_either_returns_a_valid_spec_or_explains(values: dict[str, str]) -
     assert request.memory_only == (keys.GPU_PERCENT not in values and keys.GPU_COUNT not in values)
     assert spec.count == 1 or spec.percent == 100
     assert (spec.gang is None) == (keys.GANG_NAME not in values)
+
+
+def test_queue_and_gang_min_join_the_grammar() -> None:
+    spec = parse(gpu_count="1", queue=" team-a ", gang_name="g", gang_size="4", gang_min="2")
+    assert spec is not None and spec.queue == "team-a"
+    assert spec.gang is not None and spec.gang.minimum == 2 and spec.gang.elastic
+    whole = parse(gpu_count="1", gang_name="g", gang_size="4", gang_min="4")
+    assert whole is not None and whole.gang is not None and not whole.gang.elastic
+    assert "gpuplace.io/gang-min=5 is above gpuplace.io/gang-size=4" in str(
+        error(gpu_count="1", gang_name="g", gang_size="4", gang_min="5")
+    )
+    assert "must name a GpuQueue" in str(error(gpu_count="1", queue="Team_A"))
+    assert "without a GPU request" in str(error(queue="team-a"))
+    assert "gang-name" in str(error(gpu_count="1", gang_min="2"))
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(max_size=80))
+def test_any_queue_value_parses_to_a_label_value_or_a_named_refusal(raw: str) -> None:
+    try:
+        spec = parse(gpu_count="1", queue=raw)
+    except grammar.AnnotationError as refused:
+        assert keys.QUEUE in str(refused)
+        return
+    assert spec is not None and spec.queue is not None
+    assert grammar.queue_name(spec.queue) == spec.queue and len(spec.queue) <= 63
