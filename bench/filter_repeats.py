@@ -44,7 +44,10 @@ from gpuplace.sidecar import Sidecar, SidecarSettings
 
 
 def body(pod: dict[str, Any], names: list[str]) -> bytes:
-    return json.dumps({"Pod": pod, "NodeNames": names, "Nodes": None}).encode()
+    """filter's arguments as kube-scheduler encodes them: Go writes ExtenderArgs' fields in
+    their declared order (Pod, Nodes, NodeNames), so `NodeNames` comes last, which is what
+    lets filter compare every node's name as bytes (`ExtenderArgs.with_every_name`)."""
+    return json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
 
 
 async def measure(count: int, calls: int, seed: int) -> dict[str, Any]:

@@ -36,29 +36,33 @@ GPUS = 8
 MEMBERS = 8
 
 
+def bound(sync: LedgerSync, uid: str, where: str, gpu: int, milli: int) -> None:
+    """A running pod of priority 0 bound to `where`, holding `milli` of GPU `gpu`."""
+    grant = Grant(uid, where, (gpu,), milli, 0, 100, 100, state=GrantState.CONFIRMED)
+    sync.upsert_pod(
+        PodRecord(
+            uid=uid,
+            namespace="batch",
+            name=uid,
+            resource_version="1",
+            node_name=where,
+            phase="Running",
+            deleting=False,
+            gated=False,
+            request=None,
+            grant=grant,
+            assigned_at=None,
+        )
+    )
+
+
 def cluster(count: int) -> LedgerSync:
     sync = LedgerSync()
     for n in range(count):
         name = f"gpu-{n:05d}"
         sync.put_node(NodeRecord(name, name, True, node(name, GPUS)))
         for g in range(GPUS):
-            uid = f"{name}-p{g}"
-            grant = Grant(uid, name, (g,), WHOLE, 0, 100, 100, state=GrantState.CONFIRMED)
-            sync.upsert_pod(
-                PodRecord(
-                    uid=uid,
-                    namespace="batch",
-                    name=uid,
-                    resource_version="1",
-                    node_name=name,
-                    phase="Running",
-                    deleting=False,
-                    gated=False,
-                    request=None,
-                    grant=grant,
-                    assigned_at=None,
-                )
-            )
+            bound(sync, f"{name}-p{g}", name, g, WHOLE)
     return sync
 
 

@@ -15,6 +15,10 @@ Extending the process (the scheduler extender, cluster informers) needs no chang
     server.add_site("extender", extender_app, settings.extender_address, settings.extender_port)
     await server.run(stop)
 
+Every site listens through `gpuplace.connection_limits.Site`: a deadline on each request
+head, a limit on idle connections, no inflated request bodies (`--http-head-timeout-seconds`,
+`--http-idle-timeout-seconds`).
+
 Contexts (zero-argument callables returning async context managers) are entered in the
 order added before the sites start and exited in reverse after they stop; a context that
 fails to enter aborts the start. `/readyz` is 200 only when every readiness check returns
@@ -37,9 +41,9 @@ from typing import Any
 
 import prometheus_client
 from aiohttp import web
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 
-from gpuplace import gc_tuning
+from gpuplace import connection_limits, gc_tuning
 from gpuplace.cluster import nodes
 from gpuplace.placement.inventory import Capabilities, Inventory
 from gpuplace.settings import Settings
@@ -73,6 +77,8 @@ class Server:
 
     registry: CollectorRegistry
     shutdown_delay_seconds: float = 0.0
+    limits: connection_limits.Limits = field(default_factory=connection_limits.Limits)
+    """What one connection to any site may hold on to (`gpuplace.connection_limits`)."""
     sites: list[Site] = field(default_factory=list)
     contexts: list[ContextFactory] = field(default_factory=list)
     readiness: dict[str, ReadinessCheck] = field(default_factory=dict)
@@ -83,6 +89,16 @@ class Server:
     (`gpuplace.gc_tuning.freeze`): a full collection over the ~70,000 objects of the
     imported libraries takes ~30 ms, a tail latency every review behind it would pay.
     Set by `gpuplace serve`."""
+    slow_heads: Counter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.slow_heads = Counter(
+            "gpuplace_http_slow_heads_total",
+            "Connections closed because a request head did not arrive in full in time "
+            "(--http-head-timeout-seconds), by site.",
+            ["site"],
+            registry=self.registry,
+        )
 
     def add_site(
         self, name: str, app: web.Application, host: str, port: int, *, ssl_context: Any = None
@@ -119,8 +135,15 @@ class Server:
                 runner = web.AppRunner(site.app, access_log=None, handle_signals=False)
                 await runner.setup()
                 stack.push_async_callback(runner.cleanup)
-                tcp = web.TCPSite(runner, site.host, site.port, ssl_context=site.ssl_context)
-                await tcp.start()
+                listening = connection_limits.Site(
+                    runner,
+                    site.host,
+                    site.port,
+                    limits=self.limits,
+                    on_slow_head=self.slow_heads.labels(site.name).inc,
+                    ssl_context=site.ssl_context,
+                )
+                await listening.start()
                 site.bound_port = _bound_port(runner, site.port)
                 log.info(
                     "listening",
@@ -323,7 +346,14 @@ def build(
     (None: queues are off). Raises
     `OSError`/`ssl.SSLError` when the certificate cannot be loaded (fail at start).
     """
-    server = Server(registry, shutdown_delay_seconds=settings.shutdown_delay_seconds)
+    server = Server(
+        registry,
+        shutdown_delay_seconds=settings.shutdown_delay_seconds,
+        limits=connection_limits.Limits(
+            head_seconds=settings.http_head_timeout_seconds,
+            idle_seconds=settings.http_idle_timeout_seconds,
+        ),
+    )
     server.add_site("ops", ops_app(server), settings.metrics_address, settings.metrics_port)
 
     source: CapabilitySource

@@ -72,6 +72,21 @@ class Settings(SidecarSettings):
     extender_address: str = Field("127.0.0.1", description="address the extender listens on")
     extender_port: int = Field(8888, ge=0, le=65535, description="extender HTTP port")
 
+    # --- every site (ops, webhook, extender) ----------------------------------------------
+    http_head_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="a request head (request line and headers) not received in full within "
+        "this long of its first byte, or of a new connection, closes the connection; also "
+        "the TLS handshake's deadline",
+    )
+    http_idle_timeout_seconds: float = Field(
+        120.0,
+        gt=0,
+        description="close a connection idle between two requests after this long (keep it "
+        "above the 90 s Go clients keep theirs: kube-scheduler, the API server)",
+    )
+
     # --- operations ----------------------------------------------------------------------
     metrics_address: str = Field("0.0.0.0", description="address of /metrics /healthz /readyz")
     metrics_port: int = Field(9090, ge=0, le=65535, description="plain HTTP port of the above")

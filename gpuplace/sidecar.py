@@ -152,6 +152,14 @@ class SidecarSettings(BaseSettings):
     extender_max_body_bytes: int = Field(
         32 * 1024 * 1024, ge=1024, description="larger extender requests get HTTP 413"
     )
+    extender_max_nodes: int = Field(
+        20_000,
+        ge=1,
+        description="filter and prioritize requests naming more nodes than this get HTTP 413",
+    )
+    extender_read_timeout_seconds: float = Field(
+        10.0, gt=0, description="an extender request body not received within this gets HTTP 408"
+    )
     warm_shapes: int = Field(
         64,
         ge=0,
@@ -235,6 +243,24 @@ class SidecarSettings(BaseSettings):
         description="preempt: where no selection of kube-scheduler's victims on a node frees "
         "one GPU set, also consider the node's other pods of lower priority than the "
         "preemptor (kube-scheduler picks on node totals; false: drop such nodes)",
+    )
+    preempt_max_nodes: int = Field(
+        1000,
+        ge=1,
+        description="preempt: candidate nodes one call considers, in kube-scheduler's order "
+        "(it sends at most max(100, a tenth of the nodes) by default); the others are left out",
+    )
+    preempt_max_victims: int = Field(
+        1000,
+        ge=1,
+        description="preempt: a node offered with more victims than this is left out (a "
+        "node holds at most its kubelet's max-pods, 110 by default)",
+    )
+    preempt_max_body_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="larger preempt requests get HTTP 413 (~90,000 victims; decoding one "
+        "holds the event loop, ~25 ms per MiB)",
     )
     agent_silence_seconds: float = Field(
         nodes.DEFAULT_AGENT_SILENCE,
@@ -414,6 +440,8 @@ class Sidecar:
             self.decider.request,
             recorder=self.recorder,
             beyond_offered=settings.preempt_beyond_offered,
+            max_nodes=settings.preempt_max_nodes,
+            max_victims=settings.preempt_max_victims,
             hold_seconds=settings.reservation_timeout_seconds,
             registry=registry,
         )
@@ -427,6 +455,9 @@ class Sidecar:
             metrics=extender_app.Metrics(registry),
             ready_timeout=settings.sync_wait_seconds,
             max_body_bytes=settings.extender_max_body_bytes,
+            preempt_max_body_bytes=settings.preempt_max_body_bytes,
+            read_timeout=settings.extender_read_timeout_seconds,
+            max_nodes=settings.extender_max_nodes,
             activity=self.activity,
             repeats=(
                 repeating.Repeats(self.sync, size=settings.filter_answers_kept, registry=registry)

@@ -5,7 +5,11 @@ extender v1).
 Errors are mapped here, in one place:
 
 - a body that is not the extender JSON → HTTP 400 with `{"Error": "..."}` saying what
-  is wrong (kube-scheduler logs it); a body over `max_body_bytes` → 413;
+  is wrong (kube-scheduler logs it); a body over `max_body_bytes` (preempt's:
+  `preempt_max_body_bytes`), or naming more than `max_nodes` nodes → 413; not in within
+  `read_timeout` → 408; compressed → 415, unread (kube-scheduler never compresses;
+  nothing is inflated here); a caller gone mid-request → counted `dropped`, one DEBUG
+  line, never an ERROR;
 - a pod we cannot place, or a bind that did not happen → HTTP 200 with the protocol's
   own error channel (`FailedNodes`/`FailedAndUnresolvableNodes`, or `Error`), which
   kube-scheduler turns into its FailedScheduling event and retries;
@@ -21,17 +25,18 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import ValidationError
 
 from gpuplace.cluster import annotations as grammar
 from gpuplace.cluster import recording
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.extender import binding, deciding, preempt_verb, reasons, repeating
+from gpuplace.extender import binding, deciding, preempt_verb, reasons, repeating, wire_objects
 from gpuplace.extender.activity import Activity
 from gpuplace.extender.preempt_wire import PreemptionArgs, PreemptionResult
 from gpuplace.extender.wire import (
@@ -97,6 +102,13 @@ class Service:
     metrics: Metrics
     ready_timeout: float = 5.0
     max_body_bytes: int = 32 * 1024 * 1024
+    preempt_max_body_bytes: int = 4 * 1024 * 1024
+    """preempt's own limit (within `max_body_bytes`): its body is decoded in one
+    stretch of the event loop, ~25 ms per MiB."""
+    read_timeout: float = 10.0
+    """Seconds a request body may take to arrive (then HTTP 408)."""
+    max_nodes: int = 20_000
+    """Nodes one filter or prioritize call may name (more: HTTP 413)."""
     activity: Activity = field(default_factory=Activity)
     """Verbs in flight (background work gives way to them)."""
     ahead: OrderedDict[str, Ahead] = field(default_factory=OrderedDict)
@@ -288,9 +300,10 @@ class Service:
         answer from a partial ledger could evict for nothing; kube-scheduler retries)."""
         if not await self.ready():
             return PreemptionResult(), "not-synced"
-        if self.preempter is None:
-            return PreemptionResult(nodes=args.offered()), "ok"
-        return self.preempter.answer(args), "ok"
+        if self.preempter is None:  # as offered, less the nodes with no victims
+            offered = args.offered()
+            return PreemptionResult(nodes={n: v for n, v in offered.items() if v[0]}), "ok"
+        return await in_slices(self.preempter.answering(args)), "ok"
 
     async def bind(self, args: BindingArgs) -> tuple[BindingResult, str]:
         if not await self.ready():
@@ -312,10 +325,44 @@ class Service:
 
 SERVICE = web.AppKey("gpuplace.extender", Service)
 
+T = TypeVar("T")
+SLICE_SECONDS = 0.005
+"""How long a verb's work runs before it gives the event loop a turn (`in_slices`)."""
 
-def _bad_request(message: str) -> web.Response:
-    body = BindingResult(error=message[:2000]).dump()
-    return web.Response(status=400, body=body, content_type="application/json")
+
+async def in_slices(steps: Generator[None, None, T]) -> T:
+    """Run `steps` to its end, giving the event loop a turn whenever it has run for
+    `SLICE_SECONDS` since the last: other verbs, `/readyz` and the informers then wait
+    about that long at most for one step (a preempt call's node) to end, not for the
+    whole of it."""
+    until = time.perf_counter() + SLICE_SECONDS
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        if time.perf_counter() >= until:
+            await asyncio.sleep(0)
+            until = time.perf_counter() + SLICE_SECONDS
+
+
+class _RefusedError(Exception):
+    """A request refused before any decision: HTTP `status`, `result` in the duration
+    histogram, and what the answer's `Error` says."""
+
+    def __init__(self, status: int, result: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.result = result
+        self.message = message
+
+    def response(self) -> web.Response:
+        body = BindingResult(error=self.message[:2000]).dump()
+        return web.Response(status=self.status, body=body, content_type="application/json")
+
+
+IDENTITY = frozenset({"", "identity"})
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -330,7 +377,11 @@ def _verb(
         service = request.app[SERVICE]
         with service.activity:
             response, then = await _answered(verb, answer, service, request)
-            await _send(request, response)
+            try:
+                await _send(request, response)
+            except ConnectionError:  # the caller went away: nothing to answer to
+                log.debug("client gone before its answer", extra={"verb": verb})
+                return response
             if then is not None:
                 try:
                     then()
@@ -352,22 +403,46 @@ async def _answered(
     started = time.perf_counter()
     result = "bad-request"
     try:
-        if request.content_length is not None and request.content_length > service.max_body_bytes:
-            result = "too-large"
-            return web.Response(status=413, text="request body too large"), None
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            result = "too-large"
-            return web.Response(status=413, text="request body too large"), None
+        raw = await _body(verb, service, request)
         try:
             body, result, then = await answer(service, raw)
         except ValidationError as error:
-            message = f"not a kube-scheduler {verb} request: {_errors(error)}"
-            return _bad_request(message), None
+            message = f"not a kube-scheduler {verb} request: {wire_objects.describe(error)}"
+            raise _RefusedError(400, "bad-request", message) from None
         return web.Response(body=body, content_type="application/json"), then
+    except _RefusedError as refused:
+        result = refused.result
+        return refused.response(), None
     finally:
         service.metrics.duration.labels(verb, result).observe(time.perf_counter() - started)
+
+
+async def _body(verb: str, service: Service, request: web.Request) -> bytes:
+    """The request's body as sent, or `_RefusedError`: compressed (415: kube-scheduler
+    never compresses, and nothing is inflated here), over the verb's limit (413), not in
+    within `read_timeout` seconds (408), or cut off by the caller (never answered)."""
+    encoding = request.headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
+    if encoding not in IDENTITY:
+        message = f"Content-Encoding {encoding[:40]!r} is not accepted: send the body as is"
+        raise _RefusedError(415, "unsupported-encoding", message)
+    limit = service.preempt_max_body_bytes if verb == "preempt" else service.max_body_bytes
+    too_large = _RefusedError(413, "too-large", f"the {verb} request body is over {limit} bytes")
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    try:
+        async with asyncio.timeout(service.read_timeout):
+            raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large from None
+    except TimeoutError:
+        message = f"the {verb} request body did not arrive within {service.read_timeout} s"
+        raise _RefusedError(408, "timeout", message) from None
+    except ConnectionError:
+        log.debug("client gone before its request body arrived", extra={"verb": verb})
+        raise _RefusedError(400, "dropped", "the connection closed mid-body") from None
+    if len(raw) > limit:  # sent chunked, with no Content-Length
+        raise too_large
+    return raw
 
 
 async def _send(request: web.Request, response: web.Response) -> None:
@@ -386,20 +461,24 @@ async def _send(request: web.Request, response: web.Response) -> None:
     await response.write_eof()
 
 
-def _errors(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors()[:5]:
-        where = ".".join(str(part) for part in item["loc"]) or "body"
-        parts.append(f"{where}: {item['msg']}")
-    return "; ".join(parts)
+def _within_max_nodes(verb: str, service: Service, args: ExtenderArgs) -> ExtenderArgs:
+    """`args`, unless they name more than `max_nodes` nodes: 413 (each node costs a few
+    microseconds of the event loop and ~60 bytes of the answer). O(1) for `NodeNames`,
+    O(nodes) for full `Nodes`."""
+    named = len(args.names())
+    if named > service.max_nodes:
+        message = f"the {verb} request names {named} nodes, over {service.max_nodes}"
+        raise _RefusedError(413, "too-large", message)
+    return args
 
 
 async def _filter(service: Service, raw: bytes) -> tuple[bytes, str, Then]:
-    return await service.filter(service.filter_args(raw))
+    return await service.filter(_within_max_nodes("filter", service, service.filter_args(raw)))
 
 
 async def _prioritize(service: Service, raw: bytes) -> tuple[bytes, str, Then]:
-    body, outcome = await service.prioritize(service.prioritize_args(raw))
+    args = _within_max_nodes("prioritize", service, service.prioritize_args(raw))
+    body, outcome = await service.prioritize(args)
     return body, outcome, None
 
 

@@ -24,7 +24,11 @@ Who may be a victim on a node (a `gpuplace.placement.victim_choice.Unit` each):
   the preemptor itself.
 
 Where the preemptor already fits the node's GPUs, kube-scheduler's victims stand
-unchanged, unless they would split a running gang: then the node is left out.
+unchanged, unless they would split a running gang: then the node is left out. A node
+offered with no victims where it already fits is left out too (`not-needed`): the answer
+never names a node with no victims, which kube-scheduler takes as an error that fails the
+whole preemption (`callExtenders`); the pod is tried again in its next scheduling cycle,
+where filter passes that node.
 
 Offered victims holding no GPU stay in the answer (kube-scheduler needed them for
 something gpuplace does not count, CPU or ports).
@@ -37,15 +41,22 @@ victims and the preemptor which GPU was freed for whom, and filter offers the
 preemptor only that node, passing it once the victims are gone (`gpuplace.extender.deciding`).
 The hold expires like any reservation if the pod is not bound in time.
 
-Synchronous: no await between reading the ledger and answering or holding.
+Bounded per call: at most `max_nodes` candidate nodes are considered (in kube-scheduler's
+order) and a node offered with more than `max_victims` victims is left out (both counted
+`over-limit`); everything else is linear in what was offered, plus each node's bounded
+search. `answering` is a generator that pauses after each node, where the extender gives
+the event loop a turn; the answer is worked out on a `Snapshot` taken before the first
+node, so those pauses change nothing of it. No await between reading the ledger and
+holding.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +78,9 @@ log = logging.getLogger(__name__)
 PENDING_KEPT = 256
 """Preemptors whose answers are kept until kube-scheduler acts on one (oldest dropped)."""
 OWNER = "preemption"
+LOGGED_NODES = 16
+"""Nodes the "preemption answered" log line gives a count of victims for (it counts the
+nodes answered, and names no victim: an answer may name 1,000 per node)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +90,43 @@ class Plan:
     node: str
     gpus: tuple[int, ...]
     victims: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One node's part of an answer."""
+
+    result: str
+    """Its `gpuplace_preempt_nodes_total` result: narrowed, kept, dropped, not-needed."""
+    answered: tuple[list[str], int] | None = None
+    """Its victims and their count of PDB violations, when the node is answered."""
+    plan: Plan | None = None
+    """What to hold once kube-scheduler acts (None: its victims stand as offered)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What one call's answer reads, copied when the call starts: the answer is worked
+    out on it, node by node, whatever changes while the extender pauses between nodes."""
+
+    states: Mapping[str, NodeState]
+    """The candidate nodes' free state (copies)."""
+    grants: Mapping[str, list[Grant]]
+    """The grants on the candidate nodes, by node."""
+    records: Mapping[str, PodRecord]
+    """The pods of those grants and of the offered victims, by UID."""
+    gangs: Mapping[tuple[str, str], list[PodRecord]]
+    """The live members of every gang with a member among those grants."""
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One preempt call: the preemptor and the snapshot its answer is worked out on."""
+
+    uid: str
+    priority: int
+    request: GpuRequest
+    snapshot: Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +152,8 @@ class Preempter:
         *,
         recorder: recording.Recorder | None = None,
         beyond_offered: bool = True,
+        max_nodes: int = 1000,
+        max_victims: int = 1000,
         hold_seconds: float = 300.0,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -110,6 +163,11 @@ class Preempter:
         """The pod's GPU request (None: asks for none); raises `AnnotationError`."""
         self.recorder = recorder
         self.beyond_offered = beyond_offered
+        self.max_nodes = max_nodes
+        """Candidate nodes one call considers, in kube-scheduler's order; the rest are
+        left out (`over-limit`)."""
+        self.max_victims = max_victims
+        """A node offered with more victims than this is left out (`over-limit`)."""
         self.hold_seconds = hold_seconds
         self._clock = clock
         self.pending: OrderedDict[str, Pending] = OrderedDict()
@@ -118,7 +176,10 @@ class Preempter:
         self.nodes = Counter(
             "gpuplace_preempt_nodes_total",
             "Candidate nodes of kube-scheduler's preemptions: victims narrowed to one GPU "
-            "set, kept as offered (GPUs were not short), or dropped (no victims free one).",
+            "set, kept as offered (GPUs were not short), dropped (no victims free one), "
+            "not-needed (the pod fits there with no victims: left out), or over-limit (past "
+            "the nodes one call considers, or offered with more victims than a node's "
+            "limit: left out).",
             ["result"],
             registry=registry,
         )
@@ -131,10 +192,30 @@ class Preempter:
     # --- the verb ------------------------------------------------------------------------
 
     def answer(self, args: PreemptionArgs) -> PreemptionResult:
-        """Per candidate node, the victims to evict; nodes where none free a GPU set are
-        left out. O(grants + candidates × search), see `gpuplace.placement.victim_choice`."""
+        """`answering(args)` run to its end at once (no other work in between)."""
+        steps = self.answering(args)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                result: PreemptionResult = done.value
+                return result
+
+    def answering(self, args: PreemptionArgs) -> Generator[None, None, PreemptionResult]:
+        """Per candidate node, the victims to evict, as a generator that pauses after each
+        node (the extender gives the event loop a turn there, `gpuplace.extender.app`)
+        and returns the answer. Nodes where no victims free a GPU set are left out, and
+        so are the nodes past `max_nodes` and those offered with more than `max_victims`
+        victims.
+
+        The answer is worked out on a `Snapshot` taken before the first node, as if no
+        pause came in between: what changes meanwhile changes nothing of it (as with
+        any answer, kube-scheduler acts on it a little later). O(offered victims +
+        grants + pods of gangs + nodes × (GPUs + search)), each node's search bounded
+        by `gpuplace.placement.victim_choice` over at most `max_victims` offered pods
+        and the node's own grants."""
         pod = args.pod
-        offered = args.offered()
+        offered = self._within_limits(args.offered())
         metadata = pod.get("metadata") or {}
         uid = str(metadata.get("uid") or "")
         try:
@@ -143,86 +224,135 @@ class Preempter:
             self.nodes.labels("dropped").inc(len(offered))
             return PreemptionResult()  # filter refused it everywhere: preempt for nothing
         if request is None or request.count == 0:
-            self.nodes.labels("kept").inc(len(offered))
-            return PreemptionResult(nodes=offered)
+            return PreemptionResult(nodes=self._as_offered(offered))
         priority = pods.priority_of((pod.get("spec") or {}).get("priority"))
-        grants = self._grants_on(offered.keys())
-        gangs = self._gangs(grants)
         answer: dict[str, tuple[list[str], int]] = {}
         plans: dict[str, Plan] = {}
+        call = Call(uid, priority, request, self._snapshot(offered))
         for node, (victims, violations) in offered.items():
-            state = self.sync.ledger.state(node)
-            if state is None:
-                self.nodes.labels("dropped").inc()
-                continue
-            own = [grant for grant in grants.get(node, ()) if grant.pod_uid == uid]
-            if own:  # its own hold there counts as free for it
-                state = victim_choice.after(state, [Unit((uid,), tuple(own), (priority,))])
-            if fit.misfit(state, request) is None:
-                if self._splits_a_gang(node, victims, gangs):
-                    self.nodes.labels("dropped").inc()
-                    continue
-                self.nodes.labels("kept").inc()
-                answer[node] = (victims, violations)
-                continue
-            found = self._evict(
-                node,
-                state,
-                request,
-                uid=uid,
-                priority=priority,
-                victims=victims,
-                violations=violations,
-                grants=grants,
-                gangs=gangs,
-            )
-            if found is None:
-                self.nodes.labels("dropped").inc()
-                continue
-            eviction, extra = found
-            chosen = [*eviction.uids, *extra]
-            answer[node] = (chosen, min(violations, sum(1 for v in chosen if v in victims)))
-            plans[node] = Plan(node, eviction.gpus, tuple(chosen))
-            self.nodes.labels("narrowed").inc()
+            outcome = self._node(call, node, victims, violations)
+            self.nodes.labels(outcome.result).inc()
+            if outcome.answered is not None:
+                answer[node] = outcome.answered
+            if outcome.plan is not None:
+                plans[node] = outcome.plan
+            yield
         name = str(metadata.get("name") or "")
         namespace = str(metadata.get("namespace") or "default")
         log.info(
             "preemption answered",
             extra={
                 "pod": f"{namespace}/{name}",
-                "offered": {node: len(v) for node, (v, _) in offered.items()},
-                "answered": {node: plan.victims for node, plan in plans.items()},
+                "offered_nodes": len(offered),
+                "offered_victims": sum(len(v) for v, _ in offered.values()),
+                "answered_nodes": len(answer),
+                "answered": {
+                    node: len(victims)
+                    for node, (victims, _) in itertools.islice(answer.items(), LOGGED_NODES)
+                },
             },
         )
         if uid and plans:
             self._remember(Pending(uid, namespace, name, priority, request, plans, self._clock()))
         return PreemptionResult(nodes=answer)
 
+    def _snapshot(self, offered: Mapping[str, tuple[list[str], int]]) -> Snapshot:
+        """The `Snapshot` of the candidate nodes `offered`. O(grants + offered victims +
+        pods of gangs + nodes × GPUs)."""
+        ledger, pods_now = self.sync.ledger, self.sync.pods
+        states = {}
+        for node in offered:
+            state = ledger.state(node)
+            if state is not None:
+                states[node] = state.copy()
+        grants = self._grants_on(states.keys())
+        records = {}
+        for uid in itertools.chain(
+            (grant.pod_uid for held in grants.values() for grant in held),
+            (victim for victims, _ in offered.values() for victim in victims),
+        ):
+            record = pods_now.get(uid)
+            if record is not None:
+                records[uid] = record
+        return Snapshot(states, grants, records, self._gangs(records.values()))
+
+    def _node(self, call: Call, node: str, victims: list[str], violations: int) -> Outcome:
+        """One node's part of the answer, on the call's snapshot."""
+        snapshot, uid = call.snapshot, call.uid
+        state = snapshot.states.get(node)
+        if state is None:
+            return Outcome("dropped")
+        own = [grant for grant in snapshot.grants.get(node, ()) if grant.pod_uid == uid]
+        if own:  # its own hold there counts as free for it
+            state = victim_choice.after(state, [Unit((uid,), tuple(own), (call.priority,))])
+        if fit.misfit(state, call.request) is None:
+            if not victims:  # it fits as it is: nothing to evict, nothing to answer
+                return Outcome("not-needed")
+            if self._splits_a_gang(node, victims, snapshot):
+                return Outcome("dropped")
+            return Outcome("kept", (victims, violations))
+        found = self._evict(call, node, state, victims, violations)
+        if found is None:
+            return Outcome("dropped")
+        eviction, extra, kept_offered = found
+        chosen = [*eviction.uids, *extra]
+        plan = Plan(node, eviction.gpus, tuple(chosen))
+        return Outcome("narrowed", (chosen, min(violations, kept_offered)), plan)
+
+    def _within_limits(
+        self, offered: dict[str, tuple[list[str], int]]
+    ) -> dict[str, tuple[list[str], int]]:
+        """The first `max_nodes` nodes of `offered` (in kube-scheduler's order), less
+        those offered with more than `max_victims` victims. O(nodes)."""
+        kept: dict[str, tuple[list[str], int]] = {}
+        for node, found in itertools.islice(offered.items(), self.max_nodes):
+            if len(found[0]) <= self.max_victims:
+                kept[node] = found
+        if len(kept) < len(offered):
+            self.nodes.labels("over-limit").inc(len(offered) - len(kept))
+            log.info(
+                "preemption beyond the limits: nodes left out",
+                extra={
+                    "offered_nodes": len(offered),
+                    "left_out": len(offered) - len(kept),
+                    "max_nodes": self.max_nodes,
+                    "max_victims": self.max_victims,
+                },
+            )
+        return kept
+
+    def _as_offered(
+        self, offered: dict[str, tuple[list[str], int]]
+    ) -> dict[str, tuple[list[str], int]]:
+        """kube-scheduler's victims as they are (a pod gpuplace places nothing for), less
+        the nodes offered with none: an answer with no victims on a node fails
+        kube-scheduler's whole preemption. O(nodes)."""
+        kept = {node: found for node, found in offered.items() if found[0]}
+        self.nodes.labels("kept").inc(len(kept))
+        self.nodes.labels("not-needed").inc(len(offered) - len(kept))
+        return kept
+
     def _evict(
-        self,
-        node: str,
-        state: NodeState,
-        request: GpuRequest,
-        *,
-        uid: str,
-        priority: int,
-        victims: list[str],
-        violations: int,
-        grants: Mapping[str, list[Grant]],
-        gangs: Mapping[tuple[str, str], list[PodRecord]],
-    ) -> tuple[victim_choice.Eviction, list[str]] | None:
-        """The eviction on one node and the offered victims that hold no GPU there."""
-        on_node = [grant for grant in grants.get(node, ()) if grant.pod_uid != uid]
+        self, call: Call, node: str, state: NodeState, victims: list[str], violations: int
+    ) -> tuple[victim_choice.Eviction, list[str], int] | None:
+        """The eviction on one node, the offered victims that hold no GPU there, and how
+        many of the answer's pods kube-scheduler offered. O(victims + grants on the node
+        + the search)."""
+        snapshot, uid, request = call.snapshot, call.uid, call.request
+        on_node = [grant for grant in snapshot.grants.get(node, ()) if grant.pod_uid != uid]
         holders = {grant.pod_uid for grant in on_node}
         extra = [victim for victim in victims if victim not in holders and victim != uid]
         offered = set(victims)
-        units = self._units(node, on_node, offered, None, gangs)
+        units = self._units(node, on_node, offered, None, snapshot)
         eviction = victim_choice.evict(state, request, units, pdb_violations=violations)
         if eviction is None and (self.beyond_offered or not victims):
-            wider = self._units(node, on_node, offered, priority, gangs)
+            wider = self._units(node, on_node, offered, call.priority, snapshot)
             if len(wider) > len(units):
                 eviction = victim_choice.evict(state, request, wider, pdb_violations=violations)
-        return None if eviction is None else (eviction, extra)
+        if eviction is None:
+            return None
+        kept_offered = len(extra) + sum(1 for victim in eviction.uids if victim in offered)
+        return eviction, extra, kept_offered
 
     def _units(
         self,
@@ -230,12 +360,12 @@ class Preempter:
         grants: list[Grant],
         offered: set[str],
         below: int | None,
-        gangs: Mapping[tuple[str, str], list[PodRecord]],
+        snapshot: Snapshot,
     ) -> list[Unit]:
         """The units that may go on `node`: offered pods, and with `below` also the bound
         pods of lower priority than it. A gang is one unit, or none. O(grants on node)."""
         by_uid = {grant.pod_uid: grant for grant in grants}
-        records = self.sync.pods
+        records, gangs = snapshot.records, snapshot.gangs
 
         def allowed(record: PodRecord | None) -> bool:
             if record is None or record.node_name != node or record.terminal:
@@ -265,18 +395,19 @@ class Preempter:
             )
         return units
 
-    def _splits_a_gang(
-        self, node: str, victims: list[str], gangs: Mapping[tuple[str, str], list[PodRecord]]
-    ) -> bool:
+    @staticmethod
+    def _splits_a_gang(node: str, victims: list[str], snapshot: Snapshot) -> bool:
         """Whether evicting `victims` on `node` would leave part of a running gang: one
         of them is a gang member whose live mates are not all among them, on that node.
-        O(victims × gang size)."""
+        O(victims + members of their gangs)."""
         chosen = set(victims)
+        seen: set[tuple[str, str]] = set()
         for uid in victims:
-            record = self.sync.pods.get(uid)
-            if record is None or not record.gang:
+            record = snapshot.records.get(uid)
+            if record is None or not record.gang or (record.namespace, record.gang) in seen:
                 continue
-            mates = gangs.get((record.namespace, record.gang), [record])
+            seen.add((record.namespace, record.gang))
+            mates = snapshot.gangs.get((record.namespace, record.gang), [record])
             if any(m.uid not in chosen or m.node_name != node for m in mates):
                 return True
         return False
@@ -290,19 +421,13 @@ class Preempter:
                 found.setdefault(grant.node, []).append(grant)
         return found
 
-    def _gangs(self, grants: Mapping[str, list[Grant]]) -> dict[tuple[str, str], list[PodRecord]]:
-        """The live members of every gang with a member among `grants`. O(pods) when
-        there is one, else O(grants on the nodes)."""
-        records = self.sync.pods
-        wanted = set()
-        for held in grants.values():
-            for grant in held:
-                record = records.get(grant.pod_uid)
-                if record is not None and record.gang:
-                    wanted.add((record.namespace, record.gang))
+    def _gangs(self, among: Iterable[PodRecord]) -> dict[tuple[str, str], list[PodRecord]]:
+        """The live members of every gang with a member `among` these pods. O(pods) when
+        there is one, else O(among)."""
+        wanted = {(record.namespace, record.gang) for record in among if record.gang}
         members: dict[tuple[str, str], list[PodRecord]] = {key: [] for key in wanted}
         if wanted:
-            for record in records.values():
+            for record in self.sync.pods.values():
                 key = (record.namespace, record.gang)
                 if record.gang and key in members and not record.terminal:
                     members[key].append(record)

@@ -16,34 +16,50 @@ read back), and a UID not on that node fails the whole preemption.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import pydantic_core
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, with_config
+from typing_extensions import TypedDict
 
-from gpuplace.extender.wire import _alias, _In
+from gpuplace.extender import wire_objects
+from gpuplace.extender.wire import WirePod, _alias, _In
 
 
-class MetaPod(_In):
-    uid: str = Field(validation_alias=AliasChoices("UID", "uid", "Uid"), max_length=128)
+@with_config(ConfigDict(extra="ignore"))
+class MetaPod(TypedDict):
+    """A victim by UID. A TypedDict, not a model: a call may name 100,000 of them, and a
+    dict each decodes ~5 times faster than a model object each."""
+
+    uid: Annotated[str, Field(validation_alias=AliasChoices("UID", "uid", "Uid"), max_length=128)]
+
+
+PdbViolations = Annotated[int, Field(ge=0, lt=1 << 63)]
+"""kube-scheduler's count of PDB violations among a node's victims (an int64)."""
+FullVictim = Annotated[dict[str, Any], AfterValidator(wire_objects.checked_victim)]
+"""A victim as a full pod: the raw dict, checked (`gpuplace.extender.wire_objects.Victim`)."""
 
 
 class MetaVictims(_In):
     pods: list[MetaPod] | None = Field(default=None, validation_alias=_alias("Pods"))
-    num_pdb_violations: int = Field(default=0, validation_alias=_alias("NumPDBViolations"))
+    num_pdb_violations: PdbViolations = Field(
+        default=0, validation_alias=_alias("NumPDBViolations")
+    )
 
 
 class Victims(_In):
     """A node's victims as full pods (kube-scheduler not node-cache capable)."""
 
-    pods: list[dict[str, Any]] | None = Field(default=None, validation_alias=_alias("Pods"))
-    num_pdb_violations: int = Field(default=0, validation_alias=_alias("NumPDBViolations"))
+    pods: list[FullVictim] | None = Field(default=None, validation_alias=_alias("Pods"))
+    num_pdb_violations: PdbViolations = Field(
+        default=0, validation_alias=_alias("NumPDBViolations")
+    )
 
 
 class PreemptionArgs(_In):
     """What `preempt` receives."""
 
-    pod: dict[str, Any] = Field(validation_alias=_alias("Pod"))
+    pod: WirePod = Field(validation_alias=_alias("Pod"))
     node_name_to_victims: dict[str, Victims | None] | None = Field(
         default=None, validation_alias=_alias("NodeNameToVictims")
     )
@@ -57,12 +73,10 @@ class PreemptionArgs(_In):
         found: dict[str, tuple[list[str], int]] = {}
         for name, meta in (self.node_name_to_meta_victims or {}).items():
             if meta is not None:
-                found[name] = ([pod.uid for pod in meta.pods or ()], meta.num_pdb_violations)
+                found[name] = ([pod["uid"] for pod in meta.pods or ()], meta.num_pdb_violations)
         for name, full in (self.node_name_to_victims or {}).items():
             if full is not None and name not in found:
-                uids = [
-                    str((pod.get("metadata") or {}).get("uid") or "") for pod in full.pods or ()
-                ]
+                uids = [str(pod["metadata"].get("uid") or "") for pod in full.pods or ()]
                 found[name] = ([uid for uid in uids if uid], full.num_pdb_violations)
         return found
 

@@ -14,12 +14,12 @@ import json
 import operator
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import pydantic_core
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, RootModel, field_validator
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, RootModel
 
-from gpuplace.extender import c_helpers
+from gpuplace.extender import c_helpers, wire_objects
 from gpuplace.extender.node_names import EveryNode
 from gpuplace.placement import choosing
 from gpuplace.placement.choosing import Choice
@@ -33,18 +33,28 @@ def _alias(name: str) -> AliasChoices:
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    """What kube-scheduler sends: strict (no coercion: Go's decoder reads no `"5"` into
+    an int either); the Kubernetes objects inside are checked by
+    `gpuplace.extender.wire_objects`."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
 
 
 class _Out(BaseModel):
     model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
 
 
+WirePod = Annotated[dict[str, Any], AfterValidator(wire_objects.checked_pod)]
+"""A verb's `Pod`: the raw dict, checked (`gpuplace.extender.wire_objects.Pod`)."""
+WireNode = Annotated[dict[str, Any], AfterValidator(wire_objects.checked_node)]
+"""A full node: the raw dict, checked (`gpuplace.extender.wire_objects.Node`)."""
+
+
 class NodeList(_In):
-    items: list[dict[str, Any]] = Field(default_factory=list)
+    items: list[WireNode] = Field(default_factory=list)
 
     def names(self) -> list[str]:
-        return [str((item.get("metadata") or {}).get("name") or "") for item in self.items]
+        return [str(item["metadata"]["name"]) for item in self.items]
 
 
 _NAMES_KEY = b'"NodeNames":'
@@ -53,17 +63,9 @@ _NAMES_KEY = b'"NodeNames":'
 class ExtenderArgs(_In):
     """What `filter` and `prioritize` receive."""
 
-    pod: dict[str, Any] = Field(validation_alias=_alias("Pod"))
+    pod: WirePod = Field(validation_alias=_alias("Pod"))
     nodes: NodeList | None = Field(default=None, validation_alias=_alias("Nodes"))
     node_names: list[str] | None = Field(default=None, validation_alias=_alias("NodeNames"))
-
-    @field_validator("pod")
-    @classmethod
-    def _pod_named(cls, pod: dict[str, Any]) -> dict[str, Any]:
-        metadata = pod.get("metadata")
-        if not isinstance(metadata, dict) or not metadata.get("name"):
-            raise ValueError("Pod.metadata.name is required")
-        return pod
 
     @classmethod
     def with_names(cls, raw: bytes, names: list[str], names_json: bytes) -> ExtenderArgs | None:
@@ -140,9 +142,7 @@ class ExtenderArgs(_In):
         """Node objects by name when the scheduler sent full nodes (not cache-capable)."""
         if self.node_names is not None or self.nodes is None:
             return None
-        return {
-            str((item.get("metadata") or {}).get("name") or ""): item for item in self.nodes.items
-        }
+        return {str(item["metadata"]["name"]): item for item in self.nodes.items}
 
 
 class FilterResult(_Out):

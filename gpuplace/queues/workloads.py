@@ -4,8 +4,10 @@ round.
 `collect(pods, ...)` groups the queued pods by workload (a pod alone, or a gang:
 `QueuedPod.key`) and reads each from the pods themselves, so a restart finds the same:
 
-- **running** (`admitting.Running`): the live members its queue admitted (no queue gate),
-  in the order they were admitted (`assigned-at`; an elastic gang's extras last), with
+- **running** (`admitting.Running`): the live members its queue admitted (no queue gate,
+  or an admission being written: a plan mark or an assignment on a gated member, whose
+  grant the ledger holds), in the order they were admitted (`assigned-at`; an elastic
+  gang's extras last), with
   the lowest member priority (a victim's); members being deleted, or evicted by a
   reclaim of this process (`leaving`: UID -> the reclaiming workload), run on as a
   workload of their own that is *leaving* (`leaving_for`), so a reclaim in flight is
@@ -147,7 +149,11 @@ class _Collector:
 def _running(found: Found, group: _Group, leaving: Mapping[str, str], nodes: _Nodes) -> None:
     key, queue, admitted, gated = group.key, group.queue, group.admitted, group.gated
     going = [pod for pod in admitted if pod.deleting or pod.uid in leaving]
-    staying = [pod for pod in admitted if pod not in going]
+    # members whose admission is being written (or was, and the informer has not shown the
+    # gate gone yet) hold their grants already: they count against the quota as running,
+    # else a round between our write and its echo would admit on quota they use
+    writing = [pod for pod in gated if pod.plan is not None or pod.assigned]
+    staying = [pod for pod in admitted if pod not in going] + writing
     if going:
         found.running.append(
             admitting.Running(

@@ -1,7 +1,8 @@
 """The webhook's aiohttp application: `POST /mutate` and `POST /validate`.
 
-The one place where failures become HTTP: a body over the limit → 413, not received in
-time → 408, not an AdmissionReview v1 → 400, each with a JSON body `{"error": …}`; a
+The one place where failures become HTTP: a compressed body → 415 (never inflated), a
+body over the limit → 413, not received in time → 408, not an AdmissionReview v1 → 400,
+each with a JSON body `{"error": …}` (a caller gone mid-body is counted `dropped`); a
 decision (allowed or denied) → 200 with the AdmissionReview answer. Each review is timed,
 counted and written to the audit log. A bug is answered 500 (and logged) rather than
 allowed: whether a failing webhook blocks pods is the webhook configuration's
@@ -17,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from gpuplace.webhook import admission, pods, reviews
 from gpuplace.webhook.auditing import AuditLog
@@ -57,6 +58,10 @@ def _json(status: int, body: dict[str, Any]) -> web.Response:
 
 
 async def _body(request: web.Request, config: WebhookConfig) -> bytes:
+    encoding = request.headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
+    if encoding not in ("", "identity"):  # the API server never compresses a review
+        message = f"Content-Encoding {encoding[:40]!r} is not accepted: send the review as is"
+        raise _RefusedError(415, "unsupported_encoding", message)
     limit = config.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise _RefusedError(413, "too_large", f"the body is larger than {limit} bytes")
@@ -69,6 +74,9 @@ async def _body(request: web.Request, config: WebhookConfig) -> bytes:
         raise _RefusedError(
             408, "timeout", f"the body was not received within {config.read_timeout_seconds}s"
         ) from None
+    except ConnectionError:  # the caller went away mid-body: nobody to answer
+        log.debug("client gone before its review arrived")
+        raise _RefusedError(400, "dropped", "the connection closed mid-body") from None
 
 
 def _handler(endpoint: str, decide: Decide) -> Callable[[web.Request], Awaitable[web.Response]]:

@@ -1,7 +1,8 @@
 """The webhook's Prometheus metrics, registered on the registry the process passes in.
 
 - `gpuplace_admission_reviews_total{endpoint,result}`: reviews answered; result is
-  allowed, denied, malformed (HTTP 400), too_large (413), timeout (408) or error (500).
+  allowed, denied, malformed (HTTP 400), too_large (413), timeout (408),
+  unsupported_encoding (415), dropped (the caller went away mid-body) or error (500).
 - `gpuplace_admission_duration_seconds{endpoint,operation,result}`: time from the request
   line to the answer, body read included.
 - `gpuplace_admission_denials_total{endpoint,reason}`: denials by machine reason.
@@ -17,7 +18,16 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-RESULTS = ("allowed", "denied", "malformed", "too_large", "timeout", "error")
+RESULTS = (
+    "allowed",
+    "denied",
+    "malformed",
+    "too_large",
+    "timeout",
+    "unsupported_encoding",
+    "dropped",
+    "error",
+)
 ENDPOINTS = ("mutate", "validate")
 
 

@@ -6,6 +6,7 @@ so; nothing here imitates kustomize.
 
 from __future__ import annotations
 
+import copy
 import functools
 import shutil
 import subprocess
@@ -50,9 +51,16 @@ def _build(tree: str) -> str:
     return done.stdout
 
 
-def render(tree: str) -> list[Obj]:
-    """The objects `kustomize build deploy/<tree>` prints, in order."""
+@functools.cache
+def _parsed(tree: str) -> list[Obj]:
     return [doc for doc in yaml.safe_load_all(_build(tree)) if doc]
+
+
+def render(tree: str) -> list[Obj]:
+    """The objects `kustomize build deploy/<tree>` prints, in order: a fresh copy on each call
+    (callers may edit it), parsed once per tree, so that a property test reading the
+    configuration per example does not parse YAML per example."""
+    return copy.deepcopy(_parsed(tree))
 
 
 def one(objects: list[Obj], kind: str, name: str | None = None) -> Obj:

@@ -67,6 +67,22 @@ async def test_oversized_body_gets_413(server: localapi.Server) -> None:
     assert status == 413
 
 
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+async def test_a_call_naming_too_many_nodes_gets_413(server: localapi.Server, verb: str) -> None:
+    """Each node named costs the event loop a few microseconds and filter's answer ~60
+    bytes: 1.5 million unknown names made a 7 s stall and an 85 MB answer. Past
+    --extender-max-nodes the call is refused, and nothing of it decided."""
+    async with harness(server, extender_max_nodes=3) as h:
+        await ready(h)
+        pod = objects.pod("p")
+        ok, _ = await h.post(verb, {"Pod": pod, "NodeNames": ["a", "b", "c"]})
+        status, body = await h.post(verb, {"Pod": pod, "NodeNames": ["a", "b", "c", "d"]})
+        items = [objects.node(name) for name in "abcd"]
+        full, _ = await h.post(verb, {"Pod": pod, "Nodes": {"items": items}})
+    assert (ok, status, full) == (200, 413, 413)
+    assert body == {"Error": f"the {verb} request names 4 nodes, over 3"}
+
+
 SHAPES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=20),
     lambda inner: (

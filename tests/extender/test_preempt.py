@@ -14,6 +14,7 @@ import pytest
 from gpuplace.cluster import keys
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
+from gpuplace.extender import app as extender_app
 from gpuplace.extender.preempt_wire import PreemptionArgs, PreemptionResult
 from tests.cluster.conftest import eventually
 from tests.extender.conftest import Harness, harness
@@ -354,3 +355,114 @@ async def test_a_placeholder_node_gets_victims_chosen_by_the_extender(
         status, body = await h.post("preempt", preempt_args(high, {"gpu-x": []}))
         assert status == 200, body
     assert answered(body) == {"gpu-x": {uid_of(pods[1])}}
+
+
+@pytest.mark.parametrize("percent", [70, None])
+async def test_a_node_where_the_preemptor_already_fits_is_left_out(
+    server: localapi.Server, percent: int | None
+) -> None:
+    """Issue 30, point 7: an empty node offered as a placeholder (no victims), where the
+    70% preemptor (or a pod with no GPU request) fits as it is. An entry with no victims
+    fails kube-scheduler's whole preemption (`callExtenders`: "expected at least one
+    victim pod on node"), so the node is left out, and counted as not needing any."""
+    server.api.create(objects.node("fit-0", gpus=1))
+    async with harness(server) as h:
+        await ready(h)
+        high = h.api.create(preemptor(percent=70) if percent else objects.pod("plain"))
+        status, body = await h.post("preempt", preempt_args(high, {"fit-0": []}))
+        assert status == 200, body
+        assert answered(body) == {}
+        registry = h.sidecar.registry
+        left_out = registry.get_sample_value(
+            "gpuplace_preempt_nodes_total", {"result": "not-needed"}
+        )
+        assert left_out == 1.0
+
+
+# --- bounded work per call (issue 30, point 3) ---------------------------------------------
+
+
+async def test_nodes_beyond_the_limits_are_left_out_and_counted(server: localapi.Server) -> None:
+    """At most `--preempt-max-nodes` nodes per call, in kube-scheduler's order, and none
+    offered with more than `--preempt-max-victims` victims; the rest are left out."""
+    for name in ("gpu-a", "gpu-b", "gpu-c"):
+        server.api.create(objects.node(name, gpus=1))
+    async with harness(server, preempt_max_nodes=2, preempt_max_victims=3) as h:
+        await ready(h)
+        lows = {}
+        for name in ("gpu-a", "gpu-b", "gpu-c"):
+            pod = h.api.create(objects.pod(f"low-{name}", percent=100))
+            assert await h.bind(pod, name) == ""
+            lows[name] = uid_of(pod)
+        await h.synced(lambda: sum(r.bound for r in h.sidecar.sync.pods.values()) == 3)
+        high = h.api.create(preemptor())
+        offered = {
+            "gpu-a": [lows["gpu-a"], "x-1", "x-2", "x-3"],  # four victims: over the limit
+            "gpu-b": [lows["gpu-b"]],
+            "gpu-c": [lows["gpu-c"]],  # the third node: past the limit
+        }
+        status, body = await h.post("preempt", preempt_args(high, offered))
+        assert status == 200, body
+        over = h.sidecar.registry.get_sample_value(
+            "gpuplace_preempt_nodes_total", {"result": "over-limit"}
+        )
+    assert answered(body) == {"gpu-b": {lows["gpu-b"]}}
+    assert over == 2.0
+
+
+async def test_a_call_of_many_victims_is_linear(server: localapi.Server) -> None:
+    """Issue 30's hostile call, the limit lifted: one node, its only GPU held, 60,000
+    more victims offered that hold no GPU there. Each is looked up in a set, not a
+    list: ~0.1 s (it took ~10 s, 60,000² list comparisons)."""
+    server.api.create(objects.node("gpu-x", gpus=1))
+    async with harness(server, preempt_max_victims=100_000) as h:
+        await ready(h)
+        low = h.api.create(objects.pod("low", percent=100))
+        assert await h.bind(low, "gpu-x") == ""
+        await h.synced(lambda: h.sidecar.sync.pods[uid_of(low)].bound)
+        high = h.api.create(preemptor())
+        victims = [uid_of(low), *(f"x-{i:05d}" for i in range(60_000))]
+        started = asyncio.get_running_loop().time()
+        status, body = await h.post("preempt", preempt_args(high, {"gpu-x": victims}))
+        took = asyncio.get_running_loop().time() - started
+    assert status == 200, body
+    assert answered(body) == {"gpu-x": set(victims)}
+    assert took < 3.0, f"{took:.1f} s"
+
+
+async def test_the_event_loop_gets_a_turn_between_nodes(
+    server: localapi.Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer is worked out node by node, and the event loop runs other work between
+    them (every `SLICE_SECONDS`; here after each node), on a snapshot: a pod bound while
+    the call pauses changes nothing of the answer."""
+    monkeypatch.setattr(extender_app, "SLICE_SECONDS", 0.0)
+    names = [f"gpu-{i}" for i in range(4)]
+    for name in names:
+        server.api.create(objects.node(name, gpus=1))
+    async with harness(server) as h:
+        await ready(h)
+        lows = {}
+        for name in names:
+            pod = h.api.create(objects.pod(f"low-{name}", percent=100))
+            assert await h.bind(pod, name) == ""
+            lows[name] = uid_of(pod)
+        await h.synced(lambda: sum(r.bound for r in h.sidecar.sync.pods.values()) == 4)
+        high = h.api.create(preemptor())
+        turns = 0
+
+        async def other_work() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(other_work())
+        args = PreemptionArgs.model_validate(preempt_args(high, {n: [lows[n]] for n in names}))
+        before = turns
+        result = await extender_app.in_slices(h.sidecar.preempter.answering(args))
+        task.cancel()
+    assert turns - before >= len(names)
+    assert {node: set(uids) for node, (uids, _) in result.nodes.items()} == {
+        name: {lows[name]} for name in names
+    }

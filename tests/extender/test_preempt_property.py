@@ -1,7 +1,8 @@
 """The preempt verb's answer, for any node state and any offer: only pods it may evict
 (offered, or of lower priority than the preemptor when allowed; never a gang member
-whose gang runs elsewhere), at least one per node kept, the preemptor fits after them,
-and none is beyond need (gpuplace.extender.preempt_verb over a LedgerSync, no HTTP)."""
+whose gang runs elsewhere), at least one per node kept (a node where the pod already
+fits with none offered is left out), the preemptor fits after them, and none is beyond
+need (gpuplace.extender.preempt_verb over a LedgerSync, no HTTP)."""
 
 from __future__ import annotations
 
@@ -72,9 +73,7 @@ def test_answers_evict_only_allowed_pods_and_make_room_with_none_to_spare(
     for name, (victims, _) in preempter.answer(args).nodes.items():
         state = sync.ledger.state(name)
         assert state is not None
-        if not victims:  # kept as offered (nothing offered: a pass-through)
-            assert not offered[name]
-            continue
+        assert victims, f"{name}: an answer with no victims fails kube-scheduler's preemption"
         chosen = [records[uid] for uid in victims]
         for record in chosen:
             assert record.node_name == name

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuplace.cluster import annotations as grammar
 from gpuplace.cluster import assignments, keys, queue_directory
-from gpuplace.cluster.gang_marks import gated
+from gpuplace.cluster.gang_marks import gated, plan_mark
 from gpuplace.cluster.queue_directory import QueueDirectory
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
@@ -79,7 +79,7 @@ class Rig:
         value = self.registry.get_sample_value(name, labels or {})
         return 0.0 if value is None else value
 
-    async def rounds(self, count: int = 2, timeout: float = 10.0) -> None:
+    async def rounds(self, count: int = 2, timeout: float = 30.0) -> None:
         """Let the controller complete `count` more rounds."""
         target = self.controller.rounds + count
         loop = asyncio.get_running_loop()
@@ -90,9 +90,10 @@ class Rig:
             self.controller.wake()
             await asyncio.sleep(0.01)
 
-    async def quiet(self, timeout: float = 15.0) -> None:
+    async def quiet(self, timeout: float = 40.0) -> None:
         """Wait until the informers caught up with the API (queued pods, the ledger's
-        pods, the queues) and two rounds in a row changed nothing in the API."""
+        pods, the queues), the gang controller started every gang its queue admitted, and
+        two rounds in a row changed nothing in the API."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -112,7 +113,14 @@ class Rig:
             synced = {
                 uid: record.resource_version for uid, record in self.h.sidecar.sync.pods.items()
             }
-            if store == queued and synced == managed:
+            handed = [  # admitted by its queue, the gang controller has yet to start it
+                pod
+                for pod in self.pods()
+                if plan_mark(pod) is not None
+                and not gated(pod, keys.QUEUE_GATE)
+                and gated(pod, keys.GANG_GATE)
+            ]
+            if store == queued and synced == managed and not handed:
                 await self.rounds(2, timeout)
                 if self._versions() == before:
                     return
@@ -138,11 +146,17 @@ class Rig:
                 continue
             if spec.get("schedulingGates") or pod["metadata"].get("deletionTimestamp"):
                 continue
+            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
             try:
                 await self.h.schedule(pod)
             except (Unschedulable, NoLongerFits):
                 left.append(pod["metadata"]["name"])
                 continue
+            except AssertionError as error:
+                if "not found" in str(error):
+                    continue  # evicted (a reclaim) between the list and the bind
+                raise
             metadata = pod["metadata"]
             self.api.set_phase(metadata["namespace"], metadata["name"], "Running")
         return left
@@ -249,7 +263,8 @@ async def rig(
                     queues.store.synced.is_set()
                     and directory.synced()
                     and h.sidecar.sync.ready.is_set()
-                )
+                ),
+                timeout=30.0,  # the whole suite loads the machine
             )
             yield made
         finally:

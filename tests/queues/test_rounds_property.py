@@ -97,7 +97,12 @@ async def scenario(steps: list[tuple[Any, ...]], pauses: list[float]) -> None:
                             queued(f"g{counter}-{i}", step[1], count=1, gang=f"g{counter}", size=2)
                         )
                 elif kind in ("finish", "delete"):
-                    found = live(r)
+                    # only a pod that runs on a node finishes; any pod may be deleted
+                    found = [
+                        pod
+                        for pod in live(r)
+                        if kind == "delete" or (pod.get("spec") or {}).get("nodeName")
+                    ]
                     if found:
                         pod = found[step[1] % len(found)]["metadata"]
                         if kind == "finish":

@@ -21,7 +21,7 @@ async def test_the_sidecar_runs_the_queue_controller_with_queues_on(
     async with harness(server, queues=True, queue_min_round_seconds=0.0, scheduler_lease="") as h:
         directory, queues = h.sidecar.directory, h.sidecar.queues
         assert directory is not None and queues is not None
-        await eventually(lambda: h.sidecar.not_ready_reason() is None, 5.0)
+        await eventually(lambda: h.sidecar.not_ready_reason() is None, 30.0)
         assert directory.synced()
         assert directory.resolve("team-a", None).queue == ""
         assert directory.resolve("team-a", "team-a").queue == "team-a"
@@ -32,12 +32,12 @@ async def test_the_sidecar_runs_the_queue_controller_with_queues_on(
             pods = [h.pod("team-a", name) for name in ("a0", "a1")]
             return sum(not gated(pod, keys.QUEUE_GATE) for pod in pods) == 1
 
-        await eventually(one_admitted, 10.0)
+        await eventually(one_admitted, 30.0)
 
         def shown() -> dict[str, object]:
             return dict(h.api.get("gpuplace.io/gpuqueues", "team-a").get("status") or {})
 
-        await eventually(lambda: shown().get("waitingPods") == 1, 10.0)
+        await eventually(lambda: shown().get("waitingPods") == 1, 30.0)
         assert shown()["admittedWorkloads"] == 1
 
 

@@ -31,8 +31,9 @@ from tests.webhook import helpers
 
 
 @contextlib.asynccontextmanager
-async def webhook(r: Rig) -> AsyncIterator[tuple[str, io.StringIO]]:
-    """The webhook app reading `r`'s queue directory, on 127.0.0.1; its URL and audit."""
+async def webhook(r: Rig) -> AsyncIterator[tuple[str, AuditLog, io.StringIO]]:
+    """The webhook app reading `r`'s queue directory, on 127.0.0.1; its URL, audit log
+    and the stream the log writes to."""
     stream = io.StringIO()
     audit = AuditLog(StreamSink(stream))
     app = webhook_app.create_app(
@@ -47,7 +48,7 @@ async def webhook(r: Rig) -> AsyncIterator[tuple[str, io.StringIO]]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}", stream
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}", audit, stream
     finally:
         await runner.cleanup()
         audit.close()
@@ -88,7 +89,7 @@ async def test_the_webhook_queues_refuses_and_the_controller_admits(
     namespace(server.api, "plain")
     server.api.create(gpuqueue("team-a", "4"))
     server.api.create(gpuqueue("team-b", "4"))
-    async with rig(server) as r, webhook(r) as (url, audit):
+    async with rig(server) as r, webhook(r) as (url, audit, stream):
         # the namespace's default queue
         answer = await review(url, "mutate", gpu_pod("by-default", "team-a"))
         assert answer["allowed"], answer["status"]["message"]
@@ -115,7 +116,8 @@ async def test_the_webhook_queues_refuses_and_the_controller_admits(
         assert answer["allowed"]
         free = applied(gpu_pod("free", "plain"), answer)
         assert not gated(free, keys.QUEUE_GATE)
-        lines = [json.loads(line) for line in audit.getvalue().splitlines() if line]
+        audit.flush()  # lines are written by a thread, in batches
+        lines = [json.loads(line) for line in stream.getvalue().splitlines() if line]
         assert [line.get("queue") for line in lines][:1] == ["team-a"]
         assert any(line["reason"] == admission.QUEUE_UNKNOWN for line in lines)
         assert any(line["reason"] == admission.QUEUE_FORBIDDEN for line in lines)
