@@ -18,6 +18,7 @@ import contextlib
 import random
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -130,6 +131,8 @@ async def scenario(steps: list[tuple[Any, ...]], pauses: list[float]) -> None:
             check_gangs(r.pods(), settled=True)
 
 
+@pytest.mark.timeout(600)  # 8 scenarios, each a local API and two controllers: minutes on
+# a loaded machine, where pytest's 120 s would cut it short
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=STEPS, seed=st.integers(0, 2**16))
 def test_rounds_never_exceed_a_quota_nor_admit_a_pod_without_a_place(
