@@ -14,6 +14,14 @@ refuses, and one that stays pending and says why.
 It prints a placement table, a utilisation and fragmentation summary, what users would
 see (kubectl errors, Events, `gpuplace explain`) and the webhook's audit log, and writes
 a PNG of per-GPU occupancy. Loopback only; nothing is left running; takes a few seconds.
+
+With --scene queues (or all, after the above) it plays GpuQueues on the real queue
+controller instead: two teams' queues in one cohort on one 8-GPU node, team A borrowing
+team B's idle quota, team B's pods reclaiming it (the borrowed pods evicted through the
+Eviction API, replaced by their Job and queued again), and an elastic gang that starts
+with the members that fit and grows as GPUs free. It also plays the kubelet and the Job
+controller there, and prints each step: Events, who holds which GPU, the GpuQueues'
+status.
 GPUPLACE_* environment variables are ignored. Exit code 0, 1 when it could not run, or 2
 without matplotlib, which draws the PNG (`pip install 'gpuplace[demo]'`).
 """
@@ -29,11 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from gpuplace import commands, logs
-from gpuplace.dev.demo import plotting, reporting, running
+from gpuplace.dev.demo import plotting, queue_reporting, queue_running, reporting, running
 from gpuplace.dev.demo.progress import Progress
 from gpuplace.placement import policies
 
 DEFAULT_PLOT = Path("gpuplace-demo.png")
+PODS = "pods"
+QUEUES = "queues"
+SCENES = (PODS, QUEUES, "all")
 
 
 def register(subparsers: Any) -> None:
@@ -70,6 +81,14 @@ def register(subparsers: Any) -> None:
         help="width of the text output in columns (default: the terminal's, at least 100)",
     )
     parser.add_argument(
+        "--scene",
+        choices=SCENES,
+        default=PODS,
+        help="pods: the pods above on the bundled cluster (the default); queues: two teams' "
+        "GpuQueues sharing one 8-GPU node through a cohort, a reclaim and an elastic gang, "
+        "on the real queue controller (no plot); all: both, one after the other",
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="also show gpuplace serve's JSON log (INFO) on stderr",
@@ -77,19 +96,49 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(run=run)
 
 
+class PlotError(Exception):
+    """The PNG could not be written (its own message: the run itself went well)."""
+
+
 def run(args: argparse.Namespace) -> int:
-    if commands.lacks("matplotlib", "demo", "demo"):
+    if args.scene != QUEUES and commands.lacks("matplotlib", "demo", "demo"):
         return 2
     began = time.perf_counter()
     logs.configure("INFO" if args.verbose else "WARNING")
     progress = Progress(sys.stderr)
-    demo = running.Demo(seed=args.seed, policy=args.policy, progress=progress)
+    width = args.width or max(shutil.get_terminal_size((140, 40)).columns, 100)
+    sections: list[str] = []
     try:
-        outcome = asyncio.run(demo.run())
+        if args.scene != QUEUES:
+            sections += _pods_scene(args, progress, width, began)
+        if args.scene != PODS:
+            demo = queue_running.QueueDemo(seed=args.seed, policy=args.policy, progress=progress)
+            scene = asyncio.run(demo.run())
+            progress.clear()
+            sections += [
+                queue_reporting.report(scene, width),
+                f"Queues scene done in {scene.timings.get('total_seconds', 0.0):.1f} s; "
+                "everything it started has stopped.",
+            ]
+    except PlotError as error:
+        progress.clear()
+        print(f"gpuplace demo: {error}", file=sys.stderr)
+        return 1
     except (OSError, TimeoutError, RuntimeError) as error:
         progress.clear()
         print(f"gpuplace demo: could not run: {error}", file=sys.stderr)
         return 1
+    print("\n\n".join(sections))
+    return 0
+
+
+def _pods_scene(
+    args: argparse.Namespace, progress: Progress, width: int, began: float
+) -> list[str]:
+    """The pods scene's run, plot and sections. Raises PlotError, OSError, TimeoutError,
+    RuntimeError."""
+    demo = running.Demo(seed=args.seed, policy=args.policy, progress=progress)
+    outcome = asyncio.run(demo.run())
     progress("drawing the per-GPU occupancy plot")
     plot = args.plot.expanduser().resolve()
     uids = {
@@ -112,12 +161,9 @@ def run(args: argparse.Namespace) -> int:
             f"(policy {outcome.policy}, seed {outcome.seed})",
         )
     except OSError as error:
-        progress.clear()
-        print(f"gpuplace demo: cannot write the plot {plot}: {error}", file=sys.stderr)
-        return 1
+        raise PlotError(f"cannot write the plot {plot}: {error}") from error
     progress.clear()
-    width = args.width or max(shutil.get_terminal_size((140, 40)).columns, 100)
-    sections = [
+    return [
         reporting.header(outcome, running.demo_nodes()),
         reporting.table(outcome, width),
         reporting.refusals(outcome),
@@ -130,5 +176,3 @@ def run(args: argparse.Namespace) -> int:
         f"admitted and scheduled in {outcome.timings.get('pods_seconds', 0.0):.1f} s); "
         "everything it started has stopped.",
     ]
-    print("\n\n".join(sections))
-    return 0

@@ -11,8 +11,12 @@
   from the real registries of a composed `gpuplace serve` (webhook, sidecar) and
   `gpuplace node-agent` (the agent's own collectors), with the sample suffixes
   prometheus_client gives each type (`_total`, `_bucket`/`_sum`/`_count`), and the GPU
-  use names of `gpuplace/usage/names.py` that the node agent exports. A misspelt or missing metric
-  fails (the negative cases below show that it does).
+  use names of `gpuplace/usage/names.py` that the node agent exports, and the queue
+  controller's (`gpuplace serve --queues`), read from `gpuplace.queues.metrics.QueueMetrics`
+  on a fresh registry. A misspelt or missing metric fails (the negative cases below show
+  that it does).
+- The Queues row asks only for the queue controller's metrics, and for each that it
+  registers.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from gpuplace.agent import nvml
 from gpuplace.agent_settings import AgentSettings
 from gpuplace.commands import node_agent
 from gpuplace.dev import localapi
+from gpuplace.queues.metrics import QueueMetrics
 from gpuplace.settings import Settings
 from gpuplace.usage import names as usage_names
 from tests.agent.kubelet import gpu_fixture
@@ -49,7 +54,7 @@ from tests.webhook import helpers
 
 DASHBOARD = rendering.DEPLOY / "grafana" / "gpuplace.json"
 SCHEMA = Path(__file__).resolve().parent / "grafana" / "dashboard.schema.json"
-ROWS = ["Allocation", "Fragmentation", "Asked vs used", "Pending GPU pods", "Health"]
+ROWS = ["Allocation", "Fragmentation", "Asked vs used", "Pending GPU pods", "Queues", "Health"]
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 DURATIONS = frozenset({"__rate_interval", "__interval", "__range"})
 """Grafana's built-in variables that stand for a duration in a query."""
@@ -128,17 +133,25 @@ async def _composed_names() -> set[str]:
                 node_agent.close(agent.nvml)
 
 
+def queue_names() -> set[str]:
+    """The sample names the queue controller registers (it runs only with `--queues`, off
+    in the composed `serve` above)."""
+    registry = CollectorRegistry()
+    QueueMetrics(registry)
+    return sample_names(registry)
+
+
 @functools.cache
 def exported() -> frozenset[str]:
-    """What gpuplace exports: the composed processes' registries, and the node agent's
-    GPU use metrics named in gpuplace/usage/names.py."""
+    """What gpuplace exports: the composed processes' registries, the queue controller's
+    and the node agent's GPU use metrics named in gpuplace/usage/names.py."""
     usage = {
         value
         for name, value in vars(usage_names).items()
         if name.isupper() and isinstance(value, str) and value.startswith("gpuplace_")
     }
     assert usage, "gpuplace/usage/names.py names the node agent's GPU use metrics"
-    return frozenset(asyncio.run(_composed_names()) | usage)
+    return frozenset(asyncio.run(_composed_names()) | queue_names() | usage)
 
 
 # --- the dashboard's queries ------------------------------------------------------------
@@ -270,8 +283,8 @@ def test_the_dashboard_has_the_promised_rows_variables_and_datasource() -> None:
     declared = variables(dashboard)
     assert declared["datasource"]["type"] == "datasource"
     assert declared["datasource"]["query"] == "prometheus"
-    assert {"node", "namespace"} <= set(declared)
-    for name in ("node", "namespace"):
+    assert {"node", "namespace", "queue"} <= set(declared)
+    for name in ("node", "namespace", "queue"):
         assert declared[name]["datasource"] == DATASOURCE
     ids = [panel["id"] for panel in dashboard["panels"]]
     assert len(ids) == len(set(ids))
@@ -306,6 +319,35 @@ def test_every_query_names_only_metrics_gpuplace_exports() -> None:
     assert problems(load(), names) == []
 
 
+def test_the_queue_row_asks_only_for_what_the_queue_controller_registers() -> None:
+    """Every query of the Queues row names metrics, each one the controller registers; the
+    row shows what issue 29 asks for (used vs nominal, borrowed and lent, waiting, the fair
+    share, admission and reclaim rates), and the `queue` variable reads a queue metric."""
+    registered = queue_names()
+    row = [query for query in queries(load()) if query.row == "Queues"]
+    assert row
+    shown: set[str] = set()
+    for query in row:
+        selected = metrics_of(query.expr)
+        assert selected, query.where
+        assert selected <= registered, f"{query.where}: {sorted(selected - registered)}"
+        shown |= selected
+    assert {
+        "gpuplace_queue_used",
+        "gpuplace_queue_nominal",
+        "gpuplace_queue_borrowed",
+        "gpuplace_queue_lent",
+        "gpuplace_queue_waiting_workloads",
+        "gpuplace_queue_weighted_share",
+        "gpuplace_queue_admissions_total",
+        "gpuplace_queue_reclaims_total",
+    } <= shown
+    match = LABEL_VALUES.match(variables(load())["queue"]["query"])
+    assert match is not None
+    assert match.groups() == ("gpuplace_queue_nominal", "queue")
+    assert match.group(1) in registered
+
+
 @pytest.mark.parametrize(
     ("expr", "unknown"),
     [
@@ -316,6 +358,7 @@ def test_every_query_names_only_metrics_gpuplace_exports() -> None:
             "gpuplace_ledger_nodes_bucket",
         ),
         ("sum(gpuplace_pod_gpu_memory_used)", "gpuplace_pod_gpu_memory_used"),
+        ("max(gpuplace_queue_borrowed_gpus)", "gpuplace_queue_borrowed_gpus"),
     ],
 )
 def test_a_panel_naming_a_metric_gpuplace_does_not_export_fails(expr: str, unknown: str) -> None:

@@ -175,6 +175,8 @@ def test_demo_help_explains_what_it_does() -> None:
         "plays kube-apiserver and kube-scheduler",
         "--seed",
         "--plot",
+        "--scene {pods,queues,all}",
+        "an elastic gang that starts with the members that fit and grows as GPUs free",
     ):
         assert words in text
 

@@ -218,8 +218,9 @@ def install(cluster: Cluster, workdir: Path) -> Installation:
     return installation
 
 
-def serve_process(installation: Installation) -> HostProcess:
-    """`gpuplace serve` with the Deployment's arguments, as ServiceAccount gpuplace."""
+def serve_process(installation: Installation, *, queues: bool = False) -> HostProcess:
+    """`gpuplace serve` with the Deployment's arguments, as ServiceAccount gpuplace; with
+    `queues`, plus `--queues=true` (the queue controller, which the Deployment leaves off)."""
     box = container(installation.rendered, "Deployment", "gpuplace", "gpuplace")
     ports, tls = installation.ports, installation.workdir / "tls"
     kubeconfig = installation.sa_kubeconfig(NAMESPACE, "gpuplace")
@@ -234,12 +235,13 @@ def serve_process(installation: Installation) -> HostProcess:
             "--cert-file": str(tls / "tls.crt"),
             "--key-file": str(tls / "tls.key"),
             "--kubeconfig": str(kubeconfig),
+            **({"--queues": "true"} if queues else {}),
         },
     )
     return HostProcess(
-        "gpuplace serve",
+        "gpuplace serve" + (" --queues" if queues else ""),
         [GPUPLACE, *args],
-        installation.workdir / "serve.log",
+        installation.workdir / ("serve-queues.log" if queues else "serve.log"),
         ready_url=f"http://127.0.0.1:{ports.metrics}/readyz",
     )
 

@@ -199,3 +199,24 @@ def wait_pending(kubectl: Kubectl, namespace: str, name: str, timeout: float = 6
     obj = kubectl.json("-n", namespace, "get", "pod", name)
     assert not obj["spec"].get("nodeName"), f"{name} was bound to {obj['spec']['nodeName']}"
     return message
+
+
+def running(obj: Mapping[str, Any] | None) -> bool:
+    """Running and Ready (on the kit's kubelet node: the container really started)."""
+    status = (obj or {}).get("status") or {}
+    ready = [c for c in status.get("conditions", []) if c["type"] == "Ready"]
+    return status.get("phase") == "Running" and bool(ready) and ready[0]["status"] == "True"
+
+
+def observed(kubectl: Kubectl, namespace: str, name: str, allowed: int) -> None:
+    """Until the disruption controller has observed the budget and allows `allowed`."""
+
+    def done(pdb: dict[str, Any] | None) -> bool:
+        status = (pdb or {}).get("status") or {}
+        return (
+            pdb is not None
+            and status.get("observedGeneration") == pdb["metadata"]["generation"]
+            and status.get("disruptionsAllowed") == allowed
+        )
+
+    kubectl.wait_object("poddisruptionbudgets", name, done, namespace=namespace)

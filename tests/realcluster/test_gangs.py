@@ -19,8 +19,10 @@ from tests.realcluster.objects import (
     bound,
     gpu_node,
     grant,
+    observed,
     pod,
     priority_class,
+    running,
     wait_bound,
 )
 
@@ -124,26 +126,6 @@ def metric(url: str, name: str) -> float:
         for line in text.splitlines()
         if re.match(rf"{re.escape(name)}(\{{| )", line)
     )
-
-
-def observed(kubectl: Kubectl, namespace: str, name: str, allowed: int) -> None:
-    """Until the disruption controller has observed the budget and allows `allowed`."""
-
-    def done(pdb: dict[str, Any] | None) -> bool:
-        status = (pdb or {}).get("status") or {}
-        return (
-            pdb is not None
-            and status.get("observedGeneration") == pdb["metadata"]["generation"]
-            and status.get("disruptionsAllowed") == allowed
-        )
-
-    kubectl.wait_object("poddisruptionbudgets", name, done, namespace=namespace)
-
-
-def running(obj: Mapping[str, Any] | None) -> bool:
-    status = (obj or {}).get("status") or {}
-    ready = [c for c in status.get("conditions", []) if c["type"] == "Ready"]
-    return status.get("phase") == "Running" and bool(ready) and ready[0]["status"] == "True"
 
 
 def test_a_waiting_gang_evicts_all_or_nothing_through_the_eviction_api(

@@ -165,7 +165,8 @@ def rows(outcome: Outcome) -> list[Row]:
     return out
 
 
-def _cut(text: str, width: int) -> str:
+def cut(text: str, width: int) -> str:
+    """`text` on one line, at most `width` characters (an ellipsis where cut)."""
     text = " ".join(text.split())
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
@@ -180,8 +181,8 @@ def table(outcome: Outcome, width: int = 140) -> str:
     rest = max(width - used, 30)
     lines = []
     for row in everything:
-        cells = [_cut(getattr(row, name), widths[name]).ljust(widths[name]) for name in fixed]
-        lines.append(("  ".join(cells) + "  " + _cut(row.why, rest)).rstrip())
+        cells = [cut(getattr(row, name), widths[name]).ljust(widths[name]) for name in fixed]
+        lines.append(("  ".join(cells) + "  " + cut(row.why, rest)).rstrip())
     counts = Counter(row.result for row in body)
     lines.append("")
     lines.append(

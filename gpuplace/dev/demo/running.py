@@ -43,7 +43,7 @@ import logging
 import random
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
@@ -154,7 +154,11 @@ def _write_certificates(directory: Path) -> Path:
     return directory
 
 
-def _settings(workdir: Path, tls: Path, kubeconfig: Path, policy: str) -> DemoSettings:
+def _settings(
+    workdir: Path, tls: Path, kubeconfig: Path, policy: str, *, queues: bool = False
+) -> DemoSettings:
+    """With `queues` the queue controller runs too, its rounds as often as changes come
+    (`queue_min_round_seconds=0`: production spaces them a second apart, on a clock)."""
     return DemoSettings(
         webhook_address="127.0.0.1",
         webhook_port=0,
@@ -176,12 +180,15 @@ def _settings(workdir: Path, tls: Path, kubeconfig: Path, policy: str) -> DemoSe
         node_status_min_interval_seconds=0.0,
         gc_freeze_seconds=0.0,
         watch_timeout_seconds=60,
+        queues=queues,
+        queue_min_round_seconds=0.0 if queues else 1.0,
     )
 
 
-async def _until(
+async def until(
     check: Callable[[], bool], seconds: float, what: str, *, poll: float = 0.02
 ) -> None:
+    """Wait until `check()` holds; TimeoutError naming `what` after `seconds`."""
     deadline = time.monotonic() + seconds
     while not check():
         if time.monotonic() > deadline:
@@ -291,8 +298,98 @@ def _access() -> localapi.Access | None:
         return None
 
 
-class Demo:
-    """The run; see the module docstring."""
+@dataclass(slots=True)
+class Stage:
+    """A scene's stage: the local API with its nodes and namespaces, the real `gpuplace
+    serve` running over it (ready, nodes advertised), and the played kube-apiserver and
+    kube-scheduler; see `staged`."""
+
+    api: FakeApi
+    process: composing.Process
+    sidecar: Sidecar
+    apiserver: ApiServer
+    scheduler: Scheduler
+    user: Path
+    """An admin's kubeconfig (what `gpuplace explain` runs with)."""
+    audit: list[dict[str, Any]] = field(default_factory=list)
+    """The webhook's audit log, read once the process stopped (after `staged`)."""
+
+    def ports(self) -> dict[str, int]:
+        return {name: self.process.server.port(name) for name in ("webhook", "extender", "ops")}
+
+    def caught_up(self) -> bool:
+        """The sidecar's informers hold every managed pod as the API does."""
+        return _caught_up(self.api, self.sidecar)
+
+
+@contextlib.asynccontextmanager
+async def staged(
+    nodes: list[dict[str, Any]],
+    namespaces: Iterable[dict[str, Any]],
+    *,
+    policy: str,
+    seed: int,
+    rng: random.Random,
+    progress: Progress,
+    queues: bool = False,
+) -> AsyncIterator[Stage]:
+    """Steps 1 to 3 of the module docstring for `nodes` and `namespaces` (Namespace
+    objects), the process with the queue controller where `queues`; stopped on exit, its
+    audit log then in `Stage.audit`. `rng` is the played kube-scheduler's pick."""
+    with tempfile.TemporaryDirectory(prefix="gpuplace-demo-") as temporary:
+        workdir = Path(temporary)
+        progress("generating a CA and the webhook's serving certificate")
+        tls = _write_certificates(workdir / "tls")
+        async with localapi.serve(FakeApi(access=_access())) as api_server:
+            api = api_server.api
+            for namespace in namespaces:
+                api.create(namespace)
+            for node in nodes:
+                api.create(node)
+            kubeconfig = api_server.kubeconfig(workdir / "kubeconfig", localapi.GPUPLACE)
+            user = api_server.kubeconfig(workdir / "user-kubeconfig", localapi.ADMIN)
+            config = _settings(workdir, tls, kubeconfig, policy, queues=queues)
+            lease_namespace, _, lease_name = config.scheduler_lease.partition("/")
+            parts = "webhook, extender, gang controller" + (", queue controller" if queues else "")
+            progress(f"starting gpuplace serve ({parts})")
+            registry = CollectorRegistry()
+            process = await composing.compose(config, registry, rng=random.Random(seed))
+            assert process.sidecar is not None
+            async with (
+                scheduling.leading(api, lease_namespace, lease_name),
+                _running(process),
+                aiohttp.ClientSession() as session,
+            ):
+                await _ready(session, process.server.port("ops"))
+                await until(lambda: _advertised(api), READY_SECONDS, "node advertisements")
+                server = process.server
+                stage = Stage(
+                    api,
+                    process,
+                    process.sidecar,
+                    ApiServer(
+                        api,
+                        session,
+                        f"https://127.0.0.1:{server.port('webhook')}",
+                        str(tls / certs_files.CA_BUNDLE),
+                    ),
+                    Scheduler(api, session, f"http://127.0.0.1:{server.port('extender')}", rng),
+                    user,
+                )
+                yield stage
+        stage.audit = _read_audit(workdir / "audit.jsonl")
+
+
+def namespace(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name}
+    if labels:
+        metadata["labels"] = dict(labels)
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
+
+
+class Scene:
+    """What every scene's run starts from: the seed (of the played kube-scheduler's pick,
+    `rng`, and of the policy), the sidecar's policy, where progress goes, its timings."""
 
     def __init__(self, *, seed: int, policy: str, progress: Progress) -> None:
         self.seed = seed
@@ -301,79 +398,49 @@ class Demo:
         self.rng = random.Random(seed)
         self.timings: dict[str, float] = {}
 
+
+class Demo(Scene):
+    """The run; see the module docstring."""
+
     async def run(self) -> Outcome:
         started = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="gpuplace-demo-") as temporary:
-            workdir = Path(temporary)
-            self.progress("generating a CA and the webhook's serving certificate")
-            tls = _write_certificates(workdir / "tls")
-            async with localapi.serve(FakeApi(access=_access())) as api_server:
-                api = api_server.api
-                for namespace in NAMESPACES:
-                    api.create(
-                        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
-                    )
-                for node in demo_nodes():
-                    api.create(node)
-                kubeconfig = api_server.kubeconfig(workdir / "kubeconfig", localapi.GPUPLACE)
-                user = api_server.kubeconfig(workdir / "user-kubeconfig", localapi.ADMIN)
-                config = _settings(workdir, tls, kubeconfig, self.policy)
-                lease_namespace, _, lease_name = config.scheduler_lease.partition("/")
-                self.progress("starting gpuplace serve (webhook, extender, gang controller)")
-                registry = CollectorRegistry()
-                process = await composing.compose(config, registry, rng=random.Random(self.seed))
-                assert process.sidecar is not None
-                async with (
-                    scheduling.leading(api, lease_namespace, lease_name),
-                    _running(process),
-                    aiohttp.ClientSession() as session,
-                ):
-                    await _ready(session, process.server.port("ops"))
-                    await _until(lambda: _advertised(api), READY_SECONDS, "node advertisements")
-                    self.timings["start_seconds"] = time.perf_counter() - started
-                    results = await self._submit_all(api, session, process, tls)
-                    await self._settle(api, process)
-                    for result in results:
-                        await self._finish(api, result, user)
-                    ports = {
-                        name: process.server.port(name) for name in ("webhook", "extender", "ops")
-                    }
-                    ledger = process.sidecar.sync.ledger
-                    requests = [
-                        r.request
-                        for r in process.sidecar.sync.pods.values()
-                        if r.request is not None
-                    ]
-            audit = _read_audit(workdir / "audit.jsonl")
+        async with staged(
+            demo_nodes(),
+            [namespace(name) for name in NAMESPACES],
+            policy=self.policy,
+            seed=self.seed,
+            rng=self.rng,
+            progress=self.progress,
+        ) as stage:
+            self.timings["start_seconds"] = time.perf_counter() - started
+            results = await self._submit_all(stage)
+            await self._settle(stage.api, stage.process)
+            for result in results:
+                await self._finish(stage.api, result, stage.user)
+            ports = stage.ports()
+            ledger = stage.sidecar.sync.ledger
+            requests = [
+                r.request for r in stage.sidecar.sync.pods.values() if r.request is not None
+            ]
         self.timings["total_seconds"] = time.perf_counter() - started
         return Outcome(
-            results, ledger, requests, audit, self.policy, self.seed, self.timings, ports
+            results, ledger, requests, stage.audit, self.policy, self.seed, self.timings, ports
         )
 
-    async def _submit_all(
-        self,
-        api: FakeApi,
-        session: aiohttp.ClientSession,
-        process: composing.Process,
-        tls: Path,
-    ) -> list[PodResult]:
-        server = process.server
-        apiserver = ApiServer(
-            api,
-            session,
-            f"https://127.0.0.1:{server.port('webhook')}",
-            str(tls / certs_files.CA_BUNDLE),
+    async def _submit_all(self, stage: Stage) -> list[PodResult]:
+        api, apiserver, scheduler, sidecar = (
+            stage.api,
+            stage.apiserver,
+            stage.scheduler,
+            stage.sidecar,
         )
-        scheduler = Scheduler(api, session, f"http://127.0.0.1:{server.port('extender')}", self.rng)
-        sidecar = process.sidecar
-        assert sidecar is not None
 
         async def cycle(submission: scenario.Submission) -> Attempt:
             # kube-scheduler calls filter as soon as the pod is in its queue, whether or
             # not the sidecar's watch has delivered it yet; the demo waits for that first,
             # so that the typical workload each decision scores against is the same on a
             # fast machine and a loaded one (see the module docstring).
-            await _until(
+            await until(
                 lambda: _caught_up(api, sidecar),
                 READY_SECONDS,
                 "the sidecar's informers",
@@ -416,7 +483,7 @@ class Demo:
                 )
 
             gang_began = time.perf_counter()
-            await _until(ungated, GANG_SECONDS, f"gang {gang[1]} to be ungated")
+            await until(ungated, GANG_SECONDS, f"gang {gang[1]} to be ungated")
             self.timings["gang_ungate_seconds"] = time.perf_counter() - gang_began
             for member in members:
                 waiting.remove(member)
@@ -432,7 +499,7 @@ class Demo:
         sidecar = process.sidecar
         assert sidecar is not None
         self.progress("letting the sidecar catch up with the API")
-        await _until(lambda: _caught_up(api, sidecar), READY_SECONDS, "the sidecar's informers")
+        await until(lambda: _caught_up(api, sidecar), READY_SECONDS, "the sidecar's informers")
         if sidecar.recorder is not None:
             await asyncio.wait_for(sidecar.recorder.drain(), 5.0)
 
