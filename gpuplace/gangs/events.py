@@ -67,10 +67,11 @@ class Told:
 
 
 def duration(seconds: float) -> str:
-    """`90s`, `2m`, `1.5h`: a timeout or a wait as Events say it."""
+    """`45s`, `2m`, `1.5h`, `0.2s`: a timeout or a measured wait as Events say it, to a
+    tenth of its unit (whole seconds from 10 s), never `0.241316s`."""
     seconds = max(seconds, 0.0)
     if seconds >= 3600:
-        return f"{seconds / 3600:g}h"
+        return f"{round(seconds / 3600, 1):g}h"
     if seconds >= 60:
-        return f"{seconds / 60:g}m"
-    return f"{seconds:g}s"
+        return f"{round(seconds / 60, 1):g}m"
+    return f"{round(seconds, 1 if seconds < 10 else None):g}s"
