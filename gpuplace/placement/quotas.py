@@ -341,7 +341,7 @@ class Accounts:
             if more > left:
                 return Verdict(
                     Refusal.COHORT,
-                    f"cohort {spec.cohort}: {amount_text(resource, max(left, 0))} of "
+                    f"cohort {spec.cohort}: {amount_text(resource, max(left, 0))} "
                     f"{_bucket_text(bucket)} left to lend, queue {queue} needs "
                     f"{amount_text(resource, more)} from it",
                 )

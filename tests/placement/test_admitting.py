@@ -231,7 +231,7 @@ def test_reclaim_lower_priority_spares_workloads_of_equal_or_higher_priority() -
     decided = run(book, queues, running, [pod("p", "a", whole(1), priority=5)])
     assert decided.reclaims == ()
     assert decided.waiting[0].why is Why.COHORT  # b borrowed what a lends
-    assert "0 of gpus left to lend" in decided.waiting[0].reason
+    assert "0 gpus left to lend" in decided.waiting[0].reason
     decided = run(book, queues, running, [pod("p", "a", whole(1), priority=6)])
     assert len(decided.reclaims) == 1
 
