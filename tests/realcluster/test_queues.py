@@ -258,3 +258,82 @@ def test_a_reclaim_evicts_exactly_the_borrowed_pod_needed_and_waits_for_its_budg
     assert "a-borrows" not in now or now["a-borrows"]["metadata"].get("deletionTimestamp")
     wait_status(kubectl, a, used="1", borrowed="0")
     wait_status(kubectl, b, used="1", lent="0")
+
+
+def test_a_reclaimed_job_pod_is_replaced_and_does_not_fail_its_job(
+    scope: Scope, kubectl: Kubectl, node_agent: Agent
+) -> None:
+    """Point 3's Job rule (docs/queues.md, "Jobs"), on the real Job controller: a Job of
+    queue a with `backoffLimit: 0` and the documented `podFailurePolicy` (Ignore on
+    `DisruptionTarget`) runs two 1-GPU pods, one on b's idle quota; b's pod reclaims it.
+    The Job does not fail (no `Failed` condition, nothing counted against its backoff
+    limit of 0: the rule matched the `DisruptionTarget` the eviction set), and the Job
+    controller's replacement waits behind the queue gate for a's quota."""
+    a, b = f"{scope.namespace}-ja", f"{scope.namespace}-jb"
+    scope.create(
+        gpuqueue(a, scope.namespace, 1, model=REAL_NODE_MODEL, cohort=scope.namespace),
+        gpuqueue(b, scope.namespace, 1, model=REAL_NODE_MODEL, cohort=scope.namespace),
+    )
+    on_node = {"kubernetes.io/hostname": node_agent.node}
+    member = queued(scope, "unused", a, model=REAL_NODE_MODEL, node_selector=on_node, grace=2)
+    template = {
+        "metadata": {"annotations": member["metadata"]["annotations"]},
+        "spec": member["spec"],
+    }
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "sweep", "namespace": scope.namespace},
+        "spec": {
+            "parallelism": 2,
+            "completions": 2,
+            "backoffLimit": 0,
+            "podFailurePolicy": {
+                "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
+            },
+            "template": template,
+        },
+    }
+    kubectl.apply(job)
+
+    def job_pods(seen: Objects) -> dict[str, dict[str, Any]]:
+        return {
+            key.split("/")[-1]: obj
+            for key, obj in seen.items()
+            if (obj.get("metadata", {}).get("labels") or {}).get("job-name") == "sweep"
+        }
+
+    def both_running(seen: Objects) -> dict[str, dict[str, Any]] | None:
+        found = job_pods(seen)
+        return found if len(found) == 2 and all(map(running, found.values())) else None
+
+    first = kubectl.watch(
+        ["pods", "-n", scope.namespace], both_running, timeout=120, what="both Job pods running"
+    )
+    wait_status(kubectl, a, used="2", borrowed="1")
+    kubectl.apply(
+        queued(scope, "b-needs", b, model=REAL_NODE_MODEL, node_selector=on_node, grace=2)
+    )
+    kubectl.wait_object("pods", "b-needs", running, namespace=scope.namespace, timeout=120)
+    reclaim = kubectl.wait_event(scope.namespace, "b-needs", "QueueReclaiming")
+    (evicted,) = [name for name in first if f"evicted {scope.namespace}/{name};" in reclaim]
+    (kept,) = set(first) - {evicted}
+
+    def replaced(seen: Objects) -> dict[str, dict[str, Any]] | None:
+        found = job_pods(seen)
+        new = [obj for name, obj in found.items() if name not in first]
+        if not new or not gated(new[0]) or bound(new[0]):
+            return None
+        return found if running(found.get(kept)) else None
+
+    kubectl.watch(
+        ["pods", "-n", scope.namespace],
+        replaced,
+        timeout=120,
+        what="the Job's replacement gated in its queue, the kept pod running",
+    )
+    status = kubectl.json("-n", scope.namespace, "get", "job", "sweep")["status"]
+    conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+    assert conditions.get("Failed") != "True", status
+    assert status.get("failed", 0) == 0, status  # nothing counted against backoffLimit
+    assert status.get("active") == 2, status  # the kept pod and its replacement
