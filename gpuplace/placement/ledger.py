@@ -277,7 +277,9 @@ class Ledger:
         changes), True when it was taken. Raises `Conflict` when the pod holds a
         different grant and `Oversubscribed` when the node cannot hold it, unless
         `overcommit` (used when the API already says the pod runs there: the
-        ledger must record reality, and the node then fits nothing more).
+        ledger must record reality, and the node then fits nothing more; a grant
+        naming a GPU the node no longer publishes is then recorded and taken from
+        no state, as `put_node` keeps such grants).
         """
         held = self._grants.get(grant.pod_uid)
         if held is not None:
@@ -292,6 +294,11 @@ class Ledger:
         if state is None:
             if not overcommit:
                 raise LedgerError(f"unknown node {grant.node}")
+        elif overcommit and not _on(state.node, grant):
+            # reality names a GPU the node no longer publishes (republished with fewer): the
+            # grant is recorded and taken from no state, as put_node keeps it, and counts
+            # again if the GPU returns; a relist must not fail on it
+            pass
         else:
             self._check(state, grant, overcommit)
             self._apply(state, grant, -1)

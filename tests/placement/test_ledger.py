@@ -231,6 +231,26 @@ def test_a_grant_on_gpus_a_node_lost_is_released_without_touching_the_others() -
     check_invariants(book)
 
 
+def test_a_relist_records_a_grant_on_a_gpu_the_node_no_longer_has() -> None:
+    """A relist (`restore`, as `LedgerSync.replace_pods` runs it) after a node was
+    republished with fewer GPUs: a running pod's grant on a lost GPU is recorded, taken
+    from no state, and counts again when the GPU returns, as `put_node` keeps such grants.
+    It raised LedgerError ("node b has no GPU 1"), failing the whole relist (found by
+    test_fragmentation_totals' property: reserve, drop the node, add it smaller, relist)."""
+    book = fresh()
+    two = book.inventory.get("b")
+    assert two is not None
+    book.put_node(node("b", 1, memory=16_384))
+    book.restore([Grant("x", "b", (1,), 300, 0), Grant("y", "b", (0,), 200, 0)])
+    assert {grant.pod_uid for grant in book} == {"x", "y"}
+    assert book.state("b").free_milli == [800]  # type: ignore[union-attr]
+    with pytest.raises(LedgerError, match="no GPU 1"):  # a new decision still may not
+        book.reserve(Grant("w", "b", (1,), 100, 0))
+    book.put_node(two)
+    assert book.state("b").free_milli == [800, 700]  # type: ignore[union-attr]
+    check_invariants(book)
+
+
 def test_node_versions_never_repeat_after_remove_and_add() -> None:
     book = fresh()
     before = book.state("b").version  # type: ignore[union-attr]
