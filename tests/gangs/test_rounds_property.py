@@ -19,6 +19,7 @@ import random
 from collections.abc import Coroutine
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -133,6 +134,8 @@ async def scenario(steps: list[tuple[Any, ...]], pauses: list[float]) -> None:
                     assert pod["spec"].get("nodeName") == mark.node
 
 
+@pytest.mark.timeout(600)  # 14 scenarios, each a local API and a controller: past 120 s
+# when the machine is starved (seen at nice 15 beside a CI run), as the queue property's
 @settings(
     max_examples=14,
     deadline=None,
