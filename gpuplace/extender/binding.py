@@ -1,26 +1,32 @@
-"""bind: choose the GPUs, reserve them, write the assignment, then the Binding.
+"""bind: choose the GPUs, reserve them, then one write: the Binding with the assignment.
 
 The order makes a crash harmless:
 
 1. decide and reserve in memory (a *hold*), synchronously: no await between reading
    the ledger and reserving, so concurrent binds can never both take the same share;
-2. PATCH the pod's assignment annotations, with the pod's resourceVersion and UID as
-   preconditions (409 when anyone changed the pod since we read it): from here on the
-   grant lives in the API and a restarted sidecar rebuilds it;
-3. create the Binding (pods/NAME/binding, UID precondition), carrying the same
-   annotations so that the pod gets them with its node in one write even if step 2's
-   were removed meanwhile.
+2. create the Binding (pods/NAME/binding, UID precondition) carrying the assignment
+   annotations: kube-apiserver sets `spec.nodeName` and merges the annotations in one
+   storage update, so the pod is bound with its grant or not at all. From there the
+   grant lives in the API and a restarted sidecar rebuilds it.
 
-A crash or failure after 2 leaves the pod annotated but unbound, holding its GPUs as a
-RESERVED grant: kube-scheduler retries the pod, `filter` offers it only that node, and
-the next bind there finds the annotations and just creates the Binding. If no bind
-comes within the reservation timeout, the reaper (`gpuplace.cluster.reaping`) removes the
-annotations and the GPUs return. A failure whose outcome is unknown (timeout, 5xx)
-keeps the hold for the same reason: the write may have landed. So a pod ends up bound
-with a matching grant, or unbound with none; never two grants.
+There is no state between two writes to repair. A crash before the write leaves the pod
+unbound with no grant (the hold was only in memory); kube-scheduler retries it. A failure
+whose outcome is unknown (timeout, 5xx) keeps the hold: the write may have landed, and
+then the informer turns the hold into the pod's CONFIRMED grant; if it did not, a retry
+of the bind reuses the hold, or the reaper drops it at its deadline. A certain failure
+(a 4xx answer) drops the hold. So a pod ends up bound with a matching grant, or unbound
+with none; never two grants.
 
-Retries are idempotent: a pod already bound to the node answers success, a pod already
-annotated is not annotated again, a bind for a pod whose bind is in flight is refused.
+Earlier versions PATCHed the annotations first and created the Binding second (a grant
+in the API before the bind). That was two API writes per bind, and the PATCH changed
+`gpuplace.io/` annotations, so kube-apiserver called the validating webhook inside it:
+three round trips against the stock scheduler's one (docs/performance.md). Pods
+annotated but unbound still exist (gang plans, and pods left by those versions): their
+bind writes only the Binding, and the reaper clears those that never bind.
+
+Retries are idempotent: a pod already bound to the node with this grant answers success,
+a pod already annotated is bound without new annotations, a bind for a pod whose bind is
+in flight is refused.
 """
 
 from __future__ import annotations
@@ -116,7 +122,7 @@ class Binder:
         if request is None or request.count == 0:
             if record.problem:
                 raise BindError(f"pod {record}: {record.problem}", "misfit")
-            await self._binding(record, node, None)
+            await self._binding(record, node, None, None)
             return Bound(None, repaired=False)
 
         grant = self.sync.ledger.get(uid)
@@ -154,10 +160,7 @@ class Binder:
                 self.sync.ledger.inventory.get(node),
                 datetime.fromtimestamp(self._wall(), UTC),
             )
-            record = await self._annotate(record, grant, fresh)
-            if record.bound:
-                return self._already_bound(record, node)
-        await self._binding(record, node, fresh)
+        await self._binding(record, node, grant, fresh)
         self.sync.confirm(uid)
         self.decider.forget(uid)
         log.info(
@@ -186,82 +189,52 @@ class Binder:
             self.sync.confirm(record.uid)
         return Bound(record.grant, repaired=True)
 
-    async def _annotate(
-        self, record: PodRecord, grant: Grant, annotations: dict[str, str]
-    ) -> PodRecord:
-        """Write the assignment (resourceVersion and UID preconditions); one retry on 409
-        when the pod changed in a way that does not touch the assignment."""
-        for attempt in (1, 2):
-            patch = {
-                "metadata": {
-                    "uid": record.uid,
-                    "resourceVersion": record.resource_version,
-                    "annotations": annotations,
-                }
-            }
-            try:
-                pod = await self.api.patch_pod(record.namespace, record.name, patch)
-                return self.decider.reader.record(pod)
-            except kube.ApiError as error:
-                if error.conflict or error.not_found:
-                    _, current = await self._recheck(record, grant)
-                    if current.grant is not None or current.bound:
-                        return current
-                    if attempt == 1 and not error.not_found:
-                        record = current
-                        continue
-                self._give_up(record, grant, error)
-                raise BindError(
-                    f"cannot write the GPU assignment of pod {record}: {error.message}"
-                ) from error
-        raise AssertionError("unreachable")
-
-    async def _recheck(self, record: PodRecord, grant: Grant) -> tuple[dict[str, Any], PodRecord]:
-        """After a 409/404: what the pod is now; raises when it can no longer take `grant`."""
-        try:
-            pod, current = await self._fresh(record.namespace, record.name)
-        except BindError:
-            self.sync.unhold(record.uid)
-            raise
-        if current.uid != record.uid:
-            self.sync.unhold(record.uid)
-            raise BindError(f"pod {record} was replaced while binding", "conflict")
-        if current.grant is not None and not current.grant.same_hold(grant):
-            self.sync.unhold(record.uid)
-            raise BindError(
-                f"pod {record} was assigned other GPUs meanwhile "
-                f"({current.grant.node} {list(current.grant.gpus)})",
-                "conflict",
-            )
-        return pod, current
-
     def _give_up(self, record: PodRecord, grant: Grant, error: kube.ApiError) -> None:
-        """Release the hold when the write certainly did not happen (a 4xx answer); keep
-        it when it may have (timeouts, 5xx): the informer or the reaper settles it."""
+        """After a failed Binding that carried a new assignment: release the hold when the
+        write certainly did not happen (a 4xx answer); keep it when it may have (timeouts,
+        5xx): the informer confirms it, or a retried bind reuses it, or the reaper drops
+        it at its deadline."""
         if 400 <= error.status < 500:
-            self.sync.unhold(record.uid)
+            self._drop_own_hold(record.uid)
         else:
             log.warning(
-                "assignment write outcome unknown; keeping the reservation",
+                "binding outcome unknown; keeping the reservation",
                 extra={"pod": str(record), "node": grant.node, "status": error.status},
             )
 
+    def _drop_own_hold(self, uid: str) -> None:
+        """Drop the bind's own hold (never a planner's: a gang plan's hold is its)."""
+        hold = self.sync.hold_of(uid)
+        if hold is not None and hold.owner == "bind":
+            self.sync.unhold(uid)
+
     async def _binding(
-        self, record: PodRecord, node: str, annotations: dict[str, str] | None
+        self, record: PodRecord, node: str, grant: Grant | None, annotations: dict[str, str] | None
     ) -> None:
+        """Create the Binding, with `annotations` (a new assignment for `grant`) or none
+        (the grant is already in the API, or the pod asks for no GPU). A 409 is re-read:
+        the pod bound to `node` with this grant is an earlier attempt of ours that landed."""
         try:
             await self.api.bind_pod(
                 record.namespace, record.name, uid=record.uid, node=node, annotations=annotations
             )
         except kube.ApiError as error:
-            if error.conflict:
+            if not error.conflict:
+                if annotations is not None and grant is not None:
+                    self._give_up(record, grant, error)
+                raise BindError(f"cannot bind pod {record} to {node}: {error.message}") from error
+            try:
                 _, current = await self._fresh(record.namespace, record.name)
-                if current.uid == record.uid and current.node_name == node:
-                    return  # an earlier attempt of ours landed
-                raise BindError(
-                    f"cannot bind pod {record} to {node}: {error.message}", "conflict"
-                ) from error
-            raise BindError(f"cannot bind pod {record} to {node}: {error.message}") from error
+            except BindError:
+                self._drop_own_hold(record.uid)
+                raise
+            ours = grant is None or (current.grant is not None and current.grant.same_hold(grant))
+            if current.uid == record.uid and current.node_name == node and ours:
+                return  # an earlier attempt of ours landed
+            self._drop_own_hold(record.uid)
+            raise BindError(
+                f"cannot bind pod {record} to {node}: {error.message}", "conflict"
+            ) from error
 
 
 def _assigned_message(grant: Grant, node: Any) -> str:

@@ -6,11 +6,12 @@ import asyncio
 import contextlib
 import random
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gpuplace.cluster import keys, recording
+from gpuplace.cluster import assignments, keys, recording
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
 from gpuplace.placement.ledger import GrantState
@@ -37,15 +38,22 @@ async def test_retried_bind_is_idempotent(server: localapi.Server) -> None:
         pod = server.api.create(objects.pod("p", percent=30))
         assert await h.bind(pod, "n0") == ""
         assert await h.bind(pod, "n0") == ""  # kube-scheduler retried: same answer
-        assert patches(server.api, "p") == 1
+        # one API write per bind: the Binding carries the assignment (no PATCH, so no
+        # validating-webhook round trip inside it either)
+        assert patches(server.api, "p") == 0
         assert len(server.api.calls_to("POST", "/pods/p/binding$")) == 1
+        bound = h.pod("default", "p")
+        assert bound["spec"]["nodeName"] == "n0"
+        assert bound["metadata"]["annotations"][keys.ASSIGNED_NODE] == "n0"
         other = await h.bind(pod, "n1")
         assert "already bound to n0" in other
 
 
-async def test_crash_between_annotation_and_binding_is_repaired_by_next_bind(
+async def test_a_binding_of_unknown_outcome_keeps_its_gpus_for_the_retry(
     server: localapi.Server,
 ) -> None:
+    """A 5xx may mean the write landed: the hold stays (nobody else takes those GPUs), the
+    pod is neither bound nor annotated, and kube-scheduler's retry binds it there."""
     server.api.create(objects.node("n0", gpus=1))
     server.api.create(objects.node("n1", gpus=1))
     async with harness(server) as h:
@@ -54,27 +62,42 @@ async def test_crash_between_annotation_and_binding_is_repaired_by_next_bind(
         server.api.fail("POST", "/pods/p/binding$", 500, message="etcd timeout")
         error = await h.bind(pod, "n1")
         assert "etcd timeout" in error
-        annotated = h.pod("default", "p")
-        assert annotated["metadata"]["annotations"][keys.ASSIGNED_NODE] == "n1"
-        assert "nodeName" not in annotated["spec"]
+        unbound = h.pod("default", "p")
+        assert keys.ASSIGNED_NODE not in (unbound["metadata"].get("annotations") or {})
+        assert "nodeName" not in unbound["spec"]
         uid = pod["metadata"]["uid"]
-        await h.synced(lambda: h.sidecar.sync.pods[uid].grant is not None)
         grant = h.sidecar.sync.ledger.get(uid)
-        assert grant is not None and grant.state is GrantState.RESERVED
-        # the retry is offered only the reserved node, and n0 is out for good
-        verdict = await h.filter(annotated, ["n0", "n1"])
-        assert verdict["NodeNames"] == ["n1"]
-        assert "n0" in verdict["FailedAndUnresolvableNodes"]
-        assert await h.bind(annotated, "n0") != ""  # not where the GPUs are reserved
-        assert await h.bind(annotated, "n1") == ""
-        assert patches(server.api, "p") == 1  # the assignment was not written twice
+        assert grant is not None and grant.node == "n1"
+        assert grant.state is GrantState.RESERVED
+        # nobody else takes the held share
+        other = server.api.create(objects.pod("other", percent=60))
+        assert (await h.filter(other, ["n1"]))["NodeNames"] == []
+        assert await h.bind(unbound, "n0") != ""  # not where the GPUs are held
+        assert await h.bind(unbound, "n1") == ""
+        assert patches(server.api, "p") == 0
         assert h.pod("default", "p")["spec"]["nodeName"] == "n1"
         await h.synced(lambda: confirmed(h, uid))
+        final = h.sidecar.sync.ledger.get(uid)
+        assert final is not None and (final.node, final.gpus) == (grant.node, grant.gpus)
 
 
-async def test_crash_of_the_sidecar_after_annotating_is_repaired_after_restart(
+async def test_a_refused_binding_frees_its_gpus_at_once(server: localapi.Server) -> None:
+    """A 4xx means nothing was written: the hold goes with the answer."""
+    server.api.create(objects.node("n0", gpus=1))
+    async with harness(server) as h:
+        await ready(h)
+        pod = server.api.create(objects.pod("p", percent=60))
+        server.api.fail("POST", "/pods/p/binding$", 403, message="forbidden")
+        assert "forbidden" in await h.bind(pod, "n0")
+        assert pod["metadata"]["uid"] not in h.sidecar.sync.ledger
+        assert await h.bind(pod, "n0") == ""
+
+
+async def test_a_crash_during_the_binding_leaves_no_grant_after_restart(
     server: localapi.Server,
 ) -> None:
+    """The hold lived only in memory and the one write did not land: the restarted
+    sidecar sees a pod with no grant, and binds it afresh."""
     server.api.create(objects.node("n0", gpus=1))
     pod = server.api.create(objects.pod("p", percent=60))
     async with harness(server) as h:
@@ -83,14 +106,43 @@ async def test_crash_of_the_sidecar_after_annotating_is_repaired_after_restart(
         assert await h.bind(pod, "n0") != ""
     async with harness(server) as restarted:
         await ready(restarted)
-        grant = restarted.sidecar.sync.ledger.get(pod["metadata"]["uid"])
-        assert grant is not None and grant.state is GrantState.RESERVED
-        # no other pod can take what the crashed bind reserved
-        big = server.api.create(objects.pod("big", percent=50))
-        verdict = await restarted.filter(big, ["n0"])
-        assert verdict["NodeNames"] == []
+        assert pod["metadata"]["uid"] not in restarted.sidecar.sync.ledger
         assert await restarted.bind(h.pod("default", "p"), "n0") == ""
         assert restarted.pod("default", "p")["spec"]["nodeName"] == "n0"
+        await restarted.synced(lambda: confirmed(restarted, pod["metadata"]["uid"]))
+
+
+async def test_a_pod_annotated_by_an_earlier_version_is_bound_without_a_new_assignment(
+    server: localapi.Server,
+) -> None:
+    """Pods annotated but unbound (left by versions that wrote the assignment first, or
+    by a gang plan) are RESERVED from the API; their bind writes only the Binding."""
+    server.api.create(objects.node("n0", gpus=1))
+    server.api.create(objects.node("n1", gpus=1))
+    async with harness(server) as h:
+        await ready(h)
+        pod = server.api.create(objects.pod("p", percent=60))
+        server.api.fail("POST", "/pods/p/binding$", 500)
+        assert await h.bind(pod, "n1") != ""
+        grant = h.sidecar.sync.ledger.get(pod["metadata"]["uid"])
+        assert grant is not None
+        notes = assignments.annotations_for(
+            grant, h.sidecar.sync.ledger.inventory.get("n1"), datetime.now(UTC)
+        )
+    annotated = server.api.patch("pods", "p", {"metadata": {"annotations": notes}}, "default")
+    async with harness(server) as restarted:
+        await ready(restarted)
+        uid = pod["metadata"]["uid"]
+        await restarted.synced(lambda: uid in restarted.sidecar.sync.ledger)
+        rebuilt = restarted.sidecar.sync.ledger.get(uid)
+        assert rebuilt is not None and rebuilt.state is GrantState.RESERVED
+        verdict = await restarted.filter(annotated, ["n0", "n1"])
+        assert verdict["NodeNames"] == ["n1"]
+        assert await restarted.bind(annotated, "n1") == ""
+        assert server.api.calls_to("POST", "/pods/p/binding$")
+        body = server.api.calls_to("POST", "/pods/p/binding$")[-1].body
+        assert "annotations" not in body["metadata"]
+        await restarted.synced(lambda: confirmed(restarted, uid))
 
 
 async def test_restart_rebuilds_an_identical_ledger(server: localapi.Server) -> None:
@@ -108,9 +160,11 @@ async def test_restart_rebuilds_an_identical_ledger(server: localapi.Server) -> 
             else:
                 body = objects.pod(f"p{index}", percent=None, count=2)
             pod = server.api.create(body)
-            if index == 5:
+            if index == 5:  # a bind whose outcome is unknown: its hold lives in memory only
                 server.api.fail("POST", f"/pods/p{index}/binding$", 500)
                 assert await h.bind(pod, await first_fit(h, pod)) != ""
+                assert h.sidecar.sync.hold_of(pod["metadata"]["uid"]) is not None
+                h.sidecar.sync.unhold(pod["metadata"]["uid"])  # its deadline, come early
                 continue
             with contextlib.suppress(Unschedulable):  # stays pending, holds nothing
                 await h.schedule(pod, rng)
@@ -168,7 +222,7 @@ async def test_deleted_or_finished_pods_free_their_gpus(server: localapi.Server)
 
 async def test_concurrent_binds_for_one_pod_do_not_double_grant(server: localapi.Server) -> None:
     server.api.create(objects.node("n0", gpus=2))
-    server.api.fail("PATCH", "/pods/p$", 0, delay=0.2)
+    server.api.fail("POST", "/pods/p/binding$", 0, delay=0.2)
     async with harness(server) as h:
         await ready(h)
         pod = server.api.create(objects.pod("p", percent=40))
@@ -192,26 +246,58 @@ async def test_pod_replaced_under_the_same_name_is_refused(server: localapi.Serv
         )
 
 
-async def test_stale_reservation_is_released_by_the_reaper(server: localapi.Server) -> None:
+async def test_stale_reservations_are_released_by_the_reaper(server: localapi.Server) -> None:
+    """A bind's hold whose Binding never landed expires at its deadline; a pod annotated
+    but never bound (a gang plan, or an earlier version's first write) loses its
+    assignment after the reservation timeout, with an Event. Both GPUs return."""
     server.api.create(objects.node("n0", gpus=1))
+    server.api.create(objects.node("n1", gpus=1))
     async with harness(server, reservation_timeout_seconds=0.05) as h:
         await ready(h)
         pod = server.api.create(objects.pod("p", percent=100))
         server.api.fail("POST", "/pods/p/binding$", 500)
         assert await h.bind(pod, "n0") != ""
         uid = pod["metadata"]["uid"]
-        await h.synced(lambda: h.sidecar.sync.pods[uid].grant is not None)
+        assert h.sidecar.sync.hold_of(uid) is not None
+        await asyncio.sleep(0.1)
+        released = h.sidecar.registry.get_sample_value(
+            "gpuplace_reservations_expired_total", {"kind": "hold"}
+        )
+        assert await h.sidecar.reaper.sweep() == 1
+        assert uid not in h.sidecar.sync.ledger
+        assert (
+            h.sidecar.registry.get_sample_value(
+                "gpuplace_reservations_expired_total", {"kind": "hold"}
+            )
+            == (released or 0) + 1
+        )
+        await h.schedule(h.pod("default", "p"))
+
+        old = server.api.create(objects.pod("old", percent=100))
+        grant_node = "n1" if h.pod("default", "p")["spec"]["nodeName"] == "n0" else "n0"
+        notes = {
+            keys.ASSIGNED_NODE: grant_node,
+            keys.ASSIGNED_GPUS: "0",
+            keys.ASSIGNED_UUIDS: "",
+            keys.VISIBLE_DEVICES: "0",
+            keys.ASSIGNED_MILLI: "1000",
+            keys.ASSIGNED_MEMORY: "0",
+            keys.ASSIGNED_AT: assignments.rfc3339(datetime.now(UTC)),
+        }
+        server.api.patch("pods", "old", {"metadata": {"annotations": notes}}, "default")
+        old_uid = old["metadata"]["uid"]
+        await h.synced(lambda: old_uid in h.sidecar.sync.ledger)
         h.sidecar.reaper.wall = lambda: time.time() + 2  # assigned-at has 1 s resolution
         assert await h.sidecar.reaper.sweep() == 1
-        await h.synced(lambda: uid not in h.sidecar.sync.ledger)
-        assert keys.ASSIGNED_NODE not in h.pod("default", "p")["metadata"]["annotations"]
+        await h.synced(lambda: old_uid not in h.sidecar.sync.ledger)
+        assert keys.ASSIGNED_NODE not in h.pod("default", "old")["metadata"]["annotations"]
         await h.synced(
             lambda: any(
                 e["reason"] == "GpuReservationExpired"
                 for e in server.api.objects("events", "default")
             )
         )
-        await h.schedule(h.pod("default", "p"))
+        await h.schedule(h.pod("default", "old"))
 
 
 async def test_metrics_are_exported(server: localapi.Server) -> None:

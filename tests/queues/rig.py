@@ -154,7 +154,7 @@ class Rig:
                 left.append(pod["metadata"]["name"])
                 continue
             except AssertionError as error:
-                if "not found" in str(error):
+                if "not found" in str(error) or "no longer exists" in str(error):
                     continue  # evicted (a reclaim) between the list and the bind
                 raise
             metadata = pod["metadata"]
