@@ -36,6 +36,7 @@ BUILT_IN_GROUPS = frozenset(
         "scheduling.k8s.io",
         "coordination.k8s.io",
         "apiextensions.k8s.io",
+        "flowcontrol.apiserver.k8s.io",
     }
 )
 CLUSTER_SCOPED = frozenset(
@@ -50,6 +51,7 @@ CLUSTER_SCOPED = frozenset(
         "PriorityClass",
         "CustomResourceDefinition",
         "ClusterIssuer",
+        "FlowSchema",
     }
 )
 CERT_MANAGER = "cert-manager.io"

@@ -88,6 +88,7 @@ def test_names_are_unique_and_namespaced_objects_live_in_gpuplace(tree: str) -> 
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
         "CustomResourceDefinition",
+        "FlowSchema",
     }
     for obj in objects:
         ns = obj["metadata"].get("namespace")
@@ -389,3 +390,37 @@ def test_secret_files_are_group_readable_only(deployment: Obj) -> None:
         if "secret" in v or "projected" in v
     ]
     assert modes and set(modes) == {0o440}
+
+
+@pytest.mark.parametrize("tree", rendering.TREES)
+def test_flow_schemas_give_both_identities_the_schedulers_priority_levels(tree: str) -> None:
+    """API Priority and Fairness: the two identities the overlay creates, at the
+    suggested levels Kubernetes gives its own scheduler (the real API server's answer
+    headers are checked on the real-cluster tier, tests/realcluster/test_install.py)."""
+    objects = render(tree)
+    accounts = {
+        (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        for obj in objects
+        if obj["kind"] == "ServiceAccount" and obj["metadata"]["namespace"] == NAMESPACE
+    }
+    schemas = named(objects, "FlowSchema")
+    assert set(schemas) == {"gpuplace", "gpuplace-leader-election"}
+    for schema in schemas.values():
+        subjects = {
+            (s["serviceAccount"]["namespace"], s["serviceAccount"]["name"])
+            for rule in schema["spec"]["rules"]
+            for s in rule["subjects"]
+        }
+        assert subjects == {(NAMESPACE, "gpuplace"), (NAMESPACE, "gpuplace-scheduler")}
+        assert subjects <= accounts
+    everything, lease = schemas["gpuplace"]["spec"], schemas["gpuplace-leader-election"]["spec"]
+    assert everything["priorityLevelConfiguration"]["name"] == "workload-high"
+    assert lease["priorityLevelConfiguration"]["name"] == "leader-election"
+    # the Lease rule is matched first, and before the suggested `service-accounts` (9000)
+    assert lease["matchingPrecedence"] < everything["matchingPrecedence"] < 9000
+    config = yaml.safe_load(
+        (rendering.ROOT / "deploy" / "base" / "kube-scheduler-config.yaml").read_text()
+    )
+    (rule,) = lease["rules"][0]["resourceRules"]
+    assert rule["namespaces"] == [config["leaderElection"]["resourceNamespace"]]
+    assert rule["resources"] == [config["leaderElection"]["resourceLock"]]

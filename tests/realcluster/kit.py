@@ -467,23 +467,31 @@ class Cluster:
         """A merge PATCH of API `path` with the bearer token of `kubeconfig` and nothing
         else (kubectl patch reads the object first, which a patch-only role may not):
         (HTTP status, body)."""
+        status, _, text = self.request_as(kubeconfig, "PATCH", path, body)
+        return status, text
+
+    def request_as(
+        self, kubeconfig: Path, method: str, path: str, body: Mapping[str, Any] | None = None
+    ) -> tuple[int, Mapping[str, str], str]:
+        """One request of API `path` with the bearer token of `kubeconfig`: (HTTP status,
+        response headers, body). A body is sent as a merge patch."""
         config = json.loads(kubeconfig.read_text())
         token = config["users"][0]["user"]["token"]
+        headers = {"Authorization": f"Bearer {token}"}
+        if body is not None:
+            headers["Content-Type"] = "application/merge-patch+json"
         request = urllib.request.Request(
             self.server + path,
-            data=json.dumps(body).encode(),
-            method="PATCH",
-            headers={
-                "Authorization": f"Bearer {token}",
-                "Content-Type": "application/merge-patch+json",
-            },
+            data=None if body is None else json.dumps(body).encode(),
+            method=method,
+            headers=headers,
         )
         context = ssl.create_default_context(cafile=str(self.ca_file))
         try:
             with urllib.request.urlopen(request, timeout=30, context=context) as answer:
-                return answer.status, answer.read().decode()
+                return answer.status, dict(answer.headers), answer.read().decode()
         except urllib.error.HTTPError as error:
-            return error.code, error.read().decode()
+            return error.code, dict(error.headers), error.read().decode()
 
     def restart_kubelet(self) -> int:
         """Stop the node's kubelet (SIGTERM, by its recorded PID) and start it again with

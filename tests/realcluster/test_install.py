@@ -59,6 +59,45 @@ def test_serve_and_scheduler_run_as_their_own_service_accounts(gpuplace: Install
     assert refused == [], "the shipped RBAC refused gpuplace a call"
 
 
+def test_api_priority_and_fairness_gives_gpuplace_the_schedulers_levels(
+    gpuplace: Installation,
+) -> None:
+    """The shipped FlowSchemas (deploy/base/flowcontrol.yaml) put both identities'
+    requests at `workload-high` and their Lease traffic at `leader-election`, as Kubernetes
+    does for its own kube-scheduler: kube-apiserver says in each answer's
+    X-Kubernetes-PF-* headers which FlowSchema and priority level it used."""
+    uids = {
+        kind: {
+            item["metadata"]["uid"]: item["metadata"]["name"]
+            for item in gpuplace.kubectl.json("get", kind)["items"]
+        }
+        for kind in ("flowschemas", "prioritylevelconfigurations")
+    }
+    serve = Path(
+        next(arg for arg in gpuplace.serve.argv if arg.startswith("--kubeconfig=")).split("=", 1)[1]
+    )
+    scheduler = gpuplace.workdir / "gpuplace-scheduler.kubeconfig"
+    lease = f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/gpuplace-scheduler"
+    seen = {}
+    for who, kubeconfig in (("serve", serve), ("scheduler", scheduler)):
+        for what, path in (("pods", "/api/v1/pods?limit=1"), ("lease", lease)):
+            status, answered, _ = gpuplace.cluster.request_as(kubeconfig, "GET", path)
+            assert status == 200, (who, what, status)
+            headers = {name.lower(): value for name, value in answered.items()}
+            seen[who, what] = (
+                uids["flowschemas"].get(headers.get("x-kubernetes-pf-flowschema-uid", "")),
+                uids["prioritylevelconfigurations"].get(
+                    headers.get("x-kubernetes-pf-prioritylevel-uid", "")
+                ),
+            )
+    assert seen == {
+        ("serve", "pods"): ("gpuplace", "workload-high"),
+        ("serve", "lease"): ("gpuplace-leader-election", "leader-election"),
+        ("scheduler", "pods"): ("gpuplace", "workload-high"),
+        ("scheduler", "lease"): ("gpuplace-leader-election", "leader-election"),
+    }
+
+
 def scrape(gpuplace: Installation) -> str:
     url = f"http://127.0.0.1:{gpuplace.ports.metrics}/metrics"
     with urllib.request.urlopen(url, timeout=5) as answer:
