@@ -129,6 +129,11 @@ class Gang(BaseModel):
         """It may run with fewer than `size` members (`gang-min` below `gang-size`)."""
         return 0 < self.minimum < self.size
 
+    @property
+    def elastic_minimum(self) -> int:
+        """`minimum` when the gang is elastic, else 0 (every member is needed)."""
+        return self.minimum if self.elastic else 0
+
 
 class PodGpuSpec(BaseModel):
     """What a pod's annotations ask for, defaults applied. Always a valid combination."""
@@ -595,7 +600,11 @@ def request_for(pod: Mapping[str, Any]) -> GpuRequest | None:
     memory are the whole pod's requests (`pod_requests`). Raises `AnnotationError`.
     """
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    spec = parse(annotations)
+    return request_of(pod, parse(annotations))
+
+
+def request_of(pod: Mapping[str, Any], spec: PodGpuSpec | None) -> GpuRequest | None:
+    """`request_for(pod)` once its annotations are parsed into `spec` (None: none)."""
     if spec is None:
         return None
     cpu_milli, memory_mib = pod_requests(pod)

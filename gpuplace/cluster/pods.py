@@ -1,19 +1,20 @@
 """A managed pod as the sidecar keeps it: the few fields decisions need, read once.
 
 `record(pod_dict)` is the pod informer's transform: it reads the GPU request
-(`grammar.request_for`) and the grant (`assignments.grant_of`) when the event
-arrives, so the ledger sync and the extender never parse a pod twice and the
-informer's cache holds ~1 KB per pod instead of the whole object. A pod whose
-annotations cannot be read is still recorded (with `problem` saying why), never
-dropped: its name must stay resolvable for bind and `gpuplace explain`.
+(`grammar.request_for`), an elastic gang's `gang-min` (from the same parse) and the grant
+(`assignments.grant_of`) when the event arrives, so the ledger sync and the extender
+never parse a pod twice and the informer's cache holds ~1 KB per pod instead of the
+whole object. A pod whose annotations cannot be read is still recorded (with `problem`
+saying why), never dropped: its name must stay resolvable for bind and `gpuplace explain`.
 
 Must never do I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from gpuplace.cluster import annotations as grammar
@@ -21,6 +22,8 @@ from gpuplace.cluster import assignments, keys
 from gpuplace.placement.ledger import Grant
 from gpuplace.placement.requests import GpuRequest
 
+Read = tuple[GpuRequest | None, int]
+"""A pod's GPU request (None: it asks for none) and its elastic gang's `gang-min` (0: none)."""
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 _REQUEST_MEMO_LIMIT = 1 << 16
 _SYSTEM = frozenset(keys.SYSTEM_ANNOTATIONS)
@@ -57,6 +60,10 @@ class PodRecord:
     unschedulable: bool = False
     """kube-scheduler's last try found no node: condition PodScheduled False, reason
     Unschedulable (it tries again when the cluster changes)."""
+    minimum: int = 0
+    """`gang-min` of an elastic gang (`Gang.elastic_minimum`; 0: every member is needed)."""
+    created: float = 0.0
+    """metadata.creationTimestamp, POSIX seconds (0 when absent)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -71,6 +78,13 @@ class PodRecord:
     def bound(self) -> bool:
         return bool(self.node_name)
 
+    @property
+    def started(self) -> tuple[float, str]:
+        """When it started, as the queue controller orders a gang's members (its
+        `assigned-at`, else its creation), then its name: an elastic gang gives back the
+        most recently started first (`gpuplace.placement.elastic.extras`)."""
+        return (self.assigned_at or self.created, self.name)
+
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
 
@@ -83,12 +97,17 @@ class Reader:
     """
 
     def __init__(self) -> None:
-        self._requests: dict[object, GpuRequest | grammar.AnnotationError | None] = {}
+        self._requests: dict[object, Read | grammar.AnnotationError] = {}
 
     def request(self, pod: Mapping[str, Any]) -> GpuRequest | None:
         """`gpuplace.cluster.annotations.request_for(pod)`, memoised. Raises `AnnotationError`, also
         for a pod whose shape is not a pod's (annotations not strings, containers not a
         list of objects...)."""
+        return self.read(pod)[0]
+
+    def read(self, pod: Mapping[str, Any]) -> Read:
+        """`request(pod)` and its elastic gang's `gang-min` (0: not elastic), from one
+        parse, memoised. Raises as `request`."""
         metadata = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         try:
@@ -121,19 +140,22 @@ class Reader:
                 raise found
             return found
         _check_shape(pod)
+        read: Read | grammar.AnnotationError
         try:
-            request: GpuRequest | grammar.AnnotationError | None = grammar.request_for(pod)
+            spec = grammar.parse(metadata.get("annotations") or {})
+            request = grammar.request_of(pod, spec)
+            read = (request, spec.gang.elastic_minimum if spec and spec.gang else 0)
         except grammar.AnnotationError as error:
-            request = error
+            read = error
         except (TypeError, ValueError, AttributeError) as error:
-            request = grammar.AnnotationError.one("spec", f"the pod cannot be read: {error}")
+            read = grammar.AnnotationError.one("spec", f"the pod cannot be read: {error}")
         if memo_key is not None:
             if len(self._requests) >= _REQUEST_MEMO_LIMIT:
                 self._requests.clear()
-            self._requests[memo_key] = request
-        if isinstance(request, grammar.AnnotationError):
-            raise request
-        return request
+            self._requests[memo_key] = read
+        if isinstance(read, grammar.AnnotationError):
+            raise read
+        return read
 
     def record(self, pod: Mapping[str, Any]) -> PodRecord:
         """The informer's transform: a pod dict → PodRecord. O(annotations + containers)."""
@@ -142,9 +164,9 @@ class Reader:
         status = pod.get("status") or {}
         problem = ""
         try:
-            request = self.request(pod)
+            request, minimum = self.read(pod)
         except grammar.AnnotationError as error:
-            request, problem = None, str(error)
+            request, minimum, problem = None, 0, str(error)
         try:
             grant = assignments.grant_of(pod, request)
         except assignments.AssignmentError as error:
@@ -171,7 +193,29 @@ class Reader:
             priority=priority_of(spec.get("priority")),
             nominated=str(status.get("nominatedNodeName") or ""),
             unschedulable=no_node_fits(status.get("conditions")),
+            minimum=minimum,
+            created=timestamp(metadata.get("creationTimestamp")),
         )
+
+
+def started(members: Iterable[PodRecord]) -> list[PodRecord]:
+    """A gang's started live members (bound, neither finished nor being deleted), oldest
+    started first (`PodRecord.started`): the order `gpuplace.placement.elastic.extras`
+    reads. O(m log m)."""
+    return sorted(
+        (m for m in members if m.bound and not m.terminal and not m.deleting),
+        key=lambda m: m.started,
+    )
+
+
+def timestamp(raw: object) -> float:
+    """An RFC 3339 time (creationTimestamp) as POSIX seconds; 0 when absent or unreadable."""
+    if not isinstance(raw, str) or not raw:
+        return 0.0
+    try:
+        return datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
 
 
 UNSCHEDULABLE = "Unschedulable"

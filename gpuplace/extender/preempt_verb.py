@@ -19,12 +19,19 @@ Who may be a victim on a node (a `gpuplace.placement.victim_choice.Unit` each):
   always answered this way;
 - a gang member only with its whole gang: every running member on this node and
   allowed as above, evicted together; a gang with a member elsewhere is never a
-  victim (kube-scheduler evicts only on the one node it nominates);
+  victim whole (kube-scheduler evicts only on the one node it nominates);
+- but an extra member of a running elastic gang (one of those beyond `gang-min` that
+  `gpuplace.placement.elastic.extras` gives back first, the most recently started
+  first) may go alone, when on this node and allowed as above, wherever its mates run:
+  the gang keeps `gang-min` members at least. Its `gang-min` core goes only with the
+  whole gang. Extras go before whole gangs and, at the same priority, before a pod
+  alone (`gpuplace.placement.victim_choice`'s cost says why);
 - never a pod gpuplace holds GPUs for but that is not bound there (a reservation), nor
   the preemptor itself.
 
 Where the preemptor already fits the node's GPUs, kube-scheduler's victims stand
-unchanged, unless they would split a running gang: then the node is left out. A node
+unchanged, unless they would split a running gang (an elastic gang's extras alone do
+not split it): then the node is left out. A node
 offered with no victims where it already fits is left out too (`not-needed`): the answer
 never names a node with no victims, which kube-scheduler takes as an error that fails the
 whole preemption (`callExtenders`); the pod is tried again in its next scheduling cycle,
@@ -67,7 +74,7 @@ from gpuplace.cluster import pods, recording
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender.preempt_wire import PreemptionArgs, PreemptionResult
-from gpuplace.placement import choosing, fit, requests, victim_choice
+from gpuplace.placement import choosing, elastic, fit, requests, victim_choice
 from gpuplace.placement.choosing import Choice
 from gpuplace.placement.ledger import Grant, LedgerError, NodeState
 from gpuplace.placement.requests import GpuRequest
@@ -363,7 +370,9 @@ class Preempter:
         snapshot: Snapshot,
     ) -> list[Unit]:
         """The units that may go on `node`: offered pods, and with `below` also the bound
-        pods of lower priority than it. A gang is one unit, or none. O(grants on node)."""
+        pods of lower priority than it. A gang is one unit, or none; a running elastic
+        gang also offers each of its extras here alone (`victim_choice.extras`: units
+        that share pods are alternatives). O(grants on node + members of their gangs)."""
         by_uid = {grant.pod_uid: grant for grant in grants}
         records, gangs = snapshot.records, snapshot.gangs
 
@@ -371,6 +380,14 @@ class Preempter:
             if record is None or record.node_name != node or record.terminal:
                 return False
             return record.uid in offered or (below is not None and record.priority < below)
+
+        def unit(members: list[PodRecord]) -> Unit:
+            return Unit(
+                tuple(m.uid for m in members),
+                tuple(by_uid[m.uid] for m in members if m.uid in by_uid),
+                tuple(m.priority for m in members),
+                sum(1 for m in members if m.uid not in offered),
+            )
 
         units: list[Unit] = []
         seen: set[str] = set()
@@ -382,23 +399,23 @@ class Preempter:
                 gangs.get((record.namespace, record.gang), [record]) if record.gang else [record]
             )
             seen.update(member.uid for member in members)
-            if not all(allowed(member) for member in members):
-                continue
-            held = tuple(by_uid[m.uid] for m in members if m.uid in by_uid)
-            units.append(
-                Unit(
-                    tuple(m.uid for m in members),
-                    held,
-                    tuple(m.priority for m in members),
-                    sum(1 for m in members if m.uid not in offered),
-                )
-            )
+            started = [unit([m]) for m in pods.started(members)]
+            spares = [
+                spare
+                for spare in victim_choice.extras(started, record.minimum)
+                if spare.grants and allowed(records.get(spare.uids[0]))
+            ]
+            units.extend(spares)
+            if all(allowed(member) for member in members):
+                units.append(victim_choice.whole(unit(members), spares))
         return units
 
     @staticmethod
     def _splits_a_gang(node: str, victims: list[str], snapshot: Snapshot) -> bool:
         """Whether evicting `victims` on `node` would leave part of a running gang: one
-        of them is a gang member whose live mates are not all among them, on that node.
+        of them is a gang member whose live mates are not all among them, on that node,
+        unless all of that gang's among them are extras of an elastic gang
+        (`gpuplace.placement.elastic.extras`: it keeps `gang-min` members at least).
         O(victims + members of their gangs)."""
         chosen = set(victims)
         seen: set[tuple[str, str]] = set()
@@ -408,7 +425,10 @@ class Preempter:
                 continue
             seen.add((record.namespace, record.gang))
             mates = snapshot.gangs.get((record.namespace, record.gang), [record])
-            if any(m.uid not in chosen or m.node_name != node for m in mates):
+            if all(m.uid in chosen and m.node_name == node for m in mates):
+                continue
+            spares = {m.uid for m in elastic.extras(pods.started(mates), record.minimum)}
+            if not spares.issuperset(m.uid for m in mates if m.uid in chosen):
                 return True
         return False
 

@@ -10,7 +10,10 @@ may go, as kube-scheduler's DefaultPreemption decides for one pod:
   preempts;
 - victims are bound, unfinished pods gpuplace granted GPUs to, of strictly lower
   priority; a running gang is one unit across all its nodes, and a victim only when all
-  its live members are of lower priority (evicted whole or not at all);
+  its live members are of lower priority (evicted whole or not at all), except that a
+  running elastic gang's extra members (beyond `gang-min`, the most recently started
+  first: `gpuplace.placement.elastic.extras`) may also go one by one, before its whole
+  gang: it is left with `gang-min` members at least, or evicted whole;
 - while victims this gang evicted earlier are still terminating, it does not preempt
   again (their GPUs are on their way back); the same read from the cluster, so that a
   restart or a lost lease (which drop what this replica remembers) changes nothing: a
@@ -64,7 +67,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gpuplace.cluster import disruptions, kube, recording
+from gpuplace.cluster import disruptions, kube, pods, recording
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.gangs import events
@@ -152,8 +155,10 @@ def victim_units(
 ) -> list[victim_choice.Unit]:
     """Every unit that may be evicted for a gang of priority `below`: bound, unfinished
     pods holding a grant, of lower priority; a running gang whole (all its live members
-    lower; the unit is its members holding a grant, never a gated one) or not at all.
-    `spare`: UIDs never to evict. A unit whose pods are all being
+    lower; the unit is its members holding a grant, never a gated one) or not at all,
+    and each extra member of a running elastic gang alone as well, when it is of lower
+    priority (`gpuplace.placement.victim_choice.extras`: units that share pods are
+    alternatives). `spare`: UIDs never to evict. A unit whose pods are all being
     deleted already (`deletionTimestamp`) gets the priority `GOING` (the cheapest victim,
     `going`): its GPUs are on their way back, so the plan counts on them first and the
     caller waits for them rather than evicting anything. O(pods + grants)."""
@@ -175,15 +180,26 @@ def victim_units(
             by_gang.get((record.namespace, record.gang), [record]) if record.gang else [record]
         )
         seen.update(member.uid for member in members)
+
+        def unit(of: list[PodRecord]) -> victim_choice.Unit:
+            # only members holding GPUs go: a gated one holds nothing, and evicting a
+            # Pending pod deletes it at once
+            holding = [m for m in of if sync.ledger.get(m.uid) is not None]
+            held = tuple(g for m in holding if (g := sync.ledger.get(m.uid)) is not None)
+            going = all(m.deleting for m in holding)
+            priorities = tuple(GOING if going else m.priority for m in holding)
+            return victim_choice.Unit(tuple(m.uid for m in holding), held, priorities)
+
+        started = [unit([m]) for m in pods.started(members) if sync.ledger.get(m.uid)]
+        spares = [
+            extra
+            for extra in victim_choice.extras(started, record.minimum)
+            if extra.priorities[0] < below and extra.uids[0] not in spared
+        ]
+        units.extend(spares)
         if any(m.priority >= below or m.uid in spared for m in members):
             continue
-        # only members holding GPUs go: a gated one holds nothing, and evicting a Pending
-        # pod deletes it at once
-        holding = [m for m in members if sync.ledger.get(m.uid) is not None]
-        held = tuple(g for m in holding if (g := sync.ledger.get(m.uid)) is not None)
-        going = all(m.deleting for m in holding)
-        priorities = tuple(GOING if going else m.priority for m in holding)
-        units.append(victim_choice.Unit(tuple(m.uid for m in holding), held, priorities))
+        units.append(victim_choice.whole(unit(members), spares))
     return units
 
 

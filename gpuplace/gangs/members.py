@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from gpuplace.cluster import annotations as grammar
@@ -93,16 +92,6 @@ class GangPod:
         return f"{self.namespace}/{self.name}"
 
 
-def timestamp(raw: object) -> float:
-    """An RFC 3339 time (creationTimestamp) as POSIX seconds; 0 when absent or unreadable."""
-    if not isinstance(raw, str) or not raw:
-        return 0.0
-    try:
-        return datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
-
-
 def condition(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     """The pod's GangReady condition, if any."""
     for item in (pod.get("status") or {}).get("conditions") or []:
@@ -152,7 +141,7 @@ class Reader:
             size=size,
             timeout=timeout,
             priority=priority if isinstance(priority, int) else 0,
-            created=timestamp(metadata.get("creationTimestamp")),
+            created=pods.timestamp(metadata.get("creationTimestamp")),
             gated=gated(pod),
             node_name=str(spec.get("nodeName") or ""),
             phase=str(status.get("phase") or ""),

@@ -12,6 +12,14 @@ The unit of eviction is a `Unit`: one pod, or every running member of a gang on 
 elsewhere, which kube-scheduler cannot evict through one node's answer). A unit frees
 its grants' shares, memory, CPU, host memory and pod slots.
 
+A running *elastic* gang (more live members than its `gang-min`) also offers each of
+its extra members as a unit of its own (`extras`: those `gpuplace.placement.elastic.extras`
+gives back first, the most recently started first), beside the whole gang: units that
+share pods are alternatives, and a selection never holds two of them. So a victim set
+takes an elastic gang's extras one by one, or the whole gang, and never leaves it with
+fewer than `gang-min` members otherwise; its core members (the `gang-min` started first)
+go only with the whole gang.
+
 `evict(state, request, units, ...)` answers for one node:
 
 - per candidate GPU set the preemptor could take once freed (one GPU for a share, `count`
@@ -24,8 +32,14 @@ its grants' shares, memory, CPU, host memory and pod slots.
   violations (an upper bound: kube-scheduler reports only how many of its victims on the
   node violate one), then the lowest highest priority, then the lowest sum of priorities
   (each shifted by 2^31, as kube-scheduler's own `pickOneNodeForPreemption`, so one pod
-  fewer always weighs more than a lower priority), then fewest pods, then the least
-  share and memory freed;
+  fewer always weighs more than a lower priority), then fewest pods that are not an
+  elastic gang's extras, then the most recently started extras (the lowest sum of their
+  places in `elastic.extras`' order), then fewest pods, then the least share and memory
+  freed. So between an extra and a pod alone of the same priority the extra goes first:
+  its gang keeps running with what it declared it needs (`gang-min`) and grows back as
+  GPUs free, where the pod alone would stop; priority still comes first (an extra of
+  higher priority is spared before a pod alone of lower priority), and so does the
+  count of pods (two extras weigh more than one pod alone);
 - a final pass drops any unit whose eviction is not needed (the bounded search may have
   stopped early): every unit of the answer is needed — without it the preemptor does
   not fit.
@@ -47,9 +61,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from gpuplace.placement import fit, gangs
+from gpuplace.placement import elastic, fit, gangs
 from gpuplace.placement.choosing import Choice, Policy
 from gpuplace.placement.inventory import NO_NVLINK
 from gpuplace.placement.ledger import Grant, Ledger, NodeState
@@ -78,10 +92,17 @@ class Unit:
     """One per pod of `uids`."""
     unoffered: int = 0
     """How many of `uids` kube-scheduler did not offer as victims."""
+    spare: int = 0
+    """How many of `uids` are extra members of a running elastic gang (`extras`)."""
+    age: int = 0
+    """The sum of those extras' places in `elastic.extras`' order (0: the most recently
+    started): the newest extras are taken first."""
 
     def __post_init__(self) -> None:
         if not self.uids or len(self.priorities) != len(self.uids):
             raise ValueError("a unit names at least one pod and one priority per pod")
+        if not 0 <= self.spare <= len(self.uids):
+            raise ValueError("a unit's extras are among its pods")
 
     def gpus(self) -> frozenset[int]:
         return frozenset(index for grant in self.grants for index in grant.gpus)
@@ -93,7 +114,7 @@ class Unit:
         return sum(grant.memory_mib * len(grant.gpus) for grant in self.grants)
 
 
-Cost = tuple[int, int, int, int, int, int, int]
+Cost = tuple[int, int, int, int, int, int, int, int, int]
 
 
 def cost(units: Iterable[Unit], *, pdb_violations: int = 0) -> Cost:
@@ -109,10 +130,54 @@ def cost(units: Iterable[Unit], *, pdb_violations: int = 0) -> Cost:
         min(pdb_violations, offered),
         max(priorities, default=-PRIORITY_SHIFT),
         sum(p + PRIORITY_SHIFT for p in priorities),
+        sum(len(unit.uids) - unit.spare for unit in chosen),
+        sum(unit.age for unit in chosen),
         len(priorities),
         sum(unit.milli() for unit in chosen),
         sum(unit.memory() for unit in chosen),
     )
+
+
+def extras(started: Sequence[Unit], minimum: int) -> list[Unit]:
+    """The extra members of a running elastic gang as units of their own, the most
+    recently started first, each marked (`spare`, `age`): `started` holds one unit per
+    started live member, oldest first (see `gpuplace.placement.elastic.extras`); none when
+    the gang is not elastic or runs with `minimum` members. O(members)."""
+    return [
+        replace(unit, spare=len(unit.uids), age=place)
+        for place, unit in enumerate(elastic.extras(started, minimum))
+    ]
+
+
+def whole(unit: Unit, spares: Iterable[Unit]) -> Unit:
+    """`unit` (a whole gang) marked with its extras (`spares`, from `extras`). O(pods)."""
+    uids = set(unit.uids)
+    inside = [spare for spare in spares if uids.issuperset(spare.uids)]
+    return replace(
+        unit,
+        spare=sum(spare.spare for spare in inside),
+        age=sum(spare.age for spare in inside),
+    )
+
+
+def clash(units: Sequence[Unit]) -> list[int]:
+    """Per unit, the bitmask of the others that share a pod with it (alternatives, such
+    as an elastic gang's extra and the whole gang). O(pods of the units)."""
+    holders: dict[str, int] = {}
+    for position, unit in enumerate(units):
+        for uid in unit.uids:
+            holders[uid] = holders.get(uid, 0) | (1 << position)
+    return [
+        _or(holders[uid] for uid in unit.uids) & ~(1 << position)
+        for position, unit in enumerate(units)
+    ]
+
+
+def _or(masks: Iterable[int]) -> int:
+    found = 0
+    for mask in masks:
+        found |= mask
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,9 +280,10 @@ def _sets(state: NodeState, request: GpuRequest, units: Sequence[Unit]) -> list[
     return sets
 
 
-Parts = tuple[int, int, int, int, int, int, int]
+Parts = tuple[int, int, int, int, int, int, int, int, int]
 """A selection's sums: (unoffered, offered pods, top priority, shifted priority sum,
-pods, milli freed, memory freed); `cost` is these with the PDB bound applied."""
+pods that are not extras, extras' places, pods, milli freed, memory freed); `cost` is
+these with the PDB bound applied."""
 
 
 def _parts(unit: Unit) -> Parts:
@@ -226,6 +292,8 @@ def _parts(unit: Unit) -> Parts:
         len(unit.uids) - unit.unoffered,
         max(unit.priorities),
         sum(p + PRIORITY_SHIFT for p in unit.priorities),
+        len(unit.uids) - unit.spare,
+        unit.age,
         len(unit.uids),
         unit.milli(),
         unit.memory(),
@@ -241,6 +309,8 @@ def _add(a: Parts, b: Parts) -> Parts:
         a[4] + b[4],
         a[5] + b[5],
         a[6] + b[6],
+        a[7] + b[7],
+        a[8] + b[8],
     )
 
 
@@ -292,12 +362,18 @@ def _search(
     pdb_violations: int,
 ) -> tuple[Cost, list[Unit]] | None:
     """The cheapest `forced + some of optional` after which the request takes `gpus`
-    (usable ones: `_sets`). Branch and bound (a selection's cost bounds every
-    extension's), sums kept incrementally; at most `VISITS_LIMIT` selections looked at;
+    (usable ones: `_sets`), never two units that share a pod (`clash`; an optional unit
+    sharing one with a forced unit is left out). Branch and bound (a selection's cost
+    bounds every extension's), sums kept incrementally; at most `VISITS_LIMIT` selections looked at;
     stopped before any fit, the cheapest units first until one does (`evict` then drops
     those not needed). O(min(2^U, VISITS_LIMIT) × G) after O(U × grants) set-up, plus
     O(G + grants) for each complete selection where memory-only shares are involved."""
-    optional = sorted(optional, key=lambda u: (cost([u]), u.uids))
+    taken = {uid for unit in forced for uid in unit.uids}
+    optional = sorted(
+        (unit for unit in optional if taken.isdisjoint(unit.uids)),
+        key=lambda u: (cost([u]), u.uids),
+    )
+    clashes = clash(optional)
     needs = _needs(state, request, gpus)
     # the sums are exact unless a memory-only share is involved (see `_frees`)
     exact = not request.memory_only and not any(
@@ -305,7 +381,7 @@ def _search(
     )
     parts = [_parts(unit) for unit in optional]
     frees = [_frees(unit, gpus) for unit in optional]
-    nothing: Parts = (0, 0, -PRIORITY_SHIFT, 0, 0, 0, 0)
+    nothing: Parts = (0, 0, -PRIORITY_SHIFT, 0, 0, 0, 0, 0, 0)
     base_parts, base_freed = nothing, (0,) * len(needs)
     for unit in forced:
         base_parts = _add(base_parts, _parts(unit))
@@ -316,11 +392,11 @@ def _search(
 
     best: tuple[Cost, tuple[int, ...]] | None = None
     visits = 0
-    stack: list[tuple[int, tuple[int, ...], Parts, tuple[int, ...]]] = [
-        (0, (), base_parts, base_freed)
+    stack: list[tuple[int, tuple[int, ...], Parts, tuple[int, ...], int]] = [
+        (0, (), base_parts, base_freed, 0)
     ]
     while stack and visits < VISITS_LIMIT:
-        start, chosen, total, freed = stack.pop()
+        start, chosen, total, freed, mask = stack.pop()
         visits += 1
         current = bound(total)
         if best is not None and current >= best[0]:
@@ -332,12 +408,15 @@ def _search(
             continue
         # deeper selections go on the stack last-first, so the cheapest is tried first
         for position in range(len(optional) - 1, start - 1, -1):
+            if clashes[position] & mask:
+                continue
             stack.append(
                 (
                     position + 1,
                     (*chosen, position),
                     _add(total, parts[position]),
                     tuple(map(sum, zip(freed, frees[position], strict=True))),
+                    mask | (1 << position),
                 )
             )
     if best is not None:
@@ -345,6 +424,8 @@ def _search(
     if stack:  # stopped early: take the cheapest first until it fits
         chosen_units = list(forced)
         for unit in optional:
+            if any(not set(unit.uids).isdisjoint(other.uids) for other in chosen_units):
+                continue
             chosen_units.append(unit)
             if takes(after(state, chosen_units), request, gpus):
                 return cost(chosen_units, pdb_violations=pdb_violations), chosen_units
@@ -371,8 +452,9 @@ def evict(
 ) -> Eviction | None:
     """The cheapest eviction among `units` (those that may go) after which `request`
     fits on one GPU set of the node, or None when none does, and when it fits already
-    (GPUs are then not what it lacks). `units` must not share pods. See the module
-    docstring for the order and the complexity."""
+    (GPUs are then not what it lacks). Units that share pods are alternatives (an elastic
+    gang's extra and the whole gang): the answer holds at most one of them. See the
+    module docstring for the order and the complexity."""
     if request.count == 0 or fit.misfit(state, request) is None:
         return None
     if fit.static_misfit(state, request):
@@ -382,8 +464,10 @@ def evict(
     for gpus in _sets(state, request, units):
         wanted = set(gpus)
         on_set = [unit for unit in units if unit.gpus() & wanted]
-        if request.milli >= WHOLE:
-            forced, optional = on_set, []
+        if request.milli >= WHOLE:  # all on the set go; of alternatives, the search picks
+            clashes = clash(on_set)
+            forced = [unit for unit, mask in zip(on_set, clashes, strict=True) if not mask]
+            optional = [unit for unit, mask in zip(on_set, clashes, strict=True) if mask]
         else:
             forced, optional = [], on_set
         if host_short:
@@ -482,6 +566,12 @@ def for_gang(
        plan's nodes when the chosen ones are not enough (at most `STRICT_LIMIT` units);
        still short: None. The answer's `choices` are that plan's.
 
+    Units that share pods are alternatives (an elastic gang's extras and the whole gang,
+    `extras`): step 2 takes at most one of them per pod, and once it took an extra, the
+    whole gang stays a candidate for a later member with its other pods only (taking it
+    then takes the gang whole); step 5 starts from the widest of them. So an elastic
+    gang is left with its `gang-min` members at least, or evicted whole.
+
     Unlike kube-scheduler's preemption, which evicts on the one node it nominates, the
     units may span nodes: a victim gang goes whole. The ledger is never changed.
     O(grants) for the scratch ledgers, plus at most (placed + 3) plans (see
@@ -530,7 +620,7 @@ def for_gang(
         if not starts(victims):
             # more must go: every unit on the plan's nodes, then spared one by one
             on = set(best.nodes)
-            victims = [u for u in units if any(g.node in on for g in u.grants)]
+            victims = _widest([u for u in units if any(g.node in on for g in u.grants)])
             if len(victims) > STRICT_LIMIT or not starts(victims):
                 return None  # evicting would not start the gang: evict nothing
         victims = _spare(ledger, members, where, victims, starts)
@@ -603,15 +693,14 @@ def _evicting(
         if live is None:
             return None
         state = live.copy()
+        gone = {uid for unit in chosen.values() for uid in unit.uids}
         local: dict[int, Unit] = {}
         for unit in units:
-            here = tuple(grant for grant in unit.grants if grant.node == node)
-            if here and id(unit) not in chosen:
-                on_node = tuple(g.pod_uid for g in here)
-                priorities = tuple(
-                    p for uid, p in zip(unit.uids, unit.priorities, strict=True) if uid in on_node
-                )
-                local[id(unit)] = Unit(on_node, here, priorities or unit.priorities[:1])
+            if id(unit) in chosen or gone.issuperset(unit.uids):
+                continue
+            part = _part(unit, node, gone)
+            if part is not None:
+                local[id(unit)] = part
         originals = {id(part): key for key, part in local.items()}
         for member in members:
             if planned.choices[member.uid].node != node:
@@ -632,13 +721,59 @@ def _evicting(
                     state = after(state, found.units)
                     for part in found.units:
                         key = originals[id(part)]
-                        chosen[key] = next(u for u in units if id(u) == key)
+                        taken = next(u for u in units if id(u) == key)
+                        # a whole gang taken after one of its extras: it holds that one
+                        for other in [
+                            k for k, u in chosen.items() if set(taken.uids) >= set(u.uids)
+                        ]:
+                            del chosen[other]
+                        chosen[key] = taken
                         del local[key]
+                    # what shares pods with the chosen ones is left with its other pods
+                    gone = {uid for unit in found.units for uid in unit.uids}
+                    for key, part in list(local.items()):
+                        if gone.isdisjoint(part.uids):
+                            continue
+                        del local[key]
+                        rest = _part(part, node, gone)
+                        if rest is not None:
+                            local[key] = rest
+                            originals[id(rest)] = key
                     gpus = found.gpus
             gangs.take(state, member.request, gpus)
             choices[member.uid] = Choice(node, gpus, 0.0)
     victims = tuple(sorted(chosen.values(), key=lambda unit: unit.uids))
     return GangEviction(victims, choices, planned.nodes)
+
+
+def _widest(units: Sequence[Unit]) -> list[Unit]:
+    """`units` less those whose pods another holds (an elastic gang's extra beside the
+    whole gang), so that none is counted twice. O(U × pods) with U units."""
+    return [
+        unit
+        for unit in units
+        if not any(
+            other is not unit
+            and set(other.uids) >= set(unit.uids)
+            and (len(other.uids) > len(unit.uids) or id(other) < id(unit))
+            for other in units
+        )
+    ]
+
+
+def _part(unit: Unit, node: str, gone: Collection[str]) -> Unit | None:
+    """`unit`'s pods on `node` less those in `gone` (None: no grant left there), with
+    their priorities; its extras' marks kept as far as they can be. O(pods of the unit)."""
+    here = tuple(g for g in unit.grants if g.node == node and g.pod_uid not in gone)
+    if not here:
+        return None
+    on_node = tuple(g.pod_uid for g in here)
+    priorities = tuple(
+        p for uid, p in zip(unit.uids, unit.priorities, strict=True) if uid in on_node
+    )
+    if len(priorities) != len(on_node):  # a pod with two grants here: one priority each
+        priorities = (max(unit.priorities),) * len(on_node)
+    return Unit(on_node, here, priorities, spare=min(unit.spare, len(on_node)), age=unit.age)
 
 
 def place(

@@ -23,7 +23,6 @@ from gpuplace.cluster import annotations as grammar
 from gpuplace.cluster import assignments, keys, kube, pods, taints, watching
 from gpuplace.cluster.gang_marks import PlanMark, gated, plan_mark
 from gpuplace.cluster.node_affinity import NodeAffinity
-from gpuplace.gangs.members import timestamp
 from gpuplace.placement.requests import GpuRequest
 from gpuplace.placement.taints import Toleration
 
@@ -107,7 +106,7 @@ class Reader:
             parsed = grammar.parse(annotations)
             if parsed is not None and parsed.gang is not None:
                 gang, size = parsed.gang.name, parsed.gang.size
-                minimum = parsed.gang.minimum if parsed.gang.elastic else 0
+                minimum = parsed.gang.elastic_minimum
             request = self._requests.request(pod)
         except grammar.AnnotationError as error:
             problem = str(error)
@@ -124,7 +123,7 @@ class Reader:
             size=size,
             minimum=minimum,
             priority=pods.priority_of(priority),
-            created=timestamp(metadata.get("creationTimestamp")),
+            created=pods.timestamp(metadata.get("creationTimestamp")),
             admitted=assignments.assigned_at(pod) or 0.0,
             node_name=str(spec.get("nodeName") or ""),
             phase=str((pod.get("status") or {}).get("phase") or ""),

@@ -1,6 +1,7 @@
 """A waiting gang's preemption on random clusters (gpuplace.gangs.evicting over a
 LedgerSync, no HTTP): the units offered are only bound pods of strictly lower priority
-than the gang's lowest member, a running gang whole across its nodes or not at all;
+than the gang's lowest member, a running gang whole across its nodes or not at all, or
+(an elastic one) its extras alone, never leaving it below `gang-min` unless whole;
 after the plan every member fits (the ledger accepts their grants), no victim is of the
 gang's priority or above, and none is beyond need."""
 
@@ -16,7 +17,7 @@ from gpuplace.cluster.nodes import NodeRecord
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.dev.localapi import objects
 from gpuplace.gangs import evicting
-from gpuplace.placement import choosing, gangs, policies, victim_choice
+from gpuplace.placement import choosing, elastic, gangs, policies, victim_choice
 from gpuplace.placement.ledger import Grant, Ledger, LedgerError
 from gpuplace.placement.requests import GpuRequest
 from tests.placement.clusters import node
@@ -43,12 +44,14 @@ PODS = st.lists(
     priorities=st.lists(st.sampled_from([10, 50, 100, 100]), min_size=2, max_size=4),
     wants=st.sampled_from([(1000, 1), (1000, 2), (1000, 2), (1000, 4), (600, 1)]),
     odd=st.booleans(),
+    minimum=st.integers(0, 3),
 )
 def test_gang_preemption_plans_evict_only_lower_whole_and_needed_units(
     pods_: list[tuple[str, int, int, int, str, bool]],
     priorities: list[int],
     wants: tuple[int, int],
     odd: bool,
+    minimum: int,
 ) -> None:
     """Victims are lower, whole and needed; once they are gone the gang's own plan
     (`gangs.plan`, what the controller starts it with) places every member, also when
@@ -71,21 +74,27 @@ def test_gang_preemption_plans_evict_only_lower_whole_and_needed_units(
             grant=grant,
             priority=priority,
             gang=gang,
+            minimum=minimum if gang == "g" else 0,  # g is elastic when it runs more
+            assigned_at=float(-i if i % 2 else i),  # members started out of name order
         )
         sync.upsert_pod(record)
         records[uid] = record
     gang_priority = min(priorities)
     units = evicting.victim_units(sync, gang_priority)
     in_units = [uid for unit in units for uid in unit.uids]
-    assert len(in_units) == len(set(in_units))
+    mates = {g: [r for r in records.values() if r.gang == g] for g in ("g", "h")}
+    spares = {r.uid for r in elastic.extras(pods.started(mates["g"]), minimum)}
     for unit in units:
         members = [records[uid] for uid in unit.uids]
         assert all(m.priority < gang_priority for m in members)
-        if members[0].gang:  # every live member of that gang, across nodes
-            mates = {r.uid for r in records.values() if r.gang == members[0].gang}
-            assert set(unit.uids) == mates
+        if members[0].gang and unit.spare == len(unit.uids) == 1:  # an extra alone
+            assert unit.uids[0] in spares and members[0].bound
+        elif members[0].gang:  # every live member of that gang, across nodes
+            assert set(unit.uids) == {m.uid for m in mates[members[0].gang]}
         else:
             assert len(members) == 1 and members[0].bound
+    # a pod is in one unit, or in an elastic gang's extra and its whole gang
+    assert all(in_units.count(uid) == 1 or uid in spares for uid in in_units)
     for record in records.values():  # a lower, bound pod outside a gang is always offered
         if not record.gang and record.bound and record.priority < gang_priority:
             assert record.uid in in_units
@@ -102,6 +111,11 @@ def test_gang_preemption_plans_evict_only_lower_whole_and_needed_units(
         return
     assert all(records[uid].priority < gang_priority for uid in found.uids)
     gone = set(found.uids)
+    assert len(gone) == len(found.uids)  # no pod twice (alternatives never both)
+    for gang, running in mates.items():
+        taken = {m.uid for m in running} & gone
+        whole = taken == {m.uid for m in running}
+        assert not taken or whole or (gang == "g" and taken <= spares), (gang, taken)
     scratch = Ledger(sync.ledger.inventory)
     scratch.restore(grant for grant in sync.ledger if grant.pod_uid not in gone)
     started = gangs.plan(scratch, policy, waiting)

@@ -1,7 +1,8 @@
 """The webhook queues GPU pods through the sidecar's queue directory (the GpuQueue and
 namespace informers against the local API): the queue label and gate on a pod whose
 annotation or namespace names a queue; a clear refusal of a queue that does not exist or
-that the pod's namespace may not use; the queue in the audit line. Served over HTTP on
+that the pod's namespace may not use; the queue in the audit line; GPU pods refused with
+503 until the queues and namespaces have been read. Served over HTTP on
 127.0.0.1 as `gpuplace serve` serves it; then the controller admits what it queued."""
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpuplace.cluster import keys
+from gpuplace.cluster import nodes as nodes_
 from gpuplace.cluster.gang_marks import gated
+from gpuplace.cluster.queue_directory import QueueDirectory, namespace_record, queue_record
 from gpuplace.dev import localapi
 from gpuplace.webhook import admission
 from gpuplace.webhook import app as webhook_app
 from gpuplace.webhook.auditing import AuditLog, StreamSink
 from gpuplace.webhook.config import WebhookConfig
+from gpuplace.webhook.inventory import FixedCapabilities
 from gpuplace.webhook.metrics import WebhookMetrics
 from tests.queues.rig import Rig, gpuqueue, namespace, nodes, rig
 from tests.webhook import helpers
@@ -128,3 +132,57 @@ async def test_the_webhook_queues_refuses_and_the_controller_admits(
         await r.quiet()
         assert r.admitted("team-a") == ["by-default"]
         assert await r.schedule() == []
+
+
+@contextlib.asynccontextmanager
+async def bare_webhook(directory: QueueDirectory) -> AsyncIterator[str]:
+    """The webhook app on 127.0.0.1 with a known GPU inventory and `directory` as its
+    queue source; its URL."""
+    capabilities = nodes_.inventory(helpers.node_list()["items"]).capabilities()
+    app = webhook_app.create_app(
+        WebhookConfig(),
+        FixedCapabilities(capabilities),
+        AuditLog(StreamSink(io.StringIO())),
+        WebhookMetrics(CollectorRegistry()),
+        queues=directory,
+    )
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_gpu_pods_are_refused_with_503_until_the_queues_are_read() -> None:
+    """Before the GpuQueue and namespace informers have listed, the webhook cannot tell
+    which queue a GPU pod waits in (its namespace may name a default queue it has not
+    seen): every GPU pod is refused, 503 ServiceUnavailable, nothing is patched or
+    queued, and the API server's retry succeeds once both have listed. A pod without a
+    GPU request is not held up."""
+    directory = QueueDirectory()
+    async with bare_webhook(directory) as url:
+        for pod in (gpu_pod("named", "team-a", queue="team-a"), gpu_pod("plain", "team-a")):
+            for verb in ("mutate", "validate"):
+                answer = await review(url, verb, pod)
+                assert not answer["allowed"], (verb, answer)
+                assert answer["status"]["code"] == 503, answer
+                assert answer["status"]["reason"] == "ServiceUnavailable"
+                assert "not read the cluster's GpuQueues" in answer["status"]["message"]
+                assert "patch" not in answer
+        cpu_only = helpers.pod({})
+        assert (await review(url, "mutate", cpu_only))["allowed"]
+        # only the queues listed: still 503 (the namespace labels are not known)
+        directory.queue_handler.replace([queue_record(gpuqueue("team-a", "4"))])
+        answer = await review(url, "mutate", gpu_pod("named", "team-a", queue="team-a"))
+        assert not answer["allowed"] and answer["status"]["code"] == 503
+        ns = {"metadata": {"name": "team-a", "labels": {"team": "a"}}}
+        directory.namespace_handler.replace([namespace_record(ns)])
+        pod = gpu_pod("named", "team-a", queue="team-a")
+        answer = await review(url, "mutate", pod)
+        assert answer["allowed"], answer
+        queued = applied(pod, answer)
+        assert queued["metadata"]["labels"][keys.QUEUE_LABEL] == "team-a"
+        assert gated(queued, keys.QUEUE_GATE)
