@@ -12,11 +12,14 @@ interleaved. A watch on the pods times each bind.
 
 Per kind: pods/s (P over first ungate → last bind) and per-pod ungate → bind p50/p99/max
 (ungate: when the API answered the pod's ungate patch; bind: when the watch delivered the
-pod with `spec.nodeName`), plus the sidecar's own bind histogram from its /metrics. Prints
-one JSON document.
+pod with `spec.nodeName`), plus the sidecar's own latency per extender verb from its /metrics and,
+per FlowSchema, kube-apiserver's request count, mean queue wait and mean execution over
+the burst (API Priority and Fairness: which identity waited where), and each
+kube-scheduler's mean time per scheduling attempt and per extension point, and the
+cores each process used during the burst (what the machine spent where). Prints one JSON document.
 
     .venv/bin/python -m bench.scheduler_throughput --nodes 300   # 300 + 300 nodes, 600 + 600 pods
-    .venv/bin/python -m bench.scheduler_throughput --nodes 1000 --pods 1200
+    .venv/bin/python -m bench.scheduler_throughput --nodes 1000 --pods 2000
 
 `measure` is what the tier's smoke test runs at a tiny size on the session's cluster.
 """
@@ -27,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import secrets
 import ssl
 import statistics
@@ -188,23 +192,148 @@ def kinds_of(pods: list[str], timing: Timing, namespace: str) -> str:
     return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
-def bind_histogram(installation: Installation) -> Obj:
-    """The sidecar's own bind latency (its /metrics), when it exports one."""
+def extender_histograms(installation: Installation) -> Obj:
+    """The sidecar's own latency per extender verb (its /metrics): calls and mean seconds,
+    by verb and result."""
     url = f"http://127.0.0.1:{installation.ports.metrics}/metrics"
     try:
         with urllib.request.urlopen(url, timeout=10) as answer:
             text = answer.read().decode()
     except OSError as error:
         return {"error": str(error)}
-    found: Obj = {}
+    sums: dict[tuple[str, str], list[float]] = {}
     for line in text.splitlines():
-        if (
-            line.startswith("gpuplace_extender_")
-            and 'verb="bind"' in line
-            and "_bucket" not in line
-        ):
-            metric, _, value = line.rpartition(" ")
-            found[metric] = float(value)
+        name, _, rest = line.partition("{")
+        kind = name.removeprefix("gpuplace_extender_request_duration_seconds_")
+        if kind not in ("sum", "count"):
+            continue
+        labels, _, value = rest.rpartition("} ")
+        fields = dict(part.split("=", 1) for part in labels.split(","))
+        key = (fields["verb"].strip('"'), fields["result"].strip('"'))
+        sums.setdefault(key, [0.0, 0.0])[kind == "count"] += float(value)
+    return {
+        f"{verb} {result}": {"calls": int(count), "mean_s": round(total / count, 4)}
+        for (verb, result), (total, count) in sorted(sums.items())
+        if count
+    }
+
+
+FLOW_METRICS = (
+    "apiserver_flowcontrol_request_wait_duration_seconds",
+    "apiserver_flowcontrol_request_execution_seconds",
+)
+
+
+def flow_samples(installation: Installation) -> dict[tuple[str, str, str], float]:
+    """kube-apiserver's API Priority and Fairness sums and counts, per (metric,
+    flow_schema, sum|count), added over the other labels."""
+    url = installation.cluster.server + "/metrics"
+    with urllib.request.urlopen(url, timeout=30, context=admin_tls(installation)) as answer:
+        text = answer.read().decode()
+    found: dict[tuple[str, str, str], float] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        for metric in FLOW_METRICS:
+            if name in (f"{metric}_sum", f"{metric}_count"):
+                labels, _, value = rest.rpartition("} ")
+                schema = next(
+                    (
+                        part.split("=", 1)[1].strip('"')
+                        for part in labels.split(",")
+                        if part.startswith("flow_schema=")
+                    ),
+                    "",
+                )
+                key = (metric, schema, name.rsplit("_", 1)[1])
+                found[key] = found.get(key, 0.0) + float(value)
+    return found
+
+
+def flow_report(
+    before: Mapping[tuple[str, str, str], float], after: Mapping[tuple[str, str, str], float]
+) -> Obj:
+    """Per FlowSchema, over the burst: requests, mean queue wait and mean execution (s):
+    where kube-apiserver made each identity's requests wait."""
+    report: Obj = {}
+    for metric, short in zip(FLOW_METRICS, ("wait", "execution"), strict=True):
+        schemas = {schema for (m, schema, _) in after if m == metric}
+        for schema in sorted(schemas):
+            count = after.get((metric, schema, "count"), 0) - before.get(
+                (metric, schema, "count"), 0
+            )
+            total = after.get((metric, schema, "sum"), 0) - before.get((metric, schema, "sum"), 0)
+            if count > 0:
+                entry = report.setdefault(schema, {"requests": int(count)})
+                entry[f"mean_{short}_s"] = round(total / count, 4)
+    return report
+
+
+SCHEDULER_METRICS = (
+    "scheduler_scheduling_attempt_duration_seconds",
+    "scheduler_framework_extension_point_duration_seconds",
+)
+
+
+def scheduler_samples(installation: Installation, port: int) -> dict[str, list[float]]:
+    """One kube-scheduler's time per scheduling attempt and per extension point, [sum,
+    count] keyed "attempt" or the extension point's name (its /metrics on the secure
+    port, read with the admin's client certificate); {} when it cannot be read."""
+    url = f"https://127.0.0.1:{port}/metrics"
+    tls = admin_tls(installation)
+    tls.check_hostname = False
+    tls.verify_mode = ssl.CERT_NONE  # its serving certificate is self-signed
+    try:
+        with urllib.request.urlopen(url, timeout=30, context=tls) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return {}
+    found: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        metric, _, kind = name.rpartition("_")
+        if metric not in SCHEDULER_METRICS or kind not in ("sum", "count"):
+            continue
+        labels, _, value = rest.rpartition("} ")
+        fields = dict(part.split("=", 1) for part in labels.split(","))
+        key = fields.get("extension_point", '"attempt"').strip('"')
+        found.setdefault(key, [0.0, 0.0])[kind == "count"] += float(value)
+    return found
+
+
+def scheduler_report(before: Mapping[str, list[float]], after: Mapping[str, list[float]]) -> Obj:
+    """Per extension point (and whole attempts) over the burst: calls and mean ms."""
+    report: Obj = {}
+    for key, (total, count) in sorted(after.items()):
+        old_total, old_count = before.get(key, [0.0, 0.0])
+        if count - old_count > 0:
+            report[key] = {
+                "calls": int(count - old_count),
+                "mean_ms": round(1000 * (total - old_total) / (count - old_count), 3),
+            }
+    return report
+
+
+def cpu_seconds(installation: Installation) -> dict[str, float]:
+    """CPU seconds (user + system) each process of the run has used so far, from
+    /proc/PID/stat: the control plane's (cluster.sh's pid files), the sidecar, the gpuplace
+    kube-scheduler and this bench; a process already gone is left out."""
+    pids: dict[str, int] = {"bench": os.getpid()}
+    for name in ("etcd", "kube-apiserver", "kube-scheduler"):
+        pid_file = installation.cluster.state / "pids" / f"{name}.pid"
+        with contextlib.suppress(OSError, ValueError):
+            pids["plain kube-scheduler" if name == "kube-scheduler" else name] = int(
+                pid_file.read_text()
+            )
+    ours = (("sidecar", installation.serve), ("gpuplace kube-scheduler", installation.scheduler))
+    for name, host in ours:
+        if host.process is not None:
+            pids[name] = host.process.pid
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[str, float] = {}
+    for name, pid in pids.items():
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            found[name] = (int(fields[11]) + int(fields[12])) / tick
     return found
 
 
@@ -364,9 +493,35 @@ async def measure(
                 timing.ungated[name] = time.monotonic()
 
             order = [name for pair in zip(gpu_pods, plain_pods, strict=True) for name in pair]
+            ports = {
+                "gpuplace": installation.ports.scheduler,
+                "plain": int(installation.cluster.run_env["K8S_SCHEDULER_PORT"]),
+            }
+
+            def schedulers() -> dict[str, dict[str, list[float]]]:
+                return {kind: scheduler_samples(installation, port) for kind, port in ports.items()}
+
+            flows_before = await asyncio.to_thread(flow_samples, installation)
+            schedulers_before = await asyncio.to_thread(schedulers)
+            cpu_before, burst_began = cpu_seconds(installation), time.monotonic()
             await each(release, order)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(watching, timeout)
+            flows = flow_report(flows_before, await asyncio.to_thread(flow_samples, installation))
+            cpu_after, burst_s = cpu_seconds(installation), time.monotonic() - burst_began
+            schedulers_after = await asyncio.to_thread(schedulers)
+            cpu = {
+                "burst_s": round(burst_s, 1),
+                "cores_used": {
+                    name: round((cpu_after[name] - cpu_before[name]) / burst_s, 2)
+                    for name in cpu_after
+                    if name in cpu_before
+                },
+            }
+            scheduling = {
+                kind: scheduler_report(schedulers_before[kind], schedulers_after[kind])
+                for kind in ports
+            }
             gpu, plain = summary(gpu_pods, timing), summary(plain_pods, timing)
             ratio = None
             if gpu.get("pods_per_second") and plain.get("pods_per_second"):
@@ -385,7 +540,10 @@ async def measure(
                     "gpuplace": kinds_of(gpu_pods, timing, namespace),
                     "plain": kinds_of(plain_pods, timing, namespace),
                 },
-                "sidecar_bind_metrics": bind_histogram(installation),
+                "sidecar_verbs": extender_histograms(installation),
+                "api_priority_and_fairness": flows,
+                "kube_scheduler": scheduling,
+                "cpu": cpu,
                 "serve_log_problems": log_problems(installation.workdir / "serve.log"),
                 "gpuplace_scheduler_exited": exited(installation),
                 "logs": str(installation.workdir),

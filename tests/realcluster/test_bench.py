@@ -19,3 +19,12 @@ async def test_the_bench_binds_every_pod_of_both_kinds(gpuplace: Installation) -
         assert 0 <= latency["p50"] <= latency["p99"] <= latency["max"]
     assert result["placed_on"] == {"gpuplace": "gpu", "plain": "plain"}
     assert result["throughput_ratio"] > 0
+    # what bounds it: the sidecar's verbs, and kube-apiserver's queues per FlowSchema
+    assert result["sidecar_verbs"]["bind ok"]["calls"] == 3, result
+    assert {"filter ok", "prioritize ok"} <= set(result["sidecar_verbs"]), result
+    flows = result["api_priority_and_fairness"]
+    assert flows["gpuplace"]["requests"] > 0, flows  # the sidecar's Bindings, at least
+    assert flows["gpuplace"]["mean_wait_s"] >= 0, flows  # exempt requests are not queued
+    cores = result["cpu"]["cores_used"]
+    assert {"sidecar", "gpuplace kube-scheduler", "kube-apiserver"} <= set(cores), result
+    assert result["kube_scheduler"]["gpuplace"]["attempt"]["calls"] >= 3, result
