@@ -115,7 +115,7 @@ class Prior:
     seen through `seen` pods (as if `pods` whole-GPU pods had been seen too)."""
 
     floor: float = 0.25
-    pods: int = 4
+    pods: int = 8
 
     def least(self, seen: int) -> float:
         """The least share of whole GPUs in a workload seen through `seen` pods. O(1)."""
