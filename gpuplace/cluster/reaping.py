@@ -3,8 +3,9 @@
 Two kinds, both bounded in time:
 
 - a *hold* (in memory only) past its deadline: released;
-- an *annotated, unbound* pod (a bind wrote the assignment, then failed or the
-  sidecar died before the Binding) whose `assigned-at` is older than `ttl`: its
+- an *annotated, unbound* pod (a gang plan's member whose bind never came, or a pod
+  left by a version whose bind wrote the assignment before the Binding; a bind now
+  writes both in one Binding) whose `assigned-at` is older than `ttl`: its
   assignment annotations are removed with a merge patch carrying the pod's
   resourceVersion, so a pod that got bound (or changed) meanwhile is left alone
   (409); the informer then sees the annotations gone and the ledger releases the
