@@ -163,7 +163,9 @@ class Timing:
 
 def summary(names: list[str], timing: Timing) -> Obj:
     done = [name for name in names if name in timing.bound and name in timing.ungated]
-    latencies = [timing.bound[name] - timing.ungated[name] for name in done]
+    # The watch may deliver a pod bound before this process reads the answer to its ungate
+    # patch (seen on an idle machine): it was bound within that round trip, so 0.
+    latencies = [max(0.0, timing.bound[name] - timing.ungated[name]) for name in done]
     if not done:
         return {"pods": len(names), "bound": 0}
     start = min(timing.ungated[name] for name in names if name in timing.ungated)
