@@ -38,12 +38,13 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.realcluster import install, kit
 from tests.realcluster.install import Installation
@@ -194,29 +195,62 @@ def kinds_of(pods: list[str], timing: Timing, namespace: str) -> str:
     return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
+Totals = dict[tuple[str, str], tuple[float, float]]
+"""(histogram, series key) -> (sum, count)."""
+
+
+def scrape(url: str, tls: ssl.SSLContext | None = None) -> str:
+    """One /metrics page as text; raises OSError when it cannot be read."""
+    with urllib.request.urlopen(url, timeout=30, context=tls) as answer:
+        return str(answer.read().decode())
+
+
+def totals(
+    text: str, histograms: Collection[str], key: Callable[[Mapping[str, str]], str]
+) -> Totals:
+    """The sum and count of each of `histograms` in a /metrics page (prometheus_client's
+    parser), per `key(labels)`, added over the series a key does not tell apart."""
+    found: Totals = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in histograms:
+            continue
+        for sample in family.samples:
+            kind = sample.name.removeprefix(family.name + "_")
+            if kind in ("sum", "count"):
+                at = (family.name, key(sample.labels))
+                total, count = found.get(at, (0.0, 0.0))
+                if kind == "sum":
+                    found[at] = (total + sample.value, count)
+                else:
+                    found[at] = (total, count + sample.value)
+    return found
+
+
+def means(before: Totals, after: Totals, histogram: str) -> dict[str, tuple[int, float]]:
+    """Per series key of `histogram`, over what `after` added to `before`: (calls, mean
+    seconds)."""
+    found: dict[str, tuple[int, float]] = {}
+    for (name, key), (total, count) in sorted(after.items()):
+        old_total, old_count = before.get((name, key), (0.0, 0.0))
+        if name == histogram and count > old_count:
+            found[key] = (int(count - old_count), (total - old_total) / (count - old_count))
+    return found
+
+
+EXTENDER = "gpuplace_extender_request_duration_seconds"
+
+
 def extender_histograms(installation: Installation) -> Obj:
     """The sidecar's own latency per extender verb (its /metrics): calls and mean seconds,
     by verb and result."""
-    url = f"http://127.0.0.1:{installation.ports.metrics}/metrics"
     try:
-        with urllib.request.urlopen(url, timeout=10) as answer:
-            text = answer.read().decode()
+        text = scrape(f"http://127.0.0.1:{installation.ports.metrics}/metrics")
     except OSError as error:
         return {"error": str(error)}
-    sums: dict[tuple[str, str], list[float]] = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition("{")
-        kind = name.removeprefix("gpuplace_extender_request_duration_seconds_")
-        if kind not in ("sum", "count"):
-            continue
-        labels, _, value = rest.rpartition("} ")
-        fields = dict(part.split("=", 1) for part in labels.split(","))
-        key = (fields["verb"].strip('"'), fields["result"].strip('"'))
-        sums.setdefault(key, [0.0, 0.0])[kind == "count"] += float(value)
+    found = totals(text, [EXTENDER], lambda labels: f"{labels['verb']} {labels['result']}")
     return {
-        f"{verb} {result}": {"calls": int(count), "mean_s": round(total / count, 4)}
-        for (verb, result), (total, count) in sorted(sums.items())
-        if count
+        key: {"calls": calls, "mean_s": round(mean, 4)}
+        for key, (calls, mean) in means({}, found, EXTENDER).items()
     }
 
 
@@ -226,93 +260,52 @@ FLOW_METRICS = (
 )
 
 
-def flow_samples(installation: Installation) -> dict[tuple[str, str, str], float]:
-    """kube-apiserver's API Priority and Fairness sums and counts, per (metric,
-    flow_schema, sum|count), added over the other labels."""
-    url = installation.cluster.server + "/metrics"
-    with urllib.request.urlopen(url, timeout=30, context=admin_tls(installation)) as answer:
-        text = answer.read().decode()
-    found: dict[tuple[str, str, str], float] = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition("{")
-        for metric in FLOW_METRICS:
-            if name in (f"{metric}_sum", f"{metric}_count"):
-                labels, _, value = rest.rpartition("} ")
-                schema = next(
-                    (
-                        part.split("=", 1)[1].strip('"')
-                        for part in labels.split(",")
-                        if part.startswith("flow_schema=")
-                    ),
-                    "",
-                )
-                key = (metric, schema, name.rsplit("_", 1)[1])
-                found[key] = found.get(key, 0.0) + float(value)
-    return found
+def flow_samples(installation: Installation) -> Totals:
+    """kube-apiserver's API Priority and Fairness histograms per FlowSchema."""
+    text = scrape(installation.cluster.server + "/metrics", admin_tls(installation))
+    return totals(text, FLOW_METRICS, lambda labels: labels.get("flow_schema", ""))
 
 
-def flow_report(
-    before: Mapping[tuple[str, str, str], float], after: Mapping[tuple[str, str, str], float]
-) -> Obj:
+def flow_report(before: Totals, after: Totals) -> Obj:
     """Per FlowSchema, over the burst: requests, mean queue wait and mean execution (s):
     where kube-apiserver made each identity's requests wait."""
     report: Obj = {}
     for metric, short in zip(FLOW_METRICS, ("wait", "execution"), strict=True):
-        schemas = {schema for (m, schema, _) in after if m == metric}
-        for schema in sorted(schemas):
-            count = after.get((metric, schema, "count"), 0) - before.get(
-                (metric, schema, "count"), 0
-            )
-            total = after.get((metric, schema, "sum"), 0) - before.get((metric, schema, "sum"), 0)
-            if count > 0:
-                entry = report.setdefault(schema, {"requests": int(count)})
-                entry[f"mean_{short}_s"] = round(total / count, 4)
+        for schema, (calls, mean) in means(before, after, metric).items():
+            entry = report.setdefault(schema, {"requests": calls})
+            entry[f"mean_{short}_s"] = round(mean, 4)
     return report
 
 
-SCHEDULER_METRICS = (
+ATTEMPT, EXTENSION_POINT = (
     "scheduler_scheduling_attempt_duration_seconds",
     "scheduler_framework_extension_point_duration_seconds",
 )
 
 
-def scheduler_samples(installation: Installation, port: int) -> dict[str, list[float]]:
-    """One kube-scheduler's time per scheduling attempt and per extension point, [sum,
-    count] keyed "attempt" or the extension point's name (its /metrics on the secure
-    port, read with the admin's client certificate); {} when it cannot be read."""
-    url = f"https://127.0.0.1:{port}/metrics"
+def scheduler_samples(installation: Installation, port: int) -> Totals:
+    """One kube-scheduler's time per scheduling attempt and per extension point (its
+    /metrics on the secure port, read with the admin's client certificate); empty when
+    it cannot be read."""
     tls = admin_tls(installation)
     tls.check_hostname = False
     tls.verify_mode = ssl.CERT_NONE  # its serving certificate is self-signed
     try:
-        with urllib.request.urlopen(url, timeout=30, context=tls) as answer:
-            text = answer.read().decode()
+        text = scrape(f"https://127.0.0.1:{port}/metrics", tls)
     except OSError:
         return {}
-    found: dict[str, list[float]] = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition("{")
-        metric, _, kind = name.rpartition("_")
-        if metric not in SCHEDULER_METRICS or kind not in ("sum", "count"):
-            continue
-        labels, _, value = rest.rpartition("} ")
-        fields = dict(part.split("=", 1) for part in labels.split(","))
-        key = fields.get("extension_point", '"attempt"').strip('"')
-        found.setdefault(key, [0.0, 0.0])[kind == "count"] += float(value)
-    return found
+    return totals(
+        text, (ATTEMPT, EXTENSION_POINT), lambda labels: labels.get("extension_point", "attempt")
+    )
 
 
-def scheduler_report(before: Mapping[str, list[float]], after: Mapping[str, list[float]]) -> Obj:
+def scheduler_report(before: Totals, after: Totals) -> Obj:
     """Per extension point (and whole attempts) over the burst: calls and mean ms."""
-    report: Obj = {}
-    for key, (total, count) in sorted(after.items()):
-        old_total, old_count = before.get(key, [0.0, 0.0])
-        if count - old_count > 0:
-            report[key] = {
-                "calls": int(count - old_count),
-                "mean_ms": round(1000 * (total - old_total) / (count - old_count), 3),
-            }
-    return report
+    found = {**means(before, after, EXTENSION_POINT), **means(before, after, ATTEMPT)}
+    return {
+        key: {"calls": calls, "mean_ms": round(1000 * mean, 3)}
+        for key, (calls, mean) in sorted(found.items())
+    }
 
 
 def cpu_seconds(installation: Installation) -> dict[str, float]:
@@ -500,7 +493,7 @@ async def measure(
                 "plain": int(installation.cluster.run_env["K8S_SCHEDULER_PORT"]),
             }
 
-            def schedulers() -> dict[str, dict[str, list[float]]]:
+            def schedulers() -> dict[str, Totals]:
                 return {kind: scheduler_samples(installation, port) for kind, port in ports.items()}
 
             flows_before = await asyncio.to_thread(flow_samples, installation)
