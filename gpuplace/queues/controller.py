@@ -28,7 +28,9 @@ apart. Each round (`step`):
    changed: `gpuplace.queues.statuses`), the per-queue metrics.
 
 A round that finds nothing changed since the last one (and no `poll_seconds` passed, for
-`maxWait`) decides nothing. API failures are logged and retried next round; nothing here
+`maxWait`) decides nothing; with no queued pod at all, the ledger's changes (binds of
+pods outside queues) are not a change to it, so a cluster that uses no queues pays no
+round per bind. API failures are logged and retried next round; nothing here
 is kept only in memory that a restart could lose (admissions are read from the pods,
 evictions in flight from their deletion).
 """
@@ -280,9 +282,14 @@ class QueueController:
         now = self.clock()
         await self._settle()
         policy = self.policy()
+        # With no queued pod at all, the round cannot depend on the ledger (nothing to
+        # admit, nothing running to count): a cluster that uses no queues pays no round
+        # per bind (each an O(nodes) scratch copy of the ledger), only one per change
+        # of the GpuQueues (their statuses) or every `poll_seconds`.
+        queued = bool(self.store.pods)
         signature = (
-            self.sync.ledger.generation,
-            self.sync.pods_version,
+            self.sync.ledger.generation if queued else None,
+            self.sync.pods_version if queued else None,
             self.store.version,
             self.directory.version,
             self.fences.version if self.fences is not None else 0,

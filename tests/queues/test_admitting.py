@@ -5,13 +5,14 @@ status, Events and metrics."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from gpuplace.cluster import keys
 from gpuplace.cluster.gang_marks import gated
 from gpuplace.cluster.node_affinity import NodeAffinity
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
-from tests.queues.rig import events, gpuqueue, namespace, nodes, queued, rig, two_teams
+from tests.queues.rig import FAST, events, gpuqueue, namespace, nodes, queued, rig, two_teams
 
 
 async def test_queued_pods_are_admitted_within_quota_in_priority_then_age_order(
@@ -154,3 +155,34 @@ async def test_rounds_wait_for_the_leader(server: localapi.Server) -> None:
         await r.quiet()
         assert r.admitted() == ["a0"]
         assert gated(r.pod("a0"), keys.QUEUE_GATE) is False
+
+
+async def test_a_cluster_without_queued_pods_runs_no_round_per_bind(
+    server: localapi.Server,
+) -> None:
+    """With a GpuQueue but no pod in any queue, binds of other GPU pods change the ledger
+    without making the controller decide again: a round is an O(nodes) copy of the
+    ledger, and one per bind stalled the extender's verbs behind it. The first queued pod
+    brings the rounds back."""
+    nodes(server.api, 2, gpus=4)
+    namespace(server.api, "team-a", team="a")
+    server.api.create(gpuqueue("team-a", "2"))
+    slow = dataclasses.replace(FAST, poll_seconds=3600.0)
+    # no new typical workload either (a new policy is a change that makes a round)
+    async with rig(server, settings=slow, workload_refresh_seconds=3600.0) as r:
+        # the first GPU pod replaces the fallback typical workload: a new policy, a round
+        r.api.create(objects.pod("outside-first", "default", percent=None, count=1))
+        assert await r.schedule() == []
+        await r.quiet()
+        decided = r.controller.decisions
+        before = r.h.sidecar.sync.ledger.generation
+        for index in range(3):
+            r.api.create(objects.pod(f"outside-{index}", "default", percent=None, count=1))
+        assert await r.schedule() == []
+        assert r.h.sidecar.sync.ledger.generation > before
+        await r.rounds(3)
+        assert r.controller.decisions == decided
+        r.api.create(queued("first", "team-a"))
+        await r.quiet()
+        assert r.controller.decisions > decided
+        assert r.admitted() == ["first"]
