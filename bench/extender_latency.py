@@ -1,4 +1,5 @@
-"""Latency of the extender verbs as kube-scheduler sees them: filter, prioritize, bind.
+"""Latency of the extender verbs as kube-scheduler sees them with the shipped profile:
+filter, bind.
 
 For two clusters, the openb one (1,213 nodes; ../shared/data/openb when present, else a
 synthetic cluster of the same shape) and a synthetic 10,000-node × 8-GPU one:
@@ -20,9 +21,9 @@ synthetic cluster of the same shape) and a synthetic 10,000-node × 8-GPU one:
    HTTP extender does with encoding/json and net/http, when `go` is on PATH; else
    Python's aiohttp in a spawned process), as kube-scheduler sends them: filter with
    every node's name (`percentageOfNodesToScore: 100`, no node affinity narrowing: the
-   worst case), prioritize with the nodes that passed, the top score chosen (plugin
-   scores added at random), then bind. bind's writes
-   (the assignment PATCH and the Binding) go to the fake API server over HTTP.
+   worst case), then bind with the node filter passed (the policy's best; one of a tie
+   at random: the profile names no prioritize). bind's write (the Binding) goes to the
+   fake API server over HTTP.
 
 Prints one JSON document: p50/p99/max per verb, client-side (the HTTP round trip) and
 server-side (as the sidecar times its answers: reading and deciding, not writing them),
@@ -219,10 +220,11 @@ def resident_mib() -> float:
 async def schedule(
     base: str, names: list[str], pending: list[dict[str, Any]], seed: int
 ) -> dict[str, Any]:
-    """kube-scheduler's side: each pending pod through filter, prioritize and bind over
-    HTTP, one after another. Returns the round-trip times per verb and the outcomes."""
+    """kube-scheduler's side with the shipped profile: each pending pod through filter
+    and bind over HTTP, one after another. Returns the round-trip times per verb and the
+    outcomes."""
     rng = random.Random(seed)
-    client_side: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": [], "total": []}
+    client_side: dict[str, list[float]] = {"filter": [], "bind": [], "total": []}
     outcomes = {"bound": 0, "unschedulable": 0, "refused": 0}
     async with aiohttp.ClientSession() as session:
 
@@ -245,15 +247,9 @@ async def schedule(
             if not passed:
                 outcomes["unschedulable"] += 1
                 continue
-            scores = await post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": passed})
-            combined = dict.fromkeys(passed, 0)  # a node the answer leaves out adds 0
-            for entry in scores:
-                combined[entry["Host"]] += entry["Score"]
-            totals = {
-                name: score * 100_000 + rng.randrange(300) for name, score in combined.items()
-            }
-            top = max(totals.values())
-            node = rng.choice([name for name, total in totals.items() if total == top])
+            # One node: bound without scoring. Several (a policy's tie): the profile has no
+            # prioritizeVerb, so kube-scheduler's own plugins pick; here at random.
+            node = passed[0] if len(passed) == 1 else rng.choice(passed)
             metadata = pod["metadata"]
             result = await post(
                 "bind",
@@ -347,11 +343,11 @@ async def drive(
     )
     registry = CollectorRegistry()
     sidecar = Sidecar(settings, registry, api, rng=random.Random(1))
-    server_side: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
+    server_side: dict[str, list[float]] = {"filter": [], "bind": []}
 
     # Server side, as the sidecar's duration histogram times each call: reading the
     # request and answering it, not writing the answer (the socket's pace, which the
-    # round trip shows) nor the work done after it (prioritize's answer prepared ahead).
+    # round trip shows) nor the work done after it.
     duration = sidecar.service.metrics.duration
     children = duration.labels
 
@@ -432,14 +428,6 @@ async def drive(
         "gc_pauses_while_scheduling": {
             f"gen{generation}": quantiles([d for g, d in pauses if g == generation])
             for generation in (0, 1, 2)
-        },
-        "prioritize_reused_filter_evaluation": {
-            result: registry.get_sample_value("gpuplace_evaluation_cache_total", {"result": result})
-            for result in ("hit", "miss")
-        },
-        "prioritize_answered_ahead": {
-            result: registry.get_sample_value("gpuplace_prioritize_ahead_total", {"result": result})
-            for result in ("used", "stale")
         },
     }
 
@@ -586,7 +574,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "benchmark": "extender verbs over HTTP on 127.0.0.1 (filter, prioritize, bind)",
+                "benchmark": "extender verbs over HTTP on 127.0.0.1 (filter, bind)",
                 "kube_writes": "bind's PATCH and Binding go to the fake kube-apiserver "
                 "(gpuplace.dev.localapi) in a forked process over HTTP on 127.0.0.1; "
                 "Events disabled",

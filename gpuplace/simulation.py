@@ -1,5 +1,5 @@
 """`gpuplace simulate`: trace replay wiring — files in, decisions through the
-engine (directly or through the extender's filter and prioritize logic), figures
+engine (directly or through the extender's filter logic), figures
 out. The replay itself is `gpuplace.placement.replay`; this module owns I/O and timing.
 """
 
@@ -21,11 +21,6 @@ from gpuplace.placement.choosing import Choice
 from gpuplace.placement.inventory import Inventory, Node
 from gpuplace.placement.ledger import Ledger
 from gpuplace.placement.requests import GpuRequest
-
-EXTENDER_WEIGHT = 100_000
-"""The weight deploy/ gives the extender in kube-scheduler's configuration."""
-MAX_NODE_SCORE = 100
-MAX_EXTENDER_PRIORITY = 10
 
 
 def read_nodes(path: Path) -> list[Node]:
@@ -128,11 +123,11 @@ def via_extender(
     policy_name: str,
     rng: random.Random,
 ) -> Decide:
-    """What a real cluster gets: every GPU pod goes through the sidecar's own filter and
-    prioritize (`gpuplace.extender.deciding.Decider`, fed a pod as kube-scheduler sends it), then
-    kube-scheduler's choice — uniformly at random among the highest total score, each
-    extender score counting `score × weight × (100 / 10)` — then the GPUs the sidecar's
-    bind picks on that node. The typical workload is what the sidecar builds from the
+    """What a real cluster gets: every GPU pod goes through the sidecar's own filter
+    (`gpuplace.extender.deciding.Decider`, fed a pod as kube-scheduler sends it), which
+    passes the policy's best node(s); then kube-scheduler's choice — that node, or for a
+    tie one of them (its plugin scores, uniformly at random here) — then the GPUs the
+    sidecar's bind picks on that node. The typical workload is what the sidecar builds from the
     pods it has seen (here: the pod list); the node line is the sidecar's (a stable hash
     of node names), not the seeded one. CPU-only pods are not gpuplace's in a real
     cluster; the replay places them with the same policy as in direct mode."""
@@ -148,22 +143,15 @@ def via_extender(
     holder = PolicyHolder(sync, policy_name, rng=rng)
     decider = Decider(sync, holder)
     names = list(chooser.ledger.inventory.names())
-    factor = EXTENDER_WEIGHT * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)
 
     def decide(ledger: Ledger, request: GpuRequest, uid: str) -> Choice | None:
         if request.count == 0:
             return chooser.choose(request, rng)
         pod = trace_pod(uid, request)
         verdict = decider.filter(pod, names)
-        if not verdict.passed:
+        best = verdict.passed
+        if not best:
             return None
-        scores = decider.prioritize(pod, verdict.passed)
-        top = max(scores) * factor
-        best = [
-            name
-            for name, score in zip(verdict.passed, scores, strict=True)
-            if score * factor == top
-        ]
         node = best[rng.randrange(len(best))] if len(best) > 1 else best[0]
         outcome = decider.best_on(node, verdict.request or request)
         decider.forget(uid)

@@ -1,5 +1,5 @@
 // kube-scheduler's side of bench/extender_latency.py, in Go: each pending pod through
-// the extender's filter, prioritize and bind over HTTP, one after another, sent and
+// the extender's filter and bind over HTTP, one after another, sent and
 // read as kube-scheduler's HTTPExtender does (pkg/scheduler/framework/extender.go):
 // encoding/json of ExtenderArgs (fields Pod, Nodes, NodeNames in that order), a POST
 // with Content-Type application/json on a kept-alive net/http connection, the answer
@@ -46,11 +46,6 @@ type filterResult struct {
 	FailedNodes                map[string]string
 	FailedAndUnresolvableNodes map[string]string
 	Error                      string
-}
-
-type hostPriority struct {
-	Host  string
-	Score int64
 }
 
 type bindingArgs struct {
@@ -111,7 +106,7 @@ func run(in input) (map[string]interface{}, error) {
 	c := &client{
 		base:  in.Base,
 		http:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}, Timeout: 30 * time.Second},
-		times: map[string][]float64{"filter": {}, "prioritize": {}, "bind": {}, "total": {}},
+		times: map[string][]float64{"filter": {}, "bind": {}, "total": {}},
 	}
 	outcomes := map[string]int{"bound": 0, "unschedulable": 0, "refused": 0}
 	for _, pod := range in.Pods {
@@ -125,28 +120,10 @@ func run(in input) (map[string]interface{}, error) {
 			outcomes["unschedulable"]++
 			continue
 		}
-		var scores []hostPriority
-		if err := c.send("prioritize", extenderArgs{Pod: pod, NodeNames: verdict.NodeNames}, &scores); err != nil {
-			return nil, err
-		}
-		// As prioritizeNodes: each listed host's score is added to that node's total, a
-		// node the answer leaves out adds 0. The extender's weight outweighs the
-		// plugins' scores (at most a few hundred).
-		combined := make(map[string]int64, len(scores))
-		for _, entry := range scores {
-			combined[entry.Host] += entry.Score
-		}
-		best := int64(-1)
-		var top []string
-		for _, node := range *verdict.NodeNames {
-			total := combined[node]*100_000 + rng.Int63n(300)
-			if total > best {
-				best, top = total, top[:0]
-			}
-			if total == best {
-				top = append(top, node)
-			}
-		}
+		// As schedulePod with the shipped profile: one node passed is bound without
+		// scoring; several (a policy's tie) are scored by kube-scheduler's own plugins
+		// (no prioritizeVerb), here one drawn at random.
+		top := *verdict.NodeNames
 		var meta podMeta
 		if err := json.Unmarshal(pod, &meta); err != nil {
 			return nil, err

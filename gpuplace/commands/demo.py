@@ -6,10 +6,10 @@ in-memory Kubernetes API holding a bundled cluster of 36 nodes (A100 and H100 NV
 servers, A100 PCIe pairs, L4 and T4 nodes, CPU-only nodes). It then plays
 kube-apiserver and kube-scheduler itself, exactly as they would behave: each pod's
 annotations go through AdmissionReview /mutate → JSONPatch → /validate, the pod is
-stored, and the gpuplace scheduler profile calls the extender's /filter, /prioritize and
-/bind. The pods: GPU shares, whole and multi-GPU jobs with NVLink, a gang (held at its
-scheduling gate until complete, then planned and released together), pods the webhook
-refuses, and one that stays pending and says why.
+stored, and the gpuplace scheduler profile calls the extender's /filter and /bind. The
+pods: GPU shares, whole and multi-GPU jobs with NVLink, a gang (held at its scheduling
+gate until complete, then planned and released together), pods the webhook refuses,
+and one that stays pending and says why.
 
 It prints a placement table, a utilisation and fragmentation summary, what users would
 see (kubectl errors, Events, `gpuplace explain`) and the webhook's audit log, and writes

@@ -56,8 +56,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--via-extender",
         action="store_true",
-        help="decide through the extender's filter and prioritize, then choose like "
-        "kube-scheduler (uniformly among the highest total score)",
+        help="decide through the extender's filter, then choose like kube-scheduler "
+        "(the node it passed; one of a tie uniformly at random)",
     )
     parser.add_argument(
         "--memory-only-shares",

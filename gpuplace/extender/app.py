@@ -136,7 +136,9 @@ class Service:
 
         An answer that no node passed is kept: a repeat of that filter while none of its
         nodes changed gets it again (`gpuplace.extender.repeating`). One that some node passed is
-        not: its pod goes on to prioritize, whose answer this filter prepares ahead."""
+        not: its pod goes on to bind, or, with several nodes passed (a policy's tie) and a
+        profile that names prioritize, to prioritize, whose answer this filter prepares
+        ahead."""
         if not await self.ready():
             return FilterResult(error=NOT_SYNCED).dump_with_names()[0], "not-synced", None
         names = args.names()
@@ -157,8 +159,9 @@ class Service:
             )
         if ahead_for and result.node_names is not None and names_json is not None:
             passed = result.node_names
-            self.activity.expect_next()  # prioritize (or bind, for one node)
-            return body, outcome, lambda: self._answer_ahead(ahead_for, passed, names_json)
+            self.activity.expect_next()  # bind, or prioritize for a tie if the profile asks
+            if len(passed) > 1:
+                return body, outcome, lambda: self._answer_ahead(ahead_for, passed, names_json)
         return body, outcome, None
 
     def _repeatable(self, args: ExtenderArgs) -> GpuRequest | None:
@@ -184,9 +187,16 @@ class Service:
         """The answer, its outcome, the UID of the pod to answer prioritize ahead for
         ("" for none), and the FailedGpuPlacement message ("" for none)."""
         verdict = self.decider.filter(args.pod, names)
+        # kube-scheduler reads the failed nodes only when none passed (FailedScheduling's
+        # message, preemption's candidates): an answer that passes a node leaves them
+        # out, sparing their encoding here and their decoding in kube-scheduler.
         # model_construct: built from our own values, validating 10,000 entries is waste
-        result = FilterResult.model_construct(
-            failed_nodes=verdict.failed, failed_and_unresolvable=verdict.unresolvable
+        result = (
+            FilterResult.model_construct(failed_nodes={}, failed_and_unresolvable={})
+            if verdict.passed
+            else FilterResult.model_construct(
+                failed_nodes=verdict.failed, failed_and_unresolvable=verdict.unresolvable
+            )
         )
         objects = args.node_objects()
         if objects is None:

@@ -1,11 +1,20 @@
 """filter and prioritize: which nodes fit a pod, and how the policy ranks them.
 
-The stock scheduler adds its own plugin scores to ours (ours weigh 100,000 per point)
-and picks uniformly at random among the nodes with the highest total. So `filter`
-keeps *every* node that fits (it must not pre-pick), and `prioritize` gives 10 to the
-policy's best nodes only and spreads the others over 0-9 by rank
-(`choosing.extender_scores`): the node the scheduler binds is then one the policy
-chose. The default policy breaks exact ties itself, so its best node is unique.
+`filter` passes only the policy's best nodes of those the pod fits (usually one: the
+default policy breaks exact ties itself), and fails the nodes it does not fit, with
+why. kube-scheduler then has nothing left to choose: with one node passed it skips its
+scoring altogether (`schedulePod`: "When only one node after predicate, just use it")
+and calls no `prioritize`; with several (a policy's tie) its own plugin scores pick
+among them. The shipped profile therefore has no `prioritizeVerb`: that is one HTTP
+round trip a pod less, and no scoring of every feasible node, where most of the
+gpuplace profile's scheduling cycle went at 1,000 nodes (docs/performance.md).
+
+`prioritize` stays for a profile that still names it (an older KubeSchedulerConfiguration):
+10 for the policy's best nodes, the others spread over 0-9 by rank
+(`choosing.extender_scores`); with the extender's weight (100,000 per point) the node
+kube-scheduler binds is then one the policy chose, as filter's narrowing makes it.
+The fitting nodes filter leaves out are not failed: nothing is wrong with them, the
+pod is bound elsewhere; they appear in neither list of the answer.
 
 A pod that already holds a grant (a reservation: a bind that wrote its assignment but
 not yet its Binding, or a gang plan) is offered only that grant's node, and every
@@ -22,11 +31,14 @@ With measured loads (`--load-aware`: `loads`, an `gpuplace.extender.load_polling
 nodes that tie at the policy's best score the least loaded alone gets 10 in
 prioritize, and bind takes the least loaded of the GPU sets the policy scores alike
 (`gpuplace.placement.load_ties`). That is applied to the evaluations when they are read, never
-stored in them: filter, its kept evaluations and kept answers do not depend on loads.
+stored in them: the evaluations and kept answers (which no node passed) do not depend on
+loads; filter's choice among the best does.
 """
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +64,9 @@ calls right after that pod's filter). Most share the engine's kept evaluation, b
 for a request some node lacks host memory for is a copy: ~0.2 MB at 10,000 nodes."""
 
 
+_SCORE = operator.attrgetter("score")
+
+
 @dataclass(slots=True)
 class Verdict:
     """filter's outcome for one pod."""
@@ -65,6 +80,9 @@ class Verdict:
     holding: Grant | None = None
     problem: str = ""
     """Why the pod cannot be placed at all (unreadable annotations), else ""."""
+    fitting: int = 0
+    """How many nodes the pod fits now (and no fence holds); `passed` is the policy's
+    best of them."""
 
     @property
     def gpu_pod(self) -> bool:
@@ -159,7 +177,9 @@ class Decider:
     # --- verbs ---------------------------------------------------------------------
 
     def filter(self, pod: Mapping[str, Any], names: Sequence[str]) -> Verdict:
-        """Every node of `names` where the pod fits now; why not for the others."""
+        """The policy's best of the nodes of `names` where the pod fits now (with loads,
+        the least loaded of those tied at the best), and why not for the nodes it does
+        not fit. O(names) with the evaluation cached."""
         metadata = pod.get("metadata") or {}
         uid = str(metadata.get("uid") or "")
         try:
@@ -195,6 +215,9 @@ class Decider:
                 else:
                     verdict.failed[name] = held
             verdict.passed = offered
+        verdict.fitting = len(verdict.passed)
+        if len(verdict.passed) > 1:
+            verdict.passed = self._best(evaluation.choices, verdict.passed)
         if uid:
             every = verdict.passed if whole and len(verdict.passed) == len(choices) else None
             self._remember(uid, request, evaluation, every)
@@ -206,6 +229,19 @@ class Decider:
         failed, verdict.unresolvable = reasons.for_nodes(verdict.misfits, self.mode)
         verdict.failed.update(failed)
         return verdict
+
+    def _best(self, choices: Mapping[str, Choice], passed: list[str]) -> list[str]:
+        """Of `passed` (each has a choice), those at the policy's best score, with the
+        load tie-break applied (`_tie_broken`): the nodes prioritize would give 10, in
+        their order. O(passed), + the tie-break's cost with loads."""
+        found = self._tie_broken(list(map(choices.__getitem__, passed)), self.current_loads())
+        # Every entry has a choice (passed nodes do). map/compress: no Python frame per
+        # node (a comprehension over 1,000 nodes took most of filter's time).
+        scores = list(map(_SCORE, found))
+        top = max(scores)
+        if scores.count(top) == 1:
+            return [passed[scores.index(top)]]
+        return list(itertools.compress(passed, map(top.__eq__, scores)))
 
     def _reserved(self, names: Sequence[str], request: GpuRequest, holding: Grant) -> Verdict:
         verdict = Verdict(passed=[], request=request, holding=holding)

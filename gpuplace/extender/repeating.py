@@ -21,8 +21,9 @@ the others do not is the same under every policy (it only ranks the fitting GPU
 sets), so a rebuilt typical workload leaves kept answers current.
 
 The extender keeps only answers that no node passed (the pending pod kube-scheduler
-retries): a pod some node fits goes on to prioritize and bind, and its filter
-prepares prioritize's answer ahead, which a kept answer could not.
+retries): a pod some node fits goes on to bind (or, for a tie and a profile that
+names it, to prioritize, whose answer its filter prepares ahead, which a kept answer
+could not).
 
 Costs: a lookup is O(1) for the key, plus comparing the names (nothing when they are
 the every-node list `gpuplace.extender.node_names.EveryNode` already holds, O(names) in

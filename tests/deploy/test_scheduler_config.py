@@ -107,7 +107,6 @@ def test_extender_entry_is_the_contract(config: dict[str, Any]) -> None:
     assert extender == {
         "urlPrefix": "http://127.0.0.1:8888",
         "filterVerb": "filter",
-        "prioritizeVerb": "prioritize",
         "bindVerb": "bind",
         "preemptVerb": "preempt",
         "weight": 100000,

@@ -96,19 +96,17 @@ class Harness:
         return str(body["Error"])
 
     async def schedule(self, pod: dict[str, Any], rng: random.Random | None = None) -> str:
-        """What kube-scheduler does with this extender: filter, prioritize, pick the top
-        total score (our score × 100000 + a plugin score of its own), bind. Returns the
-        node, or raises AssertionError with filter's reasons when none fits."""
+        """What kube-scheduler does with the shipped profile: filter; one node passed:
+        bind it (kube-scheduler skips scoring); several (a policy's tie): its own plugin
+        scores pick one (drawn from `rng` here; the profile has no prioritizeVerb); bind.
+        Returns the node, or raises AssertionError with filter's reasons when none fits."""
         rng = rng or random.Random(0)
         names = sorted(self.sidecar.sync.nodes)
         verdict = await self.filter(pod, names)
         passed = verdict["NodeNames"]
         if not passed:
             raise Unschedulable(str(verdict))
-        scores = await self.prioritize(pod, passed)
-        totals = {name: scores[name] * 100_000 + rng.randrange(100) for name in passed}
-        top = max(totals.values())
-        node = str(rng.choice([name for name, total in totals.items() if total == top]))
+        node = str(passed[0] if len(passed) == 1 else rng.choice(passed))
         error = await self.bind(pod, node)
         if error:
             raise NoLongerFits(error) if "no longer fits" in error else AssertionError(error)

@@ -72,13 +72,14 @@ async def test_fixture_flow_places_on_the_gpu_that_can_hold_it(server: localapi.
         await asyncio.wait_for(h.sidecar.sync.ready.wait(), 5)
         status, verdict = await h.post("filter", filter_args)
         assert status == 200
-        # 20 GiB per GPU never fits a 16 GB T4: unresolvable, so preemption skips it
         assert verdict["NodeNames"] == ["gpu-a100-0"]
-        assert verdict["FailedAndUnresolvableNodes"] == {
-            "gpu-t4-0": "gpuplace: GPU memory too small"
-        }
-        assert verdict["FailedNodes"] == {}
+        # a node passed: kube-scheduler reads no failed node, the answer lists none
+        assert verdict["FailedAndUnresolvableNodes"] == verdict["FailedNodes"] == {}
         assert verdict["Error"] == ""
+        # 20 GiB per GPU never fits a 16 GB T4: unresolvable, so preemption skips it
+        status, t4 = await h.post("filter", {**filter_args, "NodeNames": ["gpu-t4-0"]})
+        assert (status, t4["NodeNames"], t4["FailedNodes"]) == (200, [], {})
+        assert t4["FailedAndUnresolvableNodes"] == {"gpu-t4-0": "gpuplace: GPU memory too small"}
         status, scores = await h.post("prioritize", prioritize_args)
         assert status == 200
         assert {entry["Host"]: entry["Score"] for entry in scores}["gpu-a100-0"] == 10

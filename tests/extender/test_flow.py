@@ -60,16 +60,22 @@ async def test_fenced_nodes_are_not_offered_to_other_pods(server: localapi.Serve
             )
         )
         names = ["gpu-0", "gpu-1", "gpu-2"]
+        fenced = await h.filter(other, ["gpu-0", "gpu-1"])
+        assert fenced["NodeNames"] == []
+        assert set(fenced["FailedNodes"]) == {"gpu-0", "gpu-1"}
+        assert "held for gang default/big" in fenced["FailedNodes"]["gpu-0"]
+        assert not fenced["FailedAndUnresolvableNodes"]
+        # A node passed: kube-scheduler reads no failed node, and the answer lists none.
         verdict = await h.filter(other, names)
         assert verdict["NodeNames"] == ["gpu-2"]
-        assert set(verdict["FailedNodes"]) == {"gpu-0", "gpu-1"}
-        assert "held for gang default/big" in verdict["FailedNodes"]["gpu-0"]
-        assert not verdict["FailedAndUnresolvableNodes"]
-        assert (await h.filter(member, names))["NodeNames"] == names
+        assert not verdict["FailedNodes"] and not verdict["FailedAndUnresolvableNodes"]
+        offered = await h.filter(member, names)  # the policy's best of all three
+        assert len(offered["NodeNames"]) == 1 and not offered["FailedNodes"]
         assert await h.schedule(other) == "gpu-2"
         h.sidecar.fences.release()
         later = api.create(objects.pod("later", percent=50))
-        assert (await h.filter(later, names))["NodeNames"] == names
+        verdict = await h.filter(later, names)  # packed beside "other" now nothing holds
+        assert verdict["NodeNames"] == ["gpu-2"] and not verdict["FailedNodes"]
 
 
 async def test_memory_only_pods_are_filtered_scored_bound_and_packed(

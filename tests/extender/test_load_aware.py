@@ -85,9 +85,13 @@ async def _loaded(h: Harness) -> tuple[load_polling.LoadBoard, load_polling.Load
 
 
 async def _scores(h: Harness, pod: dict[str, Any]) -> dict[str, int]:
-    """filter, then prioritize's scores for the nodes it passed."""
-    passed = (await h.filter(pod, sorted(h.sidecar.sync.nodes)))["NodeNames"]
-    return await h.prioritize(pod, passed)
+    """prioritize's scores for every node (a profile that still names it), once filter
+    passed exactly the node they give 10 (the shipped profile's choice)."""
+    names = sorted(h.sidecar.sync.nodes)
+    passed = (await h.filter(pod, names))["NodeNames"]
+    scores = await h.prioritize(pod, names)
+    assert passed == [name for name in names if scores[name] == 10]
+    return scores
 
 
 async def _pod(h: Harness, name: str) -> dict[str, Any]:
@@ -128,11 +132,12 @@ async def test_of_two_equal_nodes_the_less_loaded_wins_and_its_idle_gpu(
     assert reader.closed  # the sidecar closes its reader when it stops
 
 
-async def test_new_loads_between_filter_and_prioritize_are_not_missed(
+async def test_new_loads_between_two_filters_are_not_missed(
     server: localapi.Server,
 ) -> None:
-    """prioritize's answer prepared right after filter holds the loads of then: new loads
-    read in between make it stale, and prioritize scores with them."""
+    """filter reads the loads in force when it answers: new loads read after one filter
+    move the next filter (and prioritize, for a profile that names it) to the node now
+    idle; an answer prepared ahead is never involved (one node passed)."""
     _cluster(server)
     reader = DictReader(BUSY_FIRST)
     async with harness(
@@ -141,24 +146,18 @@ async def test_new_loads_between_filter_and_prioritize_are_not_missed(
         load_refresh_seconds=3600.0,
         load_reader=lambda: reader,
         workload_refresh_seconds=3600.0,
-        warm_shapes=0,  # no policy rebuilt and promoted between filter and prioritize
+        warm_shapes=0,  # no policy rebuilt and promoted between the calls
     ) as h:
         _, poller = await _loaded(h)
         pod = await _pod(h, "p")
-        # The same loads: the answer prepared ahead is used.
-        await _scores(h, pod)
-        used = h.sidecar.registry.get_sample_value(
-            "gpuplace_prioritize_ahead_total", {"result": "used"}
-        )
-        assert used == 1.0
-        passed = (await h.filter(pod, sorted(h.sidecar.sync.nodes)))["NodeNames"]
+        names = sorted(h.sidecar.sync.nodes)
+        assert (await h.filter(pod, names))["NodeNames"] == [SECOND]
+        assert not h.sidecar.service.ahead
         reader.utilization = {FIRST: {0: 0.0, 1: 0.0}, SECOND: {0: 1.0, 1: 1.0}}
         assert await poller.read_once() == "ok"
-        assert await h.prioritize(pod, passed) == {FIRST: 10, SECOND: 0}
-        stale = h.sidecar.registry.get_sample_value(
-            "gpuplace_prioritize_ahead_total", {"result": "stale"}
-        )
-        assert stale == 1.0
+        assert (await h.filter(pod, names))["NodeNames"] == [FIRST]
+        assert await h.prioritize(pod, names) == {FIRST: 10, SECOND: 0}
+        assert await h.schedule(pod) == FIRST
 
 
 async def test_without_load_aware_the_answers_are_todays(server: localapi.Server) -> None:

@@ -98,7 +98,9 @@ def test_a_silent_agent_closes_its_node_to_new_pods_and_running_pods_keep_their_
     held = Grant("uid-running", "a", (0,), 500, 1024)
     sync.ledger.reserve(held)
     pod = gpu_pod("new", percent=50)
-    assert sorted(decider.filter(pod, ["a", "b"]).passed) == ["a", "b"]
+    both = decider.filter(pod, ["a", "b"])
+    assert both.fitting == 2 and not both.misfits
+    assert both.passed == ["a"]  # the policy's best: the half-used GPU
     wall.now += BOUND + 1
     sync.put_node(nodes.record(agent_node("b", beat=wall.now)))  # b's agent beats on
     assert sync.check_agents() == ["a"]
@@ -111,7 +113,8 @@ def test_a_silent_agent_closes_its_node_to_new_pods_and_running_pods_keep_their_
     assert state is not None and state.free_milli == [-500, 0]
     # the agent comes back: the node opens again with the running grant still counted
     sync.put_node(nodes.record(agent_node("a", beat=wall.now)))
-    assert sorted(decider.filter(pod, ["a", "b"]).passed) == ["a", "b"]
+    again = decider.filter(pod, ["a", "b"])
+    assert again.fitting == 2 and not again.misfits and again.passed == ["a"]
     state = sync.ledger.state("a")
     assert state is not None and state.free_milli == [500, 1000]
 

@@ -373,6 +373,14 @@ def test_gpuplace_serve_process_against_the_api(tls: tuple[Path, Path], tmp_path
             )
             assert status == 200, verdict
             assert verdict["NodeNames"] == ["gpu-0"]
+            # a node passed: kube-scheduler reads no failed node, and none is listed
+            assert verdict["FailedNodes"] == verdict["FailedAndUnresolvableNodes"] == {}
+            status, verdict = _http(
+                "POST",
+                f"http://127.0.0.1:{extender}/filter",
+                {"Pod": pod, "NodeNames": ["cpu-0"], "Nodes": None},
+            )
+            assert status == 200 and verdict["NodeNames"] == [], verdict
             assert set(verdict["FailedNodes"]) | set(verdict["FailedAndUnresolvableNodes"]) == {
                 "cpu-0"
             }

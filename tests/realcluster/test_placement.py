@@ -1,6 +1,6 @@
 """The placements README promises, through the real chain: kubectl apply → kube-apiserver →
 gpuplace's webhooks → the stock kube-scheduler with the shipped profile → the sidecar's
-filter, prioritize and bind → the assignment annotations and the Binding. Nodes are fake
+filter and bind → the assignment annotations and the Binding. Nodes are fake
 GPU nodes of the test's own GPU model (objects.py)."""
 
 from __future__ import annotations

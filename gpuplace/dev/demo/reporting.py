@@ -113,10 +113,10 @@ def why(result: PodResult) -> str:
         return f"gang: all {mark.members} planned as one, ungated together"
     if attempt is None:
         return "bound"
-    if attempt.score is None:
+    if attempt.fitting <= 1:
         return f"only fit: {attempt.feasible} passed kube-scheduler, 1 the extender"
-    ties = f", random pick among {attempt.tied}" if attempt.tied > 1 else ""
-    return f"score {attempt.score}/10, best of {len(attempt.passed)} fitting nodes{ties}"
+    ties = f", random pick among {attempt.tied} tied" if attempt.tied > 1 else ""
+    return f"policy's best of {attempt.fitting} fitting nodes{ties}"
 
 
 def _ranges(indices: str) -> str:

@@ -1,18 +1,17 @@
 """The demo's kube-scheduler: the stock scheduler's cycle for one pod, profile `gpuplace`.
 
 What kube-scheduler does with a pod whose `schedulerName` is `gpuplace`, configured as
-deploy/base/kube-scheduler-config.yaml says (extender on 127.0.0.1, filter/prioritize/
-bind verbs, `nodeCacheCapable`, weight 100000, `percentageOfNodesToScore: 100`):
+deploy/base/kube-scheduler-config.yaml says (extender on 127.0.0.1, filter and bind
+verbs, no prioritize, `nodeCacheCapable`, `percentageOfNodesToScore: 100`):
 
 1. its own filter plugins on every node: NodeUnschedulable, NodeAffinity (nodeSelector
    and required node affinity, `gpuplace.cluster.node_affinity.NodeAffinity`), NodeResourcesFit
    (requests, extended resources included, against allocatable minus the requests of
    the pods already on the node) — with kube-scheduler's own reason strings;
 2. `POST /filter` with `{"Pod", "NodeNames", "Nodes": null}` for the nodes that passed;
-3. one node left: it is chosen without scoring (as kube-scheduler does); several:
-   `POST /prioritize`, total = score × weight × (100 / 10), and one of the nodes with
-   the highest total is picked uniformly at random (the plugins' own scores, at most a
-   few hundred, cannot outweigh one extender point and are left out);
+3. one node left (the policy's best: the extender passes only that): it is chosen
+   without scoring, as kube-scheduler does; several (a policy's tie): kube-scheduler's
+   own score plugins would pick one, here drawn uniformly at random;
 4. `POST /bind` (the extender creates the Binding itself); then an Event `Scheduled`;
 5. no node: an Event `FailedScheduling` ("0/36 nodes are available: …") and the
    condition PodScheduled=False/Unschedulable, as `kubectl describe pod` shows them.
@@ -48,9 +47,6 @@ from gpuplace.dev.localapi import PODS, FakeApi
 from gpuplace.dev.localapi.resources import LEASES
 from gpuplace.dev.localapi.store import now
 
-EXTENDER_WEIGHT = 100_000
-SCORE_SCALE = 10
-"""kube-scheduler's MaxNodeScore (100) / MaxExtenderPriority (10)."""
 AFFINITY = "node(s) didn't match Pod's node affinity/selector"
 UNSCHEDULABLE = "node(s) were unschedulable"
 TOO_MANY_PODS = "Too many pods"
@@ -111,11 +107,12 @@ class Attempt:
     feasible: int = 0
     """Nodes that passed kube-scheduler's own filters."""
     passed: list[str] = field(default_factory=list)
-    """Nodes that also passed the extender's filter."""
-    score: int | None = None
-    """The extender's score (0-10) of the chosen node; None when not scored."""
+    """Nodes that also passed the extender's filter: the policy's best."""
+    fitting: int = 0
+    """Nodes the pod fits: those kube-scheduler's filters passed that the extender did
+    not fail (it passes only the best of them and fails none of the others)."""
     tied: int = 0
-    """Nodes that shared the highest total (the pick among them is random)."""
+    """Nodes the extender passed (several: a tie, the pick among them is random)."""
     message: str = ""
     """FailedScheduling message, or the bind error."""
 
@@ -169,14 +166,12 @@ class Scheduler:
         rng: random.Random,
         *,
         profile: str = "gpuplace",
-        weight: int = EXTENDER_WEIGHT,
     ) -> None:
         self.api = api
         self.session = session
         self.extender_url = extender_url.rstrip("/")
         self.rng = rng
         self.profile = profile
-        self.weight = weight
 
     def schedulable(self, pod: Mapping[str, Any]) -> bool:
         """Whether kube-scheduler's queue holds this pod for the profile."""
@@ -246,20 +241,11 @@ class Scheduler:
                 for node_name, reason in (verdict.get(table) or {}).items():
                     failed[node_name] = [str(reason)]
         attempt.passed = passed
+        attempt.fitting = sum(1 for node in feasible if node not in failed)
         if not passed:
             return self._failed(pod, attempt, failed_message(len(nodes), failed))
-        if len(passed) == 1:
-            chosen, attempt.tied = passed[0], 1
-        else:
-            scores = await self._post(
-                "prioritize", {"Pod": pod, "NodeNames": passed, "Nodes": None}
-            )
-            extender = {entry["Host"]: int(entry["Score"]) for entry in scores}
-            totals = {node: extender.get(node, 0) * self.weight * SCORE_SCALE for node in passed}
-            best = max(totals.values())
-            top = [node for node in passed if totals[node] == best]
-            chosen, attempt.tied = self.rng.choice(top), len(top)
-            attempt.score = extender.get(chosen, 0)
+        chosen = passed[0] if len(passed) == 1 else self.rng.choice(passed)
+        attempt.tied = len(passed)
         metadata = pod["metadata"]
         answer = await self._post(
             "bind",
