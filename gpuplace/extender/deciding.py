@@ -73,9 +73,12 @@ class Verdict:
 
     passed: list[str]
     failed: dict[str, str] = field(default_factory=dict)
+    """Why not, per node, for kube-scheduler: filled when no node passed (it reads them
+    only then; a node fenced for a gang is listed either way)."""
     unresolvable: dict[str, str] = field(default_factory=dict)
+    """The same, for nodes no preemption could help; filled when no node passed."""
     misfits: dict[str, fit.Misfit] = field(default_factory=dict)
-    """Per failed node, the engine's reason (for Events and logs)."""
+    """Per node the pod does not fit, the engine's reason (for Events and logs)."""
     request: GpuRequest | None = None
     holding: Grant | None = None
     problem: str = ""
@@ -203,21 +206,34 @@ class Decider:
         # is built in comprehensions, not one loop with branches.
         choices, misfits = evaluation.choices, evaluation.misfits
         whole = len(names) == len(choices) + len(misfits)
-        passed = list(choices) if whole else [name for name in names if name in choices]
-        verdict = Verdict(passed=passed, request=request)
         fences = self.fences
-        if fences is not None and fences.current is not None:
-            offered = []
-            for name in verdict.passed:
-                held = fences.blocks(uid, name)
-                if held is None:
-                    offered.append(name)
-                else:
-                    verdict.failed[name] = held
-            verdict.passed = offered
-        verdict.fitting = len(verdict.passed)
-        if len(verdict.passed) > 1:
-            verdict.passed = self._best(evaluation.choices, verdict.passed)
+        fenced = fences is not None and fences.current is not None
+        view = self.current_loads()
+        if whole and not fenced and view is None:
+            # Every fitting node is a candidate: the evaluation's best, from the heap the
+            # engine keeps with a shared evaluation (a pass over 10,000 choices touches
+            # 10,000 objects: ~2.7 ms in the sidecar), else scanned.
+            # A tie is scanned: its nodes are then in the evaluation's order, which the
+            # answer prepared ahead for prioritize relies on (`chosen_ahead`).
+            top = evaluation.top() if evaluation.top is not None else None
+            best = top if top is not None and len(top) == 1 else self._best_of_every(choices)
+            verdict = Verdict(passed=best, request=request)
+            verdict.fitting = len(choices)
+        else:
+            passed = list(choices) if whole else [name for name in names if name in choices]
+            verdict = Verdict(passed=passed, request=request)
+            if fences is not None and fenced:
+                offered = []
+                for name in verdict.passed:
+                    held = fences.blocks(uid, name)
+                    if held is None:
+                        offered.append(name)
+                    else:
+                        verdict.failed[name] = held
+                verdict.passed = offered
+            verdict.fitting = len(verdict.passed)
+            if len(verdict.passed) > 1:
+                verdict.passed = self._best(choices, verdict.passed, view)
         if uid:
             every = verdict.passed if whole and len(verdict.passed) == len(choices) else None
             self._remember(uid, request, evaluation, every)
@@ -226,15 +242,31 @@ class Decider:
         else:
             get, unknown = misfits.get, choosing.UNKNOWN
             verdict.misfits = {name: get(name) or unknown for name in names if name not in choices}
-        failed, verdict.unresolvable = reasons.for_nodes(verdict.misfits, self.mode)
-        verdict.failed.update(failed)
+        if not verdict.passed:  # kube-scheduler reads them only then: O(names) of strings
+            failed, verdict.unresolvable = reasons.for_nodes(verdict.misfits, self.mode)
+            verdict.failed.update(failed)
         return verdict
 
-    def _best(self, choices: Mapping[str, Choice], passed: list[str]) -> list[str]:
+    @staticmethod
+    def _best_of_every(choices: Mapping[str, Choice]) -> list[str]:
+        """The names of `choices` at the best score, in their order; without loads.
+        Two passes in C over the choices (attrgetter, max, count): ~0.4 ms at 10,000
+        nodes, where a comprehension took twice that."""
+        if len(choices) < 2:
+            return list(choices)
+        scores = list(map(_SCORE, choices.values()))
+        top = max(scores)
+        if scores.count(top) == 1:
+            return [next(itertools.islice(choices, scores.index(top), None))]
+        return list(itertools.compress(choices, map(top.__eq__, scores)))
+
+    def _best(
+        self, choices: Mapping[str, Choice], passed: list[str], view: load_ties.Loads | None
+    ) -> list[str]:
         """Of `passed` (each has a choice), those at the policy's best score, with the
-        load tie-break applied (`_tie_broken`): the nodes prioritize would give 10, in
-        their order. O(passed), + the tie-break's cost with loads."""
-        found = self._tie_broken(list(map(choices.__getitem__, passed)), self.current_loads())
+        load tie-break of `view` applied (`_tie_broken`): the nodes prioritize would give
+        10, in their order. O(passed), + the tie-break's cost with loads."""
+        found = self._tie_broken(list(map(choices.__getitem__, passed)), view)
         # Every entry has a choice (passed nodes do). map/compress: no Python frame per
         # node (a comprehension over 1,000 nodes took most of filter's time).
         scores = list(map(_SCORE, found))

@@ -19,8 +19,9 @@ import bisect
 import heapq
 import math
 import random
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import filterfalse
 from typing import Protocol
 
@@ -76,6 +77,11 @@ class Evaluation:
 
     choices: dict[str, Choice] = field(default_factory=dict)
     misfits: dict[str, fit.Misfit] = field(default_factory=dict)
+    top: Callable[[], list[str] | None] | None = field(default=None, compare=False)
+    """On a shared evaluation (`Chooser.evaluate(shared=True)`): the names of its
+    choices at the highest score, from a heap kept with it (O(log nodes) per node scored
+    since, not a pass over every choice), or None where more than `TOP_TIES` tie.
+    Valid, like the evaluation, while the ledger's generation is unchanged."""
 
     def known(self, names: Iterable[str]) -> int:
         """How many of `names` have a choice or a misfit: choices and misfits are
@@ -166,6 +172,9 @@ ID_LIMIT = 1 << 14
 EVALUATIONS_KEPT = 128
 """Scoring shapes whose evaluation `evaluate` keeps for incremental reuse (the least
 recently used is dropped first)."""
+TOP_TIES = 64
+"""`Evaluation.top` names at most this many nodes tied at the best score; beyond, the
+caller scans (a policy without a line of nodes, e.g. `random`, ties them all)."""
 TIE = 1e-6
 """Weight of a node's place in line in `evaluate`'s scores: far below any real difference."""
 
@@ -179,13 +188,17 @@ class _Kept:
     ledger's change log, and the cluster's nodes it lacks (`missing`: every node not
     scored since it was last changed, perhaps with nodes since removed)."""
 
-    __slots__ = ("cursor", "epoch", "evaluation", "missing")
+    __slots__ = ("cursor", "epoch", "evaluation", "heap", "missing")
 
     def __init__(self, epoch: int, cursor: int, nodes: Iterable[str]) -> None:
         self.epoch = epoch
         self.cursor = cursor
         self.evaluation = Evaluation()
         self.missing = set(nodes)
+        self.heap: list[tuple[float, str]] = []
+        """(-score, name) of the choices, pushed as each node is scored (in the warmer's
+        slices, for the shapes it keeps current), with stale entries (nodes re-scored
+        or gone) left in until they reach the top (`Chooser._top`). ~90 bytes a node."""
 
 
 class _MemoryIndex:
@@ -411,7 +424,7 @@ class Chooser:
             self._fill(kept, shaped, lacking)
         short = self._memory.below(self.ledger, request.host_memory_mib)
         if shared and not short:
-            return Evaluation(choices, misfits)
+            return Evaluation(choices, misfits, top=partial(self._top, kept))
         if len(listed) == len(choices) + len(misfits):  # (names are unique, as the scheduler's)
             result = Evaluation(dict(choices), dict(misfits))
         else:
@@ -435,16 +448,57 @@ class Chooser:
 
     def _fill(self, kept: _Kept, shaped: GpuRequest, names: Iterable[str]) -> int:
         """Score the nodes of `names` that `kept` (current) lacks; how many it scored."""
-        evaluation, missing = kept.evaluation, kept.missing
+        evaluation, missing, heap = kept.evaluation, kept.missing, kept.heap
         choices, misfits = evaluation.choices, evaluation.misfits
         rid = self._id(shaped)
         scored = 0
         for name in names:
             if name not in choices and name not in misfits:
-                self._record(evaluation, name, shaped, rid)
+                own, found = self._record(evaluation, name, shaped, rid)
+                if type(found) is Choice:
+                    heapq.heappush(heap, (-found.score, own))
                 missing.discard(name)
                 scored += 1
+        if len(heap) > 2 * len(choices) + 1024:  # stale entries over half: O(choices),
+            self._reheap(kept)  # after at least that many pushes
         return scored
+
+    @staticmethod
+    def _reheap(kept: _Kept) -> list[tuple[float, str]]:
+        """`kept`'s heap rebuilt from its choices alone. O(choices)."""
+        heap = kept.heap = [(-c.score, name) for name, c in kept.evaluation.choices.items()]
+        heapq.heapify(heap)
+        return heap
+
+    def _top(self, kept: _Kept) -> list[str] | None:
+        """`Evaluation.top` of `kept` (current): its choices at the highest score, or
+        None where more than `TOP_TIES` tie (the caller scans them). O(log choices) per
+        stale entry that surfaces (dropped) and per tied node; rebuilt, O(choices), when
+        stale entries are over half of the heap."""
+        choices = kept.evaluation.choices
+        heap = kept.heap
+        if len(heap) > 2 * len(choices) + 1024:
+            heap = self._reheap(kept)
+        while heap:
+            negated, name = heap[0]
+            found = choices.get(name)
+            if found is not None and -found.score == negated:
+                break
+            heapq.heappop(heap)
+        if not heap:
+            return []
+        best = heap[0][0]
+        tied: list[str] = []
+        taken: list[tuple[float, str]] = []
+        while heap and heap[0][0] == best and len(tied) <= TOP_TIES:
+            entry = heapq.heappop(heap)
+            found = choices.get(entry[1])
+            if found is not None and -found.score == best and entry[1] not in tied:
+                tied.append(entry[1])
+                taken.append(entry)
+        for entry in taken:  # the current ones go back; stale ones and repeats do not
+            heapq.heappush(heap, entry)
+        return tied if len(tied) <= TOP_TIES else None
 
     def prepare_memory(self) -> None:
         """Bring the index of free host memory up to date ahead of `evaluate` (built on
@@ -488,6 +542,7 @@ class Chooser:
         if changed is None:
             kept.evaluation = Evaluation()
             kept.missing = set(self._own_names())
+            kept.heap = []
         else:
             # Changed nodes are dropped, not re-scored here: the caller scores what is
             # missing (`evaluate` at once, the warmer in slices).
@@ -552,7 +607,10 @@ class Chooser:
         )
         return own
 
-    def _record(self, evaluation: Evaluation, name: str, request: GpuRequest, rid: int) -> None:
+    def _record(
+        self, evaluation: Evaluation, name: str, request: GpuRequest, rid: int
+    ) -> tuple[str, Choice | fit.Misfit]:
+        """Score `name` into `evaluation`; the name as kept and what it got."""
         found = self._outcome(name, request, rid)
         own = self._names.get(name)
         if own is not None:
@@ -563,6 +621,7 @@ class Chooser:
             evaluation.choices[name] = found
         else:
             evaluation.misfits[name] = found  # type: ignore[assignment]
+        return name, found
 
     # --- per state -------------------------------------------------------------
 

@@ -78,7 +78,11 @@ def test_filter_passes_the_policys_best_alone_and_prioritize_agrees() -> None:
     assert scores.count(choosing.MAX_EXTENDER_SCORE) == 1
     assert verdict.passed == [names[scores.index(choosing.MAX_EXTENDER_SCORE)]]
     assert verdict.fitting == 4
-    assert set(verdict.failed) | set(verdict.unresolvable) == {"tiny"}
+    assert set(verdict.misfits) == {"tiny"}
+    # a node passed: kube-scheduler reads no failed node, none is worded
+    assert not verdict.failed and not verdict.unresolvable
+    alone = decider.filter(pod, ["tiny"])
+    assert alone.passed == [] and set(alone.failed) | set(alone.unresolvable) == {"tiny"}
 
 
 pods_drawn = st.lists(
@@ -127,7 +131,7 @@ def test_filter_passes_exactly_what_prioritize_gives_ten(
             if score == choosing.MAX_EXTENDER_SCORE
         )
         assert set(verdict.passed) <= set(fitting)
-        assert not (set(verdict.failed) | set(verdict.unresolvable)) & set(fitting)
+        assert set(verdict.misfits) == set(names) - set(fitting)
         node = rng.choice(verdict.passed)
         request = decider.request(pod)
         assert request is not None

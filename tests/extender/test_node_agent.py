@@ -106,8 +106,9 @@ def test_a_silent_agent_closes_its_node_to_new_pods_and_running_pods_keep_their_
     assert sync.check_agents() == ["a"]
     verdict = decider.filter(pod, ["a", "b"])
     assert verdict.passed == ["b"]
-    assert verdict.unresolvable == {"a": "gpuplace: node agent silent"}
     assert "node agent silent since" in verdict.misfits["a"].message
+    alone = decider.filter(pod, ["a"])  # no node passed: kube-scheduler reads why
+    assert alone.passed == [] and alone.unresolvable == {"a": "gpuplace: node agent silent"}
     assert sync.ledger.get("uid-running") == held
     state = sync.ledger.state("a")
     assert state is not None and state.free_milli == [-500, 0]

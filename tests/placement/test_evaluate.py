@@ -119,6 +119,7 @@ def test_incremental_evaluation_equals_scoring_afresh(
             assert got.misfits == want.misfits
             view = chooser.evaluate(request, names, shared=True)
             shared.append((book.generation, names, view, want))
+            _check_top(view)
         for generation, named, view, want in shared:
             if generation == book.generation:  # a shared result holds while nothing changed
                 assert {n: view.choices[n] for n in named if n in view.choices} == want.choices
@@ -128,6 +129,41 @@ def test_incremental_evaluation_equals_scoring_afresh(
     last = GpuRequest(250, count=1, host_memory_mib=3000)
     everything = chooser.evaluate(last)
     assert everything.choices == afresh(book, last, policy, ["a", "b", "c", "d"]).choices
+
+
+def _check_top(view: choosing.Evaluation) -> None:
+    """A shared evaluation's `top` (its heap, kept across grants and releases) names
+    exactly its choices at the highest score, each once, or None past `TOP_TIES`."""
+    if view.top is None:  # a fresh evaluation (some node short of host memory)
+        return
+    top = view.top()
+    scores = [choice.score for choice in view.choices.values()]
+    best = {name for name, choice in view.choices.items() if choice.score == max(scores)}
+    if len(best) > choosing.TOP_TIES:
+        assert top is None
+    else:
+        assert top is not None and len(top) == len(set(top)) and set(top) == best
+
+
+def test_top_follows_the_kept_evaluation_and_gives_up_past_the_ties() -> None:
+    book = cluster()
+    chooser = choosing.Chooser(book, policies.make("best-fit"))
+    request = GpuRequest(500, count=1)
+    view = chooser.evaluate(request, ["a", "b", "c", "d"], shared=True)
+    _check_top(view)
+    for uid in range(6):  # each grant changes the best node's score: the heap follows
+        choice = chooser.choose(request, random.Random(uid))
+        if choice is None:
+            break
+        book.reserve(choosing.grant_for(f"p{uid}", choice, request))
+        _check_top(chooser.evaluate(request, ["a", "b", "c", "d"], shared=True))
+    for uid in range(6):  # releases lower the packed nodes' scores: stale entries on top
+        book.release(f"p{uid}")
+        _check_top(chooser.evaluate(request, ["a", "b", "c", "d"], shared=True))
+    many = ledger(*(node(f"n{index}", 1) for index in range(choosing.TOP_TIES + 2)))
+    alike = choosing.Chooser(many, policies.make("random", rng=random.Random(1)))
+    top = alike.evaluate(request, shared=True).top
+    assert top is not None and top() is None  # the caller scans
 
 
 def test_prepare_does_the_work_once() -> None:
