@@ -220,7 +220,8 @@ def install(cluster: Cluster, workdir: Path) -> Installation:
 
 def serve_process(installation: Installation, *, queues: bool = False) -> HostProcess:
     """`gpuplace serve` with the Deployment's arguments, as ServiceAccount gpuplace; with
-    `queues`, plus `--queues=true` (the queue controller, which the Deployment leaves off)."""
+    `queues`, plus `--queues=true` (the queue controller: on by default in `gpuplace serve`,
+    so the Deployment runs it too; named so that the queue tests do not rest on a default)."""
     box = container(installation.rendered, "Deployment", "gpuplace", "gpuplace")
     ports, tls = installation.ports, installation.workdir / "tls"
     kubeconfig = installation.sa_kubeconfig(NAMESPACE, "gpuplace")

@@ -52,9 +52,11 @@ def test_an_elastic_gang_gives_its_newest_extra_first_then_goes_whole(
     scope: Scope, kubectl: Kubectl
 ) -> None:
     """A running elastic gang (4 members, gang-min 2) fills a 4-GPU node at low priority.
-    A high-priority pod needing one GPU takes exactly the newest extra member; one
-    needing three GPUs cannot leave the gang below gang-min, so the whole gang goes
-    (docs/gangs.md, "Priority and preemption")."""
+    A high-priority pod needing one GPU takes exactly one extra member (the newest of
+    those kube-scheduler offered: among equal pods its choice is its own, and this plan
+    started all four in the same second), never a core one; one needing three GPUs
+    cannot leave the gang below gang-min, so the whole gang goes (docs/gangs.md,
+    "Priority and preemption")."""
     name = scope.node("a")
     scope.add_nodes(gpu_node(name, model=scope.model, gpus=4))
     low, high = f"{scope.namespace}-low", f"{scope.namespace}-high"
@@ -84,7 +86,8 @@ def test_an_elastic_gang_gives_its_newest_extra_first_then_goes_whole(
         timeout=60,
         what="three members left",
     )
-    assert survivors == members[:3], survivors  # the newest extra, and only it, went
+    # one extra, and only it, went; the gang-min core stays
+    assert survivors in (members[:3], [*members[:2], members[3]]), survivors
 
     three = {"gpuplace.io/gpu-count": "3", "gpuplace.io/gpu-model": scope.model}
     kubectl.apply(pod("bigger", scope.namespace, three, priority_class=high))
