@@ -187,16 +187,11 @@ class Service:
         """The answer, its outcome, the UID of the pod to answer prioritize ahead for
         ("" for none), and the FailedGpuPlacement message ("" for none)."""
         verdict = self.decider.filter(args.pod, names)
-        # kube-scheduler reads the failed nodes only when none passed (FailedScheduling's
-        # message, preemption's candidates): an answer that passes a node leaves them
-        # out, sparing their encoding here and their decoding in kube-scheduler.
-        # model_construct: built from our own values, validating 10,000 entries is waste
-        result = (
-            FilterResult.model_construct(failed_nodes={}, failed_and_unresolvable={})
-            if verdict.passed
-            else FilterResult.model_construct(
-                failed_nodes=verdict.failed, failed_and_unresolvable=verdict.unresolvable
-            )
+        # Failed nodes only when none passed (`Verdict.failed`): kube-scheduler reads
+        # them only then. model_construct: built from our own values, validating 10,000
+        # entries is waste
+        result = FilterResult.model_construct(
+            failed_nodes=verdict.failed, failed_and_unresolvable=verdict.unresolvable
         )
         objects = args.node_objects()
         if objects is None:

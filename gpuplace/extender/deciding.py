@@ -40,7 +40,7 @@ from __future__ import annotations
 import itertools
 import operator
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,14 +67,24 @@ for a request some node lacks host memory for is a copy: ~0.2 MB at 10,000 nodes
 _SCORE = operator.attrgetter("score")
 
 
+def _at_top(names: Iterable[str], scores: list[float]) -> list[str]:
+    """The `names` whose score (`scores`, in the same order; not empty) is the highest,
+    in their order. max/count/index/compress in C, no Python frame per node (a
+    comprehension over 1,000 nodes took most of filter's time). O(n)."""
+    top = max(scores)
+    if scores.count(top) == 1:
+        return [next(itertools.islice(names, scores.index(top), None))]
+    return list(itertools.compress(names, map(top.__eq__, scores)))
+
+
 @dataclass(slots=True)
 class Verdict:
     """filter's outcome for one pod."""
 
     passed: list[str]
     failed: dict[str, str] = field(default_factory=dict)
-    """Why not, per node, for kube-scheduler: filled when no node passed (it reads them
-    only then; a node fenced for a gang is listed either way)."""
+    """Why not, per node, for kube-scheduler (a gang's fence included): filled when no
+    node passed, the only time it reads them."""
     unresolvable: dict[str, str] = field(default_factory=dict)
     """The same, for nodes no preemption could help; filled when no node passed."""
     misfits: dict[str, fit.Misfit] = field(default_factory=dict)
@@ -208,6 +218,7 @@ class Decider:
         whole = len(names) == len(choices) + len(misfits)
         fences = self.fences
         fenced = fences is not None and fences.current is not None
+        held: dict[str, str] = {}  # fitting nodes a gang's fence keeps from this pod
         view = self.current_loads()
         if whole and not fenced and view is None:
             # Every fitting node is a candidate: the evaluation's best, from the heap the
@@ -225,11 +236,11 @@ class Decider:
             if fences is not None and fenced:
                 offered = []
                 for name in verdict.passed:
-                    held = fences.blocks(uid, name)
-                    if held is None:
+                    why = fences.blocks(uid, name)
+                    if why is None:
                         offered.append(name)
                     else:
-                        verdict.failed[name] = held
+                        held[name] = why
                 verdict.passed = offered
             verdict.fitting = len(verdict.passed)
             if len(verdict.passed) > 1:
@@ -243,8 +254,8 @@ class Decider:
             get, unknown = misfits.get, choosing.UNKNOWN
             verdict.misfits = {name: get(name) or unknown for name in names if name not in choices}
         if not verdict.passed:  # kube-scheduler reads them only then: O(names) of strings
-            failed, verdict.unresolvable = reasons.for_nodes(verdict.misfits, self.mode)
-            verdict.failed.update(failed)
+            verdict.failed, verdict.unresolvable = reasons.for_nodes(verdict.misfits, self.mode)
+            verdict.failed.update(held)
         return verdict
 
     @staticmethod
@@ -254,11 +265,7 @@ class Decider:
         nodes, where a comprehension took twice that."""
         if len(choices) < 2:
             return list(choices)
-        scores = list(map(_SCORE, choices.values()))
-        top = max(scores)
-        if scores.count(top) == 1:
-            return [next(itertools.islice(choices, scores.index(top), None))]
-        return list(itertools.compress(choices, map(top.__eq__, scores)))
+        return _at_top(choices, list(map(_SCORE, choices.values())))
 
     def _best(
         self, choices: Mapping[str, Choice], passed: list[str], view: load_ties.Loads | None
@@ -267,13 +274,7 @@ class Decider:
         load tie-break of `view` applied (`_tie_broken`): the nodes prioritize would give
         10, in their order. O(passed), + the tie-break's cost with loads."""
         found = self._tie_broken(list(map(choices.__getitem__, passed)), view)
-        # Every entry has a choice (passed nodes do). map/compress: no Python frame per
-        # node (a comprehension over 1,000 nodes took most of filter's time).
-        scores = list(map(_SCORE, found))
-        top = max(scores)
-        if scores.count(top) == 1:
-            return [passed[scores.index(top)]]
-        return list(itertools.compress(passed, map(top.__eq__, scores)))
+        return _at_top(passed, list(map(_SCORE, found)))  # every passed node has a choice
 
     def _reserved(self, names: Sequence[str], request: GpuRequest, holding: Grant) -> Verdict:
         verdict = Verdict(passed=[], request=request, holding=holding)

@@ -489,15 +489,13 @@ class Chooser:
             return []
         best = heap[0][0]
         tied: list[str] = []
-        taken: list[tuple[float, str]] = []
         while heap and heap[0][0] == best and len(tied) <= TOP_TIES:
-            entry = heapq.heappop(heap)
-            found = choices.get(entry[1])
-            if found is not None and -found.score == best and entry[1] not in tied:
-                tied.append(entry[1])
-                taken.append(entry)
-        for entry in taken:  # the current ones go back; stale ones and repeats do not
-            heapq.heappush(heap, entry)
+            _, name = heapq.heappop(heap)
+            found = choices.get(name)
+            if found is not None and -found.score == best and name not in tied:
+                tied.append(name)
+        for name in tied:  # the current ones go back; stale ones and repeats do not
+            heapq.heappush(heap, (best, name))
         return tied if len(tied) <= TOP_TIES else None
 
     def prepare_memory(self) -> None:
