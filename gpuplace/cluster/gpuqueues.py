@@ -31,6 +31,11 @@ PLURAL = "gpuqueues"
 
 Quantity = str | int
 PreemptionPolicy = Literal["Never", "LowerPriority", "Any"]
+FairStrategyName = Literal["LessThanOrEqualToFinalShare", "LessThanInitialShare"]
+
+
+def _final_share_only() -> list[FairStrategyName]:
+    return ["LessThanOrEqualToFinalShare"]
 
 
 class QueueError(ValueError):
@@ -52,6 +57,18 @@ class QuotaLine(_Model):
 class Preemption(_Model):
     reclaim_within_cohort: PreemptionPolicy = Field(default="Any", alias="reclaimWithinCohort")
     fair_sharing: PreemptionPolicy = Field(default="Never", alias="fairSharing")
+    fair_sharing_strategies: list[FairStrategyName] = Field(
+        default_factory=_final_share_only,
+        alias="fairSharingStrategies",
+        min_length=1,
+        max_length=2,
+    )
+
+    @model_validator(mode="after")
+    def _strategies_are_distinct(self) -> Self:
+        if len(set(self.fair_sharing_strategies)) != len(self.fair_sharing_strategies):
+            raise ValueError("fairSharingStrategies must not name a strategy twice")
+        return self
 
 
 class Requirement(_Model):
@@ -183,6 +200,9 @@ def to_spec(queue: GpuQueue) -> quotas.QueueSpec:
         weight=weight,
         reclaim=quotas.Preemption(spec.preemption.reclaim_within_cohort),
         fair_sharing=quotas.Preemption(spec.preemption.fair_sharing),
+        fair_strategies=tuple(
+            quotas.FairStrategy(name) for name in spec.preemption.fair_sharing_strategies
+        ),
         queueing=quotas.Queueing(spec.queueing_strategy),
         max_wait=max_wait,
     )

@@ -29,7 +29,10 @@ A *workload* is a pod, or a gang as one unit (all its members; an elastic gang a
    place, the borrowed workloads to preempt (`reclaiming.victims`, where `admits` is step
    4 on the ledger and accounts without them): as the queue's `reclaim` policy allows when
    the workload fits inside its queue's nominal quota, and as its `fair_sharing` policy
-   allows from queues that would still borrow at least the share its queue reaches.
+   allows from queues that would still borrow at least the share its queue reaches
+   (`quotas.FairStrategy.FINAL_SHARE`), or, where the queue lists
+   `INITIAL_SHARE` next and the first finds no victims, from queues that borrowed more
+   than that share before.
    Workloads already leaving count as gone there, so a reclaim in flight is not repeated;
    each reclaim chosen is applied while the next is looked for (never two on one freed
    GPU), and all is undone before the round returns.
@@ -616,8 +619,13 @@ class _Preempting:
         spec = state.accounts.specs[workload.queue]
         self.reclaim = spec.reclaim if _within_nominal(state, workload.queue, members) else None
         self.fair = spec.fair_sharing
+        self.strategy = quotas.FairStrategy.FINAL_SHARE
+        """The fair-sharing strategy `allowed` applies (`_reclaims` tries the queue's
+        in turn)."""
         self.share = _share_after(state, workload.queue, members)
         """The waiting workload's queue's share once admitted (an upper bound)."""
+        self._initial: dict[str, float] = {}
+        """Per victim queue, its share before this look (`INITIAL_SHARE`)."""
         self._seen: list[reclaiming.Candidate] = []
         self._uids: set[str] = set()
         self._use: dict[str, Use] = {}
@@ -674,10 +682,13 @@ class _Preempting:
         self, candidate: reclaiming.Candidate, chosen: Sequence[reclaiming.Candidate]
     ) -> bool:
         """The candidate's queue borrows once `chosen` are gone, and a policy lets it go:
-        reclaim (the workload fits its nominal quota), or fair sharing (its queue keeps
-        at least the share the waiting workload's queue reaches). O(buckets + new
+        reclaim (the workload fits its nominal quota), or fair sharing by `strategy` (its
+        queue keeps at least the share the waiting workload's queue reaches; or, with
+        `INITIAL_SHARE`, had more than that share before this look). O(buckets + new
         victims)."""
         accounts = self.state.accounts
+        if candidate.queue not in self._initial:
+            self._initial[candidate.queue] = accounts.share(candidate.queue)
         uids, use = self._taken(chosen)
         before = use.get(candidate.queue, {})
         accounts.charge(candidate.queue, before, -1)
@@ -689,6 +700,8 @@ class _Preempting:
                 return True
             if not self.fair.allows(candidate.priority, priority):
                 return False
+            if self.strategy is quotas.FairStrategy.INITIAL_SHARE:
+                return self.share < self._initial[candidate.queue]
             mine = self.removed(set(candidate.uids) - uids).get(candidate.queue, {})
             return accounts.share_with(candidate.queue, mine, -1) >= self.share
         finally:
@@ -743,7 +756,12 @@ def _reclaims(
                 continue
             tries += 1
             candidates = [c for c in _candidates(state, queue) if taken.isdisjoint(c.uids)]
-            chosen = reclaiming.victims(candidates, preempting.admits, preempting.allowed)
+            chosen = None
+            for strategy in _strategies(state, queue):
+                preempting.strategy = strategy
+                chosen = reclaiming.victims(candidates, preempting.admits, preempting.allowed)
+                if chosen is not None:
+                    break
             if chosen is None:
                 hopeless.add(shape)
                 continue
@@ -799,6 +817,16 @@ def _apply(state: _Round, uids: set[str], queue: str, members: Sequence[Member])
         use = tried.use
         state.accounts.charge(queue, use)
     return _Applied(lifted, removed, granted, queue, use)
+
+
+def _strategies(state: _Round, queue: str) -> tuple[quotas.FairStrategy, ...]:
+    """The fair-sharing strategies to try in turn for a workload of `queue`: its own,
+    or only the first when fair sharing cannot apply (reclaim and the first decide
+    alike then: `allowed` reads the strategy only for fair sharing). O(1)."""
+    spec = state.accounts.specs[queue]
+    if spec.fair_sharing is quotas.Preemption.NEVER:
+        return spec.fair_strategies[:1]
+    return spec.fair_strategies
 
 
 def _may_preempt(state: _Round, queue: str) -> bool:

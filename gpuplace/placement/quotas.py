@@ -149,6 +149,21 @@ class Preemption(enum.Enum):
         return self is Preemption.ANY or victim < waiting
 
 
+class FairStrategy(enum.Enum):
+    """When fair sharing lets a waiting workload preempt a workload of another queue
+    (Kueue's `preemptionStrategies`), with S(q) the weighted share of queue q
+    (`Accounts.share`): the waiting workload's queue with it admitted, against the
+    victim's queue."""
+
+    FINAL_SHARE = "LessThanOrEqualToFinalShare"
+    """S(waiting's queue, after) <= S(victim's queue, after the preemption): no queue is
+    ever taken below the share its preemptor reaches."""
+    INITIAL_SHARE = "LessThanInitialShare"
+    """S(waiting's queue, after) < S(victim's queue, before the preemption): more
+    preemptions (the victim's queue may end below the preemptor's), so that a queue
+    whose workloads are large gets its turn."""
+
+
 class Queueing(enum.Enum):
     """BestEffortFIFO: a workload that cannot be admitted does not hold back the ones
     behind it; StrictFIFO: it does (nothing behind it is admitted before it)."""
@@ -173,6 +188,9 @@ class QueueSpec:
     """Beyond its nominal: a waiting workload may preempt workloads of queues of its
     cohort that borrow more than it would, weights counted (`Accounts.share`: the victim's
     queue keeps at least the share this queue reaches; Kueue's fair sharing)."""
+    fair_strategies: tuple[FairStrategy, ...] = (FairStrategy.FINAL_SHARE,)
+    """Tried in order for each waiting workload, the next one only when the one
+    before finds no victims that make room (Kueue's order)."""
     queueing: Queueing = Queueing.BEST_EFFORT_FIFO
     max_wait: float | None = None
     """Seconds a workload may wait before it goes first (`admitting`); None: no limit."""
@@ -196,6 +214,8 @@ class QueueSpec:
                     f"queue {self.name}: borrowing and lending limits need a cohort "
                     f"({_bucket_text(limited[0])})"
                 )
+        if not self.fair_strategies or len(set(self.fair_strategies)) != len(self.fair_strategies):
+            raise ValueError(f"queue {self.name}: fair-sharing strategies must be 1 or 2, distinct")
         if self.max_wait is not None and not self.max_wait > 0:
             raise ValueError(f"queue {self.name}: max wait must be > 0 seconds")
 

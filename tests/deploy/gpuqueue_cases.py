@@ -45,7 +45,11 @@ GOOD: dict[str, Obj] = {
         weight="500m",
         queueingStrategy="StrictFIFO",
         maxWait="1h30m",
-        preemption={"reclaimWithinCohort": "LowerPriority", "fairSharing": "Any"},
+        preemption={
+            "reclaimWithinCohort": "LowerPriority",
+            "fairSharing": "Any",
+            "fairSharingStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"],
+        },
     ),
     "zero nominal, borrowing only": queue(
         cohort="research", resources=[{"name": "gpus", "nominal": 0}]
@@ -141,6 +145,20 @@ BAD: dict[str, Bad] = {
         queue(queueingStrategy="Fastest"),
         'Unsupported value: "Fastest"',
         "queueingStrategy",
+        cel=False,
+    ),
+    "unknown fair-sharing strategy": Bad(
+        queue(preemption={"fairSharing": "Any", "fairSharingStrategies": ["Greedy"]}),
+        'Unsupported value: "Greedy"',
+        "fairSharingStrategies",
+        cel=False,
+    ),
+    "a fair-sharing strategy twice": Bad(
+        queue(
+            preemption={"fairSharingStrategies": ["LessThanInitialShare", "LessThanInitialShare"]}
+        ),
+        "Duplicate value",
+        "must not name a strategy twice",
         cel=False,
     ),
     "no resources": Bad(

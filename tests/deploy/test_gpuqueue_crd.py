@@ -100,7 +100,8 @@ def defaulted(node: Obj, value: Any) -> Any:
 
 
 def map_duplicates(node: Obj, value: Any, path: str = "") -> list[str]:
-    """Items of `x-kubernetes-list-type: map` lists with equal keys."""
+    """Items of `x-kubernetes-list-type: map` lists with equal keys, and equal items of
+    `set` lists."""
     found: list[str] = []
     if isinstance(value, dict) and "properties" in node:
         for name, child in node["properties"].items():
@@ -117,6 +118,10 @@ def map_duplicates(node: Obj, value: Any, path: str = "") -> list[str]:
                         f"{path}[{index}]: Duplicate value: {dict(zip(keys, key, strict=True))}"
                     )
                 seen.add(key)
+        if node.get("x-kubernetes-list-type") == "set":
+            for index, item in enumerate(value):
+                if item in value[:index]:
+                    found.append(f"{path}[{index}]: Duplicate value: {item!r}")
         for item in value:
             found += map_duplicates(node["items"], item, path)
     return found

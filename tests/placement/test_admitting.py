@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -40,6 +41,7 @@ def spec(
     weight: float = 1.0,
     reclaim: Preemption = Preemption.ANY,
     fair: Preemption = Preemption.NEVER,
+    strategies: tuple[quotas.FairStrategy, ...] = (quotas.FairStrategy.FINAL_SHARE,),
     queueing: quotas.Queueing = quotas.Queueing.BEST_EFFORT_FIFO,
     max_wait: float | None = None,
 ) -> QueueSpec:
@@ -55,6 +57,7 @@ def spec(
         weight=weight,
         reclaim=reclaim,
         fair_sharing=fair,
+        fair_strategies=strategies,
         queueing=queueing,
         max_wait=max_wait,
     )
@@ -262,6 +265,32 @@ def test_fair_sharing_never_preempts_a_queue_that_would_end_below_the_preemptor(
     assert run(book, fair, running, [pod("p", "a", whole(1))]).reclaims == ()
 
 
+def test_less_than_initial_share_preempts_where_the_final_share_rule_does_not() -> None:
+    book = ledger(node("n1", 5))
+    running = [hold(book, f"b{i}", "b", whole_on(f"b{i}", "n1", i), admitted=i) for i in range(4)]
+    running.append(hold(book, "a0", "a", whole_on("a0", "n1", 4)))
+    waiting = [pod("p", "a", whole(2))]
+    final = quotas.FairStrategy.FINAL_SHARE
+    initial = quotas.FairStrategy.INITIAL_SHARE
+    # pool 5: b borrows 3 (3/5), a would borrow 2 (2/5); two of b's go, b ends at 1/5
+    only_final = [spec("a", 1, fair=Preemption.ANY), spec("b", 1), spec("c", 3)]
+    assert run(book, only_final, running, waiting).reclaims == ()
+    both = [spec("a", 1, fair=Preemption.ANY, strategies=(final, initial)), *only_final[1:]]
+    (reclaim,) = run(book, both, running, waiting).reclaims
+    assert sorted(v.key for v in reclaim.victims) == ["b2", "b3"]  # the newest, no more
+    # never when the victim's queue had no more than the preemptor reaches
+    level = [spec("a", 1, fair=Preemption.ANY, strategies=(initial,)), spec("b", 2), spec("c", 2)]
+    assert run(book, level, running, waiting).reclaims == ()
+
+
+def test_a_queue_names_each_fair_sharing_strategy_once() -> None:
+    final = quotas.FairStrategy.FINAL_SHARE
+    with pytest.raises(ValueError, match="distinct"):
+        spec("a", 1, strategies=(final, final))
+    with pytest.raises(ValueError, match="distinct"):
+        spec("a", 1, strategies=())
+
+
 def test_two_reclaims_of_one_round_never_count_on_the_same_freed_gpu() -> None:
     book = ledger(node("n1", 4))
     queues = [spec("a", 2), spec("b", 2)]
@@ -445,6 +474,15 @@ def scenarios(
                 weight=draw(st.sampled_from([0.5, 1.0, 2.0])),
                 reclaim=draw(st.sampled_from(list(Preemption))),
                 fair=draw(st.sampled_from(list(Preemption))) if cohort else Preemption.NEVER,
+                strategies=draw(
+                    st.sampled_from(
+                        [
+                            (quotas.FairStrategy.FINAL_SHARE,),
+                            (quotas.FairStrategy.FINAL_SHARE, quotas.FairStrategy.INITIAL_SHARE),
+                            (quotas.FairStrategy.INITIAL_SHARE,),
+                        ]
+                    )
+                ),
                 queueing=draw(
                     st.sampled_from(
                         [quotas.Queueing.BEST_EFFORT_FIFO] * 3 + [quotas.Queueing.STRICT_FIFO]
