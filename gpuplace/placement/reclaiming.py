@@ -5,7 +5,8 @@ lending pool used up or no GPU free for it, may preempt workloads of the *borrow
 queues of its cohort (queues using more than their nominal), as its reclaim policy
 allows: any, or only those of lower priority than the waiting workload. With fair sharing
 it may also do so beyond its nominal, from queues that would still borrow at least the
-share it reaches (`gpuplace.placement.admitting` decides which candidate is allowed).
+share it reaches, or with `LessThanInitialShare` from queues that borrowed more than that
+share before (`gpuplace.placement.admitting` decides which candidate is allowed).
 
 `victims(candidates, admits, allowed)` picks them:
 
