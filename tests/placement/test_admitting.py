@@ -283,6 +283,87 @@ def test_less_than_initial_share_preempts_where_the_final_share_rule_does_not() 
     assert run(book, level, running, waiting).reclaims == ()
 
 
+@st.composite
+def fair_scenarios(draw: st.DrawFn) -> tuple[int, list[float], list[int], int, int]:
+    """One node of `size` whole GPUs; queues a, b, c (nominals); a holds exactly its
+    nominal, b and c what was drawn (b mostly borrowing); a waits for `asked` more, so
+    only fair sharing (never reclaim) may preempt for it; priorities drawn."""
+    size = draw(st.integers(3, 8))
+    nominals = [draw(st.integers(1, 3)), draw(st.integers(0, 2)), draw(st.integers(0, 3))]
+    held_a = min(nominals[0], size - 1)
+    held_b = draw(st.integers(0, size - held_a))
+    held_c = draw(st.integers(0, size - held_a - held_b))
+    return (
+        size,
+        [float(n) for n in nominals],
+        [held_a, held_b, held_c],
+        draw(st.integers(1, 3)),
+        draw(st.integers(0, 2)),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    fair_scenarios(),
+    st.sampled_from(
+        [
+            (quotas.FairStrategy.FINAL_SHARE,),
+            (quotas.FairStrategy.FINAL_SHARE, quotas.FairStrategy.INITIAL_SHARE),
+            (quotas.FairStrategy.INITIAL_SHARE,),
+        ]
+    ),
+)
+def test_fair_sharing_victims_follow_the_queues_strategies(
+    scenario: tuple[int, list[float], list[int], int, int],
+    strategies: tuple[quotas.FairStrategy, ...],
+) -> None:
+    """Checked with `quotas.Accounts` alone: each victim's queue keeps at least the
+    share the waiting workload's queue reaches (LessThanOrEqualToFinalShare), or had more
+    before (LessThanInitialShare, where listed); none goes below its nominal; and a second
+    strategy changes nothing where the first found victims."""
+    size, nominals, held, asked, priority = scenario
+
+    def queues(chosen: tuple[quotas.FairStrategy, ...]) -> list[QueueSpec]:
+        first = spec("a", nominals[0], fair=Preemption.ANY, strategies=chosen)
+        return [first, spec("b", nominals[1]), spec("c", nominals[2])]
+
+    def scene() -> tuple[Ledger, list[Running]]:
+        book = ledger(node("n1", size))
+        running, index = [], 0
+        for name, count in zip("abc", held, strict=True):
+            for i in range(count):
+                grant = whole_on(f"{name}{i}", "n1", index)
+                running.append(hold(book, f"{name}{i}", name, grant, admitted=float(i)))
+                index += 1
+        return book, running
+
+    waiting = [pod("p", "a", whole(asked), priority=priority)]
+    book, running = scene()
+    decided = run(book, queues(strategies), running, waiting)
+    accounts = quotas.Accounts(queues(strategies))
+    for workload in running:
+        accounts.charge(workload.queue, {ANY: 1000 * len(workload.uids)})
+    reaches = accounts.share_with("a", {ANY: 1000 * asked})
+    for reclaim in decided.reclaims:
+        gone: dict[str, int] = {}
+        for victim in reclaim.victims:
+            assert victim.queue in ("b", "c")
+            gone[victim.queue] = gone.get(victim.queue, 0) + 1000 * len(victim.uids)
+        for name, amount in gone.items():
+            before = accounts.share(name)
+            after = accounts.share_with(name, {ANY: amount}, -1)
+            used = accounts.used[name].get(ANY, 0) - amount
+            assert used >= accounts.specs[name].quotas[ANY].nominal  # never below nominal
+            final = after >= reaches
+            initial = quotas.FairStrategy.INITIAL_SHARE in strategies and before > reaches
+            assert final or initial, (name, before, after, reaches)
+    if strategies[0] is quotas.FairStrategy.FINAL_SHARE and len(strategies) == 2:
+        book, running = scene()
+        alone = run(book, queues(strategies[:1]), running, waiting)
+        if alone.reclaims:
+            assert alone.reclaims == decided.reclaims
+
+
 def test_a_queue_names_each_fair_sharing_strategy_once() -> None:
     final = quotas.FairStrategy.FINAL_SHARE
     with pytest.raises(ValueError, match="distinct"):
