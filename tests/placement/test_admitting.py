@@ -364,6 +364,38 @@ def test_fair_sharing_victims_follow_the_queues_strategies(
             assert alone.reclaims == decided.reclaims
 
 
+def test_the_second_strategy_is_tried_only_when_the_first_finds_no_victims() -> None:
+    """Pool 10 (nominals 1, 1, 1, 7): b borrows 3 (share 0.3), c borrows 4 (0.4), a would
+    borrow 2 (0.2). The final-share rule lets one of b's go and two of c's; the
+    initial-share rule any of both, the newest first (b's)."""
+    final = quotas.FairStrategy.FINAL_SHARE
+    initial = quotas.FairStrategy.INITIAL_SHARE
+
+    def victims(strategies: tuple[quotas.FairStrategy, ...]) -> set[str]:
+        book = ledger(node("n1", 10))
+        running = [hold(book, "a0", "a", whole_on("a0", "n1", 0))]
+        running += [
+            hold(book, f"b{i}", "b", whole_on(f"b{i}", "n1", 1 + i), admitted=10 + i)
+            for i in range(4)
+        ]
+        running += [
+            hold(book, f"c{i}", "c", whole_on(f"c{i}", "n1", 5 + i), admitted=i) for i in range(5)
+        ]
+        queues = [
+            spec("a", 1, fair=Preemption.ANY, strategies=strategies),
+            spec("b", 1),
+            spec("c", 1),
+            spec("d", 7),
+        ]
+        (reclaim,) = run(book, queues, running, [pod("p", "a", whole(2))]).reclaims
+        return {victim.key for victim in reclaim.victims}
+
+    assert victims((final,)) == {"b3", "c4"}
+    assert victims((initial,)) == {"b3", "b2"}
+    assert victims((final, initial)) == {"b3", "c4"}  # the first found some
+    assert victims((initial, final)) == {"b3", "b2"}
+
+
 def test_a_queue_names_each_fair_sharing_strategy_once() -> None:
     final = quotas.FairStrategy.FINAL_SHARE
     with pytest.raises(ValueError, match="distinct"):
