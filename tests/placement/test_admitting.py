@@ -25,6 +25,9 @@ from .clusters import ledger, node, share, whole
 from .test_gangs import state_of
 
 ANY = (GPUS, ANY_MODEL)
+FINAL = quotas.FairStrategy.FINAL_SHARE
+INITIAL = quotas.FairStrategy.INITIAL_SHARE
+STRATEGY_LISTS = [(FINAL,), (FINAL, INITIAL), (INITIAL,)]
 
 
 def gpus(n: float) -> int:
@@ -41,7 +44,7 @@ def spec(
     weight: float = 1.0,
     reclaim: Preemption = Preemption.ANY,
     fair: Preemption = Preemption.NEVER,
-    strategies: tuple[quotas.FairStrategy, ...] = (quotas.FairStrategy.FINAL_SHARE,),
+    strategies: tuple[quotas.FairStrategy, ...] = (FINAL,),
     queueing: quotas.Queueing = quotas.Queueing.BEST_EFFORT_FIFO,
     max_wait: float | None = None,
 ) -> QueueSpec:
@@ -270,16 +273,14 @@ def test_less_than_initial_share_preempts_where_the_final_share_rule_does_not() 
     running = [hold(book, f"b{i}", "b", whole_on(f"b{i}", "n1", i), admitted=i) for i in range(4)]
     running.append(hold(book, "a0", "a", whole_on("a0", "n1", 4)))
     waiting = [pod("p", "a", whole(2))]
-    final = quotas.FairStrategy.FINAL_SHARE
-    initial = quotas.FairStrategy.INITIAL_SHARE
     # pool 5: b borrows 3 (3/5), a would borrow 2 (2/5); two of b's go, b ends at 1/5
     only_final = [spec("a", 1, fair=Preemption.ANY), spec("b", 1), spec("c", 3)]
     assert run(book, only_final, running, waiting).reclaims == ()
-    both = [spec("a", 1, fair=Preemption.ANY, strategies=(final, initial)), *only_final[1:]]
+    both = [spec("a", 1, fair=Preemption.ANY, strategies=(FINAL, INITIAL)), *only_final[1:]]
     (reclaim,) = run(book, both, running, waiting).reclaims
     assert sorted(v.key for v in reclaim.victims) == ["b2", "b3"]  # the newest, no more
     # never when the victim's queue had no more than the preemptor reaches
-    level = [spec("a", 1, fair=Preemption.ANY, strategies=(initial,)), spec("b", 2), spec("c", 2)]
+    level = [spec("a", 1, fair=Preemption.ANY, strategies=(INITIAL,)), spec("b", 2), spec("c", 2)]
     assert run(book, level, running, waiting).reclaims == ()
 
 
@@ -305,13 +306,7 @@ def fair_scenarios(draw: st.DrawFn) -> tuple[int, list[float], list[int], int, i
 @settings(max_examples=300, deadline=None)
 @given(
     fair_scenarios(),
-    st.sampled_from(
-        [
-            (quotas.FairStrategy.FINAL_SHARE,),
-            (quotas.FairStrategy.FINAL_SHARE, quotas.FairStrategy.INITIAL_SHARE),
-            (quotas.FairStrategy.INITIAL_SHARE,),
-        ]
-    ),
+    st.sampled_from(STRATEGY_LISTS),
 )
 def test_fair_sharing_victims_follow_the_queues_strategies(
     scenario: tuple[int, list[float], list[int], int, int],
@@ -355,9 +350,9 @@ def test_fair_sharing_victims_follow_the_queues_strategies(
             used = accounts.used[name].get(ANY, 0) - amount
             assert used >= accounts.specs[name].quotas[ANY].nominal  # never below nominal
             final = after >= reaches
-            initial = quotas.FairStrategy.INITIAL_SHARE in strategies and before > reaches
+            initial = INITIAL in strategies and before > reaches
             assert final or initial, (name, before, after, reaches)
-    if strategies[0] is quotas.FairStrategy.FINAL_SHARE and len(strategies) == 2:
+    if strategies == (FINAL, INITIAL):
         book, running = scene()
         alone = run(book, queues(strategies[:1]), running, waiting)
         if alone.reclaims:
@@ -368,8 +363,6 @@ def test_the_second_strategy_is_tried_only_when_the_first_finds_no_victims() -> 
     """Pool 10 (nominals 1, 1, 1, 7): b borrows 3 (share 0.3), c borrows 4 (0.4), a would
     borrow 2 (0.2). The final-share rule lets one of b's go and two of c's; the
     initial-share rule any of both, the newest first (b's)."""
-    final = quotas.FairStrategy.FINAL_SHARE
-    initial = quotas.FairStrategy.INITIAL_SHARE
 
     def victims(strategies: tuple[quotas.FairStrategy, ...]) -> set[str]:
         book = ledger(node("n1", 10))
@@ -390,16 +383,15 @@ def test_the_second_strategy_is_tried_only_when_the_first_finds_no_victims() -> 
         (reclaim,) = run(book, queues, running, [pod("p", "a", whole(2))]).reclaims
         return {victim.key for victim in reclaim.victims}
 
-    assert victims((final,)) == {"b3", "c4"}
-    assert victims((initial,)) == {"b3", "b2"}
-    assert victims((final, initial)) == {"b3", "c4"}  # the first found some
-    assert victims((initial, final)) == {"b3", "b2"}
+    assert victims((FINAL,)) == {"b3", "c4"}
+    assert victims((INITIAL,)) == {"b3", "b2"}
+    assert victims((FINAL, INITIAL)) == {"b3", "c4"}  # the first found some
+    assert victims((INITIAL, FINAL)) == {"b3", "b2"}
 
 
 def test_a_queue_names_each_fair_sharing_strategy_once() -> None:
-    final = quotas.FairStrategy.FINAL_SHARE
     with pytest.raises(ValueError, match="distinct"):
-        spec("a", 1, strategies=(final, final))
+        spec("a", 1, strategies=(FINAL, FINAL))
     with pytest.raises(ValueError, match="distinct"):
         spec("a", 1, strategies=())
 
@@ -587,15 +579,7 @@ def scenarios(
                 weight=draw(st.sampled_from([0.5, 1.0, 2.0])),
                 reclaim=draw(st.sampled_from(list(Preemption))),
                 fair=draw(st.sampled_from(list(Preemption))) if cohort else Preemption.NEVER,
-                strategies=draw(
-                    st.sampled_from(
-                        [
-                            (quotas.FairStrategy.FINAL_SHARE,),
-                            (quotas.FairStrategy.FINAL_SHARE, quotas.FairStrategy.INITIAL_SHARE),
-                            (quotas.FairStrategy.INITIAL_SHARE,),
-                        ]
-                    )
-                ),
+                strategies=draw(st.sampled_from(STRATEGY_LISTS)),
                 queueing=draw(
                     st.sampled_from(
                         [quotas.Queueing.BEST_EFFORT_FIFO] * 3 + [quotas.Queueing.STRICT_FIFO]
