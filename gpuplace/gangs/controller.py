@@ -70,7 +70,7 @@ from gpuplace.gangs.waiting import Wait, waits
 from gpuplace.gangs.writing import Writer
 from gpuplace.placement import elastic, gangs
 from gpuplace.placement.choosing import Policy
-from gpuplace.placement.fences import Fence, Fences
+from gpuplace.placement.fences import GANG, Fence, Fences
 from gpuplace.placement.gangs import GangKey
 from gpuplace.placement.ledger import Grant, LedgerError
 
@@ -375,7 +375,7 @@ class GangController:
         return result
 
     def _exclude(self, key: GangKey) -> frozenset[str]:
-        if self.fences is None or self.fences.owner in (None, key):
+        if self.fences is None or self.fences.current is None or self.fences.owner == key:
             return frozenset()
         return self.fences.nodes
 
@@ -575,7 +575,7 @@ class GangController:
                 break
         current = self.fences.current
         if head is None:
-            if current is not None:
+            if current is not None and current.kind == GANG:
                 self.fences.release()
                 self.metrics.fenced.set(0)
             return
@@ -583,6 +583,7 @@ class GangController:
         inventory = self.sync.ledger.inventory
         if (
             current is not None
+            and current.kind == GANG
             and current.owner == head.key
             and current.members == uids
             and all(name in inventory for name in current.nodes)
@@ -590,8 +591,9 @@ class GangController:
             return
         nodes = gangs.fence(self.sync.ledger, self._members(head))
         if not nodes:
-            self.fences.release()
-            self.metrics.fenced.set(0)
+            if current is not None and current.kind == GANG:
+                self.fences.release()
+                self.metrics.fenced.set(0)
             return
         self.fences.hold(Fence(head.key, frozenset(nodes), uids, head.since))
         self.metrics.fenced.set(len(nodes))

@@ -10,9 +10,10 @@ A *workload* is a pod, or a gang as one unit (all its members; an elastic gang a
    then those waiting longer than the queue's `max_wait`, then by priority (highest
    first), then by age (oldest first), then by key;
 3. across queues, the queue furthest below its weighted fair share goes next
-   (`quotas.Accounts.order`: the weighted dominant share of what it borrows, then how full
-   its nominal quota is), each time one of its workloads was tried: capacity goes first
-   to the queue furthest below its share, and every admission moves it back in line;
+   (`quotas.Accounts.order`: the weighted dominant share of what it borrows, plus its
+   past share from `past` while it borrows, then how full its nominal quota is), each
+   time one of its workloads was tried: capacity goes first to the queue furthest below
+   its share, and every admission moves it back in line;
 4. a workload is admitted when BOTH its queue's quota (its own, or what its cohort lends)
    covers it AND the ledger has a real place for it: first the quota decides which GPU
    models it may use (an upper bound of its use on each model), then it is planned on
@@ -30,7 +31,8 @@ A *workload* is a pod, or a gang as one unit (all its members; an elastic gang a
    4 on the ledger and accounts without them): as the queue's `reclaim` policy allows when
    the workload fits inside its queue's nominal quota, and as its `fair_sharing` policy
    allows from queues that would still borrow at least the share its queue reaches
-   (`quotas.FairStrategy.FINAL_SHARE`), or, where the queue lists
+   (`quotas.FairStrategy.FINAL_SHARE`; shares here are `Accounts.fair_share`, the past
+   share counted), or, where the queue lists
    `INITIAL_SHARE` next and the first finds no victims, from queues that borrowed more
    than that share before.
    Workloads already leaving count as gone there, so a reclaim in flight is not repeated;
@@ -304,9 +306,10 @@ class _Round:
         queues: Iterable[quotas.QueueSpec],
         running: Sequence[Running],
         now: float,
+        past: Mapping[str, float] | None = None,
     ) -> None:
         self.placer = placer
-        self.accounts = Accounts(queues)
+        self.accounts = Accounts(queues, past)
         self.now = now
         inventory = placer.ledger.inventory
         self.models = inventory.models()
@@ -473,10 +476,12 @@ def admit(
     *,
     now: float,
     reclaims: int = 1,
+    past: Mapping[str, float] | None = None,
 ) -> Round:
     """One round; see the module docstring for the rules and the complexity. The
-    placer's ledger receives the admitted grants (RESERVED)."""
-    state = _Round(placer, queues, running, now)
+    placer's ledger receives the admitted grants (RESERVED). `past`: each queue's past
+    share (`share_history.ShareHistory.past`), counted in its fair share."""
+    state = _Round(placer, queues, running, now, past)
     accounts = state.accounts
     leaving = {r.leaving_for for r in state.running if r.leaving_for}
     lines: dict[str, list[tuple[Workload, bool]]] = {}
@@ -688,7 +693,7 @@ class _Preempting:
         victims)."""
         accounts = self.state.accounts
         if candidate.queue not in self._initial:
-            self._initial[candidate.queue] = accounts.share(candidate.queue)
+            self._initial[candidate.queue] = accounts.fair_share(candidate.queue)
         uids, use = self._taken(chosen)
         before = use.get(candidate.queue, {})
         accounts.charge(candidate.queue, before, -1)
@@ -703,7 +708,7 @@ class _Preempting:
             if self.strategy is quotas.FairStrategy.INITIAL_SHARE:
                 return self.share < self._initial[candidate.queue]
             mine = self.removed(set(candidate.uids) - uids).get(candidate.queue, {})
-            return accounts.share_with(candidate.queue, mine, -1) >= self.share
+            return accounts.fair_share_with(candidate.queue, mine, -1) >= self.share
         finally:
             accounts.charge(candidate.queue, before)
 
@@ -852,12 +857,12 @@ def _share_after(state: _Round, queue: str, members: Sequence[Member]) -> float:
     """The queue's `share` with the members admitted, on the model that would make it
     largest (an upper bound). O(models x members)."""
     requests = [member.request for member in members if member.request.count]
-    top = state.accounts.share(queue)
+    top = state.accounts.fair_share(queue)
     for model in state.models:
         vector = quotas.estimate(requests, model, state.memory.get(model, 0))
         use = state.accounts.use_of(queue, {model: vector})
         if not isinstance(use, Verdict):
-            top = max(top, state.accounts.share_with(queue, use))
+            top = max(top, state.accounts.fair_share_with(queue, use))
     return top
 
 

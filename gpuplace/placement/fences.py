@@ -1,4 +1,5 @@
-"""Capacity holds for a starving gang: nodes other pods are kept off while it waits.
+"""Capacity holds for a starving gang or queued workload: nodes other pods are kept off
+while it waits.
 
 The anti-starvation rule (docs/gangs.md): when the gang at the head of the queue
 (highest priority, then oldest) has been complete but unplaceable for
@@ -15,6 +16,11 @@ keeps *new* placements off those nodes, so they drain towards the gang:
 At most one gang is fenced at a time (so two fences can never deadlock), and the
 fence is lifted when the gang starts, times out, or another gang becomes the head.
 
+The queue controller holds the same one fence for a starving queued workload
+(`gpuplace.placement.holds`, `kind` `QUEUED`) while no gang holds it; a gang that
+starves takes it over (the gang controller replaces a queue's fence, never the
+reverse), and each controller lifts only a fence of its own kind.
+
 Synchronous and tiny: `blocks` is O(1) and is meant to be called from the filter verb.
 Pure, like the rest of the engine: the gang controller writes the fence, the extender's
 filter reads it, and neither knows the other.
@@ -26,15 +32,21 @@ from dataclasses import dataclass
 
 from gpuplace.placement.gangs import GangKey
 
+GANG = "gang"
+QUEUED = "queued workload"
+
 
 @dataclass(frozen=True, slots=True)
 class Fence:
     owner: GangKey
+    """(namespace, name) of the gang, or of the queued workload (its pod or gang)."""
     nodes: frozenset[str]
     members: frozenset[str]
     """UIDs of the gang's members (never blocked)."""
     since: float
     """POSIX seconds the gang has been waiting since."""
+    kind: str = GANG
+    """`GANG` (the gang controller's) or `QUEUED` (the queue controller's)."""
 
 
 class Fences:
@@ -53,7 +65,9 @@ class Fences:
 
     @property
     def owner(self) -> GangKey | None:
-        return self.current.owner if self.current is not None else None
+        """The gang the fence holds for (None without a fence or for a queue's)."""
+        fence = self.current
+        return fence.owner if fence is not None and fence.kind == GANG else None
 
     def hold(self, fence: Fence) -> None:
         if fence != self.current:
@@ -72,4 +86,4 @@ class Fences:
         if fence is None or node not in fence.nodes or pod_uid in fence.members:
             return None
         namespace, name = fence.owner
-        return f"gpuplace: node held for gang {namespace}/{name}, which waits for room"
+        return f"gpuplace: node held for {fence.kind} {namespace}/{name}, which waits for room"

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpuplace.placement.inventory import Gpu, Inventory
@@ -275,9 +275,13 @@ class Accounts:
     building is O(queues x buckets).
     """
 
-    __slots__ = ("_orders", "_pools", "_totals", "specs", "used")
+    __slots__ = ("_orders", "_pools", "_totals", "past", "specs", "used")
 
-    def __init__(self, queues: Iterable[QueueSpec]) -> None:
+    def __init__(
+        self, queues: Iterable[QueueSpec], past: Mapping[str, float] | None = None
+    ) -> None:
+        self.past: Mapping[str, float] = past or {}
+        """Per queue, its share in the past (`share_history`): added to `fair_share`."""
         self.specs: dict[str, QueueSpec] = {}
         self.used: dict[str, Use] = {}
         self._pools: dict[tuple[str, Bucket], _Pool] = {}
@@ -452,6 +456,17 @@ class Accounts:
                     top = max(top, amount / pool.lendable)
         return top / spec.weight
 
+    def fair_share(self, queue: str) -> float:
+        """`share`, plus the queue's past share (`past`) while it borrows now: what fair
+        sharing compares. 0 while it uses no more than its nominal (the past never weighs
+        on use inside a nominal). O(buckets)."""
+        now = self.share(queue)
+        return now + self.past.get(queue, 0.0) if now > 0 else 0.0
+
+    def fair_share_with(self, queue: str, use: Mapping[Bucket, int], sign: int = 1) -> float:
+        """`fair_share` of `queue` were `use` added (`sign` 1) or removed (-1). O(buckets)."""
+        return self._with(queue, use, sign, self.fair_share)
+
     def fill(self, queue: str) -> float:
         """The largest fraction of a nominal quota the queue uses (above 1: borrowing),
         divided by its weight: orders queues whose `share` ties (inside their nominal).
@@ -471,18 +486,23 @@ class Accounts:
 
     def share_with(self, queue: str, use: Mapping[Bucket, int], sign: int = 1) -> float:
         """`share` of `queue` were `use` added (`sign` 1) or removed (-1). O(buckets)."""
+        return self._with(queue, use, sign, self.share)
+
+    def _with(
+        self, queue: str, use: Mapping[Bucket, int], sign: int, read: Callable[[str], float]
+    ) -> float:
         self.charge(queue, use, sign)
         try:
-            return self.share(queue)
+            return read(queue)
         finally:
             self.charge(queue, use, -sign)
 
     def order(self, queue: str) -> tuple[float, float, str]:
-        """Queues first that are furthest below their weighted fair share: (`share`,
+        """Queues first that are furthest below their weighted fair share: (`fair_share`,
         `fill`, name). O(buckets) after the queue's use changed, else O(1)."""
         found = self._orders.get(queue)
         if found is None:
-            found = self._orders[queue] = (self.share(queue), self.fill(queue), queue)
+            found = self._orders[queue] = (self.fair_share(queue), self.fill(queue), queue)
         return found
 
     def pool_left(self, cohort: str, bucket: Bucket) -> int:

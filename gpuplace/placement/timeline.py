@@ -29,9 +29,9 @@ import bisect
 import heapq
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from gpuplace.placement import admitting, fairness, gangs, quotas
+from gpuplace.placement import admitting, fairness, gangs, holds, quotas, share_history
 from gpuplace.placement.choosing import Choice, Policy, grant_for
 from gpuplace.placement.gangs import Member
 from gpuplace.placement.inventory import Inventory, Node
@@ -83,6 +83,8 @@ class Timeline:
     teams: dict[str, str] = field(default_factory=dict)
     """Team of each job uid."""
     preemptions: int = 0
+    holds: int = 0
+    """Capacity holds taken (`holds`: a new starving workload held for)."""
     lost_gpu_seconds: float = 0.0
     """GPU-seconds of work the preempted jobs had done (lost: they start over)."""
     never: list[str] = field(default_factory=list)
@@ -102,6 +104,8 @@ def run(
     *,
     queues: Sequence[quotas.QueueSpec] | None = None,
     queue_of: Mapping[str, str] | None = None,
+    half_life: float | None = None,
+    hold_after: float | None = None,
 ) -> Timeline:
     """Replay `jobs` on `nodes` (see the module docstring); with `queues`, each job
     goes to queue `queue_of[job.team]`. O(events log events + moments x round)."""
@@ -130,7 +134,9 @@ def run(
     queued = None
     if queues is not None:
         assert queue_of is not None
-        queued = _Queued(placer, queues, queue_of, by_uid, timeline)
+        queued = _Queued(
+            placer, queues, queue_of, by_uid, timeline, half_life=half_life, hold_after=hold_after
+        )
     teams = sorted(set(timeline.teams.values()))
     while events:
         now = events[0][0]
@@ -231,8 +237,12 @@ class _Queued:
         queue_of: Mapping[str, str],
         by_uid: Mapping[str, Job],
         timeline: Timeline,
+        *,
+        half_life: float | None = None,
+        hold_after: float | None = None,
     ) -> None:
         self.placer = placer
+        self.history = share_history.ShareHistory(half_life) if half_life else None
         self.queues = tuple(queues)
         self.strict = {q.name for q in queues if q.queueing is quotas.Queueing.STRICT_FIFO}
         self.by_uid = by_uid
@@ -245,6 +255,47 @@ class _Queued:
             )
             for uid, job in by_uid.items()
         }
+        self.hold_after = hold_after
+        self.hold: tuple[str, frozenset[str]] | None = None
+        """The workload capacity is held for, and its nodes (`holds`)."""
+        self._held: dict[str, admitting.Workload] = {}
+        """The other workloads, kept off the held nodes (per hold)."""
+        self._nodes = frozenset(node.name for node in placer.ledger.inventory)
+
+    def _workload(self, uid: str) -> admitting.Workload:
+        """The job's workload, kept off the held nodes unless it is the one held for."""
+        workload = self.workloads[uid]
+        if self.hold is None or self.hold[0] == uid:
+            return workload
+        found = self._held.get(uid)
+        if found is None:
+            allowed = self._nodes - self.hold[1]
+            found = self._held[uid] = replace(
+                workload, members=tuple(replace(m, nodes=allowed) for m in workload.members)
+            )
+        return found
+
+    def _rehold(self, decided: admitting.Round, now: float, past: Mapping[str, float]) -> None:
+        """After a round: hold capacity for the starving workload (`holds.starving`),
+        keeping the hold while the same one starves; none once none does."""
+        assert self.hold_after is not None
+        head = holds.starving(
+            decided,
+            self.workloads,
+            now=now,
+            after=self.hold_after,
+            past=past,
+            current=self.hold[0] if self.hold is not None else "",
+        )
+        if head is None:
+            self.hold, self._held = None, {}
+            return
+        if self.hold is not None and self.hold[0] == head.key:
+            return
+        nodes = gangs.fence(self.placer.ledger, head.members)
+        self.hold = (head.key, frozenset(nodes)) if nodes else None
+        self._held = {}
+        self.timeline.holds += 1 if nodes else 0
 
     def round(
         self,
@@ -275,10 +326,17 @@ class _Queued:
                 ]
             if not uids:
                 break
-            waiting = [self.workloads[uid] for uid in uids]
+            waiting = [self._workload(uid) for uid in uids]
             runs = [self._running(uid, since) for uid, since in running.items()]
             runs += [self._running(uid, now) for uid in started]
-            decided = admitting.admit(self.placer, self.queues, runs, waiting, now=now, reclaims=8)
+            past = self.history.past(now) if self.history is not None else {}
+            decided = admitting.admit(
+                self.placer, self.queues, runs, waiting, now=now, reclaims=8, past=past
+            )
+            if self.history is not None:
+                self.history.observe(now, {q.name: q.share for q in decided.queues})
+            if self.hold_after is not None and (freed or attempt):
+                self._rehold(decided, now, past)  # a round that saw every waiting job
             started += [admission.key for admission in decided.admissions]
             self.dirty = False
             if not decided.reclaims:
@@ -366,6 +424,8 @@ class Figures:
     preemptions: int
     lost_gpu_hours: float
     never_fit: int
+    holds: int = 0
+    """Capacity holds taken (a new starving workload held for)."""
 
 
 def figures(
@@ -441,6 +501,7 @@ def figures(
         timeline.preemptions,
         timeline.lost_gpu_seconds / 3600,
         len(timeline.never),
+        timeline.holds,
     )
 
 

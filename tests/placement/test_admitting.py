@@ -91,9 +91,10 @@ def run(
     *,
     now: float = 100.0,
     reclaims: int = 1,
+    past: dict[str, float] | None = None,
 ) -> admitting.Round:
     return admitting.admit(
-        Placer(book, policy()), queues, running, waiting, now=now, reclaims=reclaims
+        Placer(book, policy()), queues, running, waiting, now=now, reclaims=reclaims, past=past
     )
 
 
@@ -268,11 +269,16 @@ def test_fair_sharing_never_preempts_a_queue_that_would_end_below_the_preemptor(
     assert run(book, fair, running, [pod("p", "a", whole(1))]).reclaims == ()
 
 
-def test_less_than_initial_share_preempts_where_the_final_share_rule_does_not() -> None:
+def five_gpus() -> tuple[Ledger, list[Running], list[Workload]]:
+    """One node of 5: b holds four (b0 oldest), a one; a waits for 2 more."""
     book = ledger(node("n1", 5))
     running = [hold(book, f"b{i}", "b", whole_on(f"b{i}", "n1", i), admitted=i) for i in range(4)]
     running.append(hold(book, "a0", "a", whole_on("a0", "n1", 4)))
-    waiting = [pod("p", "a", whole(2))]
+    return book, running, [pod("p", "a", whole(2))]
+
+
+def test_less_than_initial_share_preempts_where_the_final_share_rule_does_not() -> None:
+    book, running, waiting = five_gpus()
     # pool 5: b borrows 3 (3/5), a would borrow 2 (2/5); two of b's go, b ends at 1/5
     only_final = [spec("a", 1, fair=Preemption.ANY), spec("b", 1), spec("c", 3)]
     assert run(book, only_final, running, waiting).reclaims == ()
@@ -282,6 +288,36 @@ def test_less_than_initial_share_preempts_where_the_final_share_rule_does_not() 
     # never when the victim's queue had no more than the preemptor reaches
     level = [spec("a", 1, fair=Preemption.ANY, strategies=(INITIAL,)), spec("b", 2), spec("c", 2)]
     assert run(book, level, running, waiting).reclaims == ()
+
+
+def test_a_queue_held_below_the_others_in_the_past_may_preempt_past_their_share() -> None:
+    book, running, waiting = five_gpus()
+    queues = [spec("a", 1, fair=Preemption.ANY), spec("b", 1), spec("c", 3)]
+    # now: a would borrow 2/5, b keep 1/5 — refused on shares alone (the test above)
+    assert run(book, queues, running, waiting).reclaims == ()
+    # b borrowed 0.3 on average before: 0.2 + 0.3 >= 0.4, two of b's newest go
+    (reclaim,) = run(book, queues, running, waiting, past={"b": 0.3}).reclaims
+    assert sorted(v.key for v in reclaim.victims) == ["b2", "b3"]
+    # and a queue that borrowed much before does not, even by its initial share
+    greedy = [spec("a", 1, fair=Preemption.ANY, strategies=(INITIAL,)), *queues[1:]]
+    assert run(book, greedy, running, waiting).reclaims != ()
+    assert run(book, greedy, running, waiting, past={"a": 0.5}).reclaims == ()
+
+
+def test_capacity_goes_first_to_the_queue_that_borrowed_less_in_the_past() -> None:
+    def first(past: dict[str, float] | None) -> list[str]:
+        book = ledger(node("n1", 6))
+        running = [
+            hold(book, "a0", "a", whole_on("a0", "n1", 0, 1)),
+            hold(book, "b0", "b", whole_on("b0", "n1", 2, 3)),
+        ]
+        waiting = [pod("pa", "a", whole(2)), pod("pb", "b", whole(2))]
+        queues = [spec("a", 1), spec("b", 1), spec("c", 4)]
+        return [x.key for x in run(book, queues, running, waiting, past=past).admissions]
+
+    # both borrow 1/6 now and room is left for one: a wins the tie by name
+    assert first(None) == ["pa"]
+    assert first({"a": 0.2, "b": 0.1}) == ["pb"]
 
 
 @st.composite
@@ -726,16 +762,26 @@ def test_rounds_keep_every_invariant(
     two_rounds(scenario, reclaims=1)
 
 
+PASTS = st.dictionaries(st.sampled_from("abc"), st.floats(0, 2), max_size=3)
+"""Past shares (fair sharing over time): they move the order and the fair-sharing
+verdicts, never the invariants."""
+
+
 @settings(max_examples=100, deadline=None)
-@given(reclaim_scenarios(), st.integers(1, 3))
+@given(reclaim_scenarios(), st.integers(1, 3), PASTS)
 def test_reclaims_keep_every_invariant_and_evict_only_what_is_needed(
-    scenario: tuple[Ledger, list[QueueSpec], list[Workload], list[Workload]], reclaims: int
+    scenario: tuple[Ledger, list[QueueSpec], list[Workload], list[Workload]],
+    reclaims: int,
+    past: dict[str, float],
 ) -> None:
-    two_rounds(scenario, reclaims=reclaims)
+    two_rounds(scenario, reclaims=reclaims, past=past)
 
 
 def two_rounds(
-    scenario: tuple[Ledger, list[QueueSpec], list[Workload], list[Workload]], *, reclaims: int
+    scenario: tuple[Ledger, list[QueueSpec], list[Workload], list[Workload]],
+    *,
+    reclaims: int,
+    past: dict[str, float] | None = None,
 ) -> None:
     """Round one admits `first` from nothing; round two, on a scratch copy, the rest and
     `then`: both keep the invariants, and each reclaim of round two (the first when
@@ -749,7 +795,9 @@ def two_rounds(
     waiting = [w for w in first if w.key not in {a.key for a in decided.admissions}] + then
     before = state_of(book)
     second = Placer.scratch(book, policy())
-    decided = admitting.admit(second, queues, running, waiting, now=2.0, reclaims=reclaims)
+    decided = admitting.admit(
+        second, queues, running, waiting, now=2.0, reclaims=reclaims, past=past
+    )
     assert state_of(book) == before  # a scratch round leaves the live ledger alone
     check_round(book, queues, running, waiting, decided)
     # every victim of the reclaim is needed: once the round's admissions are in, without

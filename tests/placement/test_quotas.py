@@ -171,6 +171,21 @@ def test_the_queue_below_its_share_goes_first_weights_counted() -> None:
     assert order == ["c", "a", "b"]
 
 
+def test_the_past_share_counts_only_while_a_queue_borrows() -> None:
+    past = {"a": 0.3, "b": 0.0, "c": 0.5}
+    accounts = Accounts([queue("a", 1000), queue("b", 1000), queue("c", 2000)], past)
+    accounts.charge("a", {ANY: 2000})  # borrows 1 of 4: 0.25, 0.55 with its past
+    accounts.charge("b", {ANY: 2500})  # borrows 1.5 of 4: 0.375, no past
+    accounts.charge("c", {ANY: 500})  # inside its nominal: its past does not weigh
+    assert accounts.fair_share("a") == pytest.approx(0.55)
+    assert accounts.fair_share("b") == pytest.approx(0.375)
+    assert accounts.fair_share("c") == 0.0
+    assert sorted(["a", "b", "c"], key=accounts.order) == ["c", "b", "a"]
+    # what-ifs keep the rule: c past its nominal counts its past
+    assert accounts.fair_share_with("c", {ANY: 2000}) == pytest.approx(0.125 + 0.5)
+    assert accounts.fair_share("c") == 0.0
+
+
 def test_a_queue_spec_refuses_a_weight_of_zero_and_a_lending_limit_above_nominal() -> None:
     with pytest.raises(ValueError, match="weight"):
         queue("a", 1000, weight=0)

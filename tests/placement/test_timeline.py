@@ -9,7 +9,7 @@ import math
 import pytest
 
 from gpuplace.placement import policies, timeline, trace
-from gpuplace.placement.quotas import ANY_MODEL, GPUS, QueueSpec, Quota
+from gpuplace.placement.quotas import ANY_MODEL, GPUS, Preemption, QueueSpec, Quota
 from gpuplace.placement.requests import GpuRequest
 
 from .clusters import node, share, whole
@@ -131,3 +131,31 @@ def test_a_scaled_cluster_keeps_the_mix_of_node_kinds() -> None:
     assert [n.name for n in small] == ["g0", "g1", "g2", "t0", "t1"]  # the first of each kind
     with pytest.raises(ValueError, match="no node kind"):
         trace.scaled(nodes, 1)
+
+
+def test_a_capacity_hold_drains_a_node_for_a_starving_two_gpu_job() -> None:
+    """b's 2-GPU job waits behind a stream of a's 1-GPU jobs, each taking the GPU that
+    frees; with holds a node is kept for it after 10 s and it starts once that drains."""
+    specs = [
+        QueueSpec("a", {(GPUS, ANY_MODEL): Quota(1000)}, cohort="lab"),
+        QueueSpec("b", {(GPUS, ANY_MODEL): Quota(3000)}, cohort="lab", reclaim=Preemption.NEVER),
+    ]
+    stream = [job(f"a{i}", "A", 0, 30 + 10 * i) for i in range(4)]
+    stream += [job(f"s{i}", "A", 1 + i, 40) for i in range(12)]
+    jobs = [*stream, job("big", "B", 2, 10, whole(2))]
+    waits = {}
+    for hold_after in (None, 10.0):
+        result = timeline.run(
+            NODES,
+            jobs,
+            policies.make("best-fit"),
+            queues=specs,
+            queue_of=TEAMS,
+            hold_after=hold_after,
+        )
+        assert all(record.done for record in result.jobs.values())
+        assert result.preemptions == 0
+        waits[hold_after] = result.jobs["big"].waited
+        if hold_after is not None:
+            assert result.holds == 1
+    assert waits[10.0] < waits[None], waits
