@@ -232,6 +232,21 @@ class SidecarSettings(BaseSettings):
         description="admission rounds that decide are at least this far apart (a round at "
         "1,000 nodes costs 1-2 s on the event loop the extender shares)",
     )
+    queue_fair_sharing_half_life_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="fair sharing over time: each GpuQueue's share is remembered, decayed "
+        "with this half-life, and added to its share while it borrows, so a queue held "
+        "below the others for long goes first and may preempt past their share (0: off; "
+        "docs/queues.md)",
+    )
+    queue_hold_after_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="capacity holds for queues: a queued workload of several GPUs that "
+        "has waited this long, of the queue furthest below its fair share, gets nodes "
+        "kept for it (no new pod there) while they drain (0: off; docs/queues.md)",
+    )
     gang_starve_after_seconds: float = Field(
         120.0,
         gt=0,
@@ -522,6 +537,8 @@ class Sidecar:
                     window=settings.queue_window,
                     min_round_seconds=settings.queue_min_round_seconds,
                     hold_seconds=settings.reservation_timeout_seconds,
+                    half_life_seconds=settings.queue_fair_sharing_half_life_seconds,
+                    hold_after_seconds=settings.queue_hold_after_seconds,
                 ),
                 page_size=settings.list_page_size,
                 watch_seconds=settings.watch_timeout_seconds,

@@ -24,15 +24,20 @@ apart. Each round (`step`):
    its queue gates; the gang controller starts it), with Events `QueueAdmitted`.
 5. **Reclaim** for at most `reclaims` waiting workloads (`gpuplace.queues.reclaiming`:
    PodDisruptionBudgets checked, Eviction API).
-6. **Tell**: Events on waiting pods (once per reason), each GpuQueue's status (when it
-   changed: `gpuplace.queues.statuses`), the per-queue metrics.
+6. **Hold** (with `hold_after_seconds`): capacity for the starving workload of the queue
+   furthest below its fair share, in the fence the gang controller also uses
+   (`gpuplace.placement.holds`); the next rounds admit nothing else on its nodes.
+7. **Tell**: Events on waiting pods (once per reason), each GpuQueue's status (when it
+   changed: `gpuplace.queues.statuses`; with fair sharing over time, its past share),
+   the per-queue metrics.
 
 A round that finds nothing changed since the last one (and no `poll_seconds` passed, for
 `maxWait`) decides nothing; with no queued pod at all, the ledger's changes (binds of
 pods outside queues) are not a change to it, so a cluster that uses no queues pays no
 round per bind. API failures are logged and retried next round; nothing here
 is kept only in memory that a restart could lose (admissions are read from the pods,
-evictions in flight from their deletion).
+evictions in flight from their deletion, past shares from the GpuQueues' statuses; a
+capacity hold is decided again by the first round).
 """
 
 from __future__ import annotations
@@ -55,10 +60,11 @@ from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.gangs import events as gang_events
 from gpuplace.gangs.api import PodApi
 from gpuplace.gangs.writing import Writer
-from gpuplace.placement import admitting, quotas
+from gpuplace.placement import admitting, gangs, holds, quotas
 from gpuplace.placement.choosing import Policy
-from gpuplace.placement.fences import Fences
+from gpuplace.placement.fences import QUEUED, Fence, Fences
 from gpuplace.placement.ledger import LedgerError
+from gpuplace.placement.share_history import ShareHistory
 from gpuplace.queues import events, statuses, workloads
 from gpuplace.queues.committing import Admitter, Written
 from gpuplace.queues.metrics import QueueMetrics
@@ -95,6 +101,13 @@ class QueueSettings:
     """After a refused reclaim: the wait before it is tried again."""
     concurrency: int = 16
     write_attempts: int = 5
+    half_life_seconds: float = 0.0
+    """Fair sharing over time: each queue's past share is decayed with this half-life
+    and counted in its fair share (`gpuplace.placement.share_history`); 0: off."""
+    hold_after_seconds: float = 0.0
+    """Capacity holds for queues: a workload of several GPUs starving this long, of the
+    queue furthest below its fair share, gets nodes fenced for it
+    (`gpuplace.placement.holds`); 0: off."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,14 +165,25 @@ def decide(
     leaving: Mapping[str, str] | None = None,
     size: int = 100,
     reclaims: int = 1,
+    fence_members: frozenset[str] = frozenset(),
+    past: Mapping[str, float] | None = None,
 ) -> Decided:
     """Steps 2 and 3 of the module docstring without the holds: the round on a scratch
     copy of `sync`'s ledger (which stays as it was). Synchronous; its cost is the
-    engine's (`gpuplace.placement.admitting`). Also what `gpuplace explain` asks."""
-    found = workloads.collect(pods.values(), sync.ledger.inventory, fenced=fenced, leaving=leaving)
+    engine's (`gpuplace.placement.admitting`). Also what `gpuplace explain` asks.
+    `past`: each queue's past share (fair sharing over time)."""
+    found = workloads.collect(
+        pods.values(),
+        sync.ledger.inventory,
+        fenced=fenced,
+        fence_members=fence_members,
+        leaving=leaving,
+    )
     waiting, cut = window(found.waiting, specs, now, size)
     placer = admitting.Placer.scratch(sync.ledger, policy)
-    result = admitting.admit(placer, specs, found.running, waiting, now=now, reclaims=reclaims)
+    result = admitting.admit(
+        placer, specs, found.running, waiting, now=now, reclaims=reclaims, past=past
+    )
     return Decided(result, found, tuple(waiting), cut)
 
 
@@ -221,6 +245,21 @@ class QueueController:
         self._decided_at = float("-inf")
         self._told = gang_events.Told()
         self._written: dict[str, dict[str, Any]] = {}
+        self.history = (
+            ShareHistory(self.settings.half_life_seconds)
+            if self.settings.half_life_seconds > 0
+            else None
+        )
+        """Each queue's past share (None: fair sharing looks at shares now only). Read
+        back from the GpuQueues' statuses at the first round (`_past`), so a restart or a
+        failover goes on from what the last leader wrote."""
+        self._restored = False
+        if self.settings.hold_after_seconds > 0 and self.history is None:
+            log.warning(
+                "capacity holds without fair sharing over time: a held node may drain for a "
+                "workload that may not preempt what is left there (docs/performance.md, "
+                "Queues); set a fair-sharing half-life too"
+            )
         store.listeners.append(self.wake)
         directory.listeners.append(self.wake)
         sync.pod_listeners.append(self._poke)
@@ -277,6 +316,74 @@ class QueueController:
     def _fenced(self) -> frozenset[str]:
         return self.fences.nodes if self.fences is not None else frozenset()
 
+    def _fence_members(self) -> frozenset[str]:
+        fence = self.fences.current if self.fences is not None else None
+        return fence.members if fence is not None else frozenset()
+
+    def _past(self, now: float) -> dict[str, float]:
+        """Each queue's past share now; at the first round, read back from the statuses
+        the last leader wrote (`statuses.remembered`)."""
+        if self.history is None:
+            return {}
+        if not self._restored:
+            self._restored = True
+            found = {}
+            for name, record in self.directory.queues.items():
+                remembered = statuses.remembered(record)
+                if remembered is not None:
+                    found[name] = remembered
+            self.history.restore(now, found)
+        return self.history.past(now)
+
+    def _update_hold(self, decided: Decided, now: float, past: Mapping[str, float]) -> None:
+        """Hold capacity for the starving workload of the queue furthest below its fair
+        share (`gpuplace.placement.holds`), in the one fence the gang controller also
+        uses: never over a gang's fence; lifted once no workload starves."""
+        if self.fences is None or self.settings.hold_after_seconds <= 0:
+            return
+        current = self.fences.current
+        if current is not None and current.kind != QUEUED:
+            return
+        by_key = {workload.key: workload for workload in decided.waiting}
+        head = holds.starving(
+            decided.round,
+            by_key,
+            now=now,
+            after=self.settings.hold_after_seconds,
+            past=past,
+            current=_key(current.owner, by_key) if current is not None else "",
+        )
+        if head is None:
+            if current is not None:
+                self.fences.release()
+                self.metrics.held.set(0)
+            return
+        uids = frozenset(member.uid for member in head.members)
+        owner = _owner(head.key)
+        if current is not None and current.owner == owner and current.members == uids:
+            return
+        nodes = gangs.fence(self.sync.ledger, head.members)
+        if not nodes:
+            if current is not None:
+                self.fences.release()
+                self.metrics.held.set(0)
+            return
+        self.fences.hold(Fence(owner, frozenset(nodes), uids, head.created, QUEUED))
+        self.metrics.held.set(len(nodes))
+        log.info(
+            "queue capacity held",
+            extra={"workload": head.key, "queue": head.queue, "nodes": len(nodes)},
+        )
+        shown = ", ".join(nodes[:8]) + (f" and {len(nodes) - 8} more" if len(nodes) > 8 else "")
+        message = (
+            f"nodes {shown} are kept for this workload (no new pod there) until they "
+            f"have room for it: its queue {head.queue} is furthest below its fair share"
+        )
+        for member in head.members:
+            pod = decided.found.pods.get(member.uid)
+            if pod is not None and self._told.first(pod.uid, f"{events.HELD}:{sorted(nodes)}"):
+                self._emit(pod, recording.NORMAL, events.HELD, message)
+
     async def step(self) -> None:
         """One round (module docstring)."""
         now = self.clock()
@@ -303,6 +410,7 @@ class QueueController:
         await asyncio.sleep(0)  # let the extender's verbs in before the round's CPU work
         started = time.perf_counter()
         specs = self.directory.specs()
+        past = self._past(now)
         decided = decide(
             self.sync,
             policy,
@@ -310,10 +418,14 @@ class QueueController:
             self.store.pods,
             now=now,
             fenced=self._fenced(),
+            fence_members=self._fence_members(),
             leaving=self.reclaimer.leaving,
             size=self.settings.window,
             reclaims=self.settings.reclaims,
+            past=past,
         )
+        if self.history is not None:
+            self.history.observe(now, {q.name: q.share for q in decided.round.queues})
         held = self._hold(decided.round.admissions)
         self.metrics.rounds.observe(time.perf_counter() - started)
         self._signature = signature
@@ -324,8 +436,9 @@ class QueueController:
         for admission in held:
             await self._admit(admission, decided.found, now)
         await self._reclaim(decided, now)
+        self._update_hold(decided, now, past)
         self._tell(decided)
-        await self._statuses(decided, specs)
+        await self._statuses(decided, specs, now)
         self._forget()
         self.rounds += 1
 
@@ -479,9 +592,12 @@ class QueueController:
                         f"waiting in GpuQueue {aside.queue}: {aside.reason}",
                     )
 
-    async def _statuses(self, decided: Decided, specs: Sequence[quotas.QueueSpec]) -> None:
+    async def _statuses(
+        self, decided: Decided, specs: Sequence[quotas.QueueSpec], now: float
+    ) -> None:
         """Each GpuQueue's status, written when it changed; the per-queue metrics."""
         by_name = {status.name: status for status in decided.round.queues}
+        past = self.history.past(now) if self.history is not None else None
         stamp = assignments.rfc3339(datetime.fromtimestamp(self.clock(), UTC))
         for spec in specs:
             status = by_name.get(spec.name)
@@ -493,10 +609,12 @@ class QueueController:
                     waiting_pods=status.waiting_pods + pods_cut,
                 )
                 by_name[spec.name] = status
-                self.metrics.show(status, spec)
+                self.metrics.show(status, spec, past.get(spec.name, 0.0) if past else 0.0)
         self.metrics.keep(by_name)
         for name, record in list(self.directory.queues.items()):
-            wanted = statuses.body(record, by_name.get(name), stamp)
+            wanted = statuses.body(
+                record, by_name.get(name), stamp, None if past is None else past.get(name, 0.0)
+            )
             if not statuses.changed(record, wanted) or self._written.get(name) == wanted:
                 continue
             try:
@@ -518,3 +636,16 @@ class QueueController:
 
     def _emit(self, pod: QueuedPod, kind: str, reason: str, message: str) -> None:
         gang_events.emit(self.recorder, pod, kind, reason, message)
+
+
+def _owner(key: str) -> tuple[str, str]:
+    """A workload key (`namespace/name` or `gang namespace/name`) as a fence's owner."""
+    namespace, _, name = key.removeprefix("gang ").partition("/")
+    return namespace, name
+
+
+def _key(owner: tuple[str, str], workloads: Mapping[str, admitting.Workload]) -> str:
+    """The key of the workload a fence's owner names (a pod's or a gang's)."""
+    namespace, name = owner
+    pod = f"{namespace}/{name}"
+    return pod if pod in workloads else f"gang {pod}"

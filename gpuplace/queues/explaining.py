@@ -70,6 +70,8 @@ class Row:
     waiting_pods: int
     share: float
     problem: str = ""
+    past: float | None = None
+    """Its past share as its status last said (fair sharing over time; None: off)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +106,11 @@ async def snapshot(
         await informer.relist()
     store = pods.QueueStore()
     await pods.informer(api, store).relist()
+    past = {}  # fair sharing over time: the past shares the controller last wrote
+    for name, record in directory.queues.items():
+        remembered = statuses.remembered(record)
+        if remembered is not None:
+            past[name] = remembered[0]
     decided = decide(
         sync,
         policy(sync),
@@ -112,6 +119,7 @@ async def snapshot(
         now=clock(),
         size=WHOLE_ROUND,
         reclaims=0,
+        past=past,
     )
     return Seen(directory, store, decided)
 
@@ -125,6 +133,7 @@ def rows(seen: Seen) -> list[Row]:
         if record.spec is None or status is None:
             found.append(Row(name, "", 0.0, (), 0, 0, 0, 0.0, record.problem or "not in a round"))
             continue
+        remembered = statuses.remembered(record)
         lines = tuple(
             Line(
                 resource,
@@ -146,6 +155,7 @@ def rows(seen: Seen) -> list[Row]:
                 status.waiting,
                 status.waiting_pods,
                 status.share,
+                past=None if remembered is None else remembered[0],
             )
         )
     return found
@@ -155,7 +165,7 @@ def render_rows(found: list[Row]) -> str:
     """`gpuplace queues` as text: one line per quota line of each queue."""
     if not found:
         return "no GpuQueues (kubectl get gpuqueues; docs/queues.md)"
-    header = (
+    header: tuple[str, ...] = (
         "QUEUE",
         "COHORT",
         "WEIGHT",
@@ -169,6 +179,9 @@ def render_rows(found: list[Row]) -> str:
         "WAITING",
         "SHARE",
     )
+    past = any(row.past is not None for row in found)
+    if past:
+        header = (*header, "PAST")
     table: list[tuple[str, ...]] = [header]
     notes = []
     for row in found:
@@ -177,6 +190,7 @@ def render_rows(found: list[Row]) -> str:
             continue
         for index, line in enumerate(row.lines):
             first = index == 0
+            extra = (f"{row.past or 0.0:.3f}" if first else "",) if past else ()
             table.append(
                 (
                     row.name if first else "",
@@ -191,6 +205,7 @@ def render_rows(found: list[Row]) -> str:
                     str(row.admitted) if first else "",
                     f"{row.waiting} ({row.waiting_pods} pods)" if first else "",
                     f"{row.share:.3f}" if first else "",
+                    *extra,
                 )
             )
     widths = [max(len(cells[i]) for cells in table) for i in range(len(header))]

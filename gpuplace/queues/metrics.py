@@ -43,6 +43,11 @@ class QueueMetrics:
             "What the queue borrows over what its cohort lends, over its weight (its "
             "dominant quota line; 0 within its nominal quota).",
         )
+        self.past_share = gauge(
+            "gpuplace_queue_past_weighted_share",
+            "The weighted share's decayed average over the past (fair sharing over time; 0 "
+            "while it is off), added to the weighted share while the queue borrows.",
+        )
         self.nominal = gauge(
             "gpuplace_queue_nominal", "Nominal quota per quota line (GPUs, or bytes).", line
         )
@@ -79,6 +84,11 @@ class QueueMetrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
             registry=registry,
         )
+        self.held = Gauge(
+            "gpuplace_queue_held_nodes",
+            "Nodes kept for a starving queued workload (a capacity hold; 0 when none).",
+            registry=registry,
+        )
         self.leading = Gauge(
             "gpuplace_queue_controller_leading",
             "1 while this replica's queue controller decides (its kube-scheduler leads).",
@@ -86,9 +96,11 @@ class QueueMetrics:
         )
         self._lines: dict[str, set[tuple[str, str]]] = {}
 
-    def show(self, status: QueueStatus, spec: quotas.QueueSpec) -> None:
-        """Set the queue's gauges from a round's status. O(quota lines)."""
+    def show(self, status: QueueStatus, spec: quotas.QueueSpec, past: float = 0.0) -> None:
+        """Set the queue's gauges from a round's status (`past`: its past share).
+        O(quota lines)."""
         name = status.name
+        self.past_share.labels(name).set(past)
         self.admitted.labels(name).set(status.admitted)
         self.waiting.labels(name).set(status.waiting)
         self.waiting_pods.labels(name).set(status.waiting_pods)
@@ -117,7 +129,13 @@ class QueueMetrics:
             for bucket in self._lines.pop(name):
                 for family in (self.nominal, self.used, self.borrowed, self.lent):
                     family.remove(name, *bucket)
-            for each in (self.admitted, self.waiting, self.waiting_pods, self.share):
+            for each in (
+                self.admitted,
+                self.waiting,
+                self.waiting_pods,
+                self.share,
+                self.past_share,
+            ):
                 each.remove(name)
             for counter in (self.admissions, self.reclaims, self.preempted):
                 with contextlib.suppress(KeyError):  # never counted

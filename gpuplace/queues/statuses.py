@@ -5,14 +5,17 @@ waiting workloads, waiting pods, the weighted share (per mille), per quota line 
 used, borrowed beyond nominal and lent to the cohort (quantities as the spec writes them:
 `2500m` GPUs, `40Gi` of memory), `observedGeneration`, and one condition `Active`: True
 while the queue admits, False with the reason `InvalidSpec` and why when gpuplace cannot
-use its spec (an API server without the CRD's rules). `changed(record, wanted)` says
-whether a write is needed (the transition time aside), so a quiet cluster writes nothing.
-Pure: no I/O; the caller's clock stamps transitions.
+use its spec (an API server without the CRD's rules). With fair sharing over time, also
+its past share (per mille) and when it was that (`pastShare`, `pastShareTime`): what a
+restarted controller reads back (`remembered`). `changed(record, wanted)` says whether a
+write is needed (the transition time and `pastShareTime` aside), so a quiet cluster
+writes nothing. Pure: no I/O; the caller's clock stamps transitions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from gpuplace.cluster.queue_directory import QueueRecord
@@ -20,6 +23,8 @@ from gpuplace.placement import quotas
 from gpuplace.placement.admitting import QueueStatus
 from gpuplace.placement.requests import WHOLE
 
+PAST = "pastShare"
+PAST_TIME = "pastShareTime"
 ACTIVE = "Active"
 READY = "Admitting"
 INVALID = "InvalidSpec"
@@ -57,9 +62,12 @@ def _condition(
     }
 
 
-def body(record: QueueRecord, status: QueueStatus | None, stamp: str) -> dict[str, Any]:
+def body(
+    record: QueueRecord, status: QueueStatus | None, stamp: str, past: float | None = None
+) -> dict[str, Any]:
     """The status `record` should show (module docstring); `status` None: the queue was
-    not in the round (its spec cannot be used)."""
+    not in the round (its spec cannot be used); `past` None: fair sharing over time is
+    off."""
     if record.spec is None or status is None:
         return {
             "observedGeneration": record.generation,
@@ -84,7 +92,7 @@ def body(record: QueueRecord, status: QueueStatus | None, stamp: str) -> dict[st
                 "lent": quantity(resource, status.lent.get(bucket, 0)),
             }
         )
-    return {
+    found = {
         "observedGeneration": record.generation,
         "admittedWorkloads": status.admitted,
         "waitingWorkloads": status.waiting,
@@ -93,8 +101,29 @@ def body(record: QueueRecord, status: QueueStatus | None, stamp: str) -> dict[st
         "resources": lines,
         "conditions": [_condition(record, "True", READY, "the queue admits workloads", stamp)],
     }
+    if past is not None:
+        found["pastShare"] = round(past * 1000)
+        found["pastShareTime"] = stamp
+    return found
 
 
 def changed(record: QueueRecord, wanted: Mapping[str, Any]) -> bool:
-    """Whether `wanted` differs from what the queue shows. O(quota lines)."""
-    return dict(record.status) != dict(wanted)
+    """Whether `wanted` differs from what the queue shows, `pastShareTime` aside (it
+    changes with every round). O(quota lines)."""
+    shown = {key: value for key, value in record.status.items() if key != PAST_TIME}
+    return shown != {key: value for key, value in wanted.items() if key != PAST_TIME}
+
+
+def remembered(record: QueueRecord) -> tuple[float, float, float] | None:
+    """(past share, share, POSIX seconds) the status last said, for
+    `ShareHistory.restore`; None when it says no past share (or not readably)."""
+    past, share, when = (record.status.get(k) for k in (PAST, "weightedShare", PAST_TIME))
+    if not isinstance(past, int) or not isinstance(share, int) or not isinstance(when, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(when.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        return None
+    return max(0, past) / 1000, max(0, share) / 1000, moment.timestamp()

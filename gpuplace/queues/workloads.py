@@ -24,8 +24,9 @@ round.
   next round), members beyond `gang-size`, a pod whose annotations cannot be read.
 
 Members are `gangs.Member`s: each pod's request, the nodes its affinity and node selector
-allow, less the nodes a starving or preempting gang holds (`fenced`: the extender's
-filter keeps new pods off them, so an admission there could never bind), and its
+allow, less the nodes a starving or preempting gang or a starving queued workload holds
+(`fenced`: the extender's filter keeps new pods off them, so an admission there could
+never bind; the members it holds them for, `fence_members`, keep them), and its
 tolerations. Pure: no I/O, no clock. O(pods log pods + pods x nodes for affinities, one
 pass per distinct affinity).
 """
@@ -76,25 +77,30 @@ class Found:
 class _Nodes:
     """The nodes each affinity allows, less the fenced ones, computed once per affinity."""
 
-    def __init__(self, inventory: Inventory, fenced: frozenset[str]) -> None:
+    def __init__(
+        self, inventory: Inventory, fenced: frozenset[str], members: frozenset[str]
+    ) -> None:
         self.inventory = inventory
         self.fenced = fenced
-        self._memo: dict[NodeAffinity, frozenset[str] | None] = {}
+        self.members = members
+        """The pods the fence holds the nodes for (they keep them)."""
+        self._memo: dict[tuple[NodeAffinity, bool], frozenset[str] | None] = {}
 
-    def __call__(self, affinity: NodeAffinity) -> frozenset[str] | None:
-        if affinity not in self._memo:
+    def __call__(self, affinity: NodeAffinity, uid: str = "") -> frozenset[str] | None:
+        fenced = bool(self.fenced) and uid not in self.members
+        if (affinity, fenced) not in self._memo:
             nodes = [(node.name, node.labels) for node in self.inventory]
             allowed = affinity.allowed(nodes)
-            if self.fenced:
+            if fenced:
                 names = allowed if allowed is not None else frozenset(n for n, _ in nodes)
                 allowed = names - self.fenced
-            self._memo[affinity] = allowed
-        return self._memo[affinity]
+            self._memo[(affinity, fenced)] = allowed
+        return self._memo[(affinity, fenced)]
 
 
 def member(pod: QueuedPod, nodes: _Nodes) -> gangs.Member:
     assert pod.request is not None
-    return gangs.Member(pod.uid, pod.request, nodes(pod.affinity), pod.tolerations)
+    return gangs.Member(pod.uid, pod.request, nodes(pod.affinity, pod.uid), pod.tolerations)
 
 
 def collect(
@@ -102,6 +108,7 @@ def collect(
     inventory: Inventory,
     *,
     fenced: frozenset[str] = frozenset(),
+    fence_members: frozenset[str] = frozenset(),
     leaving: Mapping[str, str] | None = None,
 ) -> Found:
     """See the module docstring."""
@@ -109,7 +116,7 @@ def collect(
     for pod in pods:
         if pod.queue and not pod.terminal:
             groups.setdefault(pod.key, []).append(pod)
-    collector = _Collector(_Nodes(inventory, fenced), leaving or {})
+    collector = _Collector(_Nodes(inventory, fenced, fence_members), leaving or {})
     for group in groups.values():
         group.sort(key=QueuedPod.order)
         collector.workload(group)

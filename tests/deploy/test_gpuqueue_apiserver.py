@@ -143,6 +143,8 @@ def test_status_is_a_subresource_the_controller_writes(kubectl: list[str]) -> No
             "waitingWorkloads": 2,
             "waitingPods": 5,
             "weightedShare": 125,
+            "pastShare": 340,
+            "pastShareTime": "2026-11-27T10:00:00Z",
             "resources": [{"name": "gpus", "model": "*", "used": "9", "borrowed": "1", "lent": 0}],
         },
         "spec": {"weight": "7"},
@@ -154,6 +156,8 @@ def test_status_is_a_subresource_the_controller_writes(kubectl: list[str]) -> No
     stored = json.loads(run(kubectl, "get", "gpuqueue", "status-check", "-o", "json").stdout)
     assert stored["status"]["admittedWorkloads"] == 3
     assert stored["status"]["resources"][0]["borrowed"] == "1"
+    assert stored["status"]["pastShare"] == 340  # fair sharing over time, read back
+    assert stored["status"]["pastShareTime"] == "2026-11-27T10:00:00Z"
     assert stored["spec"]["weight"] == "1"  # spec is not written through status
     table = run(kubectl, "get", "gq", "status-check").stdout.split()
     assert table[:6] == ["NAME", "COHORT", "WEIGHT", "ADMITTED", "WAITING", "SHARE"]

@@ -31,6 +31,15 @@ def run(server: localapi.ThreadedServer, tmp_path: Path, *args: str) -> int:
     return cli.main([*args, "--kubeconfig", str(config)])
 
 
+def research(api: localapi.FakeApi, **team_a: str) -> None:
+    """One 4-GPU node; team-a and team-b, 2 GPUs each, cohort research."""
+    nodes(api, 1, gpus=4)
+    namespace(api, "team-a", team="a")
+    namespace(api, "team-b", team="b")
+    api.create(gpuqueue("team-a", "2", cohort="research", **team_a))
+    api.create(gpuqueue("team-b", "2", cohort="research"))
+
+
 def test_queues_and_explain_show_use_borrowing_and_why_a_pod_waits(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -38,11 +47,7 @@ def test_queues_and_explain_show_use_borrowing_and_why_a_pod_waits(
 
         def build() -> None:
             api = server.api
-            nodes(api, 1, gpus=4)
-            namespace(api, "team-a", team="a")
-            namespace(api, "team-b", team="b")
-            api.create(gpuqueue("team-a", "2", cohort="research", borrowing="1"))
-            api.create(gpuqueue("team-b", "2", cohort="research"))
+            research(api, borrowing="1")
             for gpu in range(3):
                 admitted(api, f"a{gpu}", "team-a", gpu)
             api.create(queued("a3", "team-a"))
@@ -110,3 +115,32 @@ def test_queues_and_explain_show_use_borrowing_and_why_a_pod_waits(
         assert first.startswith("queue: waiting in GpuQueue team-b, position 1 (cohort): "), first
         assert run(server, tmp_path, "explain", "team-a/a0") == 0
         assert capsys.readouterr().out.startswith("queue: admitted by GpuQueue team-a\n")
+
+
+def test_queues_shows_the_past_share_the_statuses_remember(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with localapi.serve_in_thread() as server:
+
+        def build() -> None:
+            api = server.api
+            research(api)
+            remembered = {
+                "weightedShare": 0,
+                "pastShare": 340,
+                "pastShareTime": "2026-11-27T10:00:00Z",
+            }
+            api.patch(
+                "gpuplace.io/gpuqueues", "team-a", {"status": remembered}, subresource="status"
+            )
+
+        server.call(build)
+        assert run(server, tmp_path, "queues") == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].split()[-2:] == ["SHARE", "PAST"]
+        assert lines[1].split()[0] == "team-a" and lines[1].split()[-1] == "0.340"
+        assert lines[2].split()[0] == "team-b" and lines[2].split()[-1] == "0.000"
+        assert run(server, tmp_path, "queues", "-o", "json") == 0
+        shown = {row["name"]: row for row in json.loads(capsys.readouterr().out)["queues"]}
+        assert shown["team-a"]["past"] == pytest.approx(0.34)
+        assert shown["team-b"]["past"] is None
