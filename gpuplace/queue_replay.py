@@ -80,8 +80,11 @@ def replay(
     queues: Sequence[quotas.QueueSpec],
     *,
     policy_name: str,
+    half_life: float | None = None,
+    hold_after: float | None = None,
 ) -> dict[str, Any]:
-    """Both runs and their figures, as one JSON-ready document."""
+    """Both runs and their figures, as one JSON-ready document. `half_life`: fair
+    sharing over time; `hold_after`: capacity holds (`gpuplace serve`'s settings)."""
     jobs = jobs_of(pods)
     if not jobs:
         raise ReplayError("the pod list has no GPU pod that ran (scheduled_time set)")
@@ -101,6 +104,8 @@ def replay(
             policy,
             queues=queues if mode == "queues" else None,
             queue_of=queue_of,
+            half_life=half_life,
+            hold_after=hold_after,
         )
         figures = timeline.figures(result, nominal, weight, until)
         runs[mode] = {
@@ -113,6 +118,8 @@ def replay(
         "teams": {team: {"queue": name, "weight": weight[team]} for team, name in queue_of.items()},
         "until_seconds": until,
         "policy": policy_name,
+        "fair_sharing_half_life_seconds": half_life,
+        "hold_after_seconds": hold_after,
         **runs,
         "allocation_cost_points": _round(
             runs["no_queues"]["allocation"] - runs["queues"]["allocation"]

@@ -91,6 +91,20 @@ def register(subparsers: Any) -> None:
         help="with --queues: replay on about N GPUs of the node list, keeping its mix of models "
         "and node sizes (default: the whole node list)",
     )
+    parser.add_argument(
+        "--fair-sharing-half-life",
+        type=float,
+        metavar="SECONDS",
+        help="with --queues: fair sharing over time, as `gpuplace serve "
+        "--queue-fair-sharing-half-life-seconds` (default: off)",
+    )
+    parser.add_argument(
+        "--hold-after",
+        type=float,
+        metavar="SECONDS",
+        help="with --queues: capacity holds for starving queued workloads, as `gpuplace serve "
+        "--queue-hold-after-seconds` (default: off)",
+    )
     parser.add_argument("--decisions", type=Path, help="write one JSON line per arrival here")
     parser.add_argument(
         "--plot",
@@ -213,6 +227,13 @@ def run_queues(args: argparse.Namespace) -> int:
     if args.gpus is not None and args.gpus <= 0:
         print("gpuplace simulate: --gpus takes a number of GPUs above 0", file=sys.stderr)
         return 2
+    for flag, value in (
+        ("--fair-sharing-half-life", args.fair_sharing_half_life),
+        ("--hold-after", args.hold_after),
+    ):
+        if value is not None and not value > 0:
+            print(f"gpuplace simulate: {flag} takes seconds above 0", file=sys.stderr)
+            return 2
     bundled = resources.files("gpuplace") / "data"
     try:
         with resources.as_file(bundled / "nodes.csv") as default_nodes:
@@ -221,7 +242,14 @@ def run_queues(args: argparse.Namespace) -> int:
         queues = queue_replay.read_queues(args.queues)
         if args.gpus is not None:
             nodes = trace.scaled(nodes, args.gpus)
-        document = queue_replay.replay(nodes, pods, queues, policy_name=args.policy)
+        document = queue_replay.replay(
+            nodes,
+            pods,
+            queues,
+            policy_name=args.policy,
+            half_life=args.fair_sharing_half_life,
+            hold_after=args.hold_after,
+        )
     except (trace.TraceError, queue_replay.ReplayError, ValueError) as error:
         print(f"gpuplace simulate: {error}", file=sys.stderr)
         return 1

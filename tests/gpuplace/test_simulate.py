@@ -192,6 +192,8 @@ def test_help_documents_the_options(flag: str) -> None:
         "--json",
         "--queues",
         "--gpus",
+        "--fair-sharing-half-life",
+        "--hold-after",
     ):
         assert option in result.stdout
 
@@ -266,6 +268,8 @@ def test_queues_replay_prints_both_runs_as_json(tmp_path: Path) -> None:
         ("no pods", "--queues: it needs --pods (an openb pod list)", 2),
         ("with priorities", "--queues: not with --priorities", 2),
         ("gpus 0", "--gpus takes a number of GPUs above 0", 2),
+        ("half-life 0", "--fair-sharing-half-life takes seconds above 0", 2),
+        ("hold after -1", "--hold-after takes seconds above 0", 2),
         ("plain pods", "missing column 'qos'", 1),
     ],
 )
@@ -286,11 +290,39 @@ def test_queues_replay_refuses_what_it_cannot_use(
         args += ["--priorities", "0.5"]
     elif change == "gpus 0":
         args += ["--gpus", "0"]
+    elif change == "half-life 0":
+        args += ["--fair-sharing-half-life", "0"]
+    elif change == "hold after -1":
+        args += ["--hold-after=-1"]
     elif change == "plain pods":
         pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,1000\n")
     result = run(*args)
     assert result.returncode == code
     assert message in result.stderr
+
+
+def test_the_queue_settings_reach_the_replay_and_its_json(tmp_path: Path) -> None:
+    nodes, pods, queues = timed_trace(tmp_path)
+    args = ["--queues", str(queues), "--nodes", str(nodes), "--pods", str(pods)]
+    result = run(*args, "--fair-sharing-half-life", "3600", "--hold-after", "60")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["fair_sharing_half_life_seconds"] == 3600
+    assert document["hold_after_seconds"] == 60
+    assert document["queues"]["holds"] == 0  # 1-GPU pods only: nothing to hold for
+    plain = json.loads(run(*args).stdout)
+    assert plain["fair_sharing_half_life_seconds"] is None
+
+
+@pytest.mark.parametrize("name", ["queues-openb.yaml", "queues-openb-over-time.yaml"])
+def test_the_bench_queue_files_are_read_as_the_replay_reads_them(name: str) -> None:
+    from gpuplace import queue_replay
+    from gpuplace.placement import quotas
+
+    found = queue_replay.read_queues(Path(__file__).parents[2] / "bench" / name)
+    assert sorted(q.name for q in found) == ["be", "burstable", "guaranteed", "ls"]
+    fair = {q.fair_sharing for q in found}
+    assert fair == ({quotas.Preemption.ANY} if "over-time" in name else {quotas.Preemption.NEVER})
 
 
 def test_gpus_without_queues_is_refused() -> None:
