@@ -343,6 +343,7 @@ class QueueController:
             return
         current = self.fences.current
         if current is not None and current.kind != QUEUED:
+            self.metrics.held.set(0)  # a starving gang's: it goes first
             return
         by_key = {workload.key: workload for workload in decided.waiting}
         head = holds.starving(
@@ -360,7 +361,13 @@ class QueueController:
             return
         uids = frozenset(member.uid for member in head.members)
         owner = _owner(head.key)
-        if current is not None and current.owner == owner and current.members == uids:
+        inventory = self.sync.ledger.inventory
+        if (
+            current is not None
+            and current.owner == owner
+            and current.members == uids
+            and all(name in inventory for name in current.nodes)
+        ):
             return
         nodes = gangs.fence(self.sync.ledger, head.members)
         if not nodes:

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 
 from gpuplace.dev import localapi
-from gpuplace.placement.fences import QUEUED
+from gpuplace.placement.fences import QUEUED, Fence
 from tests.gangs.rig import Clock
 
 from .rig import FAST, Rig, events, gpuqueue, namespace, nodes, queued, rig
@@ -140,3 +140,30 @@ async def test_the_past_share_is_written_and_read_back_after_a_restart(
         past = again.controller.history
         assert past is not None
         assert past.past(again.clock())["team-a"] == pytest.approx(0.375, abs=0.01)
+
+
+async def test_a_gangs_fence_goes_first_and_the_hold_comes_back_after(
+    server: localapi.Server,
+) -> None:
+    lab(server.api)
+    # no gang controller: it would lift the stand-in gang fence below (no such gang)
+    async with rig(server, settings=HOLDING, gangs=False) as r:
+        await three_of_a(r)
+        r.api.create(queued("b0", "team-b", count=2))
+        await r.quiet()
+        r.clock.offset += 61
+        await later(r)
+        fences = r.h.sidecar.fences
+        held = fences.current
+        assert held is not None and held.kind == QUEUED
+        # a starving gang's fence, as the gang controller holds it: never replaced
+        gang = Fence(("team-x", "train"), held.nodes, frozenset({"gang-uid"}), r.clock())
+        fences.hold(gang)
+        await later(r)
+        assert fences.current == gang
+        assert r.metric("gpuplace_queue_held_nodes") == 0
+        fences.release()  # the gang started or timed out
+        await later(r)
+        again = fences.current
+        assert again is not None and again.kind == QUEUED and again.owner == ("team-b", "b0")
+        assert r.metric("gpuplace_queue_held_nodes") == 1
