@@ -629,8 +629,9 @@ class _Preempting:
         in turn)."""
         self.share = _share_after(state, workload.queue, members)
         """The waiting workload's queue's share once admitted (an upper bound)."""
-        self._initial: dict[str, float] = {}
-        """Per victim queue, its share before this look (`INITIAL_SHARE`)."""
+        self._initial: dict[str, tuple[float, float]] = {}
+        """Per victim queue, its fair share and its share now before this look
+        (`INITIAL_SHARE`)."""
         self._seen: list[reclaiming.Candidate] = []
         self._uids: set[str] = set()
         self._use: dict[str, Use] = {}
@@ -693,7 +694,10 @@ class _Preempting:
         victims)."""
         accounts = self.state.accounts
         if candidate.queue not in self._initial:
-            self._initial[candidate.queue] = accounts.fair_share(candidate.queue)
+            self._initial[candidate.queue] = (
+                accounts.fair_share(candidate.queue),
+                accounts.share(candidate.queue),
+            )
         uids, use = self._taken(chosen)
         before = use.get(candidate.queue, {})
         accounts.charge(candidate.queue, before, -1)
@@ -705,9 +709,13 @@ class _Preempting:
                 return True
             if not self.fair.allows(candidate.priority, priority):
                 return False
-            if self.strategy is quotas.FairStrategy.INITIAL_SHARE:
-                return self.share < self._initial[candidate.queue]
             mine = self.removed(set(candidate.uids) - uids).get(candidate.queue, {})
+            if self.strategy is quotas.FairStrategy.INITIAL_SHARE:
+                fair, now = self._initial[candidate.queue]
+                # the past share counts only while the victim's queue would still borrow:
+                # it never takes a queue into its own nominal
+                still = accounts.share_with(candidate.queue, mine, -1) > 0
+                return self.share < (fair if still else now)
             return accounts.fair_share_with(candidate.queue, mine, -1) >= self.share
         finally:
             accounts.charge(candidate.queue, before)

@@ -8,7 +8,8 @@ one). So, after each round, `starving(round, workloads, now=..., after=..., past
 names at most one waiting workload to hold capacity for:
 
 - it waits for room (`Why.PLACE`), for its cohort's quota (`Why.COHORT`) or for
-  workloads it preempts (`Why.RECLAIMING`), for at least `after` seconds;
+  workloads it preempts (`Why.RECLAIMING`), and was created at least `after` seconds
+  ago (`Workload.created`);
 - it asks for more than one GPU in all (one GPU frees often enough);
 - it is the first such workload of its queue (the queue's own order);
 - its queue's fair share (`quotas.Accounts.fair_share`: its share now, plus its past

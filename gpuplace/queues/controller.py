@@ -288,6 +288,7 @@ class QueueController:
                     await self.step()
                 else:
                     self._follow()
+                    self._restored = False  # the next leader writes; read it back then
                     self.rounds += 1
             except kube.ApiError as error:
                 log.warning(
@@ -622,7 +623,10 @@ class QueueController:
             wanted = statuses.body(
                 record, by_name.get(name), stamp, None if past is None else past.get(name, 0.0)
             )
-            if not statuses.changed(record, wanted) or self._written.get(name) == wanted:
+            written = self._written.get(name)
+            if not statuses.changed(record, wanted) or (
+                written is not None and not statuses.differs(written, wanted)
+            ):
                 continue
             try:
                 await self.api.patch_gpuqueue_status(name, {"status": wanted})

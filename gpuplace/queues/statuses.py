@@ -7,9 +7,10 @@ used, borrowed beyond nominal and lent to the cohort (quantities as the spec wri
 while the queue admits, False with the reason `InvalidSpec` and why when gpuplace cannot
 use its spec (an API server without the CRD's rules). With fair sharing over time, also
 its past share (per mille) and when it was that (`pastShare`, `pastShareTime`): what a
-restarted controller reads back (`remembered`). `changed(record, wanted)` says whether a
-write is needed (the transition time and `pastShareTime` aside), so a quiet cluster
-writes nothing. Pure: no I/O; the caller's clock stamps transitions.
+restarted controller reads back (`remembered`); when fair sharing over time is turned
+off, the write removes them. `changed(record, wanted)` says whether a write is needed (the
+transition time and the past share's decay aside), so a quiet cluster writes nothing.
+Pure: no I/O; the caller's clock stamps transitions.
 """
 
 from __future__ import annotations
@@ -102,16 +103,31 @@ def body(
         "conditions": [_condition(record, "True", READY, "the queue admits workloads", stamp)],
     }
     if past is not None:
-        found["pastShare"] = round(past * 1000)
-        found["pastShareTime"] = stamp
+        found[PAST] = round(past * 1000)
+        found[PAST_TIME] = stamp
+    elif PAST in record.status:  # fair sharing over time turned off: forget (merge patch)
+        found[PAST] = None
+        found[PAST_TIME] = None
     return found
 
 
+def _rest(status: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in status.items() if key not in (PAST, PAST_TIME)}
+
+
 def changed(record: QueueRecord, wanted: Mapping[str, Any]) -> bool:
-    """Whether `wanted` differs from what the queue shows, `pastShareTime` aside (it
-    changes with every round). O(quota lines)."""
-    shown = {key: value for key, value in record.status.items() if key != PAST_TIME}
-    return shown != {key: value for key, value in wanted.items() if key != PAST_TIME}
+    """Whether `wanted` differs from what the queue shows, its past share's value aside:
+    it moves with every round as it decays, and what the status last said still gives
+    it exactly (`remembered`, while the share it shows is the one held since), so only
+    its coming or going is a change. O(quota lines)."""
+    return differs(record.status, wanted)
+
+
+def differs(shown: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """`changed` on two statuses (the one shown or last written, the one wanted)."""
+    if _rest(shown) != _rest(wanted):
+        return True
+    return (shown.get(PAST) is not None) != (wanted.get(PAST) is not None)
 
 
 def remembered(record: QueueRecord) -> tuple[float, float, float] | None:

@@ -304,6 +304,22 @@ def test_a_queue_held_below_the_others_in_the_past_may_preempt_past_their_share(
     assert run(book, greedy, running, waiting, past={"a": 0.5}).reclaims == ()
 
 
+def test_the_past_share_never_takes_a_victim_into_its_nominal() -> None:
+    """b borrows 1 GPU with a large past share: by its initial share (past counted) a
+    could take b's 4-GPU pod, which would leave b inside its nominal: never."""
+    book = ledger(node("n1", 10))
+    running = [
+        hold(book, "a0", "a", whole_on("a0", "n1", 0, 1)),
+        hold(book, "b1", "b", whole_on("b1", "n1", 2), admitted=1),
+        hold(book, "b0", "b", whole_on("b0", "n1", 3, 4, 5, 6), admitted=2),
+        hold(book, "c0", "c", whole_on("c0", "n1", 7, 8, 9)),
+    ]
+    queues = [spec("a", 2, fair=Preemption.ANY, strategies=(INITIAL,)), spec("b", 4), spec("c", 4)]
+    waiting = [pod("p", "a", whole(2))]
+    assert run(book, queues, running, waiting).reclaims == ()
+    assert run(book, queues, running, waiting, past={"b": 0.5}).reclaims == ()
+
+
 def test_capacity_goes_first_to_the_queue_that_borrowed_less_in_the_past() -> None:
     def first(past: dict[str, float] | None) -> list[str]:
         book = ledger(node("n1", 6))
