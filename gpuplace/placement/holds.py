@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gpuplace.placement import quotas
 from gpuplace.placement.admitting import Round, Why, Workload
 
 WAITING_FOR_ROOM = frozenset({Why.PLACE, Why.COHORT, Why.RECLAIMING})
@@ -41,7 +42,7 @@ def fair_shares(round: Round, past: Mapping[str, float]) -> dict[str, float]:
     """Each queue's fair share after the round: its share plus its past share while it
     borrows, else 0 (`quotas.Accounts.fair_share`). O(queues)."""
     return {
-        status.name: status.share + past.get(status.name, 0.0) if status.share > 0 else 0.0
+        status.name: quotas.with_past(status.share, past.get(status.name, 0.0))
         for status in round.queues
     }
 

@@ -238,6 +238,12 @@ def _bucket_text(bucket: Bucket) -> str:
     return resource if model == ANY_MODEL else f"{resource} on {model}"
 
 
+def with_past(share: float, past: float) -> float:
+    """A queue's fair share from its share now and its past share: the past counts only
+    while it borrows (share above 0), so it never weighs on use inside a nominal. O(1)."""
+    return share + past if share > 0 else 0.0
+
+
 def amount_text(resource: str, amount: int) -> str:
     """An amount as a person reads it: `2.5 GPUs`, `40960 MiB`. O(1)."""
     if resource is GPU_MEMORY:
@@ -460,8 +466,7 @@ class Accounts:
         """`share`, plus the queue's past share (`past`) while it borrows now: what fair
         sharing compares. 0 while it uses no more than its nominal (the past never weighs
         on use inside a nominal). O(buckets)."""
-        now = self.share(queue)
-        return now + self.past.get(queue, 0.0) if now > 0 else 0.0
+        return with_past(self.share(queue), self.past.get(queue, 0.0))
 
     def fair_share_with(self, queue: str, use: Mapping[Bucket, int], sign: int = 1) -> float:
         """`fair_share` of `queue` were `use` added (`sign` 1) or removed (-1). O(buckets)."""
