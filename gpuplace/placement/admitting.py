@@ -34,7 +34,8 @@ A *workload* is a pod, or a gang as one unit (all its members; an elastic gang a
    (`quotas.FairStrategy.FINAL_SHARE`; shares here are `Accounts.fair_share`, the past
    share counted), or, where the queue lists
    `INITIAL_SHARE` next and the first finds no victims, from queues that borrowed more
-   than that share before.
+   than that share before. A workload with nodes kept for it (`Workload.held`) looks
+   among the workloads wholly on those nodes first, then among all.
    Workloads already leaving count as gone there, so a reclaim in flight is not repeated;
    each reclaim chosen is applied while the next is looked for (never two on one freed
    GPU), and all is undone before the round returns.
@@ -49,8 +50,8 @@ tried O(models x members + B) for quota plus one plan (O(changed nodes + distinc
 states) for one pod through the chooser, `gangs.plan` for a gang), x O(log gang size) for
 an elastic gang that does not fit whole; each reclaim looked for adds C cheap checks of
 its candidates and O(log C + V) admission tests (V victims; `reclaiming`), each O(GPUs
-of the victims) to lift and put back their grants; at most `RECLAIM_TRIES` x `reclaims`
-workloads are looked at.
+of the victims) to lift and put back their grants (twice for a held workload); at most
+`RECLAIM_TRIES` x `reclaims` workloads are looked at.
 
 Pure: no I/O; `now` and every time are the caller's numbers (seconds).
 """
@@ -83,6 +84,9 @@ class Workload:
     """When it started waiting, on the caller's clock (seconds): age order and max wait."""
     minimum: int = 0
     """An elastic gang's `gang-min`: it may start with this many members; 0: all."""
+    held: frozenset[str] = frozenset()
+    """Nodes kept for it (a capacity hold, `gpuplace.placement.holds`, or a starving
+    gang's fence): its reclaims look for victims there first (step 7)."""
 
     def __post_init__(self) -> None:
         if not self.members:
@@ -727,6 +731,26 @@ class _Preempting:
         return _admits_without(self.state, uids, self.workload.queue, self.members)
 
 
+def _where(
+    state: _Round, workload: Workload, candidates: list[reclaiming.Candidate]
+) -> list[list[reclaiming.Candidate]]:
+    """The candidate lists to look for victims in, in turn: for a workload with nodes
+    held for it, first those wholly on them, then all. The victims' order
+    (`reclaiming.ordered`: most recently admitted first) knows no node, and the queues
+    that may lose workloads may lose only so many: pods elsewhere, which make quota room
+    but no place, would use that up before the held nodes' own were reached, so the
+    nodes kept for the workload would drain only as their pods end. O(candidates' pods)."""
+    if not workload.held:
+        return [candidates]
+    ledger = state.placer.ledger
+    there = []
+    for candidate in candidates:
+        grants = [ledger.get(uid) for uid in candidate.uids]
+        if all(grant is not None and grant.node in workload.held for grant in grants):
+            there.append(candidate)
+    return [there, candidates] if there and len(there) < len(candidates) else [candidates]
+
+
 def _reclaims(
     state: _Round, failed: Sequence[tuple[Workload, int, bool, _Tried]], limit: int
 ) -> tuple[list[Reclaim], dict[str, str]]:
@@ -770,9 +794,12 @@ def _reclaims(
             tries += 1
             candidates = [c for c in _candidates(state, queue) if taken.isdisjoint(c.uids)]
             chosen = None
-            for strategy in _strategies(state, queue):
-                preempting.strategy = strategy
-                chosen = reclaiming.victims(candidates, preempting.admits, preempting.allowed)
+            for group in _where(state, workload, candidates):
+                for strategy in _strategies(state, queue):
+                    preempting.strategy = strategy
+                    chosen = reclaiming.victims(group, preempting.admits, preempting.allowed)
+                    if chosen is not None:
+                        break
                 if chosen is not None:
                     break
             if chosen is None:

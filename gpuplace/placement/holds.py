@@ -18,22 +18,31 @@ names at most one waiting workload to hold capacity for:
 - among those, the lowest fair share, then the oldest, then by key;
 - when none is, the workload held for so far (`current`) keeps its hold while it still
   waits for room: a hold that came and went with every small move of the shares would
-  start another node draining each time.
+  start another node draining each time. (Keeping it also while another workload of
+  its queue moved ahead, or another queue fell further below, was measured and not
+  adopted: docs/performance.md, "Queues".)
 
-The caller holds the nodes `gangs.fence` gives for it (`gpuplace.placement.fences`: no
-new pod there but its members; the queue controller's admissions and the extender's
-filter both honour it), so they drain towards it while the reclaims of the rounds
-(`admitting`) preempt what they may there. One hold at a time, as for starving gangs.
+The caller holds the nodes `nodes(ledger, workload, staying(...))` gives for it
+(`gpuplace.placement.fences`: no new pod there but its members; the queue controller's
+admissions and the extender's filter both honour it), so they drain towards it, while
+the reclaims of the rounds (`admitting`) preempt what they may there: the held
+workload's victims are looked for on its nodes first (`admitting.Workload.held`). The
+nodes are those `gangs.fence` picks (closest to holding it) among the nodes where the
+fewest GPUs are held by pods that will not leave for it: its own queue's (a node full
+of its queue's last 8-GPU pod would keep the next one waiting for exactly that pod),
+and those of queues it may not preempt. One hold at a time, as for starving gangs.
 
-Pure: no I/O, no clock. O(waiting + queues).
+Pure: no I/O, no clock. `starving`: O(waiting + queues); `staying`: O(pods + queues);
+`nodes`: O(grants) plus `gangs.fence` per level of blocked GPUs tried.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
-from gpuplace.placement import quotas
+from gpuplace.placement import gangs, quotas
 from gpuplace.placement.admitting import Round, Why, Workload
+from gpuplace.placement.ledger import Ledger
 
 WAITING_FOR_ROOM = frozenset({Why.PLACE, Why.COHORT, Why.RECLAIMING})
 
@@ -93,3 +102,43 @@ def starving(
             if waiting.key == current and waiting.why in WAITING_FOR_ROOM:
                 return workloads.get(current)
     return chosen
+
+
+def staying(
+    round: Round, workload: Workload, queue_of: Mapping[str, str], past: Mapping[str, float]
+) -> set[str]:
+    """The running pods (UID -> queue in `queue_of`) that will not leave for `workload`:
+    its own queue's, and those of every queue that does not borrow or whose fair share is
+    not above its queue's. An estimate made once per hold, not the round's rules: fair
+    sharing takes only from queues ahead of the preemptor's, reclaim inside a nominal
+    from any queue that borrows. O(pods + queues)."""
+    fair = fair_shares(round, past)
+    mine = fair.get(workload.queue, 0.0)
+    ahead = {
+        status.name
+        for status in round.queues
+        if status.name != workload.queue
+        and any(status.borrowed.values())
+        and fair.get(status.name, 0.0) > mine
+    }
+    return {uid for uid, queue in queue_of.items() if queue not in ahead}
+
+
+def nodes(ledger: Ledger, workload: Workload, stay: Collection[str]) -> tuple[str, ...]:
+    """The nodes to hold for `workload` (module docstring): `gangs.fence`'s among the
+    nodes where the fewest GPUs are held by pods that will not leave for it (UIDs
+    `stay`, from `staying`), widening to more such GPUs until the fence finds room; empty
+    when even an idle cluster could not hold it. O(grants + levels x `gangs.fence`)."""
+    blocked: dict[str, int] = {state.node.name: 0 for state in ledger.states()}
+    for grant in ledger:
+        if grant.pod_uid in stay:
+            blocked[grant.node] = blocked.get(grant.node, 0) + grant.milli * len(grant.gpus)
+    for level in sorted(set(blocked.values())):
+        found = gangs.fence(
+            ledger,
+            workload.members,
+            exclude={name for name, milli in blocked.items() if milli > level},
+        )
+        if found:
+            return found
+    return ()

@@ -265,8 +265,10 @@ class _Queued:
     def _workload(self, uid: str) -> admitting.Workload:
         """The job's workload, kept off the held nodes unless it is the one held for."""
         workload = self.workloads[uid]
-        if self.hold is None or self.hold[0] == uid:
+        if self.hold is None:
             return workload
+        if self.hold[0] == uid:
+            return replace(workload, held=self.hold[1])
         found = self._held.get(uid)
         if found is None:
             allowed = self._nodes - self.hold[1]
@@ -292,7 +294,9 @@ class _Queued:
             return
         if self.hold is not None and self.hold[0] == head.key:
             return
-        nodes = gangs.fence(self.placer.ledger, head.members)
+        ledger = self.placer.ledger
+        queue_of = {grant.pod_uid: self.workloads[grant.pod_uid].queue for grant in ledger}
+        nodes = holds.nodes(ledger, head, holds.staying(decided, head, queue_of, past))
         self.hold = (head.key, frozenset(nodes)) if nodes else None
         self._held = {}
         self.timeline.holds += 1 if nodes else 0

@@ -60,7 +60,7 @@ from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.gangs import events as gang_events
 from gpuplace.gangs.api import PodApi
 from gpuplace.gangs.writing import Writer
-from gpuplace.placement import admitting, gangs, holds, quotas
+from gpuplace.placement import admitting, holds, quotas
 from gpuplace.placement.choosing import Policy
 from gpuplace.placement.fences import QUEUED, Fence, Fences
 from gpuplace.placement.ledger import LedgerError
@@ -370,7 +370,10 @@ class QueueController:
             and all(name in inventory for name in current.nodes)
         ):
             return
-        nodes = gangs.fence(self.sync.ledger, head.members)
+        running = [run for run in decided.found.running if not run.leaving_for]
+        queue_of = {uid: run.queue for run in running for uid in run.uids}
+        stay = holds.staying(decided.round, head, queue_of, past)
+        nodes = holds.nodes(self.sync.ledger, head, stay)
         if not nodes:
             if current is not None:
                 self.fences.release()

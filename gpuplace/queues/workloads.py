@@ -26,14 +26,15 @@ round.
 Members are `gangs.Member`s: each pod's request, the nodes its affinity and node selector
 allow, less the nodes a starving or preempting gang or a starving queued workload holds
 (`fenced`: the extender's filter keeps new pods off them, so an admission there could
-never bind; the members it holds them for, `fence_members`, keep them), and its
+never bind; the members it holds them for, `fence_members`, keep them, and their
+workload's `held` names the nodes, where its reclaims look for victims first), and its
 tolerations. Pure: no I/O, no clock. O(pods log pods + pods x nodes for affinities, one
 pass per distinct affinity).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuplace.cluster.node_affinity import NodeAffinity
@@ -85,6 +86,12 @@ class _Nodes:
         self.members = members
         """The pods the fence holds the nodes for (they keep them)."""
         self._memo: dict[tuple[NodeAffinity, bool], frozenset[str] | None] = {}
+
+    def held(self, pods: Sequence[QueuedPod]) -> frozenset[str]:
+        """The fenced nodes when the fence is held for these pods, else none."""
+        if self.fenced and all(pod.uid in self.members for pod in pods):
+            return self.fenced
+        return frozenset()
 
     def __call__(self, affinity: NodeAffinity, uid: str = "") -> frozenset[str] | None:
         fenced = bool(self.fenced) and uid not in self.members
@@ -219,7 +226,14 @@ def _waiting(found: Found, group: _Group, nodes: _Nodes) -> None:
     if not head.gang:
         for pod in ready:  # a pod alone: one workload each (only one has this key)
             found.waiting.append(
-                admitting.Workload(pod.key, queue, (member(pod, nodes),), pod.priority, pod.created)
+                admitting.Workload(
+                    pod.key,
+                    queue,
+                    (member(pod, nodes),),
+                    pod.priority,
+                    pod.created,
+                    held=nodes.held((pod,)),
+                )
             )
         return
     started = len([pod for pod in admitted if not pod.deleting])
@@ -264,5 +278,6 @@ def _waiting(found: Found, group: _Group, nodes: _Nodes) -> None:
             max(pod.priority for pod in members),
             min(pod.created for pod in members),
             minimum=low if head.elastic and low < len(members) else 0,
+            held=nodes.held(members),
         )
     )

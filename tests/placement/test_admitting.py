@@ -213,6 +213,25 @@ def test_reclaim_preempts_the_lowest_priority_most_recent_borrowed_workload_only
     assert waiting.why is Why.RECLAIMING and "b4" in waiting.reason
 
 
+def test_a_held_workload_looks_for_victims_on_its_held_nodes_first() -> None:
+    # a borrows 8 of the 16 GPUs, its pods interleaved in time over both nodes: the 8 most
+    # recent (all a may lose) free no whole node, so without the hold nothing is found
+    book = ledger(node("n1", 8), node("n2", 8))
+    queues = [spec("a", 8), spec("b", 8)]
+    running = [
+        hold(book, f"a{t}", "a", whole_on(f"a{t}", f"n{t % 2 + 1}", t // 2), admitted=t)
+        for t in range(16)
+    ]
+    big = pod("big", "b", whole(8))
+    assert run(book, queues, running, [big]).reclaims == ()
+    held = Workload("big", "b", big.members, held=frozenset({"n2"}))
+    (reclaim,) = run(book, queues, running, [held]).reclaims
+    assert sorted(v.key for v in reclaim.victims) == sorted(f"a{t}" for t in range(1, 16, 2))
+    # nodes held where no victims would do: it looks among all of them, as before
+    elsewhere = Workload("big", "b", big.members, held=frozenset({"n3"}))
+    assert run(book, queues, running, [elsewhere]).reclaims == ()
+
+
 def test_reclaim_evicts_a_gang_whole_and_never_more_than_needed() -> None:
     book = ledger(node("n1", 4))
     queues = [spec("a", 3), spec("b", 1)]

@@ -1,16 +1,19 @@
 """Which starving workload gets capacity held (`holds.starving`): several GPUs, waiting
 for room long enough, first of its queue, of a queue below another of its cohort (past
-shares counted); the one held keeps its hold while it still waits; and the fence a
-queue holds says whom it holds for."""
+shares counted); the one held keeps its hold while it still waits; which nodes are held
+(`holds.nodes`: the fewest GPUs of pods that will not leave for it, `holds.staying`); and
+the fence a queue holds says whom it holds for."""
 
 from __future__ import annotations
 
 from gpuplace.placement import holds
 from gpuplace.placement.admitting import QueueStatus, Round, Waiting, Why, Workload
+from gpuplace.placement.choosing import Choice, grant_for
 from gpuplace.placement.fences import QUEUED, Fence, Fences
 from gpuplace.placement.gangs import Member
+from gpuplace.placement.quotas import ANY_MODEL, GPUS
 
-from .clusters import whole
+from .clusters import ledger, node, whole
 
 
 def status(name: str, share: float, cohort: str = "lab") -> QueueStatus:
@@ -31,6 +34,7 @@ def round_of(waiting: list[tuple[Workload, Why, int]], shares: dict[str, float])
 
 
 SHARES = {"a": 0.5, "b": 0.0}
+BUCKET = (GPUS, ANY_MODEL)
 
 
 def pick(
@@ -90,6 +94,45 @@ def test_the_workload_held_for_keeps_its_hold_while_it_waits_for_room() -> None:
     assert pick([(big, Why.PLACE, 1)], level, current="b/big") == "b/big"
     assert pick([(big, Why.QUOTA, 1)], level, current="b/big") is None
     assert pick([], level, current="b/big") is None
+
+
+def test_held_nodes_are_those_with_the_fewest_gpus_of_pods_that_stay() -> None:
+    book = ledger(node("n1", 8), node("n2", 8), node("n3", 8))
+    # n1: b's last 8-GPU pod (it will not leave for b's next); n2: half of it c's, a
+    # queue within its nominal; n3: pods of a, which borrows and is ahead of b
+    book.reserve(grant_for("b-running", Choice("n1", tuple(range(8)), 0.0), whole(8)))
+    book.reserve(grant_for("c-half", Choice("n2", (0, 1, 2, 3), 0.0), whole(4)))
+    book.reserve(grant_for("a-one", Choice("n3", (0,), 0.0), whole(1)))
+    book.reserve(grant_for("a-two", Choice("n3", (1, 2), 0.0), whole(2)))
+    queue_of = {"b-running": "b", "c-half": "c", "a-one": "a", "a-two": "a"}
+    decided = Round(
+        (),
+        (),
+        (),
+        (
+            QueueStatus("a", "lab", {}, {BUCKET: 3000}, {}, 2, 0, 0, 0.5),
+            QueueStatus("b", "lab", {}, {}, {}, 1, 1, 1, 0.0),
+            QueueStatus("c", "lab", {}, {}, {}, 1, 0, 0, 0.0),
+        ),
+    )
+    nxt = workload("b/next", "b", 8)
+    stay = holds.staying(decided, nxt, queue_of, {})
+    assert stay == {"b-running", "c-half"}
+    # the fence alone takes the first node in inventory order that could hold it: n1,
+    # where it would wait for exactly the pod of its own queue
+    assert holds.nodes(book, nxt, ()) == ("n1",)
+    assert holds.nodes(book, nxt, stay) == ("n3",)
+    # b borrowing too, with a past share that puts it above a: a's pods stay too; n3
+    # (3 GPUs that stay) before n2 (4)
+    b = QueueStatus("b", "lab", {}, {BUCKET: 8000}, {}, 1, 1, 1, 0.25)
+    decided = Round((), (), (), (decided.queues[0], b, decided.queues[2]))
+    stay = holds.staying(decided, nxt, queue_of, {"b": 0.75})
+    assert stay == set(queue_of)
+    assert holds.nodes(book, nxt, stay) == ("n3",)
+    book.reserve(grant_for("c-more", Choice("n3", (3, 4), 0.0), whole(2)))
+    assert holds.nodes(book, nxt, {*stay, "c-more"}) == ("n2",)
+    # nothing could ever hold it: no nodes
+    assert holds.nodes(book, workload("b/huge", "b", 9), stay) == ()
 
 
 def test_a_queue_fence_names_the_queued_workload_and_is_no_gang_fence() -> None:

@@ -72,6 +72,12 @@ async def test_a_starving_pod_gets_a_node_held_until_it_fits(server: localapi.Se
         said = await events(r, "team-b", "QueueCapacityHeld")
         assert len(said) == 1 and held in said[0] and "team-b" in said[0]
         assert r.metric("gpuplace_queue_held_nodes") == 1
+        await later(r)
+        decided = r.controller.last
+        assert decided is not None
+        (b0,) = (w for w in decided.waiting if w.key == "team-b/b0")
+        assert b0.held == fence.nodes  # its reclaims look there first
+        assert all(not w.held for w in decided.waiting if w is not b0)
         # fill the other node; then a GPU free on the held node goes to nobody else
         other = next(
             n["metadata"]["name"] for n in r.api.objects("nodes") if n["metadata"]["name"] != held
