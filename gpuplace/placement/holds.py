@@ -30,10 +30,14 @@ workload's victims are looked for on its nodes first (`admitting.Workload.held`)
 nodes are those `gangs.fence` picks (closest to holding it) among the nodes where the
 fewest GPUs are held by pods that will not leave for it: its own queue's (a node full
 of its queue's last 8-GPU pod would keep the next one waiting for exactly that pod),
-and those of queues it may not preempt. One hold at a time, as for starving gangs.
+and those of queues it may not preempt. While the same workload is held, each round
+`repick` moves the hold to other nodes when fewer such GPUs are held there than on its
+own (measured on the openb replay: docs/performance.md, "Queues"). One hold at a time,
+as for starving gangs.
 
 Pure: no I/O, no clock. `starving`: O(waiting + queues); `staying`: O(pods + queues);
-`nodes`: O(grants) plus `gangs.fence` per level of blocked GPUs tried.
+`nodes`: O(grants) plus `gangs.fence` per level of blocked GPUs tried; `repick`: O(grants)
+plus `nodes`.
 """
 
 from __future__ import annotations
@@ -142,3 +146,28 @@ def nodes(ledger: Ledger, workload: Workload, stay: Collection[str]) -> tuple[st
         if found:
             return found
     return ()
+
+
+def blocked(ledger: Ledger, names: Collection[str], stay: Collection[str]) -> int:
+    """Milli-GPUs on nodes `names` held by pods that will not leave (UIDs `stay`).
+    O(grants)."""
+    return sum(
+        grant.milli * len(grant.gpus)
+        for grant in ledger
+        if grant.node in names and grant.pod_uid in stay
+    )
+
+
+def repick(
+    ledger: Ledger, workload: Workload, stay: Collection[str], held: Collection[str]
+) -> tuple[str, ...] | None:
+    """For the workload held for now, on nodes `held`: the nodes to hold instead, or None
+    to keep them. It moves only to nodes where fewer GPUs are held by pods that will not
+    leave for it than on its own now (pods come and go while a node drains: a long one
+    that stays may land on no other node, or leave). O(grants) plus `nodes`."""
+    found = nodes(ledger, workload, stay)
+    if not found or set(found) == set(held):
+        return None
+    if blocked(ledger, found, stay) >= blocked(ledger, held, stay):
+        return None
+    return found

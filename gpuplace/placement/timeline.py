@@ -84,7 +84,8 @@ class Timeline:
     """Team of each job uid."""
     preemptions: int = 0
     holds: int = 0
-    """Capacity holds taken (`holds`: a new starving workload held for)."""
+    """Capacity holds taken or moved (`holds`: a new starving workload held for, or its
+    hold moved to other nodes)."""
     lost_gpu_seconds: float = 0.0
     """GPU-seconds of work the preempted jobs had done (lost: they start over)."""
     never: list[str] = field(default_factory=list)
@@ -279,7 +280,8 @@ class _Queued:
 
     def _rehold(self, decided: admitting.Round, now: float, past: Mapping[str, float]) -> None:
         """After a round: hold capacity for the starving workload (`holds.starving`),
-        keeping the hold while the same one starves; none once none does."""
+        keeping the hold while the same one starves (on other nodes when `holds.repick`
+        finds better ones); none once none does."""
         assert self.hold_after is not None
         head = holds.starving(
             decided,
@@ -292,11 +294,16 @@ class _Queued:
         if head is None:
             self.hold, self._held = None, {}
             return
-        if self.hold is not None and self.hold[0] == head.key:
-            return
         ledger = self.placer.ledger
         queue_of = {grant.pod_uid: self.workloads[grant.pod_uid].queue for grant in ledger}
-        nodes = holds.nodes(ledger, head, holds.staying(decided, head, queue_of, past))
+        stay = holds.staying(decided, head, queue_of, past)
+        if self.hold is not None and self.hold[0] == head.key:
+            moved = holds.repick(ledger, head, stay, self.hold[1])
+            if moved is None:
+                return
+            nodes: Sequence[str] = moved
+        else:
+            nodes = holds.nodes(ledger, head, stay)
         self.hold = (head.key, frozenset(nodes)) if nodes else None
         self._held = {}
         self.timeline.holds += 1 if nodes else 0
@@ -429,7 +436,8 @@ class Figures:
     lost_gpu_hours: float
     never_fit: int
     holds: int = 0
-    """Capacity holds taken (a new starving workload held for)."""
+    """Capacity holds taken or moved (a new starving workload held for, or its hold
+    moved to other nodes)."""
 
 
 def figures(

@@ -363,17 +363,21 @@ class QueueController:
         uids = frozenset(member.uid for member in head.members)
         owner = _owner(head.key)
         inventory = self.sync.ledger.inventory
+        running = [run for run in decided.found.running if not run.leaving_for]
+        queue_of = {uid: run.queue for run in running for uid in run.uids}
+        stay = holds.staying(decided.round, head, queue_of, past)
         if (
             current is not None
             and current.owner == owner
             and current.members == uids
             and all(name in inventory for name in current.nodes)
         ):
-            return
-        running = [run for run in decided.found.running if not run.leaving_for]
-        queue_of = {uid: run.queue for run in running for uid in run.uids}
-        stay = holds.staying(decided.round, head, queue_of, past)
-        nodes = holds.nodes(self.sync.ledger, head, stay)
+            moved = holds.repick(self.sync.ledger, head, stay, current.nodes)
+            if moved is None:
+                return
+            nodes: Sequence[str] = moved
+        else:
+            nodes = holds.nodes(self.sync.ledger, head, stay)
         if not nodes:
             if current is not None:
                 self.fences.release()

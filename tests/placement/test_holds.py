@@ -1,8 +1,9 @@
 """Which starving workload gets capacity held (`holds.starving`): several GPUs, waiting
 for room long enough, first of its queue, of a queue below another of its cohort (past
 shares counted); the one held keeps its hold while it still waits; which nodes are held
-(`holds.nodes`: the fewest GPUs of pods that will not leave for it, `holds.staying`); and
-the fence a queue holds says whom it holds for."""
+(`holds.nodes`: the fewest GPUs of pods that will not leave for it, `holds.staying`) and
+when the hold moves (`holds.repick`); and the fence a queue holds says whom it holds
+for."""
 
 from __future__ import annotations
 
@@ -133,6 +134,24 @@ def test_held_nodes_are_those_with_the_fewest_gpus_of_pods_that_stay() -> None:
     assert holds.nodes(book, nxt, {*stay, "c-more"}) == ("n2",)
     # nothing could ever hold it: no nodes
     assert holds.nodes(book, workload("b/huge", "b", 9), stay) == ()
+
+
+def test_a_hold_moves_only_to_nodes_with_fewer_gpus_that_stay() -> None:
+    book = ledger(node("n1", 8), node("n2", 8))
+    nxt = workload("b/next", "b", 8)
+    book.reserve(grant_for("c-long", Choice("n1", (0,), 0.0), whole(1)))
+    book.reserve(grant_for("c-other", Choice("n2", (0, 1), 0.0), whole(2)))
+    stay = {"c-long", "c-other"}
+    assert holds.blocked(book, {"n1"}, stay) == 1000
+    assert holds.blocked(book, {"n1", "n2"}, stay) == 3000
+    assert holds.nodes(book, nxt, stay) == ("n1",)
+    assert holds.repick(book, nxt, stay, {"n1"}) is None  # already the best
+    # n2's pods that stay leave: n2 has none now, n1 still one
+    book.release("c-other")
+    assert holds.repick(book, nxt, stay, {"n1"}) == ("n2",)
+    # as many on both: the hold stays where it drains already
+    book.reserve(grant_for("c-again", Choice("n2", (0,), 0.0), whole(1)))
+    assert holds.repick(book, nxt, {*stay, "c-again"}, {"n1"}) is None
 
 
 def test_a_queue_fence_names_the_queued_workload_and_is_no_gang_fence() -> None:
