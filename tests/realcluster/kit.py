@@ -68,6 +68,25 @@ def kit_missing() -> str | None:
     return None
 
 
+PORT_TRIES = 3
+"""Control-plane starts tried with fresh ports when a component exits at start."""
+
+
+def control_plane_ports() -> dict[str, str]:
+    """cluster.sh's port variables: four distinct ports free now, none of them etcd's
+    peer port (the client port's successor)."""
+    etcd = free_port(pair=True)
+    taken = {etcd, etcd + 1}
+    ports = {}
+    for name in ("K8S_APISERVER_PORT", "K8S_SCHEDULER_PORT", "K8S_KCM_PORT"):
+        port = free_port()
+        while port in taken:
+            port = free_port()
+        taken.add(port)
+        ports[name] = str(port)
+    return {**ports, "K8S_ETCD_PORT": str(etcd)}
+
+
 def free_port(host: str = "127.0.0.1", *, pair: bool = False) -> int:
     """A TCP port free on `host` now (and its successor with `pair`, as etcd's peer
     port needs); the caller binds it soon after."""
@@ -325,17 +344,22 @@ class Cluster:
         when the control plane fails; a failed node leaves `node_problem` set instead."""
         state.mkdir(parents=True, exist_ok=True)
         cluster = cls(state)
-        cluster.run_env = {
-            **os.environ,
-            "K8S_STATE_DIR": str(state),
-            "K8S_WAIT_SECONDS": str(wait_seconds),
-            "K8S_APISERVER_PORT": str(free_port()),
-            "K8S_ETCD_PORT": str(free_port(pair=True)),
-            "K8S_SCHEDULER_PORT": str(free_port()),
-            "K8S_KCM_PORT": str(free_port()),
-            "NODES": "none",
-        }
-        cluster.env = cluster._up("control-plane")
+        for attempt in range(1, PORT_TRIES + 1):
+            cluster.run_env = {
+                **os.environ,
+                "K8S_STATE_DIR": str(state),
+                "K8S_WAIT_SECONDS": str(wait_seconds),
+                **control_plane_ports(),
+                "NODES": "none",
+            }
+            try:
+                cluster.env = cluster._up("control-plane")
+                break
+            except ClusterError as error:
+                # a port found free may be taken before the component binds it (any
+                # process's outgoing connection may get it): it then exits at once
+                if attempt == PORT_TRIES or "exited while waiting" not in str(error):
+                    raise
         if node:
             cluster.add_node()
         return cluster
