@@ -1,7 +1,8 @@
 """Fair sharing over time and capacity holds on the real queue controller (the rig: the
 local API over HTTP, the sidecar's informers and extender verbs): a starving multi-GPU
 pod of the queue furthest below its fair share gets a node held, nothing else is
-admitted there, it is admitted once the node drains and the hold goes; each queue's past
+admitted there, it is admitted once the node drains and the hold goes; the hold moves to
+a node where fewer GPUs of pods that stay are held; each queue's past
 share is written into its status and read back by a restarted controller."""
 
 from __future__ import annotations
@@ -196,3 +197,41 @@ async def test_leading_again_reads_back_what_the_other_leader_wrote(
         leading[0] = True
         await later(r)
         assert history.past(r.clock())["team-a"] == pytest.approx(0.9, abs=0.01)
+
+
+async def test_the_hold_moves_to_a_node_where_fewer_gpus_stay(server: localapi.Server) -> None:
+    """Three nodes, each with one pod of team-b (its own: it never leaves for b's 2-GPU
+    pod) and one of team-a (borrowing: it could): the hold takes one of them; once b's pod
+    on another node is done, that node has fewer GPUs that stay and the hold moves."""
+    nodes(server.api, 3, gpus=2)
+    namespace(server.api, "team-a", team="a")
+    namespace(server.api, "team-b", team="b")
+    server.api.create(gpuqueue("team-a", "1", cohort="lab"))
+    server.api.create(gpuqueue("team-b", "5", cohort="lab", reclaim="Never"))
+    async with rig(server, settings=HOLDING) as r:
+        for i in range(3):
+            for name, team in ((f"b{i}", "team-b"), (f"a{i}", "team-a")):
+                r.api.create(queued(name, team))
+                await r.quiet()
+                assert await r.schedule() == []
+        where = {f"b{i}": node_of(r, f"b{i}", "team-b") for i in range(3)}
+        assert len(set(where.values())) == 3  # one pod of b on each node
+        r.api.create(queued("big", "team-b", count=2))
+        await r.quiet()
+        r.clock.offset += 61
+        await later(r)
+        fences = r.h.sidecar.fences
+        fence = fences.current
+        assert fence is not None and fence.owner == ("team-b", "big")
+        (held,) = fence.nodes
+        other = next(name for name, node in where.items() if node != held)
+        r.finish(other, "team-b")
+        await r.quiet()
+        await later(r)
+        moved = fences.current
+        assert moved is not None and moved.owner == ("team-b", "big")
+        assert moved.nodes == {where[other]}
+        said = await events(r, "team-b", "QueueCapacityHeld")
+        assert any(where[other] in message for message in said)
+        assert r.waiting("team-b") == ["big"]
+        r.check()
