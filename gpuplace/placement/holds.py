@@ -133,29 +133,14 @@ def nodes(ledger: Ledger, workload: Workload, stay: Collection[str]) -> tuple[st
     nodes where the fewest GPUs are held by pods that will not leave for it (UIDs
     `stay`, from `staying`), widening to more such GPUs until the fence finds room; empty
     when even an idle cluster could not hold it. O(grants + levels x `gangs.fence`)."""
-    blocked: dict[str, int] = {state.node.name: 0 for state in ledger.states()}
-    for grant in ledger:
-        if grant.pod_uid in stay:
-            blocked[grant.node] = blocked.get(grant.node, 0) + grant.milli * len(grant.gpus)
-    for level in sorted(set(blocked.values())):
-        found = gangs.fence(
-            ledger,
-            workload.members,
-            exclude={name for name, milli in blocked.items() if milli > level},
-        )
-        if found:
-            return found
-    return ()
+    return _nodes(ledger, workload, _blocked_per_node(ledger, stay))
 
 
 def blocked(ledger: Ledger, names: Collection[str], stay: Collection[str]) -> int:
     """Milli-GPUs on nodes `names` held by pods that will not leave (UIDs `stay`).
     O(grants)."""
-    return sum(
-        grant.milli * len(grant.gpus)
-        for grant in ledger
-        if grant.node in names and grant.pod_uid in stay
-    )
+    per_node = _blocked_per_node(ledger, stay)
+    return sum(per_node.get(name, 0) for name in names)
 
 
 def repick(
@@ -165,9 +150,31 @@ def repick(
     to keep them. It moves only to nodes where fewer GPUs are held by pods that will not
     leave for it than on its own now (pods come and go while a node drains: a long one
     that stays may land on no other node, or leave). O(grants) plus `nodes`."""
-    found = nodes(ledger, workload, stay)
+    per_node = _blocked_per_node(ledger, stay)
+    found = _nodes(ledger, workload, per_node)
     if not found or set(found) == set(held):
         return None
-    if blocked(ledger, found, stay) >= blocked(ledger, held, stay):
+    if sum(per_node[name] for name in found) >= sum(per_node.get(name, 0) for name in held):
         return None
     return found
+
+
+def _blocked_per_node(ledger: Ledger, stay: Collection[str]) -> dict[str, int]:
+    """Per node, the milli-GPUs held by pods that will not leave (0 for none). O(grants)."""
+    per_node = {state.node.name: 0 for state in ledger.states()}
+    for grant in ledger:
+        if grant.pod_uid in stay:
+            per_node[grant.node] = per_node.get(grant.node, 0) + grant.milli * len(grant.gpus)
+    return per_node
+
+
+def _nodes(ledger: Ledger, workload: Workload, per_node: Mapping[str, int]) -> tuple[str, ...]:
+    for level in sorted(set(per_node.values())):
+        found = gangs.fence(
+            ledger,
+            workload.members,
+            exclude={name for name, milli in per_node.items() if milli > level},
+        )
+        if found:
+            return found
+    return ()

@@ -49,6 +49,17 @@ async def start(r: Rig, name: str) -> None:
     assert await r.schedule() == []
 
 
+async def starving(r: Rig, name: str) -> Fence:
+    """A 2-GPU pod of team-b, waiting past the hold time: the fence held for it."""
+    r.api.create(queued(name, "team-b", count=2))
+    await r.quiet()
+    r.clock.offset += 61
+    await later(r)
+    fence = r.h.sidecar.fences.current
+    assert fence is not None and fence.kind == QUEUED and fence.owner == ("team-b", name)
+    return fence
+
+
 async def three_of_a(r: Rig) -> None:
     """team-a runs three 1-GPU pods: it borrows 2 of the cohort's 4 (share 0.5)."""
     for i in range(3):
@@ -159,13 +170,8 @@ async def test_a_gangs_fence_goes_first_and_the_hold_comes_back_after(
     # no gang controller: it would lift the stand-in gang fence below (no such gang)
     async with rig(server, settings=HOLDING, gangs=False) as r:
         await three_of_a(r)
-        r.api.create(queued("b0", "team-b", count=2))
-        await r.quiet()
-        r.clock.offset += 61
-        await later(r)
+        held = await starving(r, "b0")
         fences = r.h.sidecar.fences
-        held = fences.current
-        assert held is not None and held.kind == QUEUED
         # a starving gang's fence, as the gang controller holds it: never replaced
         gang = Fence(("team-x", "train"), held.nodes, frozenset({"gang-uid"}), r.clock())
         fences.hold(gang)
@@ -216,14 +222,8 @@ async def test_the_hold_moves_to_a_node_where_fewer_gpus_stay(server: localapi.S
                 assert await r.schedule() == []
         where = {f"b{i}": node_of(r, f"b{i}", "team-b") for i in range(3)}
         assert len(set(where.values())) == 3  # one pod of b on each node
-        r.api.create(queued("big", "team-b", count=2))
-        await r.quiet()
-        r.clock.offset += 61
-        await later(r)
+        (held,) = (await starving(r, "big")).nodes
         fences = r.h.sidecar.fences
-        fence = fences.current
-        assert fence is not None and fence.owner == ("team-b", "big")
-        (held,) = fence.nodes
         other = next(name for name, node in where.items() if node != held)
         r.finish(other, "team-b")
         await r.quiet()
