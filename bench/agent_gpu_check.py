@@ -18,12 +18,20 @@ show. Not run in this repository's CI; written for the check on a lent GPU.
    the MPS clients under the PID it has here (host PIDs: the agent's hostPID), and the
    pod's memory must be at least what it holds. Reported, not judged: its SM share, and
    whose PIDs the driver's per-process samples name under MPS (the client's, the server's,
-   none, or Not Supported), which decides whether the pods' SM series exist on this driver.
+   none, or Not Supported), which decides whether the pods' SM series exist on this driver;
+6. the compute share: a client with the grant's env runs bf16 matrix products (PyTorch, where
+   the machine has it) for a few seconds, and so does one without MPS: the share's kernels
+   must get no more SMs than its fraction of the GPU (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`;
+   MPS hands out whole TPCs of two SMs, so rounded up to an even count) and less throughput.
+   Reported, not judged: the throughput ratio and the SM clock of each (fewer SMs draw less
+   power, so they run at a higher clock), then the share and a client of the rest of the
+   GPU running at once.
 
 Prints JSON; exit status 1 when a check fails. Needs the NVIDIA driver (libcuda,
 libnvidia-ml, nvidia-smi, nvidia-cuda-mps-control on PATH).
 
     .venv/bin/python bench/agent_gpu_check.py [--milli 250] [--memory-mib 2048]
+        [--busy-seconds 6] [--compute-seconds 5]
 """
 
 from __future__ import annotations
@@ -122,9 +130,37 @@ def discovered() -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def client(env: dict[str, str], sizes: list[int]) -> dict[str, Any]:
+COMPUTE_CLIENT = r"""
+import json, sys, time
+try:
+    import pynvml, torch
+except ImportError as error:
+    print(json.dumps({"error": f"no PyTorch here: {error}"})); sys.exit(0)
+seconds, size = float(sys.argv[1]), 8192
+pynvml.nvmlInit()
+gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+b = torch.randn_like(a)
+for _ in range(3):
+    a @ b
+torch.cuda.synchronize()
+products, clocks, start = 0, [], time.perf_counter()
+while time.perf_counter() - start < seconds:
+    for _ in range(10):
+        a @ b
+    clocks.append(pynvml.nvmlDeviceGetClockInfo(gpu, pynvml.NVML_CLOCK_SM))
+    torch.cuda.synchronize()
+    products += 10
+elapsed = time.perf_counter() - start
+print(json.dumps({"sms": torch.cuda.get_device_properties(0).multi_processor_count,
+                  "tflops": round(2 * size**3 * products / elapsed / 1e12, 1),
+                  "sm_clock_mhz": round(sum(clocks) / len(clocks))}))
+"""
+
+
+def client(env: dict[str, str], sizes: list[int], program: str = CLIENT) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, "-c", CLIENT, *map(str, sizes)],
+        [sys.executable, "-c", program, *map(str, sizes)],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -164,12 +200,12 @@ async def usage(env: dict[str, str], hold_mib: int, seconds: float) -> dict[str,
         meter.measure([pod])  # the first: samples since the driver's buffer began
         await asyncio.sleep(min(2.0, seconds / 2))
         clients = [p.pid for p in reading.mps_processes(0)]
-        compute = [p.pid for p in reading.compute_processes(0)]
+        computing = [p.pid for p in reading.compute_processes(0)]
         try:
             named = sorted({s.pid for s in reading.process_utilization(0, 0)})
             samples: Any = (
                 "client" if busy.pid in named
-                else "server" if set(named) & (set(compute) - set(clients))
+                else "server" if set(named) & (set(computing) - set(clients))
                 else "none" if not named else f"other pids {named}"
             )  # fmt: skip
         except nvml.NvmlError as error:
@@ -179,7 +215,7 @@ async def usage(env: dict[str, str], hold_mib: int, seconds: float) -> dict[str,
         report.update(
             nvml_lists_client_by_its_pid=busy.pid in clients,
             mps_clients=clients,
-            compute_processes=compute,
+            compute_processes=computing,
             per_process_samples_name=samples,
             pod_memory_used_mib=None
             if use is None or use.memory_used is None
@@ -194,6 +230,36 @@ async def usage(env: dict[str, str], hold_mib: int, seconds: float) -> dict[str,
         busy.wait()
         reading.close()
         shutil.rmtree(proc, ignore_errors=True)
+    return report
+
+
+def compute(env: dict[str, str], uuid: str, milli: int, seconds: float) -> dict[str, Any]:
+    """Step 6: the share's matrix-product throughput and SMs against a client without MPS,
+    then the share and a client of the rest of the GPU at once."""
+    alone = client({"CUDA_VISIBLE_DEVICES": uuid}, [int(seconds)], COMPUTE_CLIENT)
+    shared = client(env, [int(seconds)], COMPUTE_CLIENT)
+    report: dict[str, Any] = {"without_mps": alone, "share": shared}
+    if "tflops" not in alone or "tflops" not in shared:
+        return report
+    # MPS gives a client whole TPCs (two SMs each): its share of them, rounded up.
+    allowed = -(-alone["sms"] * milli // 2000) * 2
+    report["ratio"] = round(shared["tflops"] / alone["tflops"], 3)
+    report["sms_allowed"] = allowed
+    report["capped"] = shared["sms"] <= allowed and shared["tflops"] < alone["tflops"]
+    rest = {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(100 - milli // 10)}
+    both = [
+        subprocess.Popen(
+            [sys.executable, "-c", COMPUTE_CLIENT, str(int(seconds))],
+            env={**os.environ, **variables},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for variables in (env, rest)
+    ]
+    results = [
+        json.loads((one.communicate(timeout=120)[0] or "{}").splitlines()[-1]) for one in both
+    ]
+    report["together"] = {"share": results[0], "rest_of_the_gpu": results[1]}
     return report
 
 
@@ -241,6 +307,7 @@ async def check(args: argparse.Namespace) -> dict[str, Any]:
         report["client_after_restart"] = again
         report["capped_after_restart"] = capped(again, small, big)
         report["usage"] = await usage(env, small, args.busy_seconds)
+        report["compute"] = compute(env, uuid, args.milli, args.compute_seconds)
     finally:
         await supervisor.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -252,15 +319,19 @@ def main() -> None:
     parser.add_argument("--milli", type=int, default=250)
     parser.add_argument("--memory-mib", type=int, default=2048)
     parser.add_argument("--busy-seconds", type=float, default=6.0)
+    parser.add_argument("--compute-seconds", type=int, default=5)
     report = asyncio.run(check(parser.parse_args()))
     print(json.dumps(report, indent=2))
     used = report.get("usage") or {}
+    computed = report.get("compute") or {}
     passed = all(
         report.get(key)
         for key in ("discovery_equals_nvidia_smi", "daemon_ready", "capped",
                     "daemon_back_after_kill", "capped_after_restart")
     ) and all(used.get(key) for key in ("nvml_lists_client_by_its_pid",
                                          "pod_memory_at_least_held"))  # fmt: skip
+    if "ratio" in computed:
+        passed = passed and computed["capped"]
     sys.exit(0 if passed else 1)
 
 
