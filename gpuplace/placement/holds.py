@@ -159,6 +159,19 @@ def repick(
     return found
 
 
+def choose(
+    ledger: Ledger,
+    workload: Workload,
+    stay: Collection[str],
+    held: Collection[str] | None,
+) -> tuple[str, ...] | None:
+    """Where to hold for `workload`: `repick` when it is the workload held now (on nodes
+    `held`; None: keep them), else `nodes` (empty: nowhere). O(grants) plus `nodes`."""
+    if held is not None:
+        return repick(ledger, workload, stay, held)
+    return nodes(ledger, workload, stay)
+
+
 def _blocked_per_node(ledger: Ledger, stay: Collection[str]) -> dict[str, int]:
     """Per node, the milli-GPUs held by pods that will not leave (0 for none). O(grants)."""
     per_node = {state.node.name: 0 for state in ledger.states()}

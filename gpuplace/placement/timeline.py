@@ -297,13 +297,10 @@ class _Queued:
         ledger = self.placer.ledger
         queue_of = {grant.pod_uid: self.workloads[grant.pod_uid].queue for grant in ledger}
         stay = holds.staying(decided, head, queue_of, past)
-        if self.hold is not None and self.hold[0] == head.key:
-            moved = holds.repick(ledger, head, stay, self.hold[1])
-            if moved is None:
-                return
-            nodes: Sequence[str] = moved
-        else:
-            nodes = holds.nodes(ledger, head, stay)
+        same = self.hold is not None and self.hold[0] == head.key
+        nodes = holds.choose(ledger, head, stay, self.hold[1] if self.hold and same else None)
+        if nodes is None:
+            return
         self.hold = (head.key, frozenset(nodes)) if nodes else None
         self._held = {}
         self.timeline.holds += 1 if nodes else 0

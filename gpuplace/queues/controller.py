@@ -366,18 +366,16 @@ class QueueController:
         running = [run for run in decided.found.running if not run.leaving_for]
         queue_of = {uid: run.queue for run in running for uid in run.uids}
         stay = holds.staying(decided.round, head, queue_of, past)
-        if (
+        same = (
             current is not None
             and current.owner == owner
             and current.members == uids
             and all(name in inventory for name in current.nodes)
-        ):
-            moved = holds.repick(self.sync.ledger, head, stay, current.nodes)
-            if moved is None:
-                return
-            nodes: Sequence[str] = moved
-        else:
-            nodes = holds.nodes(self.sync.ledger, head, stay)
+        )
+        held = current.nodes if current is not None and same else None
+        nodes = holds.choose(self.sync.ledger, head, stay, held)
+        if nodes is None:
+            return
         if not nodes:
             if current is not None:
                 self.fences.release()
