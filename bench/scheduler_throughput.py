@@ -277,9 +277,10 @@ def flow_report(before: Totals, after: Totals) -> Obj:
     return report
 
 
-ATTEMPT, EXTENSION_POINT = (
+ATTEMPT, EXTENSION_POINT, ALGORITHM = (
     "scheduler_scheduling_attempt_duration_seconds",
     "scheduler_framework_extension_point_duration_seconds",
+    "scheduler_scheduling_algorithm_duration_seconds",
 )
 
 
@@ -295,13 +296,19 @@ def scheduler_samples(installation: Installation, port: int) -> Totals:
     except OSError:
         return {}
     return totals(
-        text, (ATTEMPT, EXTENSION_POINT), lambda labels: labels.get("extension_point", "attempt")
+        text,
+        (ATTEMPT, EXTENSION_POINT, ALGORITHM),
+        lambda labels: labels.get("extension_point", "attempt"),
     )
 
 
 def scheduler_report(before: Totals, after: Totals) -> Obj:
-    """Per extension point (and whole attempts) over the burst: calls and mean ms."""
+    """Per extension point, whole attempts (the cycle and the bind) and the algorithm
+    (filter, the extenders' calls and score: the part of the cycle a pod waits for
+    alone) over the burst: calls and mean ms."""
     found = {**means(before, after, EXTENSION_POINT), **means(before, after, ATTEMPT)}
+    for value in means(before, after, ALGORITHM).values():  # one series: no labels
+        found["algorithm"] = value
     return {
         key: {"calls": calls, "mean_ms": round(1000 * mean, 3)}
         for key, (calls, mean) in sorted(found.items())

@@ -34,3 +34,4 @@ async def test_the_bench_binds_every_pod_of_both_kinds(gpuplace: Installation) -
     for kind in ("gpuplace", "plain"):
         scheduler = result["kube_scheduler"][kind]
         assert scheduler["attempt"]["calls"] >= 3 and scheduler["Filter"]["calls"] >= 3, result
+        assert scheduler["algorithm"]["calls"] >= 3, result
