@@ -254,6 +254,47 @@ def extender_histograms(installation: Installation) -> Obj:
     }
 
 
+LOOP_LAG = "gpuplace_event_loop_lag_seconds"
+
+
+def loop_lag_samples(installation: Installation) -> dict[str, float]:
+    """The sidecar's event-loop lag histogram (its /metrics): count, sum and each bucket's
+    cumulative count by upper edge ("le"); empty when it cannot be read."""
+    try:
+        text = scrape(f"http://127.0.0.1:{installation.ports.metrics}/metrics")
+    except OSError:
+        return {}
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != LOOP_LAG:
+            continue
+        for sample in family.samples:
+            kind = sample.name.removeprefix(LOOP_LAG + "_")
+            found[sample.labels["le"] if kind == "bucket" else kind] = sample.value
+    return found
+
+
+def loop_lag_report(before: Mapping[str, float], after: Mapping[str, float]) -> Obj:
+    """Over the burst: the probes, their mean lag (ms) and the share of them that ran more
+    than 5 and 20 ms late: how long a verb arriving at a random moment waited for the
+    sidecar's loop before its handler started."""
+    probes = after.get("count", 0.0) - before.get("count", 0.0)
+    if probes <= 0:
+        return {}
+
+    def late(edge: str) -> float:
+        within = after.get(edge, 0.0) - before.get(edge, 0.0)
+        return round((probes - within) / probes, 3)
+
+    mean = (after.get("sum", 0.0) - before.get("sum", 0.0)) / probes
+    return {
+        "probes": int(probes),
+        "mean_ms": round(1000 * mean, 2),
+        "share_over_5ms": late("0.005"),
+        "share_over_20ms": late("0.02"),
+    }
+
+
 FLOW_METRICS = (
     "apiserver_flowcontrol_request_wait_duration_seconds",
     "apiserver_flowcontrol_request_execution_seconds",
@@ -505,6 +546,7 @@ async def measure(
 
             flows_before = await asyncio.to_thread(flow_samples, installation)
             schedulers_before = await asyncio.to_thread(schedulers)
+            lag_before = await asyncio.to_thread(loop_lag_samples, installation)
             cpu_before, burst_began = cpu_seconds(installation), time.monotonic()
             await each(release, order)
             with contextlib.suppress(TimeoutError):
@@ -512,6 +554,9 @@ async def measure(
             flows = flow_report(flows_before, await asyncio.to_thread(flow_samples, installation))
             cpu_after, burst_s = cpu_seconds(installation), time.monotonic() - burst_began
             schedulers_after = await asyncio.to_thread(schedulers)
+            lag = loop_lag_report(
+                lag_before, await asyncio.to_thread(loop_lag_samples, installation)
+            )
             cpu = {
                 "burst_s": round(burst_s, 1),
                 "cores_used": {
@@ -543,6 +588,7 @@ async def measure(
                     "plain": kinds_of(plain_pods, timing, namespace),
                 },
                 "sidecar_verbs": extender_histograms(installation),
+                "sidecar_loop_lag": lag,
                 "api_priority_and_fairness": flows,
                 "kube_scheduler": scheduling,
                 "cpu": cpu,

@@ -4,6 +4,7 @@ event loop.
 `Server` is the frame; `build(settings, registry)` wires today's parts into it:
 
 - the ops site (plain HTTP, `--metrics-port`): `/metrics`, `/healthz`, `/readyz`;
+- the event loop's lag probe (`gpuplace.loop_lag`, `gpuplace_event_loop_lag_seconds`);
 - the admission webhook site (TLS, `--webhook-port`): `/mutate`, `/validate`;
 - the inventory source the webhook checks requests against (`--inventory FILE`).
 
@@ -43,7 +44,7 @@ import prometheus_client
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
-from gpuplace import connection_limits, gc_tuning
+from gpuplace import connection_limits, gc_tuning, loop_lag
 from gpuplace.cluster import nodes
 from gpuplace.placement.inventory import Capabilities, Inventory
 from gpuplace.settings import Settings
@@ -355,6 +356,7 @@ def build(
         ),
     )
     server.add_site("ops", ops_app(server), settings.metrics_address, settings.metrics_port)
+    server.add_context(loop_lag.LoopLag(registry).running)
 
     source: CapabilitySource
     if capabilities is not None:

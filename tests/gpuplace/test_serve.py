@@ -225,6 +225,7 @@ async def test_serves_webhook_and_ops(
             metrics
         )
         assert "gpuplace_webhook_certificate_expiry_timestamp_seconds" in metrics
+        assert "gpuplace_event_loop_lag_seconds_bucket" in metrics  # the probe runs
         # the webhook is not served on the plain port, nor the ops endpoints on the TLS one
         status, _ = await process.get("/mutate")
         assert status == 404
