@@ -38,8 +38,9 @@ class LoopLag:
         self.interval = interval_seconds
         self.histogram = Histogram(
             NAME,
-            "How much later than due the event loop ran a probe that asks to wake every "
-            "0.05 s: what a request arriving then waits before its own work starts (the "
+            "How much later than due the event loop ran a probe that asks to wake at a "
+            "fixed interval (0.05 s in gpuplace serve): what a request arriving then waits "
+            "before its own work starts (the "
             "loop busy with other work, or the process waiting for a CPU). Includes up to "
             "1 ms of the loop's timer resolution.",
             buckets=BUCKETS,
