@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
 from prometheus_client import CollectorRegistry, Histogram
+
+from gpuplace import background
 
 NAME = "gpuplace_event_loop_lag_seconds"
 BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -55,13 +56,6 @@ class LoopLag:
             await asyncio.sleep(self.interval)
             self.histogram.observe(max(0.0, loop.time() - due))
 
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
+    def running(self) -> contextlib.AbstractAsyncContextManager[None]:
         """The probe as a task for as long as the context is open."""
-        task = asyncio.create_task(self.probe(), name="gpuplace-loop-lag")
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        return background.running(self.probe(), "gpuplace-loop-lag")

@@ -44,7 +44,7 @@ import prometheus_client
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
-from gpuplace import connection_limits, gc_tuning, loop_lag
+from gpuplace import background, connection_limits, gc_tuning, loop_lag
 from gpuplace.cluster import nodes
 from gpuplace.placement.inventory import Capabilities, Inventory
 from gpuplace.settings import Settings
@@ -301,13 +301,8 @@ class FileInventory:
                 await asyncio.sleep(self.interval_seconds)
                 self.reload_if_changed()
 
-        task = asyncio.create_task(poll(), name="gpuplace-inventory-file")
-        try:
+        async with background.running(poll(), "gpuplace-inventory-file"):
             yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 # --- wiring ---------------------------------------------------------------------------------

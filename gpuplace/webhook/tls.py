@@ -18,12 +18,12 @@ import contextlib
 import logging
 import os
 import ssl
-from collections.abc import AsyncIterator
 from datetime import UTC
 from pathlib import Path
 
 from cryptography import x509
 
+from gpuplace import background
 from gpuplace.webhook.metrics import WebhookMetrics
 
 log = logging.getLogger(__name__)
@@ -120,12 +120,5 @@ class CertificateReloader:
             await asyncio.sleep(self.interval_seconds)
             self.reload_if_changed()
 
-    @contextlib.asynccontextmanager
-    async def watching(self) -> AsyncIterator[None]:
-        task = asyncio.create_task(self._poll(), name="gpuplace-tls-reload")
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    def watching(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return background.running(self._poll(), "gpuplace-tls-reload")
