@@ -32,6 +32,7 @@ from google.protobuf import json_format  # noqa: E402
 
 from gpuplace.agent import allocating  # noqa: E402
 from gpuplace.agent.deviceplugin import api_pb2  # noqa: E402
+from gpuplace.cluster import mps_limits  # noqa: E402
 from tests.agent import kubelet as standin  # noqa: E402
 
 
@@ -39,10 +40,10 @@ def host_env(response: api_pb2.ContainerAllocateResponse, uuids: list[str]) -> d
     """The answer's env for a process on the host: GPUs by CUDA_VISIBLE_DEVICES, and the
     MPS pipe directory at its host path (the answer mounts it into the container)."""
     env = {key: value for key, value in response.envs.items() if key.startswith("CUDA_MPS_")}
-    pipe = env.get(allocating.MPS_PIPE_ENV)
+    pipe = env.get(mps_limits.PIPE_ENV)
     for mount in response.mounts:
         if pipe is not None and mount.container_path == pipe:
-            env[allocating.MPS_PIPE_ENV] = mount.host_path
+            env[mps_limits.PIPE_ENV] = mount.host_path
     env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
     return env
 

@@ -51,8 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuplace.agent.deviceplugin import api_pb2
-from gpuplace.cluster import assignments, keys
-from gpuplace.placement.requests import WHOLE
+from gpuplace.cluster import assignments, keys, mps_limits
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -61,9 +60,6 @@ MAX_DEVICE_ID = 63
 """The kubelet's limit on a device ID's length."""
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
-MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
-MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 VOLUME_MOUNT_ROOT = "/var/run/nvidia-container-devices"
 """Where the NVIDIA runtime looks for its device list in the volume-mounts strategy."""
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
@@ -143,7 +139,7 @@ class Candidate:
 
     @property
     def share(self) -> bool:
-        return self.milli < WHOLE
+        return mps_limits.is_share(self.milli)
 
     @property
     def terms(self) -> tuple[tuple[str, ...], int, int]:
@@ -338,10 +334,8 @@ def granted_uuids(
     granted, whatever order NVML enumerates in today), else the node's UUIDs of the granted
     indices; None when any is not on this node."""
     on_node = {gpu.uuid for gpu in gpus}
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    raw = str(annotations.get(keys.ASSIGNED_UUIDS) or "").strip()
-    if raw:
-        uuids = tuple(part.strip() for part in raw.split(","))
+    uuids = assignments.uuids_of(pod)
+    if uuids:
         if len(uuids) != len(indices) or not set(uuids) <= on_node:
             return None
         return uuids
@@ -498,15 +492,8 @@ def answer(
         )
         if mps.shm_dir is not None:
             response.mounts.append(api_pb2.Mount(container_path="/dev/shm", host_path=mps.shm_dir))
-        response.envs[MPS_PIPE_ENV] = mps.container_pipe_dir
-        # A memory-only share has no compute of its own to cap (milli 0): time-sliced.
-        percent = -(-chosen.milli // 10) if chosen.milli else 100
-        response.envs[MPS_THREADS_ENV] = str(percent)
-        if chosen.memory_mib:
-            # Ordinals are relative to the devices the container sees, in grant order.
-            response.envs[MPS_MEMORY_ENV] = ",".join(
-                f"{ordinal}={chosen.memory_mib}M" for ordinal in range(len(uuids))
-            )
+        response.envs[mps_limits.PIPE_ENV] = mps.container_pipe_dir
+        response.envs.update(mps_limits.environment(chosen.milli, chosen.memory_mib, len(uuids)))
     return response
 
 

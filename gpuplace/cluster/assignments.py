@@ -114,6 +114,14 @@ def grant_of(pod: Mapping[str, Any], request: GpuRequest | None = None) -> Grant
     )
 
 
+def uuids_of(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """The granted GPUs' UUIDs in grant order (`gpuplace.io/assigned-uuids`), as written at
+    bind; () when the node published no UUIDs for them (the indices then name the GPUs).
+    O(GPUs granted)."""
+    raw = str(_annotations(pod).get(keys.ASSIGNED_UUIDS) or "").strip()
+    return tuple(part.strip() for part in raw.split(",")) if raw else ()
+
+
 def assigned_at(pod: Mapping[str, Any]) -> float | None:
     """The grant's time as a POSIX timestamp, or None when absent or unreadable."""
     raw = str(_annotations(pod).get(keys.ASSIGNED_AT) or "")

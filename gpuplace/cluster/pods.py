@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import assignments, keys
+from gpuplace.cluster import assignments, grammar, keys
 from gpuplace.placement.ledger import Grant
 from gpuplace.placement.requests import GpuRequest
 
@@ -100,7 +99,7 @@ class Reader:
         self._requests: dict[object, Read | grammar.AnnotationError] = {}
 
     def request(self, pod: Mapping[str, Any]) -> GpuRequest | None:
-        """`gpuplace.cluster.annotations.request_for(pod)`, memoised. Raises `AnnotationError`, also
+        """`gpuplace.cluster.grammar.request_for(pod)`, memoised. Raises `AnnotationError`, also
         for a pod whose shape is not a pod's (annotations not strings, containers not a
         list of objects...)."""
         return self.read(pod)[0]

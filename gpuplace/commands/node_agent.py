@@ -29,7 +29,7 @@ from typing import Any
 
 import prometheus_client
 
-from gpuplace import commands, logs, serving, settings
+from gpuplace import commands
 from gpuplace.agent import (
     allocating,
     cgroups,
@@ -40,8 +40,10 @@ from gpuplace.agent import (
     publishing,
     usage_sampling,
 )
-from gpuplace.agent_settings import AgentSettings
 from gpuplace.cluster import connecting, kube, watching
+from gpuplace.runtime import logs
+from gpuplace.wiring import serving, settings
+from gpuplace.wiring.agent_settings import AgentSettings
 
 log = logging.getLogger(__name__)
 

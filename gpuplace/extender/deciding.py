@@ -46,8 +46,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import pods
+from gpuplace.cluster import grammar, pods
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender import node_names, reasons
 from gpuplace.extender.load_polling import LoadBoard

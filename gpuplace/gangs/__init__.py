@@ -2,7 +2,7 @@
 
 Its own room (docs/gangs.md): a controller beside the extender's verbs, not one of them.
 `wiring.build` composes it (the gang-pod informer and store, the leader gate on
-kube-scheduler's Lease, the controller and its preemptions) for `gpuplace.sidecar` and
+kube-scheduler's Lease, the controller and its preemptions) for `gpuplace.wiring.sidecar` and
 the tests alike; `controller` runs the rounds; `waiting` says who waits; `committing`
 writes, narrows (`pinning`) and ungates a plan, or rolls it back, crash-safe; `evicting`
 preempts for a waiting gang through the Eviction API; `conditions` and `events` tell.

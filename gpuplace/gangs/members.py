@@ -2,7 +2,7 @@
 
 `Reader.record(pod)` is the transform of the gang-pod informer (pods labelled
 `gpuplace.io/gang`): the few fields gang decisions need, read once per event —
-gang name, size and timeout (`gpuplace.cluster.annotations`), priority, creation time,
+gang name, size and timeout (`gpuplace.cluster.grammar`), priority, creation time,
 our scheduling gate and the plan mark (`gpuplace.cluster.gang_marks`), whether its queue
 holds it (the queue label and gate), the GPU request,
 the node constraints (`gpuplace.cluster.node_affinity.NodeAffinity`) and the
@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import assignments, keys, pods, taints
+from gpuplace.cluster import assignments, grammar, keys, pods, taints
 from gpuplace.cluster.gang_marks import PlanMark, gated, plan_mark, queued
 from gpuplace.cluster.node_affinity import NodeAffinity
 from gpuplace.placement.gangs import GangKey

@@ -1,4 +1,4 @@
-"""The gang controller wired once, for the sidecar (`gpuplace.sidecar`) and the tests alike.
+"""The gang controller wired once, for the sidecar (`gpuplace.wiring.sidecar`) and the tests alike.
 
 `build(api, sync, policy, ...)` makes what a running gang controller needs: the store of
 gang members and the informer that fills it (pods labelled `gpuplace.io/managed=true`

@@ -8,8 +8,8 @@ gang's plan over to the gang controller, which settles it as its own. The gang r
 imports this one (pyproject.toml's layers).
 
 `wiring.build` composes it (the queued-pod informer and store, the controller) for
-`gpuplace.sidecar` and the tests alike; `controller` runs the rounds on the pure engine
-(`gpuplace.placement.admitting`); `workloads` turns pods into the engine's workloads;
+`gpuplace.wiring.sidecar` and the tests alike; `controller` runs the rounds on the pure engine
+(`gpuplace.placement.queueing.admitting`); `workloads` turns pods into the engine's workloads;
 `committing` admits (reserve, write, narrow, ungate) crash-safe; `reclaiming` evicts what
 a queue takes back; `statuses`, `events` and `metrics` tell; `explaining` answers
 `gpuplace explain` about a waiting pod. The GpuQueues and namespaces themselves come from

@@ -13,7 +13,7 @@ apart. Each round (`step`):
    what runs, what waits, what waits outside the round (a gang still missing members).
    At most `window` waiting workloads per queue enter the round (the most urgent: past
    `maxWait`, then priority, then age); the others wait their turn.
-3. **Decide** (`gpuplace.placement.admitting.admit`, on a scratch copy of the live ledger)
+3. **Decide** (`gpuplace.placement.queueing.admitting.admit`, on a scratch copy of the live ledger)
    and reserve every admission's grants in the live ledger (holds), in one synchronous
    step: no await in between, so nothing the extender binds meanwhile can take them, and
    two admissions never count one GPU. This is the round's CPU work on the event loop
@@ -26,7 +26,7 @@ apart. Each round (`step`):
    PodDisruptionBudgets checked, Eviction API).
 6. **Hold** (with `hold_after_seconds`): capacity for the starving workload of the queue
    furthest below its fair share, in the fence the gang controller also uses
-   (`gpuplace.placement.holds`); the next rounds admit nothing else on its nodes.
+   (`gpuplace.placement.queueing.holds`); the next rounds admit nothing else on its nodes.
 7. **Tell**: Events on waiting pods (once per reason), each GpuQueue's status (when it
    changed: `gpuplace.queues.statuses`; with fair sharing over time, its past share),
    the per-queue metrics.
@@ -60,11 +60,11 @@ from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.gangs import events as gang_events
 from gpuplace.gangs.api import PodApi
 from gpuplace.gangs.writing import Writer
-from gpuplace.placement import admitting, holds, quotas
 from gpuplace.placement.choosing import Policy
 from gpuplace.placement.fences import QUEUED, Fence, Fences
 from gpuplace.placement.ledger import LedgerError
-from gpuplace.placement.share_history import ShareHistory
+from gpuplace.placement.queueing import admitting, holds, quotas
+from gpuplace.placement.queueing.share_history import ShareHistory
 from gpuplace.queues import events, statuses, workloads
 from gpuplace.queues.committing import Admitter, Written
 from gpuplace.queues.metrics import QueueMetrics
@@ -103,11 +103,11 @@ class QueueSettings:
     write_attempts: int = 5
     half_life_seconds: float = 0.0
     """Fair sharing over time: each queue's past share is decayed with this half-life
-    and counted in its fair share (`gpuplace.placement.share_history`); 0: off."""
+    and counted in its fair share (`gpuplace.placement.queueing.share_history`); 0: off."""
     hold_after_seconds: float = 0.0
     """Capacity holds for queues: a workload of several GPUs starving this long, of the
     queue furthest below its fair share, gets nodes fenced for it
-    (`gpuplace.placement.holds`); 0: off."""
+    (`gpuplace.placement.queueing.holds`); 0: off."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +170,7 @@ def decide(
 ) -> Decided:
     """Steps 2 and 3 of the module docstring without the holds: the round on a scratch
     copy of `sync`'s ledger (which stays as it was). Synchronous; its cost is the
-    engine's (`gpuplace.placement.admitting`). Also what `gpuplace explain` asks.
+    engine's (`gpuplace.placement.queueing.admitting`). Also what `gpuplace explain` asks.
     `past`: each queue's past share (fair sharing over time)."""
     found = workloads.collect(
         pods.values(),
@@ -338,7 +338,7 @@ class QueueController:
 
     def _update_hold(self, decided: Decided, now: float, past: Mapping[str, float]) -> None:
         """Hold capacity for the starving workload of the queue furthest below its fair
-        share (`gpuplace.placement.holds`), in the one fence the gang controller also
+        share (`gpuplace.placement.queueing.holds`), in the one fence the gang controller also
         uses: never over a gang's fence; lifted once no workload starves."""
         if self.fences is None or self.settings.hold_after_seconds <= 0:
             return

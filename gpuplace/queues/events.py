@@ -20,7 +20,7 @@ RECLAIMING = "QueueReclaiming"
 """Normal: borrowed workloads are preempted so that it can be admitted."""
 HELD = "QueueCapacityHeld"
 """Normal: nodes are kept for it (no new pod there) while they drain: it starves, of
-the queue furthest below its fair share (`gpuplace.placement.holds`)."""
+the queue furthest below its fair share (`gpuplace.placement.queueing.holds`)."""
 RECLAIM_BLOCKED = "QueueReclaimBlocked"
 """Warning: a PodDisruptionBudget (or the API) refused the reclaim's evictions."""
 BLOCKED = "QueueControllerBlocked"

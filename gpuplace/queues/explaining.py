@@ -14,7 +14,7 @@ waiting workload enters that round (no window), so a position is the real one.
   place, ...), or that it was admitted — `gpuplace explain`.
 
 The reads need the user's own `get`/`list` on pods, nodes, gpuqueues and namespaces.
-Cost: the lists, then one round (`gpuplace.placement.admitting`: about 2 s at 1,000
+Cost: the lists, then one round (`gpuplace.placement.queueing.admitting`: about 2 s at 1,000
 nodes and 2,000 waiting pods).
 """
 

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpuplace.placement import quotas
-from gpuplace.placement.admitting import QueueStatus
+from gpuplace.placement.queueing import quotas
+from gpuplace.placement.queueing.admitting import QueueStatus
 from gpuplace.placement.requests import WHOLE
 
 MIB = 1024 * 1024

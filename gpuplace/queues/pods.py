@@ -19,8 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import assignments, keys, kube, pods, taints, watching
+from gpuplace.cluster import assignments, grammar, keys, kube, pods, taints, watching
 from gpuplace.cluster.gang_marks import PlanMark, gated, plan_mark
 from gpuplace.cluster.node_affinity import NodeAffinity
 from gpuplace.placement.requests import GpuRequest

@@ -1,6 +1,6 @@
 """A queue takes back what it lent: the engine's reclaim carried out through the Eviction API.
 
-The round (`gpuplace.placement.admitting`) names, for at most one waiting workload, the
+The round (`gpuplace.placement.queueing.admitting`) names, for at most one waiting workload, the
 borrowed workloads to preempt — an elastic gang's extra members first, then whole
 workloads, lowest priority and most recently admitted first, each of them needed. Here:
 
@@ -33,7 +33,7 @@ from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.gangs import events as gang_events
 from gpuplace.gangs import evicting
-from gpuplace.placement import admitting
+from gpuplace.placement.queueing import admitting
 from gpuplace.queues import events
 from gpuplace.queues.metrics import QueueMetrics
 from gpuplace.queues.pods import QueuedPod

@@ -1,4 +1,4 @@
-"""The queue controller wired once, for the sidecar (`gpuplace.sidecar`) and the tests alike.
+"""The queue controller wired once, for the sidecar (`gpuplace.wiring.sidecar`) and the tests alike.
 
 `build(api, sync, directory, policy, ...)` makes what a running queue controller needs: the
 store of queued pods and the informer that fills it (pods labelled

@@ -38,8 +38,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuplace.cluster.node_affinity import NodeAffinity
-from gpuplace.placement import admitting, gangs
+from gpuplace.placement import gangs
 from gpuplace.placement.inventory import Inventory
+from gpuplace.placement.queueing import admitting
 from gpuplace.queues.pods import QueuedPod
 
 TERMINATING = "(terminating)"

@@ -37,13 +37,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import keys
+from gpuplace.cluster import grammar, keys, mps_limits
 from gpuplace.webhook import patches
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
-MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 GANG_COUNT_ENV = "GPUPLACE_GANG_COUNT"
 """An elastic gang member's count of running members at its start (docs/gangs.md)."""
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -104,13 +101,8 @@ def env_vars(spec: grammar.PodGpuSpec) -> list[dict[str, Any]]:
         }
     ]
     if spec.shares:
-        # A memory-only share has no compute of its own to cap: it is time-sliced with
-        # the other memory-only shares of its GPU, which never holds a compute share.
-        threads = spec.percent if not spec.memory_only else 100
-        env.append({"name": MPS_THREADS_ENV, "value": str(threads)})
-        if spec.memory_mib:
-            # Device ordinals are relative to NVIDIA_VISIBLE_DEVICES: the one granted GPU is 0.
-            env.append({"name": MPS_MEMORY_ENV, "value": f"0={spec.memory_mib}M"})
+        limits = mps_limits.environment(spec.percent * 10, spec.memory_mib, spec.count)
+        env.extend({"name": name, "value": value} for name, value in limits.items())
     return env
 
 

@@ -19,8 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import keys, nodes
+from gpuplace.cluster import grammar, keys, mps_limits, nodes
 from gpuplace.webhook import admission, mutating, reviews
 from gpuplace.webhook.config import WebhookConfig
 from gpuplace.webhook.inventory import FixedCapabilities
@@ -218,8 +217,8 @@ def test_the_deployed_webhook_writes_no_gpu_env_and_the_policy_allows_none() -> 
     legacy = mutating.env_vars(spec)
     assert {e["name"] for e in legacy} == {
         mutating.VISIBLE_DEVICES_ENV,
-        mutating.MPS_THREADS_ENV,
-        mutating.MPS_MEMORY_ENV,
+        mps_limits.THREADS_ENV,
+        mps_limits.MEMORY_ENV,
     }
     assert refusals(BYPASS, request("CREATE", with_env(pod, *legacy)))
 

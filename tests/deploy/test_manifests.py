@@ -14,9 +14,9 @@ import pytest
 import yaml
 from kubernetes_validate import utils as validate_utils
 
-from gpuplace import certs_k8s, cli
+from gpuplace import cli
 from gpuplace.certs import issuing
-from gpuplace.cluster import keys
+from gpuplace.cluster import certificates, keys
 from tests.deploy import rendering
 from tests.deploy.rendering import Obj, container, named, one, render
 
@@ -229,15 +229,15 @@ def test_tls_secret_is_the_one_the_certificates_are_written_to(deployment: Obj) 
         if m["mountPath"] == "/etc/gpuplace/tls"
     )
     volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
-    assert volume["secret"]["secretName"] == certs_k8s.DEFAULT_SECRET
+    assert volume["secret"]["secretName"] == certificates.DEFAULT_SECRET
     assert all("gpuplace-ca" not in str(v) for v in pod["volumes"])  # never the CA key
     cron = one(render("overlays/self-managed"), "CronJob", "gpuplace-certs")
     args = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:2] == ["certs", "rotate"]
-    assert f"--secret={certs_k8s.DEFAULT_SECRET}" in args and "--inject" in args
+    assert f"--secret={certificates.DEFAULT_SECRET}" in args and "--inject" in args
     assert f"--service={SERVICE}" in args and f"--namespace={NAMESPACE}" in args
     parsed = cli.build_parser().parse_args(args)
-    assert parsed.ca_secret == certs_k8s.Target.__dataclass_fields__["ca_secret"].default
+    assert parsed.ca_secret == certificates.Target.__dataclass_fields__["ca_secret"].default
 
 
 def test_critical_pods_are_admitted_by_a_scoped_quota(deployment: Obj) -> None:

@@ -13,7 +13,7 @@ from kubernetes_asyncio import client
 
 from gpuplace.cluster import kube
 from gpuplace.dev.localapi import access
-from gpuplace.sidecar import SidecarSettings
+from gpuplace.wiring.sidecar import SidecarSettings
 from tests.deploy import rendering
 from tests.deploy.rendering import Obj, named, one, render
 
@@ -263,7 +263,7 @@ KUBE = rendering.ROOT / "gpuplace" / "cluster" / "kube.py"
 SIDECAR_ROOMS = ("gpuplace",)
 """The package whose API calls must all go through `gpuplace.cluster.kube` (every room's,
 the node agent's too)."""
-OWN_CLIENTS = {rendering.ROOT / "gpuplace" / "certs_k8s.py"}
+OWN_CLIENTS = {rendering.ROOT / "gpuplace" / "cluster" / "certificates.py"}
 """The certs job's calls (identity gpuplace-certs), checked by their own test below."""
 GENERATED_METHODS = {
     name
@@ -411,8 +411,8 @@ CERTS_CLIENTS = {"core": "", "adm": "admissionregistration.k8s.io"}
 
 def test_rbac_covers_every_call_the_certs_job_makes(objects: list[Obj]) -> None:
     """`gpuplace certs rotate` in the CronJob (identity gpuplace-certs, its own client in
-    gpuplace/certs_k8s.py)."""
-    calls = api_calls(rendering.ROOT / "gpuplace" / "certs_k8s.py", CERTS_CLIENTS)
+    gpuplace/cluster/certificates.py)."""
+    calls = api_calls(rendering.ROOT / "gpuplace" / "cluster" / "certificates.py", CERTS_CLIENTS)
     assert ("", "read_namespaced_secret") in calls
     wanted = set()
     for group, call in calls:

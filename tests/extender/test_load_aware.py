@@ -17,8 +17,8 @@ from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
 from gpuplace.extender import load_polling
 from gpuplace.placement import policies
-from gpuplace.sidecar import NoLoadReader, Sidecar
 from gpuplace.usage.gpu_loads import GpuLoad, GpuLoads, UsageUnavailable
+from gpuplace.wiring.sidecar import NoLoadReader, Sidecar
 from tests.extender.conftest import Harness, harness, settings
 
 NODES = ("gpu-a", "gpu-b")

@@ -14,8 +14,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import assignments, keys
+from gpuplace.cluster import assignments, grammar, keys
 from gpuplace.cluster.gang_marks import gated, plan_mark
 from gpuplace.cluster.node_affinity import NodeAffinity
 from gpuplace.dev import localapi

@@ -28,12 +28,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuplace import cli
 from gpuplace.agent import nvml
-from gpuplace.agent_settings import AgentSettings
 from gpuplace.cluster import keys
 from gpuplace.commands import node_agent
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
 from gpuplace.usage import names, prometheus
+from gpuplace.wiring.agent_settings import AgentSettings
 from tests.agent import kubelet as standin
 from tests.agent.kubelet import gpu_fixture
 from tests.usage import harness as usage_harness

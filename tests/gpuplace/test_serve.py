@@ -26,9 +26,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from gpuplace import cli, logs, serving
+from gpuplace import cli
 from gpuplace.cluster import keys
-from gpuplace.settings import Settings, from_arguments
+from gpuplace.runtime import logs
+from gpuplace.wiring import serving
+from gpuplace.wiring.settings import Settings, from_arguments
 from tests.webhook import helpers
 
 SHARE = {keys.GPU_PERCENT: "50", keys.GPU_MEMORY: "20Gi"}

@@ -15,15 +15,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import assignments, keys, queue_directory
+from gpuplace.cluster import assignments, grammar, keys, queue_directory
 from gpuplace.cluster.gang_marks import gated, plan_mark
 from gpuplace.cluster.queue_directory import QueueDirectory
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
 from gpuplace.gangs import wiring as gang_wiring
 from gpuplace.gangs.controller import GangSettings
-from gpuplace.placement import quotas
+from gpuplace.placement.queueing import quotas
 from gpuplace.placement.requests import WHOLE
 from gpuplace.queues import wiring
 from gpuplace.queues.controller import QueueController, QueueSettings

@@ -15,10 +15,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuplace import composing
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
 from gpuplace.usage import names
+from gpuplace.wiring import composing
 from tests.gpuplace.test_serve_cluster import enforcing, settings, started
 from tests.usage import harness
 from tests.webhook import helpers

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import keys, nodes
+from gpuplace.cluster import grammar, keys, nodes
 from gpuplace.placement.inventory import Capabilities
 from gpuplace.webhook import capacity
 from tests.webhook import helpers

@@ -40,7 +40,7 @@ from urllib.parse import unquote
 
 import yaml
 
-from gpuplace.dev.localapi import statuses
+from gpuplace.dev.localapi.statuses import ApiStatusError
 
 Obj = dict[str, Any]
 
@@ -249,11 +249,11 @@ def _shipped() -> Rbac:
     return Rbac.shipped()
 
 
-def forbidden(asked: Attributes) -> statuses.ApiStatusError:
+def forbidden(asked: Attributes) -> ApiStatusError:
     """kube-apiserver's 403 for a denied request (responsewriters.ForbiddenStatusError)."""
     user = asked.user.name
     if not asked.resource_request:
-        return statuses.ApiStatusError(
+        return ApiStatusError(
             403, f'forbidden: User "{user}" cannot {asked.verb} path "{asked.path}"',
             reason="Forbidden",
         )  # fmt: skip
@@ -264,7 +264,7 @@ def forbidden(asked: Attributes) -> statuses.ApiStatusError:
     )
     qualified = asked.resource + (f".{asked.group}" if asked.group else "")
     named = f' "{asked.name}"' if asked.name else ""
-    return statuses.ApiStatusError(
+    return ApiStatusError(
         403,
         f"{qualified}{named} is forbidden: {why}",
         reason="Forbidden",
@@ -274,8 +274,8 @@ def forbidden(asked: Attributes) -> statuses.ApiStatusError:
     )
 
 
-def unauthorized() -> statuses.ApiStatusError:
-    return statuses.ApiStatusError(401, "Unauthorized", reason="Unauthorized")
+def unauthorized() -> ApiStatusError:
+    return ApiStatusError(401, "Unauthorized", reason="Unauthorized")
 
 
 class Access:

@@ -1,5 +1,5 @@
 """What a connection to any site of a gpuplace process may hold on to: the listening side
-of `gpuplace.serving`, for the ops, webhook and extender sites alike.
+of `gpuplace.wiring.serving`, for the ops, webhook and extender sites alike.
 
 aiohttp bounds the size of a request head (8,190-byte lines, 128 headers) but not the
 time it takes to arrive: a connection that sent part of a head, or nothing, and then

@@ -2,7 +2,7 @@
 
 Modules log with `logging.getLogger(__name__)`, constant messages and fields in `extra`;
 `JsonFormatter` puts those fields next to time, level, logger and message. The audit log
-of the webhook is separate (its own handler, see `gpuplace.serving`).
+of the webhook is separate (its own handler, see `gpuplace.wiring.serving`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`gpuplace simulate --queues FILE`: files in, the event-driven replay with and without
-queues (`gpuplace.placement.timeline`), figures out as JSON.
+queues (`gpuplace.placement.queueing.timeline`), figures out as JSON.
 
 Teams are the trace's `qos` classes (LS, BE, Burstable, Guaranteed); each team's pods go
 to the GpuQueue named after it in lower case (`ls`, `be`, ...), read from FILE (the same
@@ -21,8 +21,9 @@ from typing import Any
 import yaml
 
 from gpuplace.cluster import gpuqueues
-from gpuplace.placement import fragmentation, policies, quotas, timeline, trace
+from gpuplace.placement import fragmentation, policies, trace
 from gpuplace.placement.inventory import Node
+from gpuplace.placement.queueing import quotas, timeline
 
 
 class ReplayError(ValueError):

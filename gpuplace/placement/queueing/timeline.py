@@ -7,7 +7,7 @@ departures free their GPUs, then the arrivals join the waiting line, then:
 - without queues (`queues=None`), every waiting job is tried in arrival order and takes
   a place if one fits now (kube-scheduler retries unschedulable pods on cluster events;
   a job that does not fit never holds back the ones behind it);
-- with queues, a round of `gpuplace.placement.admitting.admit`: quota, fair share,
+- with queues, a round of `gpuplace.placement.queueing.admitting.admit`: quota, fair share,
   borrowing; its reclaims preempt at once (the victims lose their work and wait again,
   keeping their arrival time), then another round runs at the same moment.
 
@@ -31,11 +31,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpuplace.placement import admitting, fairness, gangs, holds, quotas, share_history
+from gpuplace.placement import gangs
 from gpuplace.placement.choosing import Choice, Policy, grant_for
 from gpuplace.placement.gangs import Member
 from gpuplace.placement.inventory import Inventory, Node
 from gpuplace.placement.ledger import Ledger
+from gpuplace.placement.queueing import admitting, fairness, holds, quotas, share_history
 from gpuplace.placement.requests import WHOLE, GpuRequest
 
 RECLAIM_ROUNDS = 4

@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gpuplace.sidecar import SidecarSettings
+from gpuplace.wiring.sidecar import SidecarSettings
 
 ENV_PREFIX = "GPUPLACE_"
 S = TypeVar("S", bound=BaseSettings)
@@ -25,7 +25,7 @@ S = TypeVar("S", bound=BaseSettings)
 
 class Settings(SidecarSettings):
     """Webhook, ops and cluster flags; the scheduler sidecar's flags come from
-    `gpuplace.sidecar.SidecarSettings` (the sidecar is handed this object itself: one
+    `gpuplace.wiring.sidecar.SidecarSettings` (the sidecar is handed this object itself: one
     settings object per process)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")

@@ -1,4 +1,4 @@
-"""The annotation grammar (`gpuplace.cluster.annotations`): defaults, combinations, messages."""
+"""The annotation grammar (`gpuplace.cluster.grammar`): defaults, combinations, messages."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import keys
+from gpuplace.cluster import grammar, keys
 from gpuplace.placement.requests import GpuRequest, Topology
 
 P = keys.PREFIX

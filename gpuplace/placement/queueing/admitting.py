@@ -64,11 +64,12 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpuplace.placement import choosing, elastic, gangs, quotas, reclaiming
+from gpuplace.placement import choosing, elastic, gangs
 from gpuplace.placement.choosing import Choice, Policy
 from gpuplace.placement.gangs import Member, Plan, Shortfall
 from gpuplace.placement.ledger import Grant, Ledger
-from gpuplace.placement.quotas import Accounts, Refusal, Use, Verdict
+from gpuplace.placement.queueing import quotas, reclaiming
+from gpuplace.placement.queueing.quotas import Accounts, Refusal, Use, Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +86,7 @@ class Workload:
     minimum: int = 0
     """An elastic gang's `gang-min`: it may start with this many members; 0: all."""
     held: frozenset[str] = frozenset()
-    """Nodes kept for it (a capacity hold, `gpuplace.placement.holds`, or a starving
+    """Nodes kept for it (a capacity hold, `gpuplace.placement.queueing.holds`, or a starving
     gang's fence): its reclaims look for victims there first (step 7)."""
 
     def __post_init__(self) -> None:

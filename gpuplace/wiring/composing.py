@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import prometheus_client
 
-from gpuplace import serving, settings
-from gpuplace.sidecar import Sidecar
 from gpuplace.usage import prometheus
 from gpuplace.usage.gpu_loads import LoadReader
+from gpuplace.wiring import serving, settings
+from gpuplace.wiring.sidecar import Sidecar
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ loop's own timer resolution (its selector waits in whole milliseconds: up to 1 m
 idle loop). The probe costs one wake-up per interval (20 a second by default).
 
     lag = LoopLag(registry)
-    server.add_context(lag.running)     # gpuplace.serving: started with the process
+    server.add_context(lag.running)     # gpuplace.wiring.serving: started with the process
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from gpuplace import background
+from gpuplace.runtime import background
 
 NAME = "gpuplace_event_loop_lag_seconds"
 BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)

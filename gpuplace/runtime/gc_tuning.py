@@ -16,7 +16,7 @@ review runs into it. So:
   arrive traverses them again and again (a list of 100,000 pods several times slower).
 - `collect_young(freeze_above)` (the warmer between its slices, `gpuplace.extender.warming`,
   and the sidecar's loop): the young generations collected while they are small.
-- `keep_passes_short(...)` (the sidecar's loop, `gpuplace.sidecar`, `--gc-young-seconds`,
+- `keep_passes_short(...)` (the sidecar's loop, `gpuplace.wiring.sidecar`, `--gc-young-seconds`,
   `--gc-freeze-seconds`, `--gc-full-seconds`): after the first sync and then
   periodically, what lives is frozen and automatic full passes are off
   (`freeze_survivors`); a full unfrozen pass runs every `full_seconds`, between verbs.

@@ -6,7 +6,7 @@ queues of its cohort (queues using more than their nominal), as its reclaim poli
 allows: any, or only those of lower priority than the waiting workload. With fair sharing
 it may also do so beyond its nominal, from queues that would still borrow at least the
 share it reaches, or with `LessThanInitialShare` from queues that borrowed more than that
-share before (`gpuplace.placement.admitting` decides which candidate is allowed).
+share before (`gpuplace.placement.queueing.admitting` decides which candidate is allowed).
 
 `victims(candidates, admits, allowed)` picks them:
 
@@ -26,7 +26,7 @@ Nothing is evicted (None) when even every candidate would not make room.
 
 Complexity: O(C log C) to order C candidates and C calls of `allowed` (cheap: quota
 arithmetic), then O(log C + V) calls of `admits` for V victims before step 4 (each a quota
-check and a plan: `gpuplace.placement.admitting`).
+check and a plan: `gpuplace.placement.queueing.admitting`).
 
 Pure: no I/O, no clock; ties go to the workload key.
 """

@@ -44,9 +44,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from gpuplace.placement import gangs, quotas
-from gpuplace.placement.admitting import Round, Why, Workload
+from gpuplace.placement import gangs
 from gpuplace.placement.ledger import Ledger
+from gpuplace.placement.queueing import quotas
+from gpuplace.placement.queueing.admitting import Round, Why, Workload
 
 WAITING_FOR_ROOM = frozenset({Why.PLACE, Why.COHORT, Why.RECLAIMING})
 

@@ -9,7 +9,7 @@ this pod's kube-scheduler holds its leader-election Lease (`--scheduler-lease`, 
 `gpuplace.gangs.leader.LeaseFollower` for both), so that one replica's ledger decides at
 a time.
 
-For `gpuplace serve` (see gpuplace.serving):
+For `gpuplace serve` (see gpuplace.wiring.serving):
 
     sidecar = await Sidecar.create(settings, registry)   # settings: the process's Settings
     server.add_context(sidecar.running)                  # informers etc. start/stop
@@ -21,13 +21,13 @@ For `gpuplace serve` (see gpuplace.serving):
 or, in a single aiohttp app: `app.cleanup_ctx.append(sidecar.cleanup_ctx)`.
 
 `SidecarSettings` holds the sidecar's own flags (env `GPUPLACE_*`); the process's one
-settings object, `gpuplace.settings.Settings`, extends it, and that object itself is
+settings object, `gpuplace.wiring.settings.Settings`, extends it, and that object itself is
 what `gpuplace serve` passes here.
 `SidecarSettings.gangs` is off (a bare sidecar, as the extender tests build it);
 `gpuplace serve`'s settings turn it on by default (`--gangs false` turns it off).
 
 With `--load-aware`, the sidecar is given a factory of a `gpuplace.usage.gpu_loads.LoadReader`
-(`load_reader=`; `gpuplace serve` passes it through `gpuplace.composing.compose`): a
+(`load_reader=`; `gpuplace serve` passes it through `gpuplace.wiring.composing.compose`): a
 background task reads GPU loads with it every `--load-refresh-seconds`
 (`gpuplace.extender.load_polling`), and the policy's exact ties are broken by them
 (`gpuplace.placement.load_ties`). Without a factory, `--load-aware` refuses to start
@@ -51,7 +51,6 @@ from prometheus_client import CollectorRegistry
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gpuplace import gc_tuning
 from gpuplace.cluster import (
     advertising,
     connecting,
@@ -86,6 +85,7 @@ from gpuplace.placement.fences import Fences
 from gpuplace.placement.inventory import Capabilities
 from gpuplace.queues import wiring as queue_wiring
 from gpuplace.queues.controller import QueueSettings
+from gpuplace.runtime import gc_tuning
 from gpuplace.usage import prometheus
 from gpuplace.usage.gpu_loads import LoadReader
 
@@ -692,7 +692,7 @@ NO_LOAD_READER = (
 AGENT_CHECK_SECONDS = 5.0
 """How often node agents' heartbeats are compared with the clock, at most."""
 
-SIDECAR = web.AppKey("gpuplace.sidecar", Sidecar)
+SIDECAR = web.AppKey("gpuplace.wiring.sidecar", Sidecar)
 
 
 async def _close(reader: object) -> None:

@@ -1,5 +1,5 @@
 """The node agent's settings (`gpuplace node-agent`): one frozen object per process, built
-once in the entry point, like `gpuplace.settings` for `gpuplace serve`.
+once in the entry point, like `gpuplace.wiring.settings` for `gpuplace serve`.
 
 Every field is a flag (`--node-name`) and an environment variable (`GPUPLACE_NODE_NAME`); a
 flag wins over the variable, which wins over the default.
@@ -16,7 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpuplace.agent import mps as agent_mps
 from gpuplace.agent import usage_sampling
-from gpuplace.settings import ENV_PREFIX
+from gpuplace.wiring.settings import ENV_PREFIX
 
 
 class AgentSettings(BaseSettings):

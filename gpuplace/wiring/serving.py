@@ -4,7 +4,7 @@ event loop.
 `Server` is the frame; `build(settings, registry)` wires today's parts into it:
 
 - the ops site (plain HTTP, `--metrics-port`): `/metrics`, `/healthz`, `/readyz`;
-- the event loop's lag probe (`gpuplace.loop_lag`, `gpuplace_event_loop_lag_seconds`);
+- the event loop's lag probe (`gpuplace.runtime.loop_lag`, `gpuplace_event_loop_lag_seconds`);
 - the admission webhook site (TLS, `--webhook-port`): `/mutate`, `/validate`;
 - the inventory source the webhook checks requests against (`--inventory FILE`).
 
@@ -16,7 +16,7 @@ Extending the process (the scheduler extender, cluster informers) needs no chang
     server.add_site("extender", extender_app, settings.extender_address, settings.extender_port)
     await server.run(stop)
 
-Every site listens through `gpuplace.connection_limits.Site`: a deadline on each request
+Every site listens through `gpuplace.runtime.connection_limits.Site`: a deadline on each request
 head, a limit on idle connections, no inflated request bodies (`--http-head-timeout-seconds`,
 `--http-idle-timeout-seconds`).
 
@@ -44,10 +44,9 @@ import prometheus_client
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
-from gpuplace import background, connection_limits, gc_tuning, loop_lag
 from gpuplace.cluster import nodes
 from gpuplace.placement.inventory import Capabilities, Inventory
-from gpuplace.settings import Settings
+from gpuplace.runtime import background, connection_limits, gc_tuning, loop_lag
 from gpuplace.webhook import app as webhook_app
 from gpuplace.webhook.auditing import AuditLog, RotatingFileSink, Sink, StreamSink
 from gpuplace.webhook.config import WebhookConfig
@@ -55,6 +54,7 @@ from gpuplace.webhook.inventory import CapabilitySource, FixedCapabilities
 from gpuplace.webhook.metrics import WebhookMetrics
 from gpuplace.webhook.queueing import QueueSource
 from gpuplace.webhook.tls import CertificateReloader
+from gpuplace.wiring.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class Server:
     registry: CollectorRegistry
     shutdown_delay_seconds: float = 0.0
     limits: connection_limits.Limits = field(default_factory=connection_limits.Limits)
-    """What one connection to any site may hold on to (`gpuplace.connection_limits`)."""
+    """What one connection to any site may hold on to (`gpuplace.runtime.connection_limits`)."""
     sites: list[Site] = field(default_factory=list)
     contexts: list[ContextFactory] = field(default_factory=list)
     readiness: dict[str, ReadinessCheck] = field(default_factory=dict)
@@ -87,7 +87,7 @@ class Server:
     stopping: bool = False
     freeze_gc: bool = False
     """After the start, move every object so far out of the cyclic GC's sight
-    (`gpuplace.gc_tuning.freeze`): a full collection over the ~70,000 objects of the
+    (`gpuplace.runtime.gc_tuning.freeze`): a full collection over the ~70,000 objects of the
     imported libraries takes ~30 ms, a tail latency every review behind it would pay.
     Set by `gpuplace serve`."""
     slow_heads: Counter = field(init=False)
