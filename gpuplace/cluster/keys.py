@@ -19,7 +19,7 @@ GANG_SIZE = PREFIX + "gang-size"
 GANG_TIMEOUT = PREFIX + "gang-timeout"
 GANG_MIN = PREFIX + "gang-min"
 """An elastic gang: it may start with this many members (below `gang-size`) when that is
-all that fits, and grows as GPUs free (docs/gangs.md, "Elastic gangs")."""
+all that fits, and grows as GPUs free (docs/queues.md, "Elastic gangs")."""
 CONTAINER = PREFIX + "container"
 QUEUE = PREFIX + "queue"
 """The GpuQueue a GPU pod uses (docs/queues.md). The same key is the namespace label that
