@@ -180,7 +180,15 @@ class Publisher:
                 )
             await asyncio.sleep(self.discover_seconds)
 
+    def heartbeat_age(self) -> float | None:
+        """Seconds since the last successful write; None before the first. O(1)."""
+        return None if self.beat_at is None else max(self._wall() - self.beat_at, 0.0)
+
     def healthy(self) -> bool:
-        """Whether the heartbeat is current: written within two heartbeat periods (for
-        the agent's /healthz; the sidecar closes the node at its own bound)."""
-        return self.beat_at is not None and self._wall() - self.beat_at < 2 * self.heartbeat_seconds
+        """Whether the heartbeat is current: written within two heartbeat periods. The
+        agent's /readyz turns 503 when it is not (`gpuplace.commands.node_agent`), its
+        /healthz does not: a liveness restart would end every share's MPS server and
+        cannot mend an API server the agent cannot reach. The sidecar closes the node
+        to new GPU pods at its own bound (`--agent-silence-seconds`). O(1)."""
+        age = self.heartbeat_age()
+        return age is not None and age < 2 * self.heartbeat_seconds

@@ -19,7 +19,7 @@ GANG_SIZE = PREFIX + "gang-size"
 GANG_TIMEOUT = PREFIX + "gang-timeout"
 GANG_MIN = PREFIX + "gang-min"
 """An elastic gang: it may start with this many members (below `gang-size`) when that is
-all that fits, and grows as GPUs free (docs/gangs.md, "Elastic gangs")."""
+all that fits, and grows as GPUs free (docs/queues.md, "Elastic gangs")."""
 CONTAINER = PREFIX + "container"
 QUEUE = PREFIX + "queue"
 """The GpuQueue a GPU pod uses (docs/queues.md). The same key is the namespace label that
@@ -86,6 +86,11 @@ QUEUE_LABEL = QUEUE
 queue of the namespace's GPU pods."""
 NODE_ENABLED = PREFIX + "enabled"
 """Node label: "true" opts a node in; gpuplace manages no other node."""
+GPU_SYSTEM = PREFIX + "gpu-system"
+"""Namespace label: "true" trusts the namespace's pods with every GPU of a node (the GPU
+Operator's, DCGM's, GPU Feature Discovery's): the node agent's no-bypass admission policy
+does not judge them (deploy/components/node-agent/admission-policy.yaml; `gpuplace
+preflight` names the namespaces that need it)."""
 
 # --- scheduling gates ---------------------------------------------------------
 GANG_GATE = PREFIX + "gang"

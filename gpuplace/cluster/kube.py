@@ -187,6 +187,18 @@ class Kube:
         kwargs["_request_timeout"] = max(self.timeout, 60.0)
         return await self._object("list", kind, self._lister(kind)(**kwargs), missing=True)
 
+    async def list_all(self, kind: Kind, *, label_selector: str = "") -> list[dict[str, Any]]:
+        """Every object of a list, page by page (for commands; informers page themselves).
+        Raises `ApiError`. O(objects)."""
+        found: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            page = await self.list_page(kind, label_selector=label_selector, token=token)
+            found.extend(item for item in page.get("items") or [] if isinstance(item, dict))
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return found
+
     async def watch(
         self,
         kind: Kind,

@@ -114,9 +114,19 @@ class AgentProcess:
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def not_published_reason(self) -> str | None:
-        if self.publisher.beat_at is None:
-            return "the node's GPUs are not published yet" + (
-                f" ({self.publisher.last_error})" if self.publisher.last_error else ""
+        """Not ready until the GPUs are published, and again while the heartbeat is stale
+        (`Publisher.healthy`: no write for two heartbeat periods), so that a node whose
+        agent cannot write shows as a pod not ready long before the sidecar closes the
+        node. Never in /healthz: a restart would end every share's MPS server."""
+        publisher = self.publisher
+        error = f" ({publisher.last_error})" if publisher.last_error else ""
+        age = publisher.heartbeat_age()
+        if age is None:
+            return "the node's GPUs are not published yet" + error
+        if not publisher.healthy():
+            return (
+                f"the node's heartbeat was last written {age:.0f} s ago, over two "
+                f"--heartbeat-seconds ({publisher.heartbeat_seconds:g} s)" + error
             )
         return None
 

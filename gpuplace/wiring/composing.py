@@ -47,7 +47,8 @@ async def compose(
 ) -> Process:
     """The process as configured: ops and webhook sites (`serving.build`) and, unless
     `--inventory` is given, the sidecar (its informers and background work as a context,
-    its sync as a readiness check, the extender as a site, its live inventory as the
+    its sync as a readiness check, failing load reads (`--load-aware`) as a degradation,
+    the extender as a site, its live inventory as the
     webhook's). Run it with `process.server.run(stop)`. Used by `gpuplace serve` and
     `gpuplace demo` alike. `load_reader` makes the sidecar's reader of measured GPU
     loads (`--load-aware`); by default the Prometheus reader that `--usage-prometheus`
@@ -73,5 +74,7 @@ async def compose(
     if sidecar is not None:
         server.add_context(sidecar.running)
         server.add_readiness("sidecar", sidecar.not_ready_reason)
+        if sidecar.load_poller is not None:
+            server.add_degradation("load-aware", sidecar.load_poller.failing_reason)
         server.add_site("extender", sidecar.app, config.extender_address, config.extender_port)
     return Process(server, sidecar)

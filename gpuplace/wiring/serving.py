@@ -23,8 +23,11 @@ head, a limit on idle connections, no inflated request bodies (`--http-head-time
 Contexts (zero-argument callables returning async context managers) are entered in the
 order added before the sites start and exited in reverse after they stop; a context that
 fails to enter aborts the start. `/readyz` is 200 only when every readiness check returns
-None and the process is not shutting down. On `stop`, `/readyz` turns 503 for
-`--shutdown-delay-seconds` (so endpoints drop this pod) before the listeners close.
+None and the process is not shutting down. A part that works, but less than configured
+(`add_degradation`: the load-aware tie-break whose Prometheus does not answer), is named
+in `/readyz`'s body under `degraded` and never turns it 503: the pod still serves everything
+it must. On `stop`, `/readyz` turns 503 for `--shutdown-delay-seconds` (so endpoints drop
+this pod) before the listeners close.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ class Server:
     sites: list[Site] = field(default_factory=list)
     contexts: list[ContextFactory] = field(default_factory=list)
     readiness: dict[str, ReadinessCheck] = field(default_factory=dict)
+    degradations: dict[str, ReadinessCheck] = field(default_factory=dict)
     started: asyncio.Event = field(default_factory=asyncio.Event)
     stopping: bool = False
     freeze_gc: bool = False
@@ -113,6 +117,15 @@ class Server:
 
     def add_readiness(self, name: str, check: ReadinessCheck) -> None:
         self.readiness[name] = check
+
+    def add_degradation(self, name: str, check: ReadinessCheck) -> None:
+        """`check` says (or None) what works less than configured: shown in /readyz's body,
+        never a reason to be not ready."""
+        self.degradations[name] = check
+
+    def degraded(self) -> dict[str, str]:
+        """What works less than configured, by check name; empty when nothing."""
+        return {name: why for name, check in self.degradations.items() if (why := check())}
 
     def not_ready(self) -> dict[str, str]:
         """Why the process is not ready, by check name; empty when ready."""
@@ -200,10 +213,15 @@ def ops_app(server: Server) -> web.Application:
         return _json(200, {"status": "ok"})
 
     async def readyz(request: web.Request) -> web.Response:
-        reasons = request.app[SERVER].not_ready()
-        if reasons:
-            return _json(503, {"status": "not ready", "reasons": reasons})
-        return _json(200, {"status": "ready"})
+        server = request.app[SERVER]
+        reasons = server.not_ready()
+        body: dict[str, Any] = (
+            {"status": "not ready", "reasons": reasons} if reasons else {"status": "ready"}
+        )
+        degraded = server.degraded()
+        if degraded:
+            body["degraded"] = degraded
+        return _json(503 if reasons else 200, body)
 
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)

@@ -236,6 +236,9 @@ def test_the_old_sequence_fails_as_it_did_on_a_real_cluster() -> None:
     assert {error.partition(":")[0] for error in errors} >= added_since
     assert len(errors) == 17 + len(added_since)
     assert all(error.endswith('namespaces "gpuplace" not found') for error in errors)
+    # docs/deploy.md tells the reader how many to expect (issue 46: it said 17)
+    told = re.search(r"\((\d+) with the self-managed overlay\)", DOC.read_text())
+    assert told is not None and int(told.group(1)) == len(errors)
 
 
 def test_a_plain_create_namespace_would_break_the_upgrade() -> None:

@@ -19,6 +19,7 @@ from gpuplace.certs import issuing
 from gpuplace.cluster import certificates, keys
 from tests.deploy import rendering
 from tests.deploy.rendering import Obj, container, named, one, render
+from tests.docs import clitree
 
 ROOT = rendering.ROOT
 _VERSION_FILE = ROOT.parent / "shared" / "fixtures" / "k8s-version.txt"
@@ -289,6 +290,35 @@ def test_network_policy(deployment: Obj) -> None:
     api, dns = spec["egress"]
     assert sorted(p["port"] for p in api["ports"]) == [443, 6443]
     assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {(53, "UDP"), (53, "TCP")}
+
+
+def test_the_documented_prometheus_egress_widens_the_policy_for_load_aware(
+    deployment: Obj,
+) -> None:
+    """docs/deploy.md's second NetworkPolicy (issue 46): valid as the API server reads it,
+    it selects the pods the shipped policy locks down and opens egress to the port of
+    `--usage-prometheus`'s example in `serve --help`."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    block = text[text.index("<!-- prometheus-egress") :]
+    block = block[block.index("```yaml") + len("```yaml") : block.index("```\n", 10)]
+    policy = yaml.safe_load(block)
+    kubernetes_validate.validate(policy, K8S_VERSION.lstrip("v"), strict=True)
+    assert policy["kind"] == "NetworkPolicy" and policy["metadata"]["namespace"] == NAMESPACE
+    shipped = one(render("base"), "NetworkPolicy", "gpuplace")
+    assert policy["spec"]["podSelector"] == shipped["spec"]["podSelector"]
+    assert rendering.selects(
+        policy["spec"]["podSelector"], deployment["spec"]["template"]["metadata"]["labels"]
+    )
+    assert policy["spec"]["policyTypes"] == ["Egress"]
+    (flag,) = [
+        a
+        for a in clitree.options(clitree.parser_of("serve"))
+        if "--usage-prometheus" in a.option_strings
+    ]
+    example = re.search(r"e\.g\. http://[\w.-]+:(\d+)", flag.help or "")
+    assert example, flag.help
+    port = int(example.group(1))
+    assert [p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]] == [port]
 
 
 # --- the webhook configurations ------------------------------------------------------------

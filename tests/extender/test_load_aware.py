@@ -219,6 +219,9 @@ async def test_old_loads_break_no_ties_and_prometheus_down_is_logged_once(
         )
         assert failures == 2.0
         assert registry.get_sample_value("gpuplace_load_age_seconds") == 30.0
+        why = poller.failing_reason()
+        assert why is not None and why.startswith("measured GPU loads unreadable for 30 s (")
+        assert "503" in why and why.endswith("the tie-break still uses the last loads read")
 
         # Still within the max age: the last loads still break ties.
         pod = await _pod(h, "p")
@@ -226,6 +229,10 @@ async def test_old_loads_break_no_ties_and_prometheus_down_is_logged_once(
 
         clock.now += 31.0  # 61 s old: too old, the policy alone decides
         assert board.current() is None
+        why = poller.failing_reason()
+        assert why is not None and why.endswith(
+            "no loads younger than 60 s: decisions are the policy's alone"
+        )
         assert await _scores(h, pod) == {FIRST: 10, SECOND: 0}
         assert await h.schedule(pod) == FIRST
         assert h.pod("default", "p")["metadata"]["annotations"][keys.ASSIGNED_GPUS] == "0"
@@ -235,6 +242,7 @@ async def test_old_loads_break_no_ties_and_prometheus_down_is_logged_once(
             assert await poller.read_once() == "ok"
         assert any(r.getMessage() == "measured GPU loads read again" for r in caplog.records)
         assert board.current() is not None
+        assert poller.failing_reason() is None
 
 
 async def test_a_reader_that_breaks_is_counted_and_its_text_not_logged(

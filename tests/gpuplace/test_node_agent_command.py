@@ -289,6 +289,45 @@ async def test_without_mps_shares_are_refused_and_whole_gpus_served(
     assert list(mps_root.iterdir()) == []
 
 
+async def test_a_stalled_heartbeat_makes_the_agent_not_ready_and_leaves_it_alive(
+    api: localapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet
+) -> None:
+    """Issue 46: `Publisher.healthy()` is wired into /readyz. Node writes that keep
+    failing (here: the Node is gone, every patch a 404) turn /readyz 503 once the
+    heartbeat is two periods old, naming why; /healthz, the liveness probe's, stays 200
+    (a restart would end every share's MPS server); a write that succeeds again makes
+    the agent ready again."""
+    config = agent_settings(
+        api, tmp_path, mps_root, kubelet, mps=False, heartbeat_seconds=0.5, discover_seconds=0.1
+    )
+    async with serving(config) as (process, base), aiohttp.ClientSession() as http:
+
+        async def ready(expected: int) -> dict[str, Any]:
+            deadline = time.monotonic() + 20
+            while True:
+                async with http.get(f"{base}/readyz") as response:
+                    body: dict[str, Any] = await response.json()
+                    if response.status == expected:
+                        return body
+                assert time.monotonic() < deadline, body
+                await asyncio.sleep(0.05)
+
+        await ready(200)
+        node = api.api.delete("nodes", NODE)
+        stalled = await ready(503)
+        why = stalled["reasons"]["publishing"]
+        assert why.startswith("the node's heartbeat was last written "), why
+        assert "over two --heartbeat-seconds (0.5 s)" in why and "404" in why, why
+        async with http.get(f"{base}/healthz") as response:
+            assert response.status == 200
+        node["metadata"] = {
+            k: v for k, v in node["metadata"].items() if k not in ("resourceVersion", "uid")
+        }
+        api.api.create(node)
+        await ready(200)
+        assert process.publisher.healthy()
+
+
 async def test_the_metrics_endpoint_shows_what_pods_use_until_they_go(
     api: localapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet
 ) -> None:
