@@ -31,9 +31,9 @@ import prometheus_client
 
 from gpuplace import commands
 from gpuplace.agent import (
-    allocating,
     cgroups,
     discovery,
+    handover,
     mps,
     nvml,
     plugin,
@@ -86,13 +86,13 @@ def shareable(found: discovery.Discovery | None) -> list[str]:
     return [gpu.uuid for gpu in found.gpus if gpu.uuid is not None and gpu.mig is not True]
 
 
-def node_gpus(found: discovery.Discovery | None) -> list[allocating.NodeGpu]:
+def node_gpus(found: discovery.Discovery | None) -> list[handover.NodeGpu]:
     """The GPUs the device plugin lists: those with a known UUID (a GPU NVML cannot name
     cannot be granted by UUID), healthy or not as discovered. O(GPUs)."""
     if found is None:
         return []
     return [
-        allocating.NodeGpu(gpu.index, gpu.uuid, healthy=gpu.health.healthy, numa=gpu.numa)
+        handover.NodeGpu(gpu.index, gpu.uuid, healthy=gpu.health.healthy, numa=gpu.numa)
         for gpu in found.gpus
         if gpu.uuid is not None
     ]
@@ -148,13 +148,13 @@ class AgentProcess:
             return
         layout = supervisor.layout
         daemons = {
-            uuid: allocating.Mps(
+            uuid: handover.Mps(
                 pipe_dir=str(layout.pipe_directory(uuid)), shm_dir=str(layout.shm_directory)
             )
             for uuid in supervisor.daemons
         }
         options = self.plugin.options
-        self.plugin.options = allocating.Options(options.strategy, options.cdi_kind, daemons)
+        self.plugin.options = handover.Options(options.strategy, options.cdi_kind, daemons)
         self.plugin.mps_changed()
 
     @contextlib.asynccontextmanager
@@ -241,7 +241,7 @@ async def compose(
         gpus=(),
         pods=view,
         # No MPS until the daemons run: a share is refused rather than run unlimited.
-        options=allocating.Options(allocating.Strategy(config.device_list_strategy), mps=None),
+        options=handover.Options(handover.Strategy(config.device_list_strategy), mps=None),
         # A share of a GPU is handed out only while that GPU's own daemon answers; without
         # MPS (--mps=false) never (an event nobody sets).
         mps_ready=supervisor.ready if supervisor is not None else asyncio.Event(),
