@@ -58,6 +58,10 @@ class NodeGpu:
     """NUMA node; None = unknown (never guessed)."""
     minor: int | None = None
     """/dev/nvidia<minor>; None = unknown (then no device nodes are passed)."""
+    memory_mib: int | None = None
+    """Its memory; None = unknown (the device plugin does not need it)."""
+    reasons: tuple[str, ...] = ()
+    """Why it is unhealthy (NVML's words), for the DRA plugin's health stream."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +96,10 @@ class Options:
 class Refusal(Exception):
     """A container cannot be handed its grant; the message says why (the kubelet shows
     it)."""
+
+
+class MpsNotReady(Refusal):
+    """A share whose GPU's MPS daemon is not ready: worth asking again soon."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +141,7 @@ def edits(
     share = mps_limits.is_share(milli)
     mps = options.mps_for(uuids[0]) if share and uuids else None
     if share and mps is None:
-        raise Refusal(f"{who}: a GPU share needs the MPS control daemon, which is not ready")
+        raise MpsNotReady(f"{who}: a GPU share needs the MPS control daemon, which is not ready")
     env: dict[str, str] = {}
     mounts: list[Mount] = []
     nodes: tuple[str, ...] = ()

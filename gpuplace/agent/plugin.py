@@ -394,6 +394,7 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
             return response
         async with self._lock:
             taken: dict[str, tuple[str, tuple[str, ...]]] = {}
+            waiting = False
             try:
                 for container in request.container_requests:
                     answer, result = await self._allocate(
@@ -402,15 +403,13 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
                     response.container_responses.append(answer)
                     results.append(result)
             except handover.Refusal as refusal:
-                why = str(refusal)
+                why, waiting = str(refusal), isinstance(refusal, handover.MpsNotReady)
             else:
                 why = ""
                 self.answered.update(taken)
         if why:
             self.metrics.allocate.labels("refused").observe(self._clock() - started)
-            code = (
-                grpc.StatusCode.UNAVAILABLE if "MPS" in why else grpc.StatusCode.FAILED_PRECONDITION
-            )
+            code = grpc.StatusCode.UNAVAILABLE if waiting else grpc.StatusCode.FAILED_PRECONDITION
             _refuse(context, code, why)
             return api_pb2.AllocateResponse()
         elapsed = self._clock() - started
