@@ -7,7 +7,7 @@ runtime. For each allocation result of this driver (`gpuplace.cluster.dra.alloca
 its `consumedCapacity` becomes the grant (milli, memory MiB) and the grant becomes the
 container's GPU, MPS limits and pipe mount by the device plugin's own rule
 (`gpuplace.agent.handover.edits`), written as one CDI device per result in one CDI spec per
-claim (kind `gpu.gpuplace.io/claim`, device `<claim UID>-<device>`). The kubelet gets,
+claim (kind `gpu.gpuplace.io/claim`, device `<device>-<claim UID>`). The kubelet gets,
 per device, that CDI name (plus `nvidia.com/gpu=<UUID>` with the `cdi` strategy, whose
 spec `nvidia-ctk` writes) and the result's share ID.
 
@@ -44,7 +44,9 @@ from gpuplace.placement.requests import WHOLE
 CDI_KIND = f"{dra.DRIVER}/claim"
 CDI_VERSION = "0.3.0"
 """The oldest CDI spec version with everything used here (env, mounts, device nodes): what
-the oldest runtimes with CDI (containerd 1.7.2, CRI-O 1.23) read."""
+the oldest runtimes with CDI (containerd 1.7.2, CRI-O 1.23) read. Its device names start
+with a letter (containerd 1.7.24 refuses a spec of 0.3.0 naming `5585…-gpu-0`: "the spec
+version must be at least v0.5.0")."""
 SPEC_PREFIX = f"{dra.DRIVER}-claim_"
 """Spec files are `<SPEC_PREFIX><claim UID>.json` in the CDI directory."""
 MAX_REF = 253
@@ -115,8 +117,14 @@ def uid_of_spec(name: str) -> str | None:
     return uid if _UID.fullmatch(uid) else None
 
 
+def cdi_device(uid: str, device: str) -> str:
+    """The CDI device of one allocated device of a claim: `gpu-0-<claim UID>` (a CDI device
+    name of spec 0.3.0 starts with a letter; a UID may start with a digit)."""
+    return f"{device}-{uid}"
+
+
 def cdi_name(uid: str, device: str) -> str:
-    return f"{CDI_KIND}={uid}-{device}"
+    return f"{CDI_KIND}={cdi_device(uid, device)}"
 
 
 def _container_edits(given: handover.Edits) -> dict[str, Any]:
@@ -143,7 +151,7 @@ def cdi_spec(uid: str, devices: Sequence[tuple[str, handover.Edits]]) -> dict[st
         "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,
         "devices": [
-            {"name": f"{uid}-{device}", "containerEdits": _container_edits(given)}
+            {"name": cdi_device(uid, device), "containerEdits": _container_edits(given)}
             for device, given in devices
         ],
     }

@@ -128,7 +128,7 @@ async def test_a_claim_is_prepared_into_its_cdi_spec_and_checkpoint(node: Node) 
     assert list(device.request_names) == ["gpu"]
     assert device.share_id == result["shareID"]
     uid = SHARE["metadata"]["uid"]
-    assert list(device.cdi_device_ids) == [f"gpu.gpuplace.io/claim={uid}-gpu-0"]
+    assert list(device.cdi_device_ids) == [f"gpu.gpuplace.io/claim=gpu-0-{uid}"]
     spec = json.loads(node.spec(SHARE).read_text())
     env = dict(item.split("=", 1) for item in spec["devices"][0]["containerEdits"]["env"])
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"

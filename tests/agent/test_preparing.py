@@ -75,11 +75,11 @@ def test_a_captured_share_becomes_its_mps_limits_through_cdi() -> None:
     (device,) = prepared.devices
     assert (device.device, device.milli, device.memory_mib) == ("gpu-0", 300, 8192)
     assert device.share_id == body["status"]["allocation"]["devices"]["results"][0]["shareID"]
-    assert device.cdi_ids == (f"gpu.gpuplace.io/claim={ref.uid}-gpu-0",)
+    assert device.cdi_ids == (f"gpu.gpuplace.io/claim=gpu-0-{ref.uid}",)
     spec = prepared.spec
     assert (spec["cdiVersion"], spec["kind"]) == ("0.3.0", "gpu.gpuplace.io/claim")
     (edits,) = spec["devices"]
-    assert edits["name"] == f"{ref.uid}-gpu-0"
+    assert edits["name"] == f"gpu-0-{ref.uid}"
     assert env_of(edits) == {
         "NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices",
         "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
@@ -159,7 +159,7 @@ def test_whole_gpus_of_one_claim_are_one_cdi_device_each() -> None:
     prepared = preparing.prepare(REF, body, NODE, GPUS, OPTIONS)
     assert [device.device for device in prepared.devices] == ["gpu-0", "gpu-1"]
     assert [device.request for device in prepared.devices] == ["gpu", "pair/first"]
-    assert [item["name"] for item in prepared.spec["devices"]] == [f"{UID}-gpu-0", f"{UID}-gpu-1"]
+    assert [item["name"] for item in prepared.spec["devices"]] == [f"gpu-0-{UID}", f"gpu-1-{UID}"]
     mounted = [
         [m["containerPath"] for m in item["containerEdits"]["mounts"]]
         for item in prepared.spec["devices"]
@@ -171,7 +171,7 @@ def test_with_cdi_the_gpu_is_nvidias_spec_and_ours_carries_the_limits() -> None:
     options = handover.Options(handover.Strategy.CDI, mps=MPS)
     prepared = preparing.prepare(REF, claim(result()), NODE, GPUS, options)
     assert prepared.devices[0].cdi_ids == (
-        f"gpu.gpuplace.io/claim={UID}-gpu-0",
+        f"gpu.gpuplace.io/claim=gpu-0-{UID}",
         f"nvidia.com/gpu={GPUS[0].uuid}",
     )
     assert env_of(prepared.spec["devices"][0])["NVIDIA_VISIBLE_DEVICES"] == "void"
