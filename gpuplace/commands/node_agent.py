@@ -355,7 +355,9 @@ async def compose(
     server.add_site("ops", serving.ops_app(server), config.metrics_address, config.metrics_port)
     server.add_context(process.running)
     server.add_readiness("publishing", process.not_published_reason)
-    server.add_readiness("kubelet plugin", process.not_serving_reason)
+    server.add_readiness(
+        "DRA plugin" if dra_side is not None else "device plugin", process.not_serving_reason
+    )
     if supervisor is not None:
         server.add_readiness("mps", supervisor.not_ready_reason)
     return process
