@@ -273,6 +273,13 @@ def spec_of(kubectl: Kubectl, namespace: str, claim: str) -> Path:
     return CDI_DIR / f"{dra.DRIVER}-claim_{uid}.json"
 
 
+def recorded_claims(dra_node: DraNode) -> set[tuple[str, str]]:
+    """(name, namespace) of the claims in the agent's checkpoint (earlier tests' claims may
+    still be there: their namespaces go without waiting)."""
+    recorded = json.loads((dra_node.plugin_dir / "checkpoint.json").read_text())
+    return {(claim["name"], claim["namespace"]) for claim in recorded["claims"]}
+
+
 def until(check: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -378,8 +385,7 @@ def test_a_restarted_agent_keeps_serving_its_prepared_claims(
     still = kubectl.json("-n", ns, "get", "pod", "first")
     assert running(still) and still["status"]["containerStatuses"][0]["restartCount"] == 0
     assert spec.is_file()
-    recorded = json.loads((dra_node.plugin_dir / "checkpoint.json").read_text())
-    assert [claim["name"] for claim in recorded["claims"]] == ["share-40"]
+    assert ("share-40", ns) in recorded_claims(dra_node)  # the checkpoint read back
     # a second pod of the prepared claim starts from the spec the restarted agent kept
     (second,) = start(kubectl, claiming("second", scope, node, "share-40"))
     assert gpu_env(environment(kubectl, second)) == share_env(400, 4096)
@@ -387,8 +393,7 @@ def test_a_restarted_agent_keeps_serving_its_prepared_claims(
     # and once both are gone the restarted agent unprepares it
     kubectl.run("-n", ns, "delete", "pod", "first", "second", "--wait=true")
     until(lambda: not spec.exists(), 60, "share-40's CDI spec to be removed")
-    recorded = json.loads((dra_node.plugin_dir / "checkpoint.json").read_text())
-    assert recorded["claims"] == []
+    assert ("share-40", ns) not in recorded_claims(dra_node)
 
 
 def _silence_taints(kubectl: Kubectl, name: str) -> list[list[str]]:
