@@ -86,6 +86,9 @@ QUEUE_LABEL = QUEUE
 queue of the namespace's GPU pods."""
 NODE_ENABLED = PREFIX + "enabled"
 """Node label: "true" opts a node in; gpuplace manages no other node."""
+NODE_DRA = PREFIX + "dra"
+"""Node label: "true" puts an opted-in node on the DRA path: its node agent is the DRA
+kubelet plugin (DaemonSet gpuplace-node-agent-dra), not the device plugin (docs/dra.md)."""
 
 # --- scheduling gates ---------------------------------------------------------
 GANG_GATE = PREFIX + "gang"

@@ -12,7 +12,7 @@ import copy
 
 import pytest
 
-from gpuplace.cluster import dra
+from gpuplace.cluster import dra, keys
 from gpuplace.wiring.agent_settings import AgentSettings
 from tests.deploy import rendering
 from tests.deploy.rendering import Obj, container, one, render
@@ -46,7 +46,7 @@ def test_the_dra_daemonset_is_the_device_plugin_one_but_for_dra() -> None:
     plugin, dra_set = daemonsets()
     spec, dra_spec = plugin["spec"]["template"]["spec"], dra_set["spec"]["template"]["spec"]
     assert dra_spec["serviceAccountName"] == "gpuplace-node-agent-dra"
-    assert dra_spec["nodeSelector"] == {"gpuplace.io/enabled": "true", "gpuplace.io/dra": "true"}
+    assert dra_spec["nodeSelector"] == {keys.NODE_ENABLED: "true", keys.NODE_DRA: "true"}
     box, dra_box = container(spec, "node-agent"), container(dra_spec, "node-agent")
     assert dra_box["args"] == [
         "node-agent", "--kubelet-plugin=dra", *[a for a in box["args"] if a != "node-agent"]
@@ -83,7 +83,7 @@ def test_a_node_is_on_one_path() -> None:
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
     assert terms == [
-        {"matchExpressions": [{"key": "gpuplace.io/dra", "operator": "NotIn", "values": ["true"]}]}
+        {"matchExpressions": [{"key": keys.NODE_DRA, "operator": "NotIn", "values": ["true"]}]}
     ]
     assert dra_set["spec"]["template"]["spec"]["nodeSelector"]["gpuplace.io/dra"] == "true"
     # without the component the device-plugin DaemonSet has no such affinity
