@@ -440,6 +440,12 @@ def allocated(claim: Mapping[str, Any]) -> tuple[Allocated, ...]:
 # --- selectors for claims (what the webhook writes) -------------------------------------
 
 
+def uuid_selector(uuid: str) -> str:
+    """A CEL device selector that holds for the GPU `uuid` only: how a claim is pinned to
+    the device the engine chose (the node: the pod's node affinity; the pool is the node)."""
+    return f'device.attributes["{DRIVER}"].{UUID} == {json.dumps(uuid)}'
+
+
 def model_selector(models: Sequence[str]) -> str:
     """A CEL device selector that holds for GPUs of any of `models` (GFD product strings),
     quoted safely (JSON string syntax is CEL's)."""

@@ -368,6 +368,17 @@ def test_the_model_selector_holds_for_exactly_its_models(
     assert bool(program.evaluate(device_activation(model))) is holds
 
 
+def test_the_uuid_selector_pins_one_gpu() -> None:
+    environment = celpy.Environment()
+    program = environment.program(environment.compile(dra.uuid_selector("GPU-1")))
+
+    def holds(uuid: str) -> bool:
+        device = {"driver": dra.DRIVER, "attributes": {dra.DRIVER: {dra.UUID: uuid}}}
+        return bool(program.evaluate({"device": celpy.json_to_cel(device)}))  # type: ignore[attr-defined]
+
+    assert holds("GPU-1") and not holds("GPU-2")
+
+
 def test_quantities_compare_by_value() -> None:
     assert dra._normal({"value": "1k"}) == dra._normal({"value": "1000"})
     assert dra._normal({"value": "1k"}, "")["value"] == Decimal(1000)

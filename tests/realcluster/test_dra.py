@@ -204,9 +204,12 @@ def dra_node(
 # --- what the tests write ----------------------------------------------------------------
 
 
-def share_claim(name: str, namespace: str, milli: int, memory_mib: int) -> dict[str, Any]:
-    """A ResourceClaim written directly against the DeviceClass, as a user would."""
-    return {
+def share_claim(
+    name: str, namespace: str, milli: int, memory_mib: int, *, pin: str | None = None
+) -> dict[str, Any]:
+    """A ResourceClaim written directly against the DeviceClass, as a user would; `pin`: on
+    that GPU (by UUID) only, as the planner will pin a claim."""
+    body: dict[str, Any] = {
         "apiVersion": dra.API_VERSION,
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace},
@@ -224,6 +227,10 @@ def share_claim(name: str, namespace: str, milli: int, memory_mib: int) -> dict[
             }
         },
     }
+    if pin is not None:
+        exactly = body["spec"]["devices"]["requests"][0]["exactly"]
+        exactly["selectors"] = [{"cel": {"expression": dra.uuid_selector(pin)}}]
+    return body
 
 
 def claiming(name: str, scope: Scope, node: str, claim: str, *, template: bool = False) -> Any:
@@ -425,7 +432,8 @@ def test_a_silent_agents_devices_get_a_noschedule_taint(
             timeout=60,
             what="the sidecar's silence taint on every device",
         )
-        kubectl.apply(share_claim("late", ns, 100, 1024), claiming("late", scope, node, "late"))
+        pinned = share_claim("late", ns, 100, 1024, pin=dra_node.uuids[1])
+        kubectl.apply(pinned, claiming("late", scope, node, "late"))
         message = kubectl.wait_event(ns, "late", "FailedScheduling", timeout=60)
         assert "cannot allocate all claims" in message, message
     finally:
@@ -438,6 +446,8 @@ def test_a_silent_agents_devices_get_a_noschedule_taint(
     )
     late = kubectl.wait_object("pods", "late", running, namespace=ns, timeout=120)
     assert late is not None
+    # pinned to gpu-1 by its UUID, where first fit would have taken gpu-0
+    assert allocation(kubectl, ns, "late")[0]["device"] == "gpu-1"
 
 
 def test_each_identity_writes_only_what_its_policy_allows(
