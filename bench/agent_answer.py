@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from google.protobuf import json_format  # noqa: E402
 
-from gpuplace.agent import allocating  # noqa: E402
+from gpuplace.agent import handover  # noqa: E402
 from gpuplace.agent.deviceplugin import api_pb2  # noqa: E402
 from gpuplace.cluster import mps_limits  # noqa: E402
 from tests.agent import kubelet as standin  # noqa: E402
@@ -49,7 +49,7 @@ def host_env(response: api_pb2.ContainerAllocateResponse, uuids: list[str]) -> d
 
 
 async def answer(args: argparse.Namespace) -> dict[str, Any]:
-    gpus = [allocating.NodeGpu(index, uuid) for index, uuid in enumerate(args.uuid)]
+    gpus = [handover.NodeGpu(index, uuid) for index, uuid in enumerate(args.uuid)]
     granted = gpus[: args.count]
     directory = Path(tempfile.mkdtemp(prefix="dpa", dir="/tmp"))
     server = standin.plugin_server(
@@ -64,7 +64,7 @@ async def answer(args: argparse.Namespace) -> dict[str, Any]:
             )
         ],
         directory,
-        allocating.Options(allocating.Strategy(args.strategy), mps=allocating.Mps(args.pipe_dir)),
+        handover.Options(handover.Strategy(args.strategy), mps=handover.Mps(args.pipe_dir)),
     )
     kubelet = standin.Kubelet(directory)
     await kubelet.start()
@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--memory-mib", type=int, default=2048)
     parser.add_argument("--pipe-dir", default="/tmp/nvidia-mps", help="MPS pipe dir (host)")
     parser.add_argument(
-        "--strategy", default="envvar", choices=[strategy.value for strategy in allocating.Strategy]
+        "--strategy", default="envvar", choices=[strategy.value for strategy in handover.Strategy]
     )
     args = parser.parse_args()
     print(json.dumps(asyncio.run(answer(args)), indent=2))

@@ -61,7 +61,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuplace.agent import allocating, cgroups
+from gpuplace.agent import allocating, cgroups, handover
 from gpuplace.agent import nvml as nvml_seam
 from gpuplace.cluster import assignments
 from gpuplace.placement.requests import WHOLE
@@ -302,7 +302,7 @@ def _granted(
     gpus: Sequence[GpuUse],
 ) -> None:
     """Adds each granted pod's grant on each of its GPUs to `rows`. O(pods × GPUs)."""
-    on_node = [allocating.NodeGpu(gpu.index, gpu.uuid) for gpu in gpus]
+    on_node = [handover.NodeGpu(gpu.index, gpu.uuid) for gpu in gpus]
     by_uuid = {gpu.uuid: gpu for gpu in gpus}
     for uid, pod in by_uid.items():
         if not _live(pod, node):

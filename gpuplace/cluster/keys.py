@@ -91,6 +91,9 @@ GPU_SYSTEM = PREFIX + "gpu-system"
 Operator's, DCGM's, GPU Feature Discovery's): the node agent's no-bypass admission policy
 does not judge them (deploy/components/node-agent/admission-policy.yaml; `gpuplace
 preflight` names the namespaces that need it)."""
+NODE_DRA = PREFIX + "dra"
+"""Node label: "true" puts an opted-in node on the DRA path: its node agent is the DRA
+kubelet plugin (DaemonSet gpuplace-node-agent-dra), not the device plugin (docs/dra.md)."""
 
 # --- scheduling gates ---------------------------------------------------------
 GANG_GATE = PREFIX + "gang"

@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpuplace.agent import mps as agent_mps
@@ -50,6 +50,28 @@ class AgentSettings(BaseSettings):
         "sidecar's --agent-silence-seconds a few times larger",
     )
 
+    # --- how the kubelet asks: device plugin or DRA -----------------------------------------
+    kubelet_plugin: Literal["device-plugin", "dra"] = Field(
+        "device-plugin",
+        description="the kubelet API this node is served through (a node is on one): "
+        "device-plugin (gpuplace.io/gpu slots, the sidecar's grants) or dra (a DRA kubelet "
+        "plugin, driver gpu.gpuplace.io: the node's ResourceSlice, claims prepared through "
+        "CDI; needs containerd >= 1.7.2 with CDI on, or CRI-O >= 1.23: docs/dra.md)",
+    )
+    kubelet_plugins_dir: Path = Field(
+        Path("/var/lib/kubelet/plugins"),
+        description="DRA: the kubelet's plugins directory (the agent serves "
+        "<dir>/gpu.gpuplace.io/dra.sock and keeps its checkpoint there)",
+    )
+    kubelet_registry_dir: Path = Field(
+        Path("/var/lib/kubelet/plugins_registry"),
+        description="DRA: the kubelet's plugin registration directory (gpu.gpuplace.io-reg.sock)",
+    )
+    cdi_dir: Path = Field(
+        Path("/var/run/cdi"),
+        description="DRA: where the runtime reads CDI specs (one per prepared claim)",
+    )
+
     # --- the device plugin -------------------------------------------------------------------
     device_plugin_dir: Path = Field(
         Path("/var/lib/kubelet/device-plugins"),
@@ -65,7 +87,8 @@ class AgentSettings(BaseSettings):
         5.0,
         gt=0,
         description="how long Allocate waits for its pod (and a share for its MPS daemon) "
-        "before it refuses",
+        "before it refuses; with DRA, how long NodePrepareResources waits for a share's "
+        "MPS daemon",
     )
 
     # --- MPS -------------------------------------------------------------------------------------
@@ -131,6 +154,16 @@ class AgentSettings(BaseSettings):
     @classmethod
     def _upper(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _dra_strategy(self) -> AgentSettings:
+        if self.kubelet_plugin == "dra" and self.device_list_strategy == "envvar":
+            raise ValueError(
+                "--device-list-strategy=envvar cannot serve DRA: each device of a claim "
+                "is its own CDI device, and one NVIDIA_VISIBLE_DEVICES list cannot be "
+                "split among them; use volume-mounts or cdi"
+            )
+        return self
 
     @field_validator("mps_root")
     @classmethod

@@ -61,6 +61,7 @@ from gpuplace.cluster import (
     queue_directory,
     reaping,
     recording,
+    slice_taints,
     watching,
 )
 from gpuplace.cluster.queue_directory import QueueDirectory
@@ -285,6 +286,13 @@ class SidecarSettings(BaseSettings):
         "node for silence); nodes no agent ever reported on are not affected unless "
         "--require-node-agent",
     )
+    dra_silence_taints: bool = Field(
+        False,
+        description="some nodes run the node agent as a DRA kubelet plugin: when one's "
+        "heartbeat is older than --agent-silence-seconds, taint its ResourceSlice's "
+        "devices NoSchedule (gpu.gpuplace.io/agent-silent) so that kube-scheduler allocates "
+        "none of them; needs deploy/components/dra's RBAC (docs/dra.md)",
+    )
     require_node_agent: bool = Field(
         False,
         description="place GPU pods only on nodes whose node agent reports (else nodes "
@@ -446,6 +454,11 @@ class Sidecar:
                 api, registry=registry, min_interval=settings.node_status_min_interval_seconds
             )
             self.sync.node_listeners.append(self.advertiser.observe)
+        self.silence_taints: slice_taints.SilenceTaints | None = None
+        if settings.dra_silence_taints:
+            self.silence_taints = slice_taints.SilenceTaints(
+                api, silence=settings.agent_silence_seconds, registry=registry
+            )
         self._capabilities: Capabilities | None = None
         self.sync.node_listeners.append(self._nodes_changed)
         registry.register(metering.LedgerCollector(self.sync, self.holder.measured))
@@ -595,6 +608,8 @@ class Sidecar:
         while True:
             await asyncio.sleep(period)
             self.sync.check_agents()
+            if self.silence_taints is not None:
+                await self.silence_taints.check(list(self.sync.nodes.values()))
 
     def _background(self) -> list[Coroutine[Any, Any, None]]:
         work: list[Coroutine[Any, Any, None]] = [self.mirror.run(), self.reaper.run()]

@@ -16,12 +16,12 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpuplace.agent import allocating, plugin
+from gpuplace.agent import allocating, handover, plugin
 from gpuplace.agent.deviceplugin import api_pb2
 from gpuplace.cluster import keys
 from tests.agent import kubelet as standin
 
-MPS = allocating.Mps(pipe_dir="/run/gpuplace/mps/pipe", shm_dir="/run/gpuplace/mps/shm")
+MPS = handover.Mps(pipe_dir="/run/gpuplace/mps/pipe", shm_dir="/run/gpuplace/mps/shm")
 
 
 @pytest.fixture
@@ -35,14 +35,14 @@ def directory() -> Iterator[Path]:
 class Node:
     """A plugin server and a kubelet stand-in sharing one device-plugins directory."""
 
-    def __init__(self, directory: Path, gpus: list[allocating.NodeGpu], **kwargs: object) -> None:
+    def __init__(self, directory: Path, gpus: list[handover.NodeGpu], **kwargs: object) -> None:
         self.gpus = gpus
         self.view = plugin.PodView()
         self.view.replace([])
         self.mps_ready = asyncio.Event()
         self.mps_ready.set()
         self.registry = CollectorRegistry()
-        options = kwargs.pop("options", allocating.Options(mps=MPS))
+        options = kwargs.pop("options", handover.Options(mps=MPS))
         self.server = plugin.PluginServer(
             node=standin.NODE,
             gpus=gpus,
@@ -79,13 +79,13 @@ class Node:
 
 @pytest.fixture
 def node(directory: Path) -> Callable[..., Node]:
-    def make(gpus: list[allocating.NodeGpu] | None = None, **kwargs: object) -> Node:
+    def make(gpus: list[handover.NodeGpu] | None = None, **kwargs: object) -> Node:
         return Node(directory, gpus if gpus is not None else standin.eight_gpus(), **kwargs)
 
     return make
 
 
-def uuids(gpus: list[allocating.NodeGpu], *indices: int) -> list[str]:
+def uuids(gpus: list[handover.NodeGpu], *indices: int) -> list[str]:
     return [gpus[index].uuid for index in indices]
 
 
@@ -262,7 +262,7 @@ async def test_health_change_resends_the_list_and_refuses_the_sick_gpu(
     async with node() as n:
         lists = n.kubelet.lists
         sick = [
-            allocating.NodeGpu(g.index, g.uuid, healthy=g.index != 2, numa=g.numa, minor=g.minor)
+            handover.NodeGpu(g.index, g.uuid, healthy=g.index != 2, numa=g.numa, minor=g.minor)
             for g in n.gpus
         ]
         n.server.set_gpus(sick)
@@ -300,7 +300,7 @@ async def test_registration_is_retried_until_the_kubelet_answers(directory: Path
         node=standin.NODE,
         gpus=gpus,
         pods=view,
-        options=allocating.Options(),
+        options=handover.Options(),
         directory=str(directory),
         poll_seconds=0.05,
         registry=CollectorRegistry(),
@@ -486,7 +486,7 @@ async def test_stop_ends_the_plugin_while_no_kubelet_answers(directory: Path) ->
         node=standin.NODE,
         gpus=standin.eight_gpus(),
         pods=plugin.PodView(),
-        options=allocating.Options(),
+        options=handover.Options(),
         directory=str(directory),
         registry=CollectorRegistry(),
     )

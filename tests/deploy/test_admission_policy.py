@@ -42,7 +42,8 @@ FIXTURES = rendering.ROOT.parent / "shared" / "fixtures" / "admission"
 
 
 def policy(name: str) -> Obj:
-    return rendering.one(rendering.render(rendering.NODE_AGENT), "ValidatingAdmissionPolicy", name)
+    # the DRA overlay holds every policy: the node-agent component's and the DRA one's
+    return rendering.one(rendering.render(rendering.DRA), "ValidatingAdmissionPolicy", name)
 
 
 @functools.cache

@@ -37,6 +37,7 @@ BUILT_IN_GROUPS = frozenset(
         "coordination.k8s.io",
         "apiextensions.k8s.io",
         "flowcontrol.apiserver.k8s.io",
+        "resource.k8s.io",
     }
 )
 CLUSTER_SCOPED = frozenset(
@@ -52,6 +53,7 @@ CLUSTER_SCOPED = frozenset(
         "CustomResourceDefinition",
         "ClusterIssuer",
         "FlowSchema",
+        "DeviceClass",
     }
 )
 CERT_MANAGER = "cert-manager.io"

@@ -90,6 +90,7 @@ def test_names_are_unique_and_namespaced_objects_live_in_gpuplace(tree: str) -> 
         "ValidatingAdmissionPolicyBinding",
         "CustomResourceDefinition",
         "FlowSchema",
+        "DeviceClass",
     }
     for obj in objects:
         ns = obj["metadata"].get("namespace")

@@ -265,6 +265,7 @@ async def test_without_mps_shares_are_refused_and_whole_gpus_served(
     try:
         await asyncio.wait_for(process.server.started.wait(), 20)
         await kubelet.listed(1)
+        assert process.plugin is not None
         uuids = [gpu.uuid for gpu in process.plugin.gpus]
         api.api.create(standin.pod("share", [0], [uuids[0]], milli=500, node=NODE))
         with pytest.raises(grpc.aio.AioRpcError, match="MPS"):  # it would run unlimited
@@ -273,8 +274,10 @@ async def test_without_mps_shares_are_refused_and_whole_gpus_served(
         api.api.set_phase("research", "share", "Failed")
         api.api.create(standin.pod("whole", [5], [uuids[5]], node=NODE))
 
+        plugin = process.plugin
+
         async def seen() -> bool:
-            return any(p["metadata"]["name"] == "whole" for p in process.plugin.pods.pods.values())
+            return any(p["metadata"]["name"] == "whole" for p in plugin.pods.pods.values())
 
         await until(seen)
         answer = await kubelet.admit(1)
@@ -437,6 +440,7 @@ async def test_an_idle_mps_server_in_the_agents_pod_is_charged_to_no_pod(
 
         async def ready() -> bool:
             servers = process.supervisor.server_pids() if process.supervisor else {663}
+            assert process.plugin is not None
             return uid in process.plugin.pods.pods and servers == {663}
 
         await until(ready)

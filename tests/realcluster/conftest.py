@@ -9,6 +9,10 @@ running and leading). Here, session-scoped too, `node_agent`: `Agent`, the real 
 in (GFD-like labels for two H100s), `gpuplace node-agent` registered with its kubelet, NVML
 replayed from two GPUs derived from `../shared/fixtures/gpu/nvml-idle.json`.
 
+`kubelet_node` (`KubeletNode`) says which agent serves the node now: the DRA tests
+(tests/realcluster/test_dra.py) borrow the node from the device-plugin agent and give it
+back.
+
 Per test: `scope` (`Scope`: a namespace and a GPU model of its own, fake nodes and
 cluster-scoped objects it made, all removed after it) and `kubectl` (admin, in the test's
 tmp dir). `serve` is running at the start of every test (a test that stops it, the outage,
@@ -23,6 +27,7 @@ also covers the session's start on the first test.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -126,19 +131,73 @@ class Agent:
     replay: Path
 
 
-@pytest.fixture(scope="session")
-def node_agent(
-    cluster: Cluster, gpuplace: Installation, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Agent]:
-    if cluster.node_problem is not None:
-        unusable(f"no kubelet node: {cluster.node_problem}")
+def derived_replay(workdir: Path) -> tuple[Path, list[str]]:
+    """NVML of REAL_NODE_GPUS H100s derived from the captured one, written in `workdir`;
+    and their UUIDs."""
     readings = GPU_FIXTURES / "nvml-idle.json"
     if not readings.is_file():
         unusable(f"GPU fixture {readings} missing")
-    workdir = tmp_path_factory.mktemp("agent")
     derived = nvml.derived(json.loads(readings.read_text()), REAL_NODE_GPUS)
     replay = workdir / "nvml-derived.json"
     replay.write_text(json.dumps(derived))
+    return replay, [gpu["uuid"] for gpu in derived["gpus"]]
+
+
+def offered(kubectl: Kubectl, node: str) -> None:
+    """Until the kubelet offers the device plugin's slots and the sidecar its GPUs."""
+    slots = str(SLOTS_PER_GPU * REAL_NODE_GPUS)
+    kubectl.watch(
+        ["nodes", "--field-selector", f"metadata.name={node}"],
+        lambda seen: any(
+            (obj["status"].get("allocatable") or {}).get("gpuplace.io/gpu") == slots
+            and "gpuplace.io/gpu-percent" in (obj["status"].get("allocatable") or {})
+            for obj in seen.values()
+        ),
+        timeout=120,
+        what=f"the kubelet to offer {slots} gpuplace.io/gpu and the sidecar its GPUs",
+    )
+
+
+@dataclass
+class KubeletNode:
+    """Who serves the kit's one kubelet node: the device-plugin agent (`node_agent`), or,
+    while a DRA module runs, its DRA agent. A node is on one path, so `lent()` stops the
+    device-plugin agent for the block and brings it back after."""
+
+    agent: Agent | None = None
+    kubectl: Kubectl | None = None
+
+    @contextlib.contextmanager
+    def lent(self) -> Iterator[None]:
+        agent = self.agent
+        if agent is None or not agent.process.alive:
+            yield
+            return
+        agent.process.stop()
+        try:
+            yield
+        finally:
+            agent.process.start()
+            assert self.kubectl is not None
+            offered(self.kubectl, agent.node)
+
+
+@pytest.fixture(scope="session")
+def kubelet_node() -> KubeletNode:
+    return KubeletNode()
+
+
+@pytest.fixture(scope="session")
+def node_agent(
+    cluster: Cluster,
+    gpuplace: Installation,
+    kubelet_node: KubeletNode,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Agent]:
+    if cluster.node_problem is not None:
+        unusable(f"no kubelet node: {cluster.node_problem}")
+    workdir = tmp_path_factory.mktemp("agent")
+    replay, uuids = derived_replay(workdir)
     node = cluster.node_name
     kubectl = gpuplace.kubectl
     # what GPU Feature Discovery would label on this node, and gpuplace's opt-in
@@ -158,24 +217,11 @@ def node_agent(
     )
     try:
         process.start()
-        slots = str(SLOTS_PER_GPU * REAL_NODE_GPUS)
-        kubectl.watch(
-            ["nodes", "--field-selector", f"metadata.name={node}"],
-            lambda seen: any(
-                (obj["status"].get("allocatable") or {}).get("gpuplace.io/gpu") == slots
-                and "gpuplace.io/gpu-percent" in (obj["status"].get("allocatable") or {})
-                for obj in seen.values()
-            ),
-            timeout=120,
-            what=f"the kubelet to offer {slots} gpuplace.io/gpu and the sidecar its GPUs",
-        )
-        yield Agent(
-            process,
-            node,
-            [gpu["uuid"] for gpu in derived["gpus"]],
-            f"http://127.0.0.1:{port}/metrics",
-            replay,
-        )
+        offered(kubectl, node)
+        agent = Agent(process, node, uuids, f"http://127.0.0.1:{port}/metrics", replay)
+        kubelet_node.agent, kubelet_node.kubectl = agent, kubectl
+        yield agent
     finally:
+        kubelet_node.agent = None
         process.stop()
         shutil.rmtree(mps, ignore_errors=True)

@@ -313,15 +313,26 @@ MPS_STANDIN = ROOT / "tests" / "agent" / "mps_standin.py"
 
 
 def node_agent_process(
-    installation: Installation, node: str, replay: Path, device_plugin_dir: Path, port: int
+    installation: Installation,
+    node: str,
+    replay: Path,
+    device_plugin_dir: Path,
+    port: int,
+    *,
+    daemonset: str = "gpuplace-node-agent",
+    account: str = AGENT_ACCOUNT,
+    rendered: list[dict[str, Any]] | None = None,
+    flags: dict[str, str | None] | None = None,
 ) -> tuple[HostProcess, Path]:
     """`gpuplace node-agent` with the DaemonSet's arguments on `node`, NVML replayed from
     `replay` and MPS played by the stand-in; as ServiceAccount kube-system/
     gpuplace-node-agent with a token bound to the Node, which carries the node's name
     (`authentication.kubernetes.io/node-name`) as the DaemonSet's pod-bound token does.
-    Returns the process and its MPS root (a new directory; the caller removes it)."""
-    box = container(installation.rendered, "DaemonSet", "gpuplace-node-agent", "node-agent")
-    kubeconfig = installation.sa_kubeconfig(AGENT_NAMESPACE, AGENT_ACCOUNT, kind="Node", name=node)
+    Another DaemonSet of `rendered` (the DRA one) runs as its own `account`, with `flags`
+    on top. Returns the process and its MPS root (a new directory; the caller removes
+    it)."""
+    box = container(rendered or installation.rendered, "DaemonSet", daemonset, "node-agent")
+    kubeconfig = installation.sa_kubeconfig(AGENT_NAMESPACE, account, kind="Node", name=node)
     # pipe directories are <root>/<UUID>/pipe and unix socket paths are short: not tmp_path
     mps = Path(tempfile.mkdtemp(prefix="gpuplace-rc-mps-"))
     args = with_flags(
@@ -335,14 +346,15 @@ def node_agent_process(
             "--mps-control": f"{sys.executable} {MPS_STANDIN}",
             "--metrics-address": "127.0.0.1",
             "--metrics-port": str(port),
+            **(flags or {}),
         },
     )
     env = {key: value for key, value in os.environ.items() if not key.startswith("GPUPLACE_")}
     env.update((item["name"], item["value"]) for item in box.get("env", []) if "value" in item)
     agent = HostProcess(
-        "gpuplace node-agent",
+        f"gpuplace node-agent ({daemonset})",
         [GPUPLACE, *args],
-        installation.workdir / "node-agent.log",
+        installation.workdir / f"{daemonset}.log",
         env=env,
         ready_url=f"http://127.0.0.1:{port}/readyz",
     )

@@ -77,6 +77,12 @@ CERTS = service_account("gpuplace", "gpuplace-certs")
 """`gpuplace certs rotate` in the self-managed overlay's CronJob."""
 NODE_AGENT = service_account("kube-system", "gpuplace-node-agent")
 """`gpuplace node-agent`, the DaemonSet on GPU nodes."""
+DRA_NODE_AGENT = service_account("kube-system", "gpuplace-node-agent-dra")
+"""`gpuplace node-agent --kubelet-plugin=dra`, the DaemonSet on DRA nodes
+(`DRA_SHIPPED`)."""
+DRA_SHIPPED = "overlays/self-managed-dra"
+"""The shipped overlay with the DRA component (its RBAC: the DRA agent's, the sidecar's
+slice writes)."""
 
 
 # --- request attributes ------------------------------------------------------------
@@ -245,8 +251,8 @@ class Rbac:
 
 
 @functools.cache
-def _shipped() -> Rbac:
-    return Rbac.shipped()
+def _shipped(tree: str = SHIPPED) -> Rbac:
+    return Rbac.shipped(tree)
 
 
 def forbidden(asked: Attributes) -> ApiStatusError:
@@ -287,10 +293,12 @@ class Access:
         self._tokens: dict[User, str] = {}
 
     @classmethod
-    def shipped(cls, *, edit: Callable[[list[Obj]], list[Obj]] | None = None) -> Access:
-        """Enforcing the RBAC deploy/ ships (see `Rbac.shipped`; read once per process
-        unless `edit` changes it)."""
-        return cls(_shipped() if edit is None else Rbac.shipped(edit=edit))
+    def shipped(
+        cls, tree: str = SHIPPED, *, edit: Callable[[list[Obj]], list[Obj]] | None = None
+    ) -> Access:
+        """Enforcing the RBAC deploy/`tree` ships (see `Rbac.shipped`; read once per
+        process unless `edit` changes it)."""
+        return cls(_shipped(tree) if edit is None else Rbac.shipped(tree, edit=edit))
 
     def token(self, user: User) -> str:
         """A bearer token that authenticates as `user` (the same one each time)."""
