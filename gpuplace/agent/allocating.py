@@ -38,7 +38,8 @@ happen and what it costs).
 `answer` builds the ContainerAllocateResponse from the grant alone: its GPUs by UUID
 (CDI device names, or the NVIDIA runtime's volume-mount/env list, plus device nodes when
 their minor numbers are known), and for a share (milli < 1000, memory-only included) the
-MPS pipe directory mount, `CUDA_MPS_PIPE_DIRECTORY` and its limits. It never names a GPU
+MPS pipe directory mount, `CUDA_MPS_PIPE_DIRECTORY` and its limits (the memory limit: the
+ask plus the CUDA context the agent publishes for that GPU). It never names a GPU
 that is not in the chosen pod's grant, nor one this node does not have. Every function
 here is O(pods on the node × GPUs per pod) or better.
 """
@@ -52,6 +53,7 @@ from typing import Any
 
 from gpuplace.agent.deviceplugin import api_pb2
 from gpuplace.cluster import assignments, keys, mps_limits
+from gpuplace.placement.inventory import ClientContext
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -89,6 +91,9 @@ class NodeGpu:
     """NUMA node; None = unknown (never guessed)."""
     minor: int | None = None
     """/dev/nvidia<minor>; None = unknown (then no device nodes are passed)."""
+    context: ClientContext = mps_limits.UNMEASURED.context
+    """What an MPS client's CUDA context takes on it, as the agent publishes it (the
+    share's memory limit is its ask plus this: `mps_limits`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,7 +498,10 @@ def answer(
         if mps.shm_dir is not None:
             response.mounts.append(api_pb2.Mount(container_path="/dev/shm", host_path=mps.shm_dir))
         response.envs[mps_limits.PIPE_ENV] = mps.container_pipe_dir
-        response.envs.update(mps_limits.environment(chosen.milli, chosen.memory_mib, len(uuids)))
+        context = max((by_uuid[uuid].context for uuid in uuids), key=lambda c: c.mib(chosen.milli))
+        response.envs.update(
+            mps_limits.environment(chosen.milli, chosen.memory_mib, len(uuids), context=context)
+        )
     return response
 
 

@@ -5,7 +5,9 @@ usage make, behind one Protocol, `Nvml`.
 `Replay` answers the same calls from readings captured on a real machine, in the
 format of `../shared/fixtures/gpu/nvml-*.json` (one object per GPU; a field recorded as
 `{"nvml_error": "Not Supported"}` means that call raised NVMLError with that message
-there, and replaying it raises `NvmlError` with the same message). Per-process SM samples
+there, and replaying it raises `NvmlError` with the same message). The captures hold NVML's
+first memory call (total, used, free): the driver's reservation alone (the second call's
+`reserved`) answers Not Supported unless a reading adds `memory.reserved`. Per-process SM samples
 (`process_utilization`) are not in the captures: a reading without the optional key
 `process_utilization` answers Not Supported there, as a driver without the call would.
 `derived` builds
@@ -81,7 +83,12 @@ class Nvml(Protocol):
         ...
 
     def memory_used(self, index: int) -> int:
-        """Bytes."""
+        """Bytes (NVML's first memory call: the driver's reservation included)."""
+        ...
+
+    def memory_reserved(self, index: int) -> int:
+        """Bytes the driver keeps for itself (nvmlDeviceGetMemoryInfo_v2's `reserved`;
+        Not Supported where the driver has no v2 call)."""
         ...
 
     def pci_bus_id(self, index: int) -> str: ...
@@ -181,6 +188,10 @@ class Real:
 
     def memory_used(self, index: int) -> int:
         return int(self._call("nvmlDeviceGetMemoryInfo", self._handle(index)).used)
+
+    def memory_reserved(self, index: int) -> int:
+        version = self._nvml.nvmlMemory_v2
+        return int(self._call("nvmlDeviceGetMemoryInfo", self._handle(index), version).reserved)
 
     def pci_bus_id(self, index: int) -> str:
         return bus_id(self._call("nvmlDeviceGetPciInfo", self._handle(index)).busId)
@@ -351,6 +362,12 @@ class Replay:
 
     def memory_used(self, index: int) -> int:
         return int(_answer(self._field(index, "memory")["used"]))
+
+    def memory_reserved(self, index: int) -> int:
+        memory = self._field(index, "memory")
+        if "reserved" not in memory:
+            raise NvmlError("Not Supported")  # the captures read NVML's first call only
+        return int(_answer(memory["reserved"]))
 
     def pci_bus_id(self, index: int) -> str:
         return bus_id(str(self._field(index, "pci_bus_id")))
