@@ -3,7 +3,9 @@ docs/node-agent.md). It discovers the node's GPUs and their health through NVML 
 them and a heartbeat on its Node (gpuplace.agent.publishing), answers the kubelet's device-plugin
 API so that each container gets exactly its grant (gpuplace.agent.plugin), runs one MPS control
 daemon per GPU and restarts it when it dies (gpuplace.agent.mps), samples what each pod uses of its
-GPUs (gpuplace.agent.usage_sampling), and serves /metrics, /healthz and /readyz.
+GPUs (gpuplace.agent.usage_sampling), catches pods that hold more than their grant (an Event, a
+metric, an audit line and, with --evict-over-grant, an eviction: gpuplace.agent.enforcing), and
+serves /metrics, /healthz and /readyz.
 
 Order at start: the node's pod informer, the first discovery, then the MPS daemons of
 the node's GPUs, which must answer before a share is handed out (a client that starts
@@ -32,16 +34,19 @@ import prometheus_client
 from gpuplace import commands
 from gpuplace.agent import (
     allocating,
+    auditing,
     cgroups,
     discovery,
+    enforcing,
     mps,
     nvml,
     plugin,
     publishing,
     usage_sampling,
 )
-from gpuplace.cluster import connecting, kube, watching
-from gpuplace.runtime import logs
+from gpuplace.cluster import connecting, kube, recording, watching
+from gpuplace.placement.inventory import ClientContext
+from gpuplace.runtime import jsonlines, logs
 from gpuplace.wiring import serving, settings
 from gpuplace.wiring.agent_settings import AgentSettings
 
@@ -92,10 +97,34 @@ def node_gpus(found: discovery.Discovery | None) -> list[allocating.NodeGpu]:
     if found is None:
         return []
     return [
-        allocating.NodeGpu(gpu.index, gpu.uuid, healthy=gpu.health.healthy, numa=gpu.numa)
+        allocating.NodeGpu(
+            gpu.index,
+            gpu.uuid,
+            healthy=gpu.health.healthy,
+            numa=gpu.numa,
+            context=gpu.context,
+        )
         for gpu in found.gpus
         if gpu.uuid is not None
     ]
+
+
+def packable(found: discovery.Discovery | None) -> dict[str, int]:
+    """GPU UUID → the bytes the engine packs there, as last published. O(GPUs)."""
+    if found is None:
+        return {}
+    return {
+        gpu.uuid: gpu.packable_mib << 20
+        for gpu in found.gpus
+        if gpu.uuid is not None and gpu.packable_mib is not None
+    }
+
+
+def contexts(found: discovery.Discovery | None) -> dict[str, ClientContext]:
+    """GPU UUID → its MPS client context, as last published. O(GPUs)."""
+    if found is None:
+        return {}
+    return {gpu.uuid: gpu.context for gpu in found.gpus if gpu.uuid is not None}
 
 
 @dataclass(slots=True)
@@ -111,6 +140,8 @@ class AgentProcess:
     plugin: plugin.PluginServer
     informer: watching.Informer[dict[str, Any]]
     sampler: usage_sampling.Sampler
+    recorder: recording.Recorder
+    audit: auditing.AgentAudit
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def not_published_reason(self) -> str | None:
@@ -161,6 +192,7 @@ class AgentProcess:
     async def running(self) -> AsyncIterator[None]:
         publisher, supervisor = self.publisher, self.supervisor
         self._spawn(self.informer.run(), "pod informer")
+        self._spawn(self.recorder.run(), "events")
         try:
             await publisher.publish_once()
         except kube.ApiError as error:  # published by the loop below once the API answers
@@ -191,7 +223,9 @@ class AgentProcess:
                     await task
             if supervisor is not None:
                 await supervisor.stop()
+            await self.recorder.drain()
             await self.api.close()
+            self.audit.close()
             close(self.nvml)
 
 
@@ -230,6 +264,7 @@ async def compose(
         heartbeat_seconds=config.heartbeat_seconds,
         discover_seconds=config.discover_seconds,
         registry=registry,
+        context=config.context(),
     )
     if base_env is None:
         base_env = {name: os.environ[name] for name in INHERITED_ENV if name in os.environ}
@@ -265,12 +300,42 @@ async def compose(
     )
     registry.register(
         usage_sampling.UsageCollector(
-            config.node_name, sampler, usage_sampling.live_in(lambda: view.pods, config.node_name)
+            config.node_name,
+            sampler,
+            usage_sampling.live_in(lambda: view.pods, config.node_name),
+            packable=lambda: packable(publisher.discovery),
         )
     )
+    recorder = recording.Recorder(api, registry=registry, reporting="gpuplace.io/node-agent")
+    audit = auditing.AgentAudit(
+        jsonlines.open_sink(config.audit_log, config.audit_log_max_bytes, config.audit_log_backups),
+        config.node_name,
+    )
+    enforcer = enforcing.Enforcer(
+        api,
+        recorder,
+        audit,
+        config.node_name,
+        contexts=lambda: contexts(publisher.discovery),
+        tolerance_mib=config.over_grant_tolerance_mib,
+        evict=config.evict_over_grant,
+        registry=registry,
+    )
+    registry.register(enforcer)
+    sampler.listeners.append(enforcer.on_sample)
     server = serving.Server(registry)
     process = AgentProcess(
-        config, server, api, reading, publisher, supervisor, server_of_plugin, informer, sampler
+        config,
+        server,
+        api,
+        reading,
+        publisher,
+        supervisor,
+        server_of_plugin,
+        informer,
+        sampler,
+        recorder,
+        audit,
     )
     server.add_site("ops", serving.ops_app(server), config.metrics_address, config.metrics_port)
     server.add_context(process.running)
