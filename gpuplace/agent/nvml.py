@@ -5,7 +5,9 @@ usage make, behind one Protocol, `Nvml`.
 `Replay` answers the same calls from readings captured on a real machine, in the
 format of `../shared/fixtures/gpu/nvml-*.json` (one object per GPU; a field recorded as
 `{"nvml_error": "Not Supported"}` means that call raised NVMLError with that message
-there, and replaying it raises `NvmlError` with the same message). The captures hold NVML's
+there, and replaying it raises `NvmlError` with the same message); a replay loaded with
+`follow` reads its file again when it changes, as a GPU changing under a running agent
+would (tests of the whole agent write the processes of a pod there). The captures hold NVML's
 first memory call (total, used, free): the driver's reservation alone (the second call's
 `reserved`) answers Not Supported unless a reading adds `memory.reserved`. Per-process SM samples
 (`process_utilization`) are not in the captures: a reading without the optional key
@@ -17,7 +19,8 @@ larger replays for tests and benchmarks from one captured GPU: the copies are ma
 Every call may raise `NvmlError`; callers decide what an answer NVML could not give
 means (discovery records it as unknown, never guesses). GPUs are addressed by NVML
 index. This module does no I/O of its own beyond the driver calls (Real) or reading
-one JSON document (Replay.load), and keeps no state but the NVML handles.
+one JSON document (Replay.load, and again when a followed file changes), and keeps no
+state but the NVML handles.
 """
 
 from __future__ import annotations
@@ -315,15 +318,35 @@ class Replay:
     Not Supported, as in every capture; tests that add it say so). `replace` swaps the
     reading, as a GPU changing under a running agent would."""
 
-    def __init__(self, reading: Mapping[str, Any]) -> None:
+    def __init__(self, reading: Mapping[str, Any], *, follow: Path | None = None) -> None:
         self.reading: Mapping[str, Any] = reading
         self._delivered = 0
         self.calls = 0
         """NVML calls answered (benchmarks count them)."""
+        self._follow = follow
+        self._stamp = follow.stat().st_mtime_ns if follow is not None else 0
 
     @classmethod
-    def load(cls, path: Path) -> Replay:
-        return cls(json.loads(path.read_text()))
+    def load(cls, path: Path, *, follow: bool = False) -> Replay:
+        """The reading in `path`; with `follow`, read again whenever the file changes (each
+        pass of its caller starts with `gpu_count`, which looks): write a new reading to a
+        temporary file and rename it over `path`. A file that does not read as JSON keeps
+        the last reading."""
+        return cls(json.loads(path.read_text()), follow=path if follow else None)
+
+    def _look(self) -> None:
+        if self._follow is None:
+            return
+        try:
+            stamp = self._follow.stat().st_mtime_ns
+            if stamp == self._stamp:
+                return
+            reading = json.loads(self._follow.read_text())
+        except (OSError, ValueError):
+            return
+        self._stamp = stamp
+        if reading != self.reading:
+            self.replace(reading)
 
     def replace(self, reading: Mapping[str, Any]) -> None:
         self.reading = reading
@@ -344,6 +367,7 @@ class Replay:
         return _answer(gpu[key])
 
     def gpu_count(self) -> int:
+        self._look()
         self.calls += 1
         return int(_answer(self.reading.get("count", len(self.reading.get("gpus") or []))))
 

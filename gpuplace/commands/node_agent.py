@@ -238,7 +238,7 @@ def close(reading: nvml.Nvml) -> None:
 def open_nvml(config: AgentSettings) -> nvml.Nvml:
     """The driver's NVML, or the captured reading `--nvml-replay` names."""
     if config.nvml_replay is not None:
-        return nvml.Replay.load(config.nvml_replay)
+        return nvml.Replay.load(config.nvml_replay, follow=True)
     return nvml.Real()
 
 

@@ -39,7 +39,8 @@ class AgentSettings(BaseSettings):
     nvml_replay: Path | None = Field(
         None,
         description="answer NVML from this captured reading (nvml-*.json) instead of the "
-        "driver: for tests, demos and benchmarks, never on a real node",
+        "driver, read again when the file changes: for tests, demos and benchmarks, never "
+        "on a real node",
     )
     discover_seconds: float = Field(
         5.0, gt=0, description="how often NVML is read (health, XID events)"
