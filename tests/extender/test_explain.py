@@ -145,9 +145,15 @@ def test_memory_only_pods_explained(tmp_path: Path, capsys: pytest.CaptureFixtur
         rows = {row["node"]: row for row in tiny["rows"]}
         assert rows["a"]["verdict"] == "fits" and rows["a"]["why"].endswith("would take GPU 1")
         assert explain(server, tmp_path, "default/mem-0") == 0
-        assert "Running on node a with GPU 1 (memory only, 71680 MiB each)." in (
-            capsys.readouterr().out
-        )
+        running = capsys.readouterr().out
+        assert "Running on node a with GPU 1 (memory only, 71680 MiB each)." in running
+        # what its grant takes, and what the GPU packs and why (issue 43)
+        assert (
+            f"On GPU 1 it takes {71680 + context} MiB: its 71680 MiB and {context} MiB for its "
+            "CUDA context, which MPS counts inside the limit of each of its processes "
+            f"(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={71680 + context}M); the GPU packs 80896 MiB "
+            "(GPU Feature Discovery's memory less 1024 MiB: no node agent publishes it)."
+        ) in running
 
 
 def test_pending_preemption_is_shown_on_both_sides(
