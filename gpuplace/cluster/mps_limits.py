@@ -6,7 +6,8 @@ rounded up from the grant's milli (`ceil(milli / 10)`; 100 for a memory-only sha
 0, which has no compute of its own to cap and is time-sliced with the other memory-only
 shares of its GPU). `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` caps its memory on every GPU the
 container sees, by device ordinal (relative to what the container sees, in grant order:
-`0=20849M`), when the grant has memory. A whole GPU gets neither (MPS does not run there).
+`0=20874M` for 20 GiB at 50 % on an H100), when the grant has memory. A whole GPU gets
+neither (MPS does not run there).
 
 **The memory limit covers the CUDA context.** MPS counts the client's own CUDA context
 inside its limit (on an H100, a client limited to 2048M sees 1.86 GiB free and fails to
