@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuplace.cluster import mps_limits
+from gpuplace.placement.inventory import NO_CONTEXT, ClientContext
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 VOLUME_MOUNT_ROOT = "/var/run/nvidia-container-devices"
@@ -59,7 +60,11 @@ class NodeGpu:
     minor: int | None = None
     """/dev/nvidia<minor>; None = unknown (then no device nodes are passed)."""
     memory_mib: int | None = None
-    """Its memory; None = unknown (the device plugin does not need it)."""
+    """The memory a share can get of it (the agent's packable figure, else NVML's total);
+    None = unknown (the device plugin does not need it)."""
+    context: ClientContext = mps_limits.UNMEASURED.context
+    """What an MPS client's CUDA context takes on it, as the agent publishes it (the
+    share's memory limit is its ask plus this: `mps_limits`)."""
     reasons: tuple[str, ...] = ()
     """Why it is unhealthy (NVML's words), for the DRA plugin's health stream."""
 
@@ -128,9 +133,13 @@ def edits(
     *,
     gpus: Sequence[NodeGpu],
     options: Options,
+    context_inside: bool = False,
 ) -> Edits:
     """What the container of `who` (named in refusals) gets for its grant of `uuids` at
-    `milli` and `memory_mib` each: see the module docstring. Raises `Refusal`."""
+    `milli` and `memory_mib` each: see the module docstring. The memory limit is the ask
+    plus the GPU's published CUDA context (`mps_limits`), or, with `context_inside` (a DRA
+    claim: what it consumed of the slice's memory capacity is all the GPU gives it, so that
+    kube-scheduler's accounting holds), `memory_mib` itself. Raises `Refusal`."""
     by_uuid = {gpu.uuid: gpu for gpu in gpus}
     missing = [uuid for uuid in uuids if uuid not in by_uuid]
     if missing:
@@ -165,5 +174,10 @@ def edits(
         if mps.shm_dir is not None:
             mounts.append(Mount("/dev/shm", mps.shm_dir))
         env[mps_limits.PIPE_ENV] = mps.container_pipe_dir
-        env.update(mps_limits.environment(milli, memory_mib, len(uuids)))
+        context = (
+            NO_CONTEXT
+            if context_inside
+            else max((by_uuid[uuid].context for uuid in uuids), key=lambda c: c.mib(milli))
+        )
+        env.update(mps_limits.environment(milli, memory_mib, len(uuids), context=context))
     return Edits(env=env, mounts=tuple(mounts), device_nodes=nodes, cdi_devices=cdi)

@@ -360,6 +360,8 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         if len(request.container_requests) > MAX_CONTAINERS:
             _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, _crowded(request))
             return response
+        if not request.container_requests:
+            return response  # nothing to prefer: no pod to wait for
         sizes = {int(container.allocation_size) for container in request.container_requests}
         deadline = self._clock() + self.wait_seconds  # one wait per call, however many asked
         while True:

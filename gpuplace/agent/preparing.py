@@ -215,7 +215,9 @@ def prepare(
                 f"{ref}: a share is one GPU, and this claim has {len(results)} devices of "
                 f"{dra.DRIVER} with a share among them"
             )
-        given = handover.edits(str(ref), (gpu.uuid,), milli, memory, gpus=gpus, options=options)
+        given = handover.edits(
+            str(ref), (gpu.uuid,), milli, memory, gpus=gpus, options=options, context_inside=True
+        )
         edits.append((result.device, given))
         devices.append(
             PreparedDevice(

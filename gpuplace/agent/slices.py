@@ -52,6 +52,7 @@ def gpu_devices(found: discovery.Discovery | None) -> list[dra.GpuDevice]:
             nvlink_domain=gpu.nvlink_domain,
             mig=gpu.mig,
             healthy=gpu.health.healthy,
+            packable_mib=gpu.packable_mib,
         )
         for gpu in found.gpus
         if gpu.uuid is not None and gpu.memory_mib is not None

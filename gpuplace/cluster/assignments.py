@@ -1,6 +1,7 @@
 """The assignment annotations: how a grant is written on its pod, and read back.
 
-The only module that reads or writes `keys.ASSIGNED_*` and `keys.VISIBLE_DEVICES`.
+The only module that reads or writes `keys.ASSIGNED_*`, `keys.VISIBLE_DEVICES` and
+`keys.MPS_MEMORY_LIMIT`.
 The sidecar writes them at bind (before the Binding, and again on it); the ledger is
 rebuilt from them at every start, so `grant_of(pod_with(annotations_for(g)))` must give
 back exactly `g` (a property test holds it to that).
@@ -18,7 +19,12 @@ Format (all values strings, as annotations are):
   1000 = whole; 0 = a memory-only share, one GPU with memory, no compute reserved);
 - `gpuplace.io/assigned-memory-mib`: GPU memory granted on each, MiB (`20480`; 0 =
   none asked);
-- `gpuplace.io/assigned-at`: RFC 3339 UTC time of the grant (`2026-11-21T05:44:24Z`).
+- `gpuplace.io/assigned-at`: RFC 3339 UTC time of the grant (`2026-11-21T05:44:24Z`);
+- `gpuplace.io/mps-memory-limit`: what `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` must hold for a
+  share with memory (`0=2317M`: the ask plus the CUDA context the node publishes for the
+  granted GPU, `mps_limits.memory_limit`), "" for whole GPUs and shares without memory.
+  Written for the webhook's env path (nodes without the node agent, which point the env
+  var here through the downward API); never read back into the grant.
 
 CPU and host memory of a grant are not annotated: they are the pod's own requests
 (`annotations.request_for`), which the API keeps. Must never do I/O.
@@ -31,8 +37,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuplace.cluster import keys
-from gpuplace.placement.inventory import Node
+from gpuplace.cluster import keys, mps_limits
+from gpuplace.placement.inventory import ClientContext, Node
 from gpuplace.placement.ledger import Grant, GrantState
 from gpuplace.placement.requests import WHOLE, GpuRequest
 
@@ -44,6 +50,7 @@ KEYS = (
     keys.ASSIGNED_MILLI,
     keys.ASSIGNED_MEMORY,
     keys.ASSIGNED_AT,
+    keys.MPS_MEMORY_LIMIT,
 )
 MAX_GPUS = 1024
 _INDEX = re.compile(r"[0-9]{1,4}")
@@ -153,7 +160,20 @@ def annotations_for(grant: Grant, node: Node | None, at: datetime) -> dict[str, 
         keys.ASSIGNED_MILLI: str(grant.milli),
         keys.ASSIGNED_MEMORY: str(grant.memory_mib),
         keys.ASSIGNED_AT: rfc3339(at),
+        keys.MPS_MEMORY_LIMIT: mps_limits.memory_limit(
+            grant.milli, grant.memory_mib, len(grant.gpus), context_of(grant, node)
+        ),
     }
+
+
+def context_of(grant: Grant, node: Node | None) -> ClientContext:
+    """The CUDA context the engine counted for `grant`'s clients: its GPUs' (the largest,
+    should they differ) as `node` has them; `mps_limits.UNMEASURED`'s when the node is
+    unknown. O(GPUs of the grant)."""
+    if node is None or not grant.gpus or not all(index < len(node.gpus) for index in grant.gpus):
+        return mps_limits.UNMEASURED.context
+    contexts = [node.gpus[index].context for index in grant.gpus]
+    return max(contexts, key=lambda context: context.mib(grant.milli))
 
 
 def cleared() -> dict[str, None]:

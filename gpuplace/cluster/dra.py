@@ -139,6 +139,16 @@ class GpuDevice:
     in none."""
     mig: bool | None = None
     healthy: bool = True
+    packable_mib: int | None = None
+    """What an MPS client can get of its memory with the control daemon running (NVML's
+    total less the driver's reservation and the MPS server's memory, as the agent reads
+    it); the slice's `memory` capacity, so that kube-scheduler packs no more than the GPU
+    really has. None: NVML could not say, and the total is published instead."""
+
+    @property
+    def capacity_mib(self) -> int:
+        """The `memory` capacity the slice publishes: the packable memory when known."""
+        return self.packable_mib if self.packable_mib is not None else self.memory_mib
 
 
 def _capacity(value: str, step: str) -> dict[str, Any]:
@@ -172,7 +182,7 @@ def device(gpu: GpuDevice) -> dict[str, Any]:
         "attributes": attributes,
         "capacity": {
             COMPUTE: _capacity(str(WHOLE), "1"),
-            MEMORY: _capacity(f"{gpu.memory_mib}Mi", "1Mi"),
+            MEMORY: _capacity(f"{gpu.capacity_mib}Mi", "1Mi"),
         },
     }
     if not gpu.healthy:

@@ -44,7 +44,12 @@ WEBHOOK_ENV = {
         }
     },
     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": None,
-    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": None,
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": {
+        "fieldRef": {
+            "apiVersion": "v1",
+            "fieldPath": f"metadata.annotations['{keys.MPS_MEMORY_LIMIT}']",
+        }
+    },
 }
 """The GPU env gpuplace's webhook writes without the node agent: name -> its `valueFrom`
 (None: a plain value)."""

@@ -57,6 +57,10 @@ ASSIGNED_MEMORY = PREFIX + "assigned-memory-mib"
 """GPU memory granted on each GPU, MiB."""
 ASSIGNED_AT = PREFIX + "assigned-at"
 """RFC 3339 time of the grant."""
+MPS_MEMORY_LIMIT = PREFIX + "mps-memory-limit"
+"""What CUDA_MPS_PINNED_DEVICE_MEM_LIMIT must hold for a share with memory ("0=2317M": the
+ask plus the GPU model's CUDA context, `gpuplace.cluster.mps_limits`); "" otherwise. The
+webhook points the env var here through the downward API (nodes without the node agent)."""
 GANG_PLAN = PREFIX + "gang-plan"
 """JSON plan mark `{"id", "members", "node"}` the gang controller writes with the assignment
 annotations before ungating (see docs/gangs.md)."""
@@ -72,6 +76,7 @@ SYSTEM_ANNOTATIONS = (
     ASSIGNED_MILLI,
     ASSIGNED_MEMORY,
     ASSIGNED_AT,
+    MPS_MEMORY_LIMIT,
     GANG_PLAN,
     GANG_COUNT,
 )

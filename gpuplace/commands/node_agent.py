@@ -5,8 +5,9 @@ container gets exactly its grant: as its device plugin (gpuplace.agent.plugin), 
 --kubelet-plugin=dra as a DRA kubelet plugin that publishes the node's ResourceSlice
 (gpuplace.agent.slices) and prepares claims through CDI (gpuplace.agent.kubeletplugin; docs/dra.md),
 runs one MPS control daemon per GPU and restarts it when it dies (gpuplace.agent.mps), samples
-what each pod uses of its GPUs (gpuplace.agent.usage_sampling), and serves /metrics, /healthz and
-/readyz.
+what each pod uses of its GPUs (gpuplace.agent.usage_sampling), catches pods that hold more than
+their grant (an Event, a metric, an audit line and, with --evict-over-grant, an eviction:
+gpuplace.agent.enforcing), and serves /metrics, /healthz and /readyz.
 
 Order at start: with DRA, the node's container runtime is checked first (one without CDI
 would drop the claims' devices: the agent refuses to start); the node's pod informer, the
@@ -36,8 +37,10 @@ import prometheus_client
 
 from gpuplace import commands
 from gpuplace.agent import (
+    auditing,
     cgroups,
     discovery,
+    enforcing,
     handover,
     kubeletplugin,
     mps,
@@ -48,8 +51,9 @@ from gpuplace.agent import (
     slices,
     usage_sampling,
 )
-from gpuplace.cluster import connecting, kube, watching
-from gpuplace.runtime import logs
+from gpuplace.cluster import connecting, kube, recording, watching
+from gpuplace.placement.inventory import ClientContext
+from gpuplace.runtime import jsonlines, logs
 from gpuplace.wiring import serving, settings
 from gpuplace.wiring.agent_settings import AgentSettings
 
@@ -109,12 +113,31 @@ def node_gpus(found: discovery.Discovery | None) -> list[handover.NodeGpu]:
             gpu.uuid,
             healthy=gpu.health.healthy,
             numa=gpu.numa,
-            memory_mib=gpu.memory_mib,
+            memory_mib=gpu.packable_mib if gpu.packable_mib is not None else gpu.memory_mib,
             reasons=gpu.health.reasons,
+            context=gpu.context,
         )
         for gpu in found.gpus
         if gpu.uuid is not None
     ]
+
+
+def packable(found: discovery.Discovery | None) -> dict[str, int]:
+    """GPU UUID → the bytes the engine packs there, as last published. O(GPUs)."""
+    if found is None:
+        return {}
+    return {
+        gpu.uuid: gpu.packable_mib << 20
+        for gpu in found.gpus
+        if gpu.uuid is not None and gpu.packable_mib is not None
+    }
+
+
+def contexts(found: discovery.Discovery | None) -> dict[str, ClientContext]:
+    """GPU UUID → its MPS client context, as last published. O(GPUs)."""
+    if found is None:
+        return {}
+    return {gpu.uuid: gpu.context for gpu in found.gpus if gpu.uuid is not None}
 
 
 @dataclass(slots=True)
@@ -140,6 +163,8 @@ class AgentProcess:
     """The device plugin; None with DRA."""
     informer: watching.Informer[dict[str, Any]]
     sampler: usage_sampling.Sampler
+    recorder: recording.Recorder
+    audit: auditing.AgentAudit
     dra: Dra | None = None
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -214,6 +239,7 @@ class AgentProcess:
     async def running(self) -> AsyncIterator[None]:
         publisher, supervisor = self.publisher, self.supervisor
         self._spawn(self.informer.run(), "pod informer")
+        self._spawn(self.recorder.run(), "events")
         if self.dra is not None:
             self._spawn(self.dra.slice_informer.run(), "slice informer")
             self._spawn(self.dra.slices.run(), "slice publisher")
@@ -249,7 +275,9 @@ class AgentProcess:
                     await task
             if supervisor is not None:
                 await supervisor.stop()
+            await self.recorder.drain()
             await self.api.close()
+            self.audit.close()
             close(self.nvml)
 
 
@@ -266,7 +294,7 @@ def close(reading: nvml.Nvml) -> None:
 def open_nvml(config: AgentSettings) -> nvml.Nvml:
     """The driver's NVML, or the captured reading `--nvml-replay` names."""
     if config.nvml_replay is not None:
-        return nvml.Replay.load(config.nvml_replay)
+        return nvml.Replay.load(config.nvml_replay, follow=True)
     return nvml.Real()
 
 
@@ -292,6 +320,7 @@ async def compose(
         heartbeat_seconds=config.heartbeat_seconds,
         discover_seconds=config.discover_seconds,
         registry=registry,
+        context=config.context(),
     )
     if base_env is None:
         base_env = {name: os.environ[name] for name in INHERITED_ENV if name in os.environ}
@@ -346,9 +375,29 @@ async def compose(
     )
     registry.register(
         usage_sampling.UsageCollector(
-            config.node_name, sampler, usage_sampling.live_in(lambda: view.pods, config.node_name)
+            config.node_name,
+            sampler,
+            usage_sampling.live_in(lambda: view.pods, config.node_name),
+            packable=lambda: packable(publisher.discovery),
         )
     )
+    recorder = recording.Recorder(api, registry=registry, reporting="gpuplace.io/node-agent")
+    audit = auditing.AgentAudit(
+        jsonlines.open_sink(config.audit_log, config.audit_log_max_bytes, config.audit_log_backups),
+        config.node_name,
+    )
+    enforcer = enforcing.Enforcer(
+        api,
+        recorder,
+        audit,
+        config.node_name,
+        contexts=lambda: contexts(publisher.discovery),
+        tolerance_mib=config.over_grant_tolerance_mib,
+        evict=config.evict_over_grant,
+        registry=registry,
+    )
+    registry.register(enforcer)
+    sampler.listeners.append(enforcer.on_sample)
     server = serving.Server(registry)
     process = AgentProcess(
         config,
@@ -360,6 +409,8 @@ async def compose(
         server_of_plugin,
         informer,
         sampler,
+        recorder,
+        audit,
         dra_side,
     )
     server.add_site("ops", serving.ops_app(server), config.metrics_address, config.metrics_port)

@@ -11,7 +11,9 @@ returns the minimal JSON Patch to get there:
   model, per-GPU memory, NVLink domain size when required), ANDed into every term the
   user wrote (terms stay ORed);
 - env vars: `NVIDIA_VISIBLE_DEVICES` from the assignment annotation via the downward API,
-  and for a shared GPU the MPS limits; *unless* the GPU nodes run the node agent
+  and for a shared GPU the MPS limits (the memory limit, which covers the CUDA context of
+  the GPU model the pod lands on, from the bind's `gpuplace.io/mps-memory-limit` through the
+  downward API too); *unless* the GPU nodes run the node agent
   (`node_agent`): then the GPU container requests `gpuplace.io/gpu` = its GPU count
   instead, and the webhook writes no GPU env at all: the agent's device plugin answers
   the kubelet with the container's GPUs, MPS pipe directory and limits, read from the
@@ -91,18 +93,30 @@ def node_expressions(spec: grammar.PodGpuSpec) -> list[dict[str, Any]]:
     return expressions
 
 
+def _annotation_ref(name: str, key: str) -> dict[str, Any]:
+    """Env var `name` from the pod's annotation `key`, resolved by the kubelet at start."""
+    field_path = f"metadata.annotations['{key}']"
+    return {
+        "name": name,
+        "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}},
+    }
+
+
 def env_vars(spec: grammar.PodGpuSpec) -> list[dict[str, Any]]:
-    """The GPU container's env vars: the assignment through the downward API, MPS limits."""
-    field_path = f"metadata.annotations['{keys.VISIBLE_DEVICES}']"
-    env: list[dict[str, Any]] = [
-        {
-            "name": VISIBLE_DEVICES_ENV,
-            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}},
-        }
-    ]
+    """The GPU container's env vars: the assignment through the downward API, MPS limits.
+
+    The compute cap depends on the ask alone; the memory limit also on the GPU model's CUDA
+    context (`mps_limits`), unknown until the pod is placed: it is read through the
+    downward API from `gpuplace.io/mps-memory-limit`, which the sidecar writes at bind
+    (before the Binding, like `gpuplace.io/visible-devices`)."""
+    env: list[dict[str, Any]] = [_annotation_ref(VISIBLE_DEVICES_ENV, keys.VISIBLE_DEVICES)]
     if spec.shares:
-        limits = mps_limits.environment(spec.percent * 10, spec.memory_mib, spec.count)
-        env.extend({"name": name, "value": value} for name, value in limits.items())
+        milli = spec.percent * 10
+        env.append(
+            {"name": mps_limits.THREADS_ENV, "value": str(mps_limits.thread_percentage(milli))}
+        )
+        if spec.memory_mib:
+            env.append(_annotation_ref(mps_limits.MEMORY_ENV, keys.MPS_MEMORY_LIMIT))
     return env
 
 

@@ -15,7 +15,8 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gpuplace.agent import mps as agent_mps
-from gpuplace.agent import usage_sampling
+from gpuplace.agent import overgrant, usage_sampling
+from gpuplace.placement.inventory import ClientContext
 from gpuplace.wiring.settings import ENV_PREFIX
 
 
@@ -38,7 +39,8 @@ class AgentSettings(BaseSettings):
     nvml_replay: Path | None = Field(
         None,
         description="answer NVML from this captured reading (nvml-*.json) instead of the "
-        "driver: for tests, demos and benchmarks, never on a real node",
+        "driver, read again when the file changes: for tests, demos and benchmarks, never "
+        "on a real node",
     )
     discover_seconds: float = Field(
         5.0, gt=0, description="how often NVML is read (health, XID events)"
@@ -135,6 +137,35 @@ class AgentSettings(BaseSettings):
         "(the host's: the DaemonSet runs with hostPID)",
     )
 
+    over_grant_tolerance_mib: int = Field(
+        overgrant.TOLERANCE_MIB,
+        ge=0,
+        description="a share's pod is over its grant when its processes together hold more "
+        "than its grant, one CUDA context and this many MiB on a GPU",
+    )
+    evict_over_grant: bool = Field(
+        False,
+        description="evict a pod caught over its grant (memory, or more than one MPS "
+        "client) through the Eviction API, which respects its PodDisruptionBudgets; off: "
+        "an Event, a metric and an audit line only",
+    )
+    mps_context_mib: str | None = Field(
+        None,
+        pattern=r"^[0-9]{1,6},[0-9]{1,4}$",
+        description="BASE,PER_PERCENT: the MiB an MPS client's CUDA context takes on this "
+        "node's GPUs, BASE + PER_PERCENT x its thread percentage, as measured there "
+        "(default: the GPU model's figures, docs/node-agent.md)",
+    )
+    audit_log: str = Field(
+        "-",
+        min_length=1,
+        description="audit log file, one JSON line per decision about a pod; - = stdout",
+    )
+    audit_log_max_bytes: int = Field(
+        100 * 1024 * 1024, ge=0, description="rotate the audit log file at this size (0 = never)"
+    )
+    audit_log_backups: int = Field(5, ge=0, description="rotated audit log files kept")
+
     pod_uid: str | None = Field(
         None,
         pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
@@ -170,6 +201,13 @@ class AgentSettings(BaseSettings):
     def _short_enough(cls, value: Path) -> Path:
         agent_mps.Layout(value)  # raises ValueError when socket paths would not fit
         return value
+
+    def context(self) -> ClientContext | None:
+        """The operator's `--mps-context-mib`, or None (each GPU model's figures)."""
+        if self.mps_context_mib is None:
+            return None
+        base, per_percent = self.mps_context_mib.split(",")
+        return ClientContext(int(base), int(per_percent))
 
     def mps_config(self, base_env: dict[str, str]) -> agent_mps.MpsConfig:
         """The supervisor's configuration; `base_env` is what the daemons inherit."""

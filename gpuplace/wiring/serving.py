@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -49,9 +48,9 @@ from prometheus_client import CollectorRegistry, Counter
 
 from gpuplace.cluster import nodes
 from gpuplace.placement.inventory import Capabilities, Inventory
-from gpuplace.runtime import background, connection_limits, gc_tuning, loop_lag
+from gpuplace.runtime import background, connection_limits, gc_tuning, jsonlines, loop_lag
 from gpuplace.webhook import app as webhook_app
-from gpuplace.webhook.auditing import AuditLog, RotatingFileSink, Sink, StreamSink
+from gpuplace.webhook.auditing import AuditLog, Sink
 from gpuplace.webhook.config import WebhookConfig
 from gpuplace.webhook.inventory import CapabilitySource, FixedCapabilities
 from gpuplace.webhook.metrics import WebhookMetrics
@@ -328,10 +327,8 @@ class FileInventory:
 
 def audit_sink(settings: Settings) -> Sink:
     """Where audit lines go: stdout (`-`) or a file rotated at `--audit-log-max-bytes`."""
-    if settings.audit_log == "-":
-        return StreamSink(sys.stdout)
-    return RotatingFileSink(
-        Path(settings.audit_log), settings.audit_log_max_bytes, settings.audit_log_backups
+    return jsonlines.open_sink(
+        settings.audit_log, settings.audit_log_max_bytes, settings.audit_log_backups
     )
 
 

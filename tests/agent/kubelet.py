@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuplace.agent import allocating, handover, plugin
 from gpuplace.agent.deviceplugin import api_pb2, api_pb2_grpc
-from gpuplace.cluster import assignments, keys
+from gpuplace.cluster import assignments, keys, mps_limits
 from gpuplace.placement.ledger import Grant, GrantState
 
 FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "gpu"
@@ -59,6 +59,7 @@ def fixture_gpus() -> list[handover.NodeGpu]:
             uuid=gpu["uuid"],
             numa=gpu["numa_node"] if isinstance(gpu["numa_node"], int) else None,
             minor=gpu["minor"],
+            context=mps_limits.figures(gpu["name"]).context,
         )
         for gpu in readings["gpus"]
     ]
@@ -70,7 +71,10 @@ def eight_gpus() -> list[handover.NodeGpu]:
     real = fixture_gpus()[0]
     stem = real.uuid[: -len("000000000000")]
     return [
-        handover.NodeGpu(index=i, uuid=f"{stem}{i:012x}", numa=i // 4, minor=i) for i in range(8)
+        handover.NodeGpu(
+            index=i, uuid=f"{stem}{i:012x}", numa=i // 4, minor=i, context=real.context
+        )
+        for i in range(8)
     ]
 
 

@@ -144,7 +144,8 @@ async def test_a_share_gets_mps_and_its_limits(node: Callable[..., Node]) -> Non
             "NVIDIA_VISIBLE_DEVICES": "void",
             "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
-            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M",
+            # the ask and the H100's CUDA context at 25 % (144 + 5 × 25 MiB): issue 43
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4365M",
         }
         assert [(m.host_path, m.container_path) for m in answer.mounts] == [
             ("/run/gpuplace/mps/pipe", "/tmp/nvidia-mps"),
@@ -512,3 +513,19 @@ async def test_a_share_waits_for_the_daemon_of_its_own_gpu(node: Callable[..., N
         n.server.mps_changed()
         answer = await asyncio.wait_for(admitting, 2)
         assert answer.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+
+
+async def test_an_empty_preferred_allocation_is_answered_at_once(
+    node: Callable[..., Node],
+) -> None:
+    """Issue 43: a GetPreferredAllocation naming no container waited the whole allocate
+    wait (5 s by default) before its empty answer; there is no pod to wait for."""
+    async with node() as n:
+        n.server.wait_seconds = 5.0  # the agent's default --allocate-wait-seconds
+        started = asyncio.get_running_loop().time()
+        answer = await n.kubelet._stub().GetPreferredAllocation(
+            api_pb2.PreferredAllocationRequest()
+        )
+        took = asyncio.get_running_loop().time() - started
+        assert list(answer.container_responses) == []
+        assert took < 1.0, f"an empty request took {took:.2f} s"

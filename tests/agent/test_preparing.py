@@ -129,13 +129,19 @@ def test_the_container_gets_what_the_device_plugin_gives_the_same_grant(
     milli: int, memory: int, strategy: handover.Strategy
 ) -> None:
     """One rule: the DRA spec's edits and the device plugin's Allocate answer agree, for
-    every grant the engine could make (a whole GPU takes all its memory)."""
+    every grant the engine could make (a whole GPU takes all its memory). What a claim
+    consumes of the slice's memory is its whole limit, the CUDA context inside
+    (docs/dra.md), so the claim for a grant of `memory` consumes what the engine packs for
+    it: the ask plus the context."""
     if milli == 0 and memory == 0:
         return
     if milli == 1000:
         memory = H100_MIB
+    consumed = GPUS[0].context.takes(milli, memory)
+    if consumed > H100_MIB:
+        return
     options = handover.Options(strategy, mps=MPS)
-    body = claim(result(compute=str(milli), memory=f"{memory}Mi"))
+    body = claim(result(compute=str(milli), memory=f"{consumed}Mi"))
     prepared = preparing.prepare(REF, body, NODE, GPUS, options)
     candidate = allocating.Candidate(
         uid="u", namespace="n", name="p", created="", container="c", count=1,

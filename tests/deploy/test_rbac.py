@@ -76,6 +76,9 @@ NODE_AGENT: set[Grant] = {
     ("", "nodes", "patch", ()),
     ("", "pods", "list", ()),
     ("", "pods", "watch", ()),
+    ("", "pods/eviction", "create", ()),
+    ("", "events", "create", ()),
+    ("", "events", "patch", ()),
 }
 DRA_NODE_AGENT: set[Grant] = {
     ("resource.k8s.io", "resourceslices", verb, ())
@@ -425,10 +428,13 @@ def test_rbac_covers_every_call_the_sidecar_makes(objects: list[Obj]) -> None:
 AGENT_SOURCES = (
     rendering.ROOT / "gpuplace" / "agent",
     rendering.ROOT / "gpuplace" / "commands" / "node_agent.py",
+    # the Events it writes go through the sidecar's Recorder (built in node_agent.py)
+    rendering.ROOT / "gpuplace" / "cluster" / "recording.py",
 )
 KUBE_NEEDS: dict[str, set[tuple[str, str, str]]] = {
     "patch_node": {("", "nodes", "patch")},
     "get_pod": {("", "pods", "get")},
+    "evict_pod": {("", "pods/eviction", "create")},
     "create_event": {("", "events", "create")},
     "patch_event": {("", "events", "patch")},
     "get_node": {("", "nodes", "get")},
@@ -483,6 +489,8 @@ def test_rbac_covers_every_call_the_node_agent_makes(
 ) -> None:
     called = kube_methods_called(*AGENT_SOURCES)
     assert "patch_node" in called  # the scan works: publishing writes the Node
+    assert "recording.Recorder(" in (AGENT_SOURCES[1]).read_text()  # the agent writes Events
+    assert {"evict_pod", "create_event", "patch_event"} <= called  # over-grant (issue 43)
     unknown = called - set(KUBE_NEEDS)
     assert unknown == set(), f"Kube methods the agent calls with no known grants: {unknown}"
     watched = informers_started(*AGENT_SOURCES)

@@ -210,7 +210,8 @@ async def test_the_agent_publishes_runs_mps_serves_the_kubelet_and_reports(
                 "NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices",
                 "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
                 "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
-                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2048M",
+                # the ask and the H100's CUDA context at 25 %, as the agent publishes it
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2317M",
             }
             # a container with no grant gets nothing
             with pytest.raises(grpc.aio.AioRpcError):
@@ -367,6 +368,10 @@ async def test_the_metrics_endpoint_shows_what_pods_use_until_they_go(
             assert series[names.GPU_MEMORY_USED] == [(labels, 4373413888.0)]
             assert series[names.GPU_MEMORY_TOTAL] == [(labels, 85520809984.0)]
             assert series[names.GPU_UTILIZATION] == [(labels, 0.0)]
+            # what the engine packs there, as the agent published it (issue 43): 81,559 MiB
+            # less the driver's ~489 and the MPS server's 66, in 64 MiB steps
+            assert series[names.GPU_MEMORY_PACKABLE] == [(labels, 80960.0 * (1 << 20))]
+            assert series[names.POD_PROCESSES] == [(pod_labels, 1.0)]
             for name, values in series.items():
                 if name.startswith(("gpuplace_pod_gpu_", "gpuplace_gpu_")):
                     wanted = names.POD_LABELS if "_pod_" in name else names.GPU_LABELS

@@ -346,6 +346,11 @@ def node_agent_process(
             "--mps-control": f"{sys.executable} {MPS_STANDIN}",
             "--metrics-address": "127.0.0.1",
             "--metrics-port": str(port),
+            # the operator's choice, so that the tier evicts through the Eviction API as the
+            # agent's own ServiceAccount under the shipped RBAC (issue 43); only a pod whose
+            # processes exceed its grant is ever evicted, and only the over-grant test's do
+            "--evict-over-grant": "true",
+            "--usage-seconds": "2",
             **(flags or {}),
         },
     )
