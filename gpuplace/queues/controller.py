@@ -1,7 +1,8 @@
 """The queue controller: queued GPU pods are admitted by their GpuQueue, in rounds.
 
-One asyncio task in the sidecar (`QueueController.run`), deciding only in the replica whose
-kube-scheduler leads (the gang controller's leader gate, `gpuplace.gangs.leader`). A round
+One asyncio task in the sidecar (`QueueController.run`: the controller kit's round loop,
+`gpuplace.controllers.rounds`), deciding only in the replica whose kube-scheduler leads
+(the leader gate it shares with the gang controller, `gpuplace.controllers.leader`). A round
 runs when something changed — a queued pod, a GpuQueue or namespace, the ledger (pods and
 nodes coming and going), a capacity hold — never per pod: bursts of changes within
 `settle_seconds` make one round, and rounds that decide are at least `min_round_seconds`
@@ -43,7 +44,6 @@ capacity hold is decided again by the first round).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -55,11 +55,14 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry
 
 from gpuplace.cluster import assignments, kube, recording
+from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.queue_directory import QueueDirectory
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.gangs import events as gang_events
-from gpuplace.gangs.api import PodApi
-from gpuplace.gangs.writing import Writer
+from gpuplace.controllers import telling
+from gpuplace.controllers.api import PodApi
+from gpuplace.controllers.rounds import Rounds
+from gpuplace.controllers.store import PodIndex
+from gpuplace.controllers.writing import Writer
 from gpuplace.placement.choosing import Policy
 from gpuplace.placement.fences import QUEUED, Fence, Fences
 from gpuplace.placement.ledger import LedgerError
@@ -68,7 +71,6 @@ from gpuplace.placement.queueing.share_history import ShareHistory
 from gpuplace.queues import events, statuses, workloads
 from gpuplace.queues.committing import Admitter, Written
 from gpuplace.queues.metrics import QueueMetrics
-from gpuplace.queues.pods import QueuedPod, QueueStore
 from gpuplace.queues.reclaiming import Reclaimer
 
 log = logging.getLogger(__name__)
@@ -158,7 +160,7 @@ def decide(
     sync: LedgerSync,
     policy: Policy,
     specs: Sequence[quotas.QueueSpec],
-    pods: Mapping[str, QueuedPod],
+    pods: Mapping[str, PodRecord],
     *,
     now: float,
     fenced: frozenset[str] = frozenset(),
@@ -198,7 +200,7 @@ class QueueController:
     def __init__(
         self,
         api: QueueApi,
-        store: QueueStore,
+        store: PodIndex[None],
         directory: QueueDirectory,
         sync: LedgerSync,
         policy: Callable[[], Policy],
@@ -220,9 +222,19 @@ class QueueController:
         self.fences = fences
         self.settings = settings or QueueSettings()
         self.clock = clock
-        self.active = active
         self.blocked = blocked
         self.metrics = QueueMetrics(registry)
+        self.loop = Rounds(
+            "queue",
+            leading=self.metrics.leading,
+            active=active,
+            poll_seconds=self.settings.poll_seconds,
+            settle_seconds=self.settings.settle_seconds,
+            min_round_seconds=self.settings.min_round_seconds,
+            clock=clock,
+        )
+        """The leader-gated round loop (whether this replica decides: `active`, None:
+        always)."""
         writer = Writer(
             api, concurrency=self.settings.concurrency, attempts=self.settings.write_attempts
         )
@@ -234,16 +246,12 @@ class QueueController:
             recorder=recorder,
             retry_seconds=self.settings.reclaim_retry_seconds,
         )
-        self.rounds = 0
-        """Completed rounds, deciding or following (tests wait on it)."""
         self.decisions = 0
         """Rounds that ran the engine."""
         self.last: Decided | None = None
         """The last round's decision (tests, metrics)."""
-        self._wake = asyncio.Event()
         self._signature: tuple[object, ...] = ()
-        self._decided_at = float("-inf")
-        self._told = gang_events.Told()
+        self._told = telling.Told()
         self._written: dict[str, dict[str, Any]] = {}
         self.history = (
             ShareHistory(self.settings.half_life_seconds)
@@ -260,58 +268,41 @@ class QueueController:
                 "workload that may not preempt what is left there (docs/performance.md, "
                 "Queues); set a fair-sharing half-life too"
             )
-        store.listeners.append(self.wake)
-        directory.listeners.append(self.wake)
-        sync.pod_listeners.append(self._poke)
-        sync.node_listeners.append(self._poke)
+        directory.listeners.append(self.loop.poke)
+        sync.pod_listeners.append(self.loop.poke)
+        sync.node_listeners.append(self.loop.poke)
 
     # --- running ---------------------------------------------------------------------
 
-    def _poke(self, *_: object) -> None:
-        self._wake.set()
+    @property
+    def rounds(self) -> int:
+        """Completed rounds, deciding or following (tests wait on it)."""
+        return self.loop.rounds
 
     def wake(self) -> None:
         """Run a round soon."""
-        self._wake.set()
+        self.loop.wake()
 
     async def run(self) -> None:
         """Run rounds until cancelled; never raises on API failures."""
-        await self.store.synced.wait()
-        await self.directory.queues_synced.wait()
-        await self.directory.namespaces_synced.wait()
-        await self.sync.ready.wait()
-        while True:
-            try:
-                leading = self.active is None or self.active()
-                self.metrics.leading.set(1 if leading else 0)
-                if leading:
-                    await self.step()
-                else:
-                    self._follow()
-                    self._restored = False  # the next leader writes; read it back then
-                    self.rounds += 1
-            except kube.ApiError as error:
-                log.warning(
-                    "queue round failed, retrying",
-                    extra={"status": error.status, "reason": error.reason},
-                )
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.poll_seconds):
-                    await self._wake.wait()
-            self._wake.clear()
-            await asyncio.sleep(self.settings.settle_seconds)
-            rest = self._decided_at + self.settings.min_round_seconds - time.monotonic()
-            if rest > 0:
-                await asyncio.sleep(rest)
+        ready = (
+            self.store.synced,
+            self.directory.queues_synced,
+            self.directory.namespaces_synced,
+            self.sync.ready,
+        )
+        await self.loop.run(self.step, self._follow, ready=ready)
 
     def _follow(self) -> None:
         """A round while another replica decides: tell waiting pods if gpuplace is
-        blocked (the Lease cannot be read), nothing else."""
+        blocked (the Lease cannot be read), nothing else; the next leader writes the past
+        shares, read back when this replica leads again."""
+        self._restored = False
         reason = self.blocked() if self.blocked is not None else None
         if reason is None:
             return
         for pod in self.store.pods.values():
-            if pod.gated and pod.live and self._told.first(pod.uid, f"{events.BLOCKED}"):
+            if pod.queue_gated and pod.live and self._told.first(pod.uid, f"{events.BLOCKED}"):
                 self._emit(pod, recording.WARNING, events.BLOCKED, reason)
 
     def _fenced(self) -> frozenset[str]:
@@ -416,9 +407,8 @@ class QueueController:
             id(policy),
             len(self.reclaimer.leaving),
         )
-        fresh = time.monotonic() - self._decided_at >= self.settings.poll_seconds
+        fresh = time.monotonic() - self.loop.decided_at >= self.settings.poll_seconds
         if signature == self._signature and not fresh:
-            self.rounds += 1
             return
         await asyncio.sleep(0)  # let the extender's verbs in before the round's CPU work
         started = time.perf_counter()
@@ -442,7 +432,7 @@ class QueueController:
         held = self._hold(decided.round.admissions)
         self.metrics.rounds.observe(time.perf_counter() - started)
         self._signature = signature
-        self._decided_at = time.monotonic()
+        self.loop.decided()
         self.last = decided
         self.decisions += 1
         await asyncio.sleep(0)
@@ -453,7 +443,6 @@ class QueueController:
         self._tell(decided)
         await self._statuses(decided, specs, now)
         self._forget()
-        self.rounds += 1
 
     # --- settling, holding, admitting ------------------------------------------------
 
@@ -504,7 +493,7 @@ class QueueController:
             for uid in admission.uids:
                 self.sync.unhold(uid)
             return
-        if len(pods) == 1 and not pods[0].gang:
+        if len(pods) == 1 and not pods[0].gang_name:
             written = await self.admitter.pod(pods[0], by_uid[pods[0].uid])
         else:
             running = sum(
@@ -518,7 +507,7 @@ class QueueController:
     def _written_admission(
         self,
         admission: admitting.Admission,
-        pods: Sequence[QueuedPod],
+        pods: Sequence[PodRecord],
         written: Written,
         now: float,
     ) -> None:
@@ -549,11 +538,11 @@ class QueueController:
             self._admitted(
                 pod,
                 f"admitted by GpuQueue {admission.queue}{borrowing}{growth} after "
-                f"{gang_events.duration(waited)}: GPUs {gpus} of node {grant.node} are "
+                f"{telling.duration(waited)}: GPUs {gpus} of node {grant.node} are "
                 "reserved for it",
             )
 
-    def _admitted(self, pod: QueuedPod, message: str) -> None:
+    def _admitted(self, pod: PodRecord, message: str) -> None:
         self._emit(pod, recording.NORMAL, events.ADMITTED, message)
 
     # --- reclaiming --------------------------------------------------------------------
@@ -647,11 +636,11 @@ class QueueController:
         """Drop memos of pods and queues the API no longer has (bounded memory)."""
         self._told.keep(self.store.pods)
         self._written = {n: s for n, s in self._written.items() if n in self.directory.queues}
-        waiting = {pod.key for pod in self.store.pods.values() if pod.gated}
+        waiting = {pod.workload for pod in self.store.pods.values() if pod.queue_gated}
         self.reclaimer.keep(self.store.pods, waiting)
 
-    def _emit(self, pod: QueuedPod, kind: str, reason: str, message: str) -> None:
-        gang_events.emit(self.recorder, pod, kind, reason, message)
+    def _emit(self, pod: PodRecord, kind: str, reason: str, message: str) -> None:
+        telling.emit(self.recorder, pod, kind, reason, message)
 
 
 def _owner(key: str) -> tuple[str, str]:

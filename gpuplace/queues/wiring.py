@@ -1,10 +1,11 @@
 """The queue controller wired once, for the sidecar (`gpuplace.wiring.sidecar`) and the tests alike.
 
 `build(api, sync, directory, policy, ...)` makes what a running queue controller needs: the
-store of queued pods and the informer that fills it (pods labelled
-`gpuplace.io/managed=true` and `gpuplace.io/queue`), and the controller itself, deciding
+index of queued pods (pods labelled `gpuplace.io/queue`, fed by the sidecar's one informer
+of managed pods through `sync`: `gpuplace.controllers.store.queued_pods`), and the
+controller itself, deciding
 only while `active()` says this replica leads (the sidecar passes the gang controller's
-leader gate, `gpuplace.gangs.leader.LeaseFollower`, which follows kube-scheduler's
+leader gate, `gpuplace.controllers.leader.LeaseFollower`, which follows kube-scheduler's
 Lease). The GpuQueue and namespace informers are the caller's
 (`gpuplace.cluster.queue_directory`): the webhook reads the same directory.
 `Queues.work()` is the background work to run.
@@ -19,13 +20,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gpuplace.cluster import kube, recording, watching
+from gpuplace.cluster import kube, recording
 from gpuplace.cluster.queue_directory import QueueDirectory
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.gangs.api import KubePods
+from gpuplace.controllers import store as stores
+from gpuplace.controllers.api import KubePods
 from gpuplace.placement.choosing import Policy
 from gpuplace.placement.fences import Fences
-from gpuplace.queues import pods
 from gpuplace.queues.controller import QueueController, QueueSettings
 
 
@@ -39,15 +40,14 @@ class KubeQueues(KubePods):
 
 @dataclass(slots=True)
 class Queues:
-    """A queue controller with its informer, built and not started."""
+    """A queue controller with its index of queued pods, built and not started."""
 
-    store: pods.QueueStore
-    informer: watching.Informer[pods.QueuedPod]
+    store: stores.PodIndex[None]
     controller: QueueController
 
     def work(self) -> list[Coroutine[Any, Any, None]]:
         """The coroutines to run as background tasks (each runs until cancelled)."""
-        return [self.informer.run(), self.controller.run()]
+        return [self.controller.run()]
 
 
 def build(
@@ -60,8 +60,6 @@ def build(
     recorder: recording.Recorder | None,
     registry: CollectorRegistry | None,
     settings: QueueSettings,
-    page_size: int = 500,
-    watch_seconds: int = 300,
     clock: Callable[[], float] = time.time,
     active: Callable[[], bool] | None = None,
     blocked: Callable[[], str | None] | None = None,
@@ -69,8 +67,7 @@ def build(
     """The queue controller over `api`, admitting on `sync`'s ledger with `policy()`
     the queues of `directory`; `active` (None: always) says whether it decides now,
     `blocked` why it cannot tell. `clock`: POSIX seconds."""
-    store = pods.QueueStore()
-    informer = pods.informer(api, store, page_size=page_size, watch_seconds=watch_seconds)
+    store = stores.queued_pods(sync)
     controller = QueueController(
         KubeQueues(api),
         store,
@@ -85,4 +82,4 @@ def build(
         active=active,
         blocked=blocked,
     )
-    return Queues(store, informer, controller)
+    return Queues(store, controller)

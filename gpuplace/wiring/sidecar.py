@@ -6,7 +6,7 @@ and with `queues` the GpuQueue and namespace informers (`gpuplace.cluster.queue_
 which the webhook of the same process reads: `directory`) and the queue controller
 (`gpuplace.queues`, built by `gpuplace.queues.wiring`). Both controllers decide only while
 this pod's kube-scheduler holds its leader-election Lease (`--scheduler-lease`, one
-`gpuplace.gangs.leader.LeaseFollower` for both), so that one replica's ledger decides at
+`gpuplace.controllers.leader.LeaseFollower` for both), so that one replica's ledger decides at
 a time.
 
 For `gpuplace serve` (see gpuplace.wiring.serving):
@@ -65,6 +65,7 @@ from gpuplace.cluster import (
 )
 from gpuplace.cluster.queue_directory import QueueDirectory
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.controllers import leader as gang_leader
 from gpuplace.extender import app as extender_app
 from gpuplace.extender import (
     binding,
@@ -77,7 +78,6 @@ from gpuplace.extender import (
     workloads,
 )
 from gpuplace.extender.activity import Activity
-from gpuplace.gangs import leader as gang_leader
 from gpuplace.gangs import wiring as gang_wiring
 from gpuplace.gangs.controller import GangSettings
 from gpuplace.placement import choosing, policies
@@ -423,6 +423,7 @@ class Sidecar:
             registry=registry,
             fences=self.fences,
             loads=self.loads,
+            reader=self.mirror.reader,
         )
         self.recorder = recording.Recorder(api, registry=registry) if settings.pod_events else None
         self.binder = binding.Binder(
@@ -504,8 +505,6 @@ class Sidecar:
                     starve_after_seconds=settings.gang_starve_after_seconds,
                     hold_seconds=settings.reservation_timeout_seconds,
                 ),
-                page_size=settings.list_page_size,
-                watch_seconds=settings.watch_timeout_seconds,
                 active=self.leader,
                 blocked=blocked,
             )
@@ -540,8 +539,6 @@ class Sidecar:
                     half_life_seconds=settings.queue_fair_sharing_half_life_seconds,
                     hold_after_seconds=settings.queue_hold_after_seconds,
                 ),
-                page_size=settings.list_page_size,
-                watch_seconds=settings.watch_timeout_seconds,
                 active=self.leader,
                 blocked=blocked,
             )

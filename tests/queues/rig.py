@@ -233,8 +233,6 @@ async def rig(
                 recorder=h.sidecar.recorder,
                 registry=registry,
                 settings=GangSettings(poll_seconds=0.2, settle_seconds=0.005),
-                page_size=50,
-                watch_seconds=30,
                 clock=clock,
                 active=active,
             )
@@ -248,8 +246,6 @@ async def rig(
             recorder=h.sidecar.recorder,
             registry=registry,
             settings=settings,
-            page_size=50,
-            watch_seconds=30,
             clock=clock,
             active=active,
         )
