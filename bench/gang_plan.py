@@ -30,7 +30,8 @@ from prometheus_client import CollectorRegistry
 from gpuplace.cluster import connecting, keys, kube, pods
 from gpuplace.cluster.gang_marks import gated, plan_mark
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.controllers.api import KubePods
+from gpuplace.controllers.api import KubePods, PodApi
+from gpuplace.controllers.controller import Parts
 from gpuplace.controllers.store import gang_members
 from gpuplace.dev.localapi import ThreadedServer, objects, serve_in_thread
 from gpuplace.extender import workloads
@@ -128,13 +129,9 @@ async def run_case(
             if not isinstance(found, gangs.Plan):
                 return {"case": name, "fits": False, "reason": found.reason}
             spanned = len(found.nodes)
+            parts: Parts[PodApi] = Parts(KubePods(api), sync, lambda: policy)
             controller = GangController(
-                KubePods(api),
-                store,
-                sync,
-                lambda: policy,
-                registry=CollectorRegistry(),
-                settings=GangSettings(concurrency=16),
+                parts, store, registry=CollectorRegistry(), settings=GangSettings(concurrency=16)
             )
             before = len(server.api.calls)
             started = time.perf_counter()

@@ -50,7 +50,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
@@ -59,12 +58,10 @@ from gpuplace.cluster import assignments, recording
 from gpuplace.cluster.gang_marks import plan_mark
 from gpuplace.cluster.node_affinity import NodeAffinity
 from gpuplace.cluster.pods import PodRecord
-from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.controllers import telling
 from gpuplace.controllers.api import PodApi
-from gpuplace.controllers.rounds import Rounds
+from gpuplace.controllers.controller import Controller, Parts, Settings
 from gpuplace.controllers.store import PodIndex
-from gpuplace.controllers.writing import Writer
 from gpuplace.gangs import events
 from gpuplace.gangs.committing import Commits, Outcome, Placed, RolledBack
 from gpuplace.gangs.conditions import Conditions
@@ -73,7 +70,7 @@ from gpuplace.gangs.metrics import GangMetrics
 from gpuplace.gangs.waiting import Wait, waits
 from gpuplace.placement import elastic, gangs
 from gpuplace.placement.choosing import Policy
-from gpuplace.placement.fences import GANG, Fence, Fences
+from gpuplace.placement.fences import GANG, Fence
 from gpuplace.placement.gangs import GangKey
 from gpuplace.placement.ledger import Grant, LedgerError
 
@@ -81,22 +78,17 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class GangSettings:
+class GangSettings(Settings):
+    """The kit's `Settings` (polling, settling, holds, writes) with the gang controller's
+    figures, and its own."""
+
+    poll_seconds: float = 5.0
+    settle_seconds: float = 0.05
+    """Wait after a wake-up so that bursts of events make one round (rounds are not
+    spaced further: one that finds nothing changed tries no plan)."""
     starve_after_seconds: float = 120.0
     """A complete gang at the head of the queue that has not fit for this long gets a
     capacity hold (see the module docstring)."""
-    hold_seconds: float = 300.0
-    """In-memory reservation while the plan is being written (the written assignment
-    annotations take over as soon as the informer sees them)."""
-    concurrency: int = 16
-    """API writes in flight at once for one gang."""
-    poll_seconds: float = 5.0
-    """Longest sleep between rounds when nothing wakes the controller."""
-    settle_seconds: float = 0.05
-    """Wait after a wake-up so that bursts of events make one round (rounds are not
-    spaced further: one that finds nothing changed tries no plan; `gpuplace.controllers.rounds`)."""
-    write_attempts: int = 5
-    """Attempts of one write that hits 409 Conflict (re-read in between)."""
     preempt: bool = True
     """A complete gang that does not fit may evict pods of lower priority (needs
     `fences`; see `gpuplace.gangs.evicting`)."""
@@ -105,75 +97,41 @@ class GangSettings:
     plans a preemption again."""
 
 
-class GangController:
+class GangController(Controller[GangSettings, GangKey, PodApi]):
     """See the module docstring. Collaborators are passed in (`gpuplace.gangs.wiring`
-    builds them for the sidecar and the tests alike):
-
-    - `api`: `PodApi` (get, patch, patch status, evict), e.g.
-      `gpuplace.controllers.api.KubePods(kube)`;
-    - `store`: the gang members, `gpuplace.controllers.store.gang_members(sync)`;
-    - `sync`: the `LedgerSync` shared with the extender (its ledger, holds, listeners);
-    - `policy`: the policy in force, e.g. `lambda: holder.current().policy`;
-    - `lock`: the lock the extender takes around decide-and-reserve, if it has one;
-    - `fences`: the capacity holds the extender's filter consults;
-    - `recorder`, `registry`, `clock` (POSIX seconds);
-    - `active`: whether this replica is the decision-maker now (only the replica whose
-      kube-scheduler holds the Lease may plan: `gpuplace.controllers.leader.LeaseFollower`).
+    builds them for the sidecar and the tests alike): the kit's `parts`
+    (`gpuplace.controllers.controller.Parts`: the pod API, the ledger sync, the policy,
+    fences, recorder, clock and leader gate), the gang members (`store`,
+    `gpuplace.controllers.store.gang_members(parts.sync)`), and its own: `lock`, the lock
+    the extender takes around decide-and-reserve, if it has one; `registry`, where its
+    metrics go.
     """
 
     def __init__(
         self,
-        api: PodApi,
+        parts: Parts[PodApi],
         store: PodIndex[GangKey],
-        sync: LedgerSync,
-        policy: Callable[[], Policy],
         *,
-        recorder: recording.Recorder | None = None,
         registry: CollectorRegistry | None = None,
         lock: asyncio.Lock | None = None,
-        fences: Fences | None = None,
         settings: GangSettings | None = None,
-        clock: Callable[[], float] = time.time,
-        active: Callable[[], bool] | None = None,
-        blocked: Callable[[], str | None] | None = None,
     ) -> None:
-        self.api = api
-        self.store = store
-        self.sync = sync
-        self.policy = policy
-        self.recorder = recorder
-        self.lock = lock
-        self.fences = fences
-        self.settings = settings or GangSettings()
-        self.clock = clock
-        self.blocked = blocked
-        """Why this replica cannot tell whether it decides (the API refused the Lease
-        read), e.g. `LeaseFollower.blocked_reason`: said in an Event on waiting members."""
         self.metrics = GangMetrics(registry)
-        self.loop = Rounds(
-            "gang",
-            leading=self.metrics.leading,
-            active=active,
-            poll_seconds=self.settings.poll_seconds,
-            settle_seconds=self.settings.settle_seconds,
-            clock=clock,
-        )
-        """The leader-gated round loop (whether this replica decides: `active`, None:
-        always)."""
-        self.writer = Writer(
-            api, concurrency=self.settings.concurrency, attempts=self.settings.write_attempts
-        )
+        settings = settings or GangSettings()
+        super().__init__("gang", parts, store, settings=settings, leading=self.metrics.leading)
+        sync, clock, fences = parts.sync, parts.clock, parts.fences
+        self.lock = lock
         self.commits = Commits(
-            self.writer, store, sync, metrics=self.metrics, recorder=recorder, clock=clock
+            self.writer, store, sync, metrics=self.metrics, recorder=self.recorder, clock=clock
         )
         """Plans written and settled in the API (`gpuplace.gangs.committing`)."""
         self.conditions = Conditions(self.writer, clock)
         self.preemptions = (
             GangPreemptions(
-                api,
+                self.api,
                 sync,
                 fences,
-                recorder=recorder,
+                recorder=self.recorder,
                 registry=registry,
                 retry_seconds=self.settings.preempt_retry_seconds,
             )
@@ -184,20 +142,8 @@ class GangController:
         self._tried: dict[GangKey, tuple[object, ...]] = {}
         self._shortfalls: dict[GangKey, gangs.Shortfall] = {}
         self._timed_out: dict[GangKey, float] = {}
-        self._told = telling.Told()
-        sync.pod_listeners.append(self.loop.poke)  # every pod: the ledger moves too
-        sync.node_listeners.append(self.loop.poke)
 
     # --- running ---------------------------------------------------------------------
-
-    @property
-    def rounds(self) -> int:
-        """Completed rounds, deciding or following (tests wait on it)."""
-        return self.loop.rounds
-
-    def wake(self) -> None:
-        """Run a round soon (e.g. after the extender released GPUs)."""
-        self.loop.wake()
 
     async def run(self) -> None:
         """Recover, then run rounds until cancelled. Never raises on API failures."""
@@ -221,7 +167,7 @@ class GangController:
         count the waiting gangs anyway, and tell their members if gpuplace is blocked."""
         self._count_gated()
         if self.fences is not None and self.fences.release() is not None:
-            self.metrics.fenced.set(0)
+            self.metrics.held.set(0)
         if self.preemptions is not None:
             self.preemptions.keep_only(())
         held = self._held()
@@ -290,7 +236,7 @@ class GangController:
         self.metrics.wait.observe(max(now - since, 0.0))
         if self.fences is not None and self.fences.owner == key:
             self.fences.release()
-            self.metrics.fenced.set(0)
+            self.metrics.held.set(0)
         if self.preemptions is not None:
             self.preemptions.forget(key)
         self._shortfalls.pop(key, None)
@@ -402,7 +348,7 @@ class GangController:
         members = self._members(wait)
         started = time.perf_counter()
         result = self._plan(wait, policy, members)
-        self.metrics.plan_seconds.observe(time.perf_counter() - started)
+        self.metrics.decision_seconds.observe(time.perf_counter() - started)
         if isinstance(result, gangs.Shortfall):
             return result
         members = [member for member in members if member.uid in result.choices]
@@ -479,7 +425,7 @@ class GangController:
         if again is not None:
             self.loop.alarm(again, now)
         if self.fences.owner == wait.key:
-            self.metrics.fenced.set(len(self.fences.nodes))
+            self.metrics.held.set(len(self.fences.nodes))
 
     def _waiting(self, wait: Wait, shortfall: gangs.Shortfall) -> None:
         for pod in wait.members:
@@ -522,7 +468,7 @@ class GangController:
             log.info("gang timed out", extra={"gang": "/".join(wait.key), "reason": reason})
             if self.fences is not None and self.fences.owner == wait.key:
                 self.fences.release()
-                self.metrics.fenced.set(0)
+                self.metrics.held.set(0)
             if self.preemptions is not None:
                 self.preemptions.forget(wait.key)
         for pod in wait.members:
@@ -544,7 +490,7 @@ class GangController:
                 if underway is not None:
                     uids = frozenset(pod.uid for pod in wait.members)
                     self.fences.hold(Fence(wait.key, underway.nodes, uids, wait.since))
-                    self.metrics.fenced.set(len(underway.nodes))
+                    self.metrics.held.set(len(underway.nodes))
                     return
         head = None
         for wait in found:
@@ -562,7 +508,7 @@ class GangController:
         if head is None:
             if current is not None and current.kind == GANG:
                 self.fences.release()
-                self.metrics.fenced.set(0)
+                self.metrics.held.set(0)
             return
         uids = frozenset(pod.uid for pod in head.members)
         inventory = self.sync.ledger.inventory
@@ -578,10 +524,10 @@ class GangController:
         if not nodes:
             if current is not None and current.kind == GANG:
                 self.fences.release()
-                self.metrics.fenced.set(0)
+                self.metrics.held.set(0)
             return
         self.fences.hold(Fence(head.key, frozenset(nodes), uids, head.since))
-        self.metrics.fenced.set(len(nodes))
+        self.metrics.held.set(len(nodes))
         shown = ", ".join(nodes[:8]) + (f" and {len(nodes) - 8} more" if len(nodes) > 8 else "")
         log.info("gang capacity held", extra={"gang": "/".join(head.key), "nodes": len(nodes)})
         for pod in head.members:
@@ -594,6 +540,3 @@ class GangController:
                     f"room: nodes {shown} are held for it (no new pods go there) until it "
                     "starts or times out",
                 )
-
-    def _emit(self, pod: PodRecord, kind: str, reason: str, message: str) -> None:
-        telling.emit(self.recorder, pod, kind, reason, message)

@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry
 from gpuplace.cluster import kube, recording
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.controllers import store as stores
-from gpuplace.controllers.api import KubePods
+from gpuplace.controllers.api import KubePods, PodApi
+from gpuplace.controllers.controller import Parts
 from gpuplace.controllers.leader import LeaseFollower
 from gpuplace.gangs.controller import GangController, GangSettings
 from gpuplace.placement.choosing import Policy
@@ -71,17 +72,15 @@ def build(
         namespace, _, name = scheduler_lease.partition("/")
         leader = LeaseFollower(api, namespace=namespace, name=name)
     store = stores.gang_members(sync)
-    controller = GangController(
+    parts: Parts[PodApi] = Parts(
         KubePods(api),
-        store,
         sync,
         policy,
-        recorder=recorder,
-        registry=registry,
-        fences=fences,
-        settings=settings,
-        clock=clock,
+        recorder,
+        fences,
+        clock,
         active=leader if leader is not None else active,
         blocked=leader.blocked_reason if leader is not None else blocked,
     )
+    controller = GangController(parts, store, registry=registry, settings=settings)
     return Gangs(store, controller, leader)

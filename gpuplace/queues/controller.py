@@ -47,7 +47,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -60,11 +60,10 @@ from gpuplace.cluster.queue_directory import QueueDirectory
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.controllers import telling
 from gpuplace.controllers.api import PodApi
-from gpuplace.controllers.rounds import Rounds
+from gpuplace.controllers.controller import Controller, Parts, Settings
 from gpuplace.controllers.store import PodIndex
-from gpuplace.controllers.writing import Writer
 from gpuplace.placement.choosing import Policy
-from gpuplace.placement.fences import QUEUED, Fence, Fences
+from gpuplace.placement.fences import QUEUED, Fence
 from gpuplace.placement.ledger import LedgerError
 from gpuplace.placement.queueing import admitting, holds, quotas
 from gpuplace.placement.queueing.share_history import ShareHistory
@@ -86,23 +85,22 @@ class QueueApi(PodApi, Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class QueueSettings:
+class QueueSettings(Settings):
+    """The kit's `Settings` (polling, settling, spacing, holds, writes) with the queue
+    controller's figures, and its own."""
+
     poll_seconds: float = 10.0
     """Longest wait between rounds when nothing wakes the controller (`maxWait`)."""
     settle_seconds: float = 0.2
-    """Wait after a wake-up so that bursts of events make one round."""
     min_round_seconds: float = 1.0
-    """Rounds that decide are at least this far apart (the event loop is shared)."""
+    """Rounds that decide are at least this far apart (a round at 1,000 nodes costs 1-2 s
+    of the event loop the extender shares)."""
     window: int = 100
     """Waiting workloads per queue one round looks at (the rest wait their turn)."""
-    hold_seconds: float = 300.0
-    """In-memory reservation of an admission while it is written."""
     reclaims: int = 1
     """Waiting workloads a round may reclaim for (one at a time, like gang preemption)."""
     reclaim_retry_seconds: float = 10.0
     """After a refused reclaim: the wait before it is tried again."""
-    concurrency: int = 16
-    write_attempts: int = 5
     half_life_seconds: float = 0.0
     """Fair sharing over time: each queue's past share is decayed with this half-life
     and counted in its fair share (`gpuplace.placement.queueing.share_history`); 0: off."""
@@ -189,61 +187,34 @@ def decide(
     return Decided(result, found, tuple(waiting), cut)
 
 
-class QueueController:
+class QueueController(Controller[QueueSettings, None, QueueApi]):
     """See the module docstring. Collaborators are passed in (`gpuplace.queues.wiring`
-    builds them for the sidecar and the tests alike): `api`, the queued-pod `store`, the
-    `directory` of queues and namespaces, the `sync` whose ledger it reserves in, the
-    `policy` in force, the `fences` of a starving gang, `recorder`, `registry`, `clock`
-    (POSIX seconds), `active` (whether this replica decides now) and `blocked` (why it
-    cannot tell)."""
+    builds them for the sidecar and the tests alike): the kit's `parts`
+    (`gpuplace.controllers.controller.Parts`: the pod and GpuQueue API, the ledger sync,
+    the policy, fences, recorder, clock and leader gate), the queued pods (`store`,
+    `gpuplace.controllers.store.queued_pods(parts.sync)`), and its own: the `directory` of
+    queues and namespaces, and `registry`, where its metrics go."""
 
     def __init__(
         self,
-        api: QueueApi,
+        parts: Parts[QueueApi],
         store: PodIndex[None],
         directory: QueueDirectory,
-        sync: LedgerSync,
-        policy: Callable[[], Policy],
         *,
-        recorder: recording.Recorder | None = None,
         registry: CollectorRegistry | None = None,
-        fences: Fences | None = None,
         settings: QueueSettings | None = None,
-        clock: Callable[[], float] = time.time,
-        active: Callable[[], bool] | None = None,
-        blocked: Callable[[], str | None] | None = None,
     ) -> None:
-        self.api = api
-        self.store = store
-        self.directory = directory
-        self.sync = sync
-        self.policy = policy
-        self.recorder = recorder
-        self.fences = fences
-        self.settings = settings or QueueSettings()
-        self.clock = clock
-        self.blocked = blocked
         self.metrics = QueueMetrics(registry)
-        self.loop = Rounds(
-            "queue",
-            leading=self.metrics.leading,
-            active=active,
-            poll_seconds=self.settings.poll_seconds,
-            settle_seconds=self.settings.settle_seconds,
-            min_round_seconds=self.settings.min_round_seconds,
-            clock=clock,
-        )
-        """The leader-gated round loop (whether this replica decides: `active`, None:
-        always)."""
-        writer = Writer(
-            api, concurrency=self.settings.concurrency, attempts=self.settings.write_attempts
-        )
-        self.admitter = Admitter(writer, sync, clock=clock)
+        settings = settings or QueueSettings()
+        super().__init__("queue", parts, store, settings=settings, leading=self.metrics.leading)
+        sync, clock = parts.sync, parts.clock
+        self.directory = directory
+        self.admitter = Admitter(self.writer, sync, clock=clock)
         self.reclaimer = Reclaimer(
-            api,
+            self.api,
             sync,
             self.metrics,
-            recorder=recorder,
+            recorder=self.recorder,
             retry_seconds=self.settings.reclaim_retry_seconds,
         )
         self.decisions = 0
@@ -251,7 +222,6 @@ class QueueController:
         self.last: Decided | None = None
         """The last round's decision (tests, metrics)."""
         self._signature: tuple[object, ...] = ()
-        self._told = telling.Told()
         self._written: dict[str, dict[str, Any]] = {}
         self.history = (
             ShareHistory(self.settings.half_life_seconds)
@@ -269,19 +239,8 @@ class QueueController:
                 "Queues); set a fair-sharing half-life too"
             )
         directory.listeners.append(self.loop.poke)
-        sync.pod_listeners.append(self.loop.poke)
-        sync.node_listeners.append(self.loop.poke)
 
     # --- running ---------------------------------------------------------------------
-
-    @property
-    def rounds(self) -> int:
-        """Completed rounds, deciding or following (tests wait on it)."""
-        return self.loop.rounds
-
-    def wake(self) -> None:
-        """Run a round soon."""
-        self.loop.wake()
 
     async def run(self) -> None:
         """Run rounds until cancelled; never raises on API failures."""
@@ -430,7 +389,7 @@ class QueueController:
         if self.history is not None:
             self.history.observe(now, {q.name: q.share for q in decided.round.queues})
         held = self._hold(decided.round.admissions)
-        self.metrics.rounds.observe(time.perf_counter() - started)
+        self.metrics.decision_seconds.observe(time.perf_counter() - started)
         self._signature = signature
         self.loop.decided()
         self.last = decided
@@ -638,9 +597,6 @@ class QueueController:
         self._written = {n: s for n, s in self._written.items() if n in self.directory.queues}
         waiting = {pod.workload for pod in self.store.pods.values() if pod.queue_gated}
         self.reclaimer.keep(self.store.pods, waiting)
-
-    def _emit(self, pod: PodRecord, kind: str, reason: str, message: str) -> None:
-        telling.emit(self.recorder, pod, kind, reason, message)
 
 
 def _owner(key: str) -> tuple[str, str]:

@@ -25,9 +25,10 @@ from gpuplace.cluster.queue_directory import QueueDirectory
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.controllers import store as stores
 from gpuplace.controllers.api import KubePods
+from gpuplace.controllers.controller import Parts
 from gpuplace.placement.choosing import Policy
 from gpuplace.placement.fences import Fences
-from gpuplace.queues.controller import QueueController, QueueSettings
+from gpuplace.queues.controller import QueueApi, QueueController, QueueSettings
 
 
 class KubeQueues(KubePods):
@@ -68,18 +69,8 @@ def build(
     the queues of `directory`; `active` (None: always) says whether it decides now,
     `blocked` why it cannot tell. `clock`: POSIX seconds."""
     store = stores.queued_pods(sync)
-    controller = QueueController(
-        KubeQueues(api),
-        store,
-        directory,
-        sync,
-        policy,
-        recorder=recorder,
-        registry=registry,
-        fences=fences,
-        settings=settings,
-        clock=clock,
-        active=active,
-        blocked=blocked,
+    parts: Parts[QueueApi] = Parts(
+        KubeQueues(api), sync, policy, recorder, fences, clock, active, blocked
     )
+    controller = QueueController(parts, store, directory, registry=registry, settings=settings)
     return Queues(store, controller)
