@@ -1,7 +1,7 @@
 """What the gang and queue controllers are each made of: one `Controller` apiece.
 
-A controller of the kit is given its `Parts` by its builder (`gpuplace.gangs.wiring`,
-`gpuplace.queues.wiring`, for the sidecar and the tests alike): `api` (the pod calls,
+A controller of the kit is given its `Parts` by its builder (`gpuplace.wiring.gangs`,
+`gpuplace.wiring.queues`, for the sidecar and the tests alike): `api` (the pod calls,
 `gpuplace.controllers.api.PodApi`), `sync` (the `LedgerSync` shared with the extender: its
 ledger, holds and listeners), `policy` (the placement policy in force), `fences` (the
 capacity holds the extender's filter reads), `recorder` (Events; None: off), `clock`

@@ -98,7 +98,7 @@ class GangSettings(Settings):
 
 
 class GangController(Controller[GangSettings, GangKey, PodApi]):
-    """See the module docstring. Collaborators are passed in (`gpuplace.gangs.wiring`
+    """See the module docstring. Collaborators are passed in (`gpuplace.wiring.gangs`
     builds them for the sidecar and the tests alike): the kit's `parts`
     (`gpuplace.controllers.controller.Parts`: the pod API, the ledger sync, the policy,
     fences, recorder, clock and leader gate), the gang members (`store`,

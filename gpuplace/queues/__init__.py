@@ -7,11 +7,11 @@ hands a queued gang's plan over to the gang controller through the API alone (th
 marks, the gates), which settles it as its own; neither room imports the other
 (pyproject.toml's contracts).
 
-`wiring.build` composes it (the queued-pod informer and store, the controller) for
-`gpuplace.wiring.sidecar` and the tests alike; `controller` runs the rounds on the pure engine
-(`gpuplace.placement.queueing.admitting`); `workloads` turns pods into the engine's workloads;
-`committing` admits (reserve, write, narrow, ungate) crash-safe; `reclaiming` evicts what
-a queue takes back; `statuses`, `events` and `metrics` tell; `explaining` answers
-`gpuplace explain` about a waiting pod. The GpuQueues and namespaces themselves come from
-`gpuplace.cluster.queue_directory`, which the webhook reads too.
+`gpuplace.wiring.queues.build` composes it (the directory of queues, the index of queued
+pods, the controller) for the sidecar and the tests alike; `controller` runs the rounds
+on the pure engine (`gpuplace.placement.queueing.admitting`); `workloads` turns pods into
+the engine's workloads; `committing` admits (reserve, write, narrow, ungate) crash-safe;
+`reclaiming` evicts what a queue takes back; `statuses`, `events` and `metrics` tell;
+`explaining` answers `gpuplace explain` about a waiting pod. The GpuQueues and namespaces
+themselves come from `gpuplace.cluster.queue_directory`, which the webhook reads too.
 """

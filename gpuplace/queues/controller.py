@@ -188,7 +188,7 @@ def decide(
 
 
 class QueueController(Controller[QueueSettings, None, QueueApi]):
-    """See the module docstring. Collaborators are passed in (`gpuplace.queues.wiring`
+    """See the module docstring. Collaborators are passed in (`gpuplace.wiring.queues`
     builds them for the sidecar and the tests alike): the kit's `parts`
     (`gpuplace.controllers.controller.Parts`: the pod and GpuQueue API, the ledger sync,
     the policy, fences, recorder, clock and leader gate), the queued pods (`store`,

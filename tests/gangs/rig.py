@@ -20,13 +20,13 @@ from gpuplace.cluster.node_affinity import NodeAffinity
 from gpuplace.controllers.store import PodIndex
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
-from gpuplace.gangs import wiring
 from gpuplace.gangs.controller import GangController, GangSettings
 from gpuplace.placement.fences import Fences
 from gpuplace.placement.gangs import GangKey
 from gpuplace.placement.inventory import Inventory
 from gpuplace.placement.ledger import Ledger
 from gpuplace.placement.requests import WHOLE
+from gpuplace.wiring import gangs as wiring
 from tests.extender.conftest import Harness, NoLongerFits, Unschedulable, harness
 
 

@@ -20,12 +20,12 @@ from gpuplace.cluster.gang_marks import gated, plan_mark
 from gpuplace.cluster.queue_directory import QueueDirectory
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
-from gpuplace.gangs import wiring as gang_wiring
 from gpuplace.gangs.controller import GangSettings
 from gpuplace.placement.queueing import quotas
 from gpuplace.placement.requests import WHOLE
-from gpuplace.queues import wiring
 from gpuplace.queues.controller import QueueController, QueueSettings
+from gpuplace.wiring import gangs as gang_wiring
+from gpuplace.wiring import queues as wiring
 from tests.extender.conftest import Harness, NoLongerFits, Unschedulable, harness
 from tests.gangs.rig import Clock, check_grants
 
@@ -240,8 +240,8 @@ async def rig(
         queues = wiring.build(
             h.sidecar.api,
             h.sidecar.sync,
-            directory,
             policy,
+            directory=directory,
             fences=h.sidecar.fences,
             recorder=h.sidecar.recorder,
             registry=registry,

@@ -1,12 +1,13 @@
-"""The gang controller wired once, for the sidecar (`gpuplace.wiring.sidecar`) and the tests alike.
+"""The gang controller's builder (`--gangs`), for the sidecar (`gpuplace.wiring.sidecar`)
+and the tests alike.
 
 `build(api, sync, policy, ...)` makes what a running gang controller needs: the index of
 gang members (pods labelled `gpuplace.io/gang`, fed by the sidecar's one informer of
 managed pods through `sync`: `gpuplace.controllers.store.gang_members`), the leader gate
-that follows kube-scheduler's Lease (none without `scheduler_lease`: a single replica
-always leads, or `active` decides), and the controller itself with its preemptions
-(`fences` shared with the extender's filter). `Gangs.work()` is the background work to
-run: the lease follower and the controller.
+that follows kube-scheduler's Lease (`gpuplace.wiring.leading`; none without
+`scheduler_lease`: a single replica always leads, or `active` decides), and the
+controller itself with its preemptions (`fences` shared with the extender's filter).
+`Gangs.work()` is the background work to run: the lease follower and the controller.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from gpuplace.gangs.controller import GangController, GangSettings
 from gpuplace.placement.choosing import Policy
 from gpuplace.placement.fences import Fences
 from gpuplace.placement.gangs import GangKey
+from gpuplace.wiring import leading
+from gpuplace.wiring.settings import SidecarSettings
 
 
 @dataclass(slots=True)
@@ -67,10 +70,7 @@ def build(
     one, `active` (None: always) says whether it decides and `blocked` why it cannot tell
     (the sidecar passes the leader gate it shares with the queue controller). `clock`:
     POSIX seconds."""
-    leader = None
-    if scheduler_lease:
-        namespace, _, name = scheduler_lease.partition("/")
-        leader = LeaseFollower(api, namespace=namespace, name=name)
+    leader = leading.follower(api, scheduler_lease)
     store = stores.gang_members(sync)
     parts: Parts[PodApi] = Parts(
         KubePods(api),
@@ -84,3 +84,12 @@ def build(
     )
     controller = GangController(parts, store, registry=registry, settings=settings)
     return Gangs(store, controller, leader)
+
+
+def settings_from(flags: SidecarSettings) -> GangSettings:
+    """The gang controller's settings as the sidecar's flags set them
+    (`--gang-starve-after-seconds`, `--reservation-timeout-seconds`)."""
+    return GangSettings(
+        starve_after_seconds=flags.gang_starve_after_seconds,
+        hold_seconds=flags.reservation_timeout_seconds,
+    )
