@@ -62,6 +62,42 @@ class Read:
 
 
 @dataclass(frozen=True, slots=True)
+class Controlled:
+    """What the gang and queue controllers decide with, read for the pods they keep (those
+    labelled `gpuplace.io/gang` or `gpuplace.io/queue`); every other pod shares
+    `UNCONTROLLED` (one slot of its record, not a dozen)."""
+
+    queue: str = ""
+    """The queue label: the GpuQueue the webhook queued it in ("" for none)."""
+    gang_name: str = ""
+    """`gang-name` ("" without a gang, or when its annotations cannot be read)."""
+    gang_size: int = 0
+    """`gang-size` (0 without a gang)."""
+    gang_timeout: float = grammar.DEFAULT_GANG_TIMEOUT_SECONDS
+    """`gang-timeout`, seconds."""
+    gang_gated: bool = False
+    """Our gang gate `gpuplace.io/gang` is in spec.schedulingGates."""
+    queue_gated: bool = False
+    """The queue's gate is still on it (its queue has not admitted it yet)."""
+    plan: PlanMark | None = None
+    """The gang plan it carries (`gpuplace.io/gang-plan`), if readable."""
+    assigned: bool = False
+    """Carries assignment annotations (readable or not)."""
+    affinity: NodeAffinity = NO_CONSTRAINTS
+    """Where its spec lets it go (nodeSelector, required node affinity)."""
+    tolerations: tuple[Toleration, ...] = ()
+    """spec.tolerations: a plan keeps it off nodes whose taints or cordon it does not
+    tolerate, as kube-scheduler would."""
+    preemption_policy: str = ""
+    """spec.preemptionPolicy ("Never": a gang with this member never preempts)."""
+    gang_ready: tuple[str, str] | None = None
+    """(status, reason) of its `gpuplace.io/GangReady` condition, if any."""
+
+
+UNCONTROLLED = Controlled()
+
+
+@dataclass(frozen=True, slots=True)
 class PodRecord:
     uid: str
     namespace: str
@@ -99,32 +135,9 @@ class PodRecord:
     gang-size, so `elastic` needs no second test; 0: every member is needed)."""
     created: float = 0.0
     """metadata.creationTimestamp, POSIX seconds (0 when absent)."""
-    gang_name: str = ""
-    """`gang-name` ("" without a gang, or when its annotations cannot be read)."""
-    gang_size: int = 0
-    """`gang-size` (0 without a gang)."""
-    gang_timeout: float = grammar.DEFAULT_GANG_TIMEOUT_SECONDS
-    """`gang-timeout`, seconds."""
-    queue: str = ""
-    """The queue label: the GpuQueue the webhook queued it in ("" for none)."""
-    gang_gated: bool = False
-    """Our gang gate `gpuplace.io/gang` is in spec.schedulingGates."""
-    queue_gated: bool = False
-    """The queue's gate is still on it (its queue has not admitted it yet)."""
-    plan: PlanMark | None = None
-    """The gang plan it carries (`gpuplace.io/gang-plan`), if readable."""
-    assigned: bool = False
-    """Carries assignment annotations (readable or not)."""
-    affinity: NodeAffinity = NO_CONSTRAINTS
-    """Where its spec lets it go (nodeSelector, required node affinity); read for the pods
-    a controller keeps (gang or queue label), else none."""
-    tolerations: tuple[Toleration, ...] = ()
-    """spec.tolerations (as `affinity`, for the pods a controller keeps): a plan keeps it
-    off nodes whose taints or cordon it does not tolerate, as kube-scheduler would."""
-    preemption_policy: str = ""
-    """spec.preemptionPolicy ("Never": a gang with this member never preempts)."""
-    gang_ready: tuple[str, str] | None = None
-    """(status, reason) of its `gpuplace.io/GangReady` condition, if any."""
+    controlled: Controlled = UNCONTROLLED
+    """What the gang and queue controllers decide with (`UNCONTROLLED`, shared, for the
+    pods neither keeps)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -133,18 +146,18 @@ class PodRecord:
     @property
     def gang_key(self) -> GangKey:
         """The gang it belongs to, as the gang controller keys it: (namespace, gang-name)."""
-        return (self.namespace, self.gang_name)
+        return (self.namespace, self.controlled.gang_name)
 
     @property
     def workload(self) -> str:
         """The queue workload it belongs to: `namespace/name`, or `gang namespace/name`."""
-        if self.gang_name:
-            return f"gang {self.namespace}/{self.gang_name}"
+        if self.controlled.gang_name:
+            return f"gang {self.namespace}/{self.controlled.gang_name}"
         return f"{self.namespace}/{self.name}"
 
     @property
     def elastic(self) -> bool:
-        return 0 < self.minimum < self.gang_size
+        return 0 < self.minimum < self.controlled.gang_size
 
     @property
     def live(self) -> bool:
@@ -252,7 +265,22 @@ class Reader:
         labels = metadata.get("labels") or {}
         gang = str(labels.get(keys.GANG_LABEL) or "")
         queue = str(labels.get(keys.QUEUE_LABEL) or "")
-        kept = bool(gang or queue)  # a controller keeps it: read what it decides with
+        controlled = UNCONTROLLED
+        if gang or queue:  # a controller keeps it: read what it decides with
+            controlled = Controlled(
+                queue=queue,
+                gang_name=read.gang,
+                gang_size=read.size,
+                gang_timeout=read.timeout,
+                gang_gated=gated(pod, keys.GANG_GATE),
+                queue_gated=gated(pod, keys.QUEUE_GATE),
+                plan=plan_mark(pod),
+                assigned=assignments.assigned(pod),
+                affinity=NodeAffinity.of(pod),
+                tolerations=taints.of_pod(pod),
+                preemption_policy=str(spec.get("preemptionPolicy") or ""),
+                gang_ready=gang_ready(status.get("conditions")),
+            )
         return PodRecord(
             uid=str(metadata.get("uid") or ""),
             namespace=str(metadata.get("namespace") or ""),
@@ -272,18 +300,7 @@ class Reader:
             unschedulable=no_node_fits(status.get("conditions")),
             minimum=read.minimum,
             created=timestamp(metadata.get("creationTimestamp")),
-            gang_name=read.gang,
-            gang_size=read.size,
-            gang_timeout=read.timeout,
-            queue=queue,
-            gang_gated=gated(pod, keys.GANG_GATE),
-            queue_gated=gated(pod, keys.QUEUE_GATE),
-            plan=plan_mark(pod),
-            assigned=assignments.assigned(pod),
-            affinity=NodeAffinity.of(pod) if kept else NO_CONSTRAINTS,
-            tolerations=taints.of_pod(pod) if kept else (),
-            preemption_policy=str(spec.get("preemptionPolicy") or ""),
-            gang_ready=gang_ready(status.get("conditions")) if kept else None,
+            controlled=controlled,
         )
 
 

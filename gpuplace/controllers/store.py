@@ -105,10 +105,10 @@ def gang_members(sync: LedgerSync) -> PodIndex[GangKey]:
     return PodIndex(
         sync,
         lambda record: bool(record.gang),
-        lambda record: record.gang_key if record.gang_name else None,
+        lambda record: record.gang_key if record.controlled.gang_name else None,
     )
 
 
 def queued_pods(sync: LedgerSync) -> PodIndex[None]:
     """The queue controller's pods: labelled `gpuplace.io/queue`."""
-    return PodIndex(sync, lambda record: bool(record.queue))
+    return PodIndex(sync, lambda record: bool(record.controlled.queue))

@@ -122,11 +122,11 @@ class Commits:
         }
         queues: set[str] = set()
         for pod in self.store.pods.values():
-            if pod.plan is not None and pod.live and pod.gang_name:
-                if pod.queue_gated:
-                    queues.add(pod.plan.id)
-                elif pod.gang_gated:
-                    found.setdefault(pod.plan.id, pod.gang_key)
+            if pod.controlled.plan is not None and pod.live and pod.controlled.gang_name:
+                if pod.controlled.queue_gated:
+                    queues.add(pod.controlled.plan.id)
+                elif pod.controlled.gang_gated:
+                    found.setdefault(pod.controlled.plan.id, pod.gang_key)
         return [(key, plan_id) for plan_id, key in found.items() if plan_id not in queues]
 
     async def start(
@@ -206,11 +206,13 @@ class Commits:
             members = [
                 pod
                 for pod in self.store.members(key)
-                if pod.plan is not None and pod.plan.id == plan_id
+                if pod.controlled.plan is not None and pod.controlled.plan.id == plan_id
             ]
             if not members:
                 return None
-            size = max(pod.plan.members for pod in members if pod.plan is not None)
+            size = max(
+                pod.controlled.plan.members for pod in members if pod.controlled.plan is not None
+            )
         present = await self.plans.present(plan_id, members, known)
         # a queue that admitted the plan (no member gated by it any more) started it too:
         # its members can never be queued again (a gate is never added back)

@@ -66,7 +66,7 @@ class Conditions:
         refused write is logged and tried again at the next call."""
         if self._written.get(pod.uid) == (status, reason):
             return
-        if pod.gang_ready == (status, reason) and pod.uid not in self._written:
+        if pod.controlled.gang_ready == (status, reason) and pod.uid not in self._written:
             self._written[pod.uid] = (status, reason)
             return
         stamp = assignments.rfc3339(datetime.fromtimestamp(self.clock(), UTC))
@@ -82,7 +82,7 @@ class Conditions:
 
     async def ready(self, pod: PodRecord) -> None:
         """Turn a GangReady=False condition (written at timeout) True."""
-        if pod.gang_ready is None and pod.uid not in self._written:
+        if pod.controlled.gang_ready is None and pod.uid not in self._written:
             return
         await self.set(pod, "True", PLACED, "all members of the gang are placed")
 

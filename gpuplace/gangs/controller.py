@@ -159,7 +159,9 @@ class GangController(Controller[GangSettings, GangKey, PodApi]):
 
     def _held(self) -> list[PodRecord]:
         return [
-            pod for pod in self.store.pods.values() if pod.gang_name and pod.live and pod.gang_gated
+            pod
+            for pod in self.store.pods.values()
+            if pod.controlled.gang_name and pod.live and pod.controlled.gang_gated
         ]
 
     def _follow(self) -> None:
@@ -296,12 +298,17 @@ class GangController(Controller[GangSettings, GangKey, PodApi]):
         result = []
         for pod in wait.members:
             assert pod.request is not None
-            if pod.affinity not in allowed:
-                allowed[pod.affinity] = pod.affinity.allowed(
+            if pod.controlled.affinity not in allowed:
+                allowed[pod.controlled.affinity] = pod.controlled.affinity.allowed(
                     (node.name, node.labels) for node in inventory
                 )
             result.append(
-                gangs.Member(pod.uid, pod.request, allowed[pod.affinity], pod.tolerations)
+                gangs.Member(
+                    pod.uid,
+                    pod.request,
+                    allowed[pod.controlled.affinity],
+                    pod.controlled.tolerations,
+                )
             )
         return result
 
@@ -420,7 +427,9 @@ class GangController(Controller[GangSettings, GangKey, PodApi]):
             since=wait.since,
             now=now,
             exclude=self._exclude(wait.key),
-            running=[p for p in self.store.members(wait.key) if p.live and not p.gang_gated],
+            running=[
+                p for p in self.store.members(wait.key) if p.live and not p.controlled.gang_gated
+            ],
         )
         if again is not None:
             self.loop.alarm(again, now)

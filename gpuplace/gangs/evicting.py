@@ -139,7 +139,7 @@ def gang_priority(members: Iterable[PodRecord]) -> int:
 
 
 def never_preempts(members: Iterable[PodRecord]) -> bool:
-    return any(member.preemption_policy == NEVER for member in members)
+    return any(member.controlled.preemption_policy == NEVER for member in members)
 
 
 def victim_units(

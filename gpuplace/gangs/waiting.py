@@ -86,13 +86,16 @@ def waits(
     found = []
     for key, pods in store.groups().items():
         live = [pod for pod in pods if pod.live]
-        if not live or any(pod.queue for pod in live):
+        if not live or any(pod.controlled.queue for pod in live):
             continue
-        if any(pod.gang_gated and (pod.plan is not None or pod.uid in ledger) for pod in live):
+        if any(
+            pod.controlled.gang_gated and (pod.controlled.plan is not None or pod.uid in ledger)
+            for pod in live
+        ):
             # a plan is being written, finished or undone and our view of it is
             # not settled yet (informers lag our own writes): decide next round
             continue
-        candidates = sorted((pod for pod in live if pod.gang_gated), key=PodRecord.order)
+        candidates = sorted((pod for pod in live if pod.controlled.gang_gated), key=PodRecord.order)
         if not candidates:
             continue
         invalid = [pod for pod in candidates if pod.request is None]
@@ -110,7 +113,7 @@ def waits(
             continue
         started = len(live) - len(candidates) - len(invalid)
         leader = min(live, key=PodRecord.order)
-        size = leader.gang_size
+        size = leader.controlled.gang_size
         need = size - started
         members, extras = candidates[: max(need, 0)], candidates[max(need, 0) :]
         for pod in extras:
@@ -126,7 +129,7 @@ def waits(
         if not members:
             continue
         since = min(pod.created for pod in members) or now
-        timeout = members[0].gang_timeout
+        timeout = members[0].controlled.gang_timeout
         minimum = leader.minimum if leader.elastic else 0
         found.append(
             Wait(

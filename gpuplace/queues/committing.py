@@ -173,15 +173,15 @@ class Admitter:
         found: dict[str, list[PodRecord]] = {}
         for pod in pods.values():
             if (
-                pod.plan is not None
-                and pod.queue_gated
+                pod.controlled.plan is not None
+                and pod.controlled.queue_gated
                 and pod.live
-                and pod.plan.id not in self.writing
+                and pod.controlled.plan.id not in self.writing
             ):
-                found.setdefault(pod.plan.id, [])
+                found.setdefault(pod.controlled.plan.id, [])
         for pod in pods.values():
-            if pod.plan is not None and pod.plan.id in found:
-                found[pod.plan.id].append(pod)
+            if pod.controlled.plan is not None and pod.controlled.plan.id in found:
+                found[pod.controlled.plan.id].append(pod)
         return found
 
     async def settle(
@@ -194,7 +194,9 @@ class Admitter:
         """Roll a plan forward or back (module docstring). `known`: members' bodies just
         written (not read again). Raises `kube.ApiError` (the next round settles it)."""
         if size is None:
-            size = max(pod.plan.members for pod in members if pod.plan is not None)
+            size = max(
+                pod.controlled.plan.members for pod in members if pod.controlled.plan is not None
+            )
         present = await self.plans.present(plan_id, members, known)
         started = any(not gated(body, keys.QUEUE_GATE) for _, body in present)
         if not started and len(present) < size:

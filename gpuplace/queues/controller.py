@@ -261,7 +261,11 @@ class QueueController(Controller[QueueSettings, None, QueueApi]):
         if reason is None:
             return
         for pod in self.store.pods.values():
-            if pod.queue_gated and pod.live and self._told.first(pod.uid, f"{events.BLOCKED}"):
+            if (
+                pod.controlled.queue_gated
+                and pod.live
+                and self._told.first(pod.uid, f"{events.BLOCKED}")
+            ):
                 self._emit(pod, recording.WARNING, events.BLOCKED, reason)
 
     def _fenced(self) -> frozenset[str]:
@@ -452,7 +456,7 @@ class QueueController(Controller[QueueSettings, None, QueueApi]):
             for uid in admission.uids:
                 self.sync.unhold(uid)
             return
-        if len(pods) == 1 and not pods[0].gang_name:
+        if len(pods) == 1 and not pods[0].controlled.gang_name:
             written = await self.admitter.pod(pods[0], by_uid[pods[0].uid])
         else:
             running = sum(
@@ -595,7 +599,7 @@ class QueueController(Controller[QueueSettings, None, QueueApi]):
         """Drop memos of pods and queues the API no longer has (bounded memory)."""
         self._told.keep(self.store.pods)
         self._written = {n: s for n, s in self._written.items() if n in self.directory.queues}
-        waiting = {pod.workload for pod in self.store.pods.values() if pod.queue_gated}
+        waiting = {pod.workload for pod in self.store.pods.values() if pod.controlled.queue_gated}
         self.reclaimer.keep(self.store.pods, waiting)
 
 

@@ -221,26 +221,34 @@ def pod_wait(seen: Seen, uid: str) -> PodWait | None:
     pod = seen.store.pods.get(uid)
     if pod is None:
         return None
-    if not pod.queue_gated:
-        return PodWait(pod.queue, admitted=True)
+    if not pod.controlled.queue_gated:
+        return PodWait(pod.controlled.queue, admitted=True)
     for aside in seen.decided.found.aside:
         if any(member.uid == uid for member in aside.pods):
-            return PodWait(pod.queue, False, 0, aside.why, aside.reason)
+            return PodWait(pod.controlled.queue, False, 0, aside.why, aside.reason)
     for waiting in seen.decided.round.waiting:
         if waiting.key == pod.workload:
-            return PodWait(pod.queue, False, waiting.position, waiting.why.value, waiting.reason)
+            return PodWait(
+                pod.controlled.queue, False, waiting.position, waiting.why.value, waiting.reason
+            )
     for admission in seen.decided.round.admissions:
         if uid in admission.uids:
             return PodWait(
-                pod.queue,
+                pod.controlled.queue,
                 False,
                 0,
                 "admitting",
                 "its queue admits it now: the controller's next round removes its gate",
             )
-    if pod.queue not in seen.directory.queues:
-        return PodWait(pod.queue, False, 0, "no queue", f"GpuQueue {pod.queue} does not exist")
-    return PodWait(pod.queue, False, 0, workloads.MEMBERS, "not in the round")
+    if pod.controlled.queue not in seen.directory.queues:
+        return PodWait(
+            pod.controlled.queue,
+            False,
+            0,
+            "no queue",
+            f"GpuQueue {pod.controlled.queue} does not exist",
+        )
+    return PodWait(pod.controlled.queue, False, 0, workloads.MEMBERS, "not in the round")
 
 
 def render_pod(wait: PodWait) -> str:

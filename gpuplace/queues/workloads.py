@@ -108,7 +108,9 @@ class _Nodes:
 
 def member(pod: PodRecord, nodes: _Nodes) -> gangs.Member:
     assert pod.request is not None
-    return gangs.Member(pod.uid, pod.request, nodes(pod.affinity, pod.uid), pod.tolerations)
+    return gangs.Member(
+        pod.uid, pod.request, nodes(pod.controlled.affinity, pod.uid), pod.controlled.tolerations
+    )
 
 
 def collect(
@@ -122,7 +124,7 @@ def collect(
     """See the module docstring."""
     groups: dict[str, list[PodRecord]] = {}
     for pod in pods:
-        if pod.queue and not pod.terminal:
+        if pod.controlled.queue and not pod.terminal:
             groups.setdefault(pod.workload, []).append(pod)
     collector = _Collector(_Nodes(inventory, fenced, fence_members), leaving or {})
     for group in groups.values():
@@ -150,13 +152,13 @@ class _Collector:
 
     def workload(self, pods: list[PodRecord]) -> None:
         admitted = sorted(
-            (pod for pod in pods if not pod.queue_gated),
+            (pod for pod in pods if not pod.controlled.queue_gated),
             key=lambda p: (p.assigned_at or p.created, p.name),
         )
-        gated = [pod for pod in pods if pod.queue_gated and not pod.deleting]
+        gated = [pod for pod in pods if pod.controlled.queue_gated and not pod.deleting]
         for pod in pods:
             self.found.pods[pod.uid] = pod
-        group = _Group(pods[0].workload, pods[0].queue, admitted, gated)
+        group = _Group(pods[0].workload, pods[0].controlled.queue, admitted, gated)
         _running(self.found, group, self.leaving, self.nodes)
         if gated:
             _waiting(self.found, group, self.nodes)
@@ -168,7 +170,7 @@ def _running(found: Found, group: _Group, leaving: Mapping[str, str], nodes: _No
     # members whose admission is being written (or was, and the informer has not shown the
     # gate gone yet) hold their grants already: they count against the quota as running,
     # else a round between our write and its echo would admit on quota they use
-    writing = [pod for pod in gated if pod.plan is not None or pod.assigned]
+    writing = [pod for pod in gated if pod.controlled.plan is not None or pod.controlled.assigned]
     staying = [pod for pod in admitted if pod not in going] + writing
     if going:
         found.running.append(
@@ -190,7 +192,9 @@ def _running(found: Found, group: _Group, leaving: Mapping[str, str], nodes: _No
     missing: tuple[gangs.Member, ...] = ()
     if growing and not _writing(gated):
         readable = [pod for pod in gated if pod.request is not None]
-        missing = tuple(member(pod, nodes) for pod in readable[: head.gang_size - len(staying)])
+        missing = tuple(
+            member(pod, nodes) for pod in readable[: head.controlled.gang_size - len(staying)]
+        )
     found.running.append(
         admitting.Running(
             key,
@@ -207,7 +211,7 @@ def _running(found: Found, group: _Group, leaving: Mapping[str, str], nodes: _No
 
 def _writing(gated: list[PodRecord]) -> bool:
     """A plan is being written or settled on these gated members (decided next round)."""
-    return any(pod.plan is not None or pod.assigned for pod in gated)
+    return any(pod.controlled.plan is not None or pod.controlled.assigned for pod in gated)
 
 
 def _waiting(found: Found, group: _Group, nodes: _Nodes) -> None:
@@ -225,7 +229,8 @@ def _waiting(found: Found, group: _Group, nodes: _Nodes) -> None:
     if not ready:
         return
     head = ready[0]
-    if not head.gang_name:
+    gang, size = head.controlled.gang_name, head.controlled.gang_size
+    if not gang:
         for pod in ready:  # a pod alone: one workload each (only one has this key)
             found.waiting.append(
                 admitting.Workload(
@@ -239,7 +244,7 @@ def _waiting(found: Found, group: _Group, nodes: _Nodes) -> None:
             )
         return
     started = len([pod for pod in admitted if not pod.deleting])
-    need = head.gang_size - started
+    need = size - started
     members, extras = ready[: max(need, 0)], ready[max(need, 0) :]
     if extras:
         found.aside.append(
@@ -248,8 +253,8 @@ def _waiting(found: Found, group: _Group, nodes: _Nodes) -> None:
                 queue,
                 tuple(extras),
                 FULL,
-                f"gang {head.gang_name} already has its {head.gang_size} members; this pod "
-                "waits until one of them goes away",
+                f"gang {gang} already has its {size} members; this pod waits until one of "
+                "them goes away",
             )
         )
     if not members:
@@ -267,8 +272,8 @@ def _waiting(found: Found, group: _Group, nodes: _Nodes) -> None:
                 queue,
                 tuple(members),
                 MEMBERS,
-                f"gang {head.gang_name}: {have} of its {head.gang_size} members exist; it is "
-                "admitted as one workload once all do",
+                f"gang {gang}: {have} of its {size} members exist; it is admitted as one "
+                "workload once all do",
             )
         )
         return

@@ -76,26 +76,37 @@ def test_one_record_holds_what_the_gang_and_queue_controllers_decide_with() -> N
         "conditions": [{"type": keys.GANG_CONDITION, "status": "False", "reason": "GangTimeout"}]
     }
     record = pods.record(body)
-    assert (record.gang, record.gang_name, record.gang_size) == ("ddp", "ddp", 4)
-    assert record.gang_timeout == 90.0 and record.gang_key == ("team-a", "ddp")
-    assert record.queue == "team-a" and record.workload == "gang team-a/ddp"
-    assert record.gated and record.gang_gated and record.queue_gated
-    assert record.plan == PlanMark("p1", 4, "gpu-1") and not record.assigned
-    assert record.priority == 7 and record.preemption_policy == "Never"
-    assert record.affinity.selector == (("zone", "b"),) and len(record.tolerations) == 1
-    assert record.gang_ready == ("False", "GangTimeout")
+    assert (record.gang, record.controlled.gang_name, record.controlled.gang_size) == (
+        "ddp",
+        "ddp",
+        4,
+    )
+    assert record.controlled.gang_timeout == 90.0 and record.gang_key == ("team-a", "ddp")
+    assert record.controlled.queue == "team-a" and record.workload == "gang team-a/ddp"
+    assert record.gated and record.controlled.gang_gated and record.controlled.queue_gated
+    assert record.controlled.plan == PlanMark("p1", 4, "gpu-1") and not record.controlled.assigned
+    assert record.priority == 7 and record.controlled.preemption_policy == "Never"
+    assert (
+        record.controlled.affinity.selector == (("zone", "b"),)
+        and len(record.controlled.tolerations) == 1
+    )
+    assert record.controlled.gang_ready == ("False", "GangTimeout")
     alone = pods.record(objects.pod("solo", "team-a", labels={keys.QUEUE_LABEL: "team-a"}))
-    assert alone.workload == "team-a/solo" and alone.gang_name == "" and not alone.gang_gated
-    assert alone.gang_timeout == grammar.DEFAULT_GANG_TIMEOUT_SECONDS
+    assert (
+        alone.workload == "team-a/solo"
+        and alone.controlled.gang_name == ""
+        and not alone.controlled.gang_gated
+    )
+    assert alone.controlled.gang_timeout == grammar.DEFAULT_GANG_TIMEOUT_SECONDS
 
 
-def test_only_the_pods_a_controller_keeps_have_their_constraints_read() -> None:
+def test_only_the_pods_a_controller_keeps_have_what_it_decides_with_read() -> None:
     body = objects.pod("plain")
     body["spec"]["nodeSelector"] = {"zone": "b"}
     body["spec"]["tolerations"] = [{"key": "gpu", "operator": "Exists"}]
     record = pods.record(body)
-    assert record.affinity is pods.NO_CONSTRAINTS and record.tolerations == ()
-    assert record.gang_ready is None
+    assert record.controlled is pods.UNCONTROLLED  # shared: no memory of its own
+    assert record.controlled.affinity is pods.NO_CONSTRAINTS and record.controlled.tolerations == ()
 
 
 def test_a_gang_member_whose_request_cannot_be_read_keeps_its_gang() -> None:
@@ -105,7 +116,7 @@ def test_a_gang_member_whose_request_cannot_be_read_keeps_its_gang() -> None:
     for _ in range(2):  # the second read comes from the memo
         record = reader.record(body)
         assert record.request is None and record.problem
-        assert (record.gang_name, record.gang_size) == ("ddp", 4)
+        assert (record.controlled.gang_name, record.controlled.gang_size) == ("ddp", 4)
 
 
 def test_priority_is_an_int32_whatever_the_pod_says() -> None:
