@@ -38,7 +38,6 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from gpuplace.cluster import assignments, keys, kube, recording
@@ -238,7 +237,7 @@ class Commits:
             for (pod, _), body in zip(waiting, narrowed, strict=True)
             if body is not None
         ]
-        stamp = self.plans.now()
+        stamp = assignments.restamped(self.plans.now())  # the members start now, together
         raise_first(
             await self.writer.each(ready, lambda item: self._ungate(item[0], item[1], stamp))
         )
@@ -285,12 +284,12 @@ class Commits:
 
         return await self.writer.write(pod, body, change)
 
-    async def _ungate(self, pod: PodRecord, body: dict[str, Any], at: datetime) -> None:
+    async def _ungate(self, pod: PodRecord, body: dict[str, Any], stamp: dict[str, str]) -> None:
         def change(current: dict[str, Any]) -> dict[str, Any] | None:
             if not gated(current):
                 return None
             return {
-                "metadata": {"annotations": assignments.restamped(at)},
+                "metadata": {"annotations": dict(stamp)},
                 "spec": {"schedulingGates": plans.without_gate(current, keys.GANG_GATE)},
             }
 
