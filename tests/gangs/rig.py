@@ -1,5 +1,5 @@
 """The rig of the gang tests: a fake API server, the real sidecar (informers, ledger,
-extender verbs) and the gang controller wired to it by `gpuplace.gangs.wiring.build`, as
+extender verbs) and the gang controller wired to it by `gpuplace.wiring.gangs.build`, as
 the sidecar wires it (with a test clock, fast rounds and the leadership gate the test
 chooses), plus builders and invariant checks."""
 

@@ -1,7 +1,7 @@
 """The rig of the queue tests: the local API over HTTP with the shipped RBAC, the real
 sidecar (informers, ledger, extender verbs), the GpuQueue and namespace informers
 (`gpuplace.cluster.queue_directory`), the gang controller and the queue controller wired
-as the sidecar wires them (`gpuplace.gangs.wiring`, `gpuplace.queues.wiring`) with fast
+as the sidecar wires them (`gpuplace.wiring.gangs`, `gpuplace.wiring.queues`) with fast
 rounds, plus builders of queues and queued pods (as the webhook leaves them) and the
 invariant checks."""
 
