@@ -70,7 +70,8 @@ from gpuplace.placement import choosing, trace
 from gpuplace.placement.inventory import Inventory, Node
 from gpuplace.placement.ledger import Grant, GrantState, Ledger
 from gpuplace.replay import simulation
-from gpuplace.wiring.sidecar import Sidecar, SidecarSettings
+from gpuplace.wiring.settings import SidecarSettings
+from gpuplace.wiring.sidecar import Sidecar
 
 REPO = Path(__file__).resolve().parents[1]
 OPENB = REPO.parent / "shared" / "data" / "openb"

@@ -40,7 +40,8 @@ from gpuplace.cluster import nodes as node_records
 from gpuplace.dev.localapi import objects
 from gpuplace.placement.ledger import Grant
 from gpuplace.runtime import gc_tuning
-from gpuplace.wiring.sidecar import Sidecar, SidecarSettings
+from gpuplace.wiring.settings import SidecarSettings
+from gpuplace.wiring.sidecar import Sidecar
 
 
 def body(pod: dict[str, Any], names: list[str]) -> bytes:

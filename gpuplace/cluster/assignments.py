@@ -179,3 +179,15 @@ def context_of(grant: Grant, node: Node | None) -> ClientContext:
 def cleared() -> dict[str, None]:
     """A merge-patch `metadata.annotations` value that removes every assignment key."""
     return dict.fromkeys(KEYS)
+
+
+def gpus_text(pod: Mapping[str, Any]) -> str:
+    """The granted GPUs' indices as written (`gpuplace.io/assigned-gpus`: `0,3`; "" for
+    none), for what Events show."""
+    return str(_annotations(pod).get(keys.ASSIGNED_GPUS) or "")
+
+
+def restamped(at: datetime) -> dict[str, str]:
+    """A merge-patch `metadata.annotations` value that moves the grant's time to `at`
+    (a gang's members, when they are ungated: their grant counts from then)."""
+    return {keys.ASSIGNED_AT: rfc3339(at)}

@@ -22,8 +22,8 @@ import prometheus_client
 from gpuplace import commands
 from gpuplace.cluster.connecting import ConnectError
 from gpuplace.runtime import logs
-from gpuplace.wiring import composing, serving, settings
-from gpuplace.wiring.sidecar import NoLoadReader
+from gpuplace.wiring import composing, serving, settings, webhook
+from gpuplace.wiring.loads import NoLoadReader
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     registry = serving.process_registry()
     try:
         return asyncio.run(_serve(config, registry))
-    except (OSError, serving.InventoryFileError) as error:
+    except (OSError, webhook.InventoryFileError) as error:
         log.error("cannot start", extra={"error": str(error)})
         return 1
 

@@ -125,6 +125,7 @@ class Decider:
         registry: CollectorRegistry | None = None,
         fences: Fences | None = None,
         loads: LoadBoard | None = None,
+        reader: pods.Reader | None = None,
     ) -> None:
         self.sync = sync
         self.holder = holder
@@ -134,7 +135,9 @@ class Decider:
         """Capacity holds of a starving gang: filter does not offer their nodes to others."""
         self.mode: reasons.Mode = mode
         self.cache_size = cache_size
-        self.reader = pods.Reader()
+        self.reader = reader or pods.Reader()
+        """How a pod's annotations read: the process's one `pods.Reader` (the managed-pod
+        informer's, `Mirror.reader`: one memo of parsed requests per process), or its own."""
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
         self.cache_lookups = Counter(
             "gpuplace_evaluation_cache_total",

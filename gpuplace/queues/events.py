@@ -1,6 +1,6 @@
 """The Events the queue controller writes on queued pods (`kubectl describe pod`).
 
-Each is said once per episode (`gpuplace.gangs.events.Told`): a pod hears why it waits
+Each is said once per episode (`gpuplace.controllers.telling.Told`): a pod hears why it waits
 once per reason kind (quota, cohort, place, ...), not once per round; its position moves
 too often to be an Event (`gpuplace explain` says it). The victims of a reclaim get the
 `GpuPreempted` Event every preemption writes (`gpuplace.cluster.recording.PREEMPTED`).

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 
 import prometheus_client
 
-from gpuplace.usage import prometheus
 from gpuplace.usage.gpu_loads import LoadReader
-from gpuplace.wiring import serving, settings
+from gpuplace.wiring import loads, serving, settings
 from gpuplace.wiring.sidecar import Sidecar
 
 
@@ -23,19 +22,6 @@ class Process:
     server: serving.Server
     sidecar: Sidecar | None
     """The scheduler sidecar (None when offline: `--inventory FILE`)."""
-
-
-def prometheus_reader(config: settings.Settings) -> Callable[[], LoadReader]:
-    """The factory of the reader of measured GPU loads that `--usage-prometheus`,
-    `--usage-metrics` and `--usage-token-file` name."""
-    assert config.usage_prometheus is not None
-    source = prometheus.Source(
-        url=config.usage_prometheus,
-        metrics=config.usage_metrics,
-        token_file=config.usage_token_file,
-        step_seconds=config.usage_step_seconds,
-    )
-    return lambda: prometheus.Reader(source)
 
 
 async def compose(
@@ -52,12 +38,12 @@ async def compose(
     webhook's). Run it with `process.server.run(stop)`. Used by `gpuplace serve` and
     `gpuplace demo` alike. `load_reader` makes the sidecar's reader of measured GPU
     loads (`--load-aware`); by default the Prometheus reader that `--usage-prometheus`
-    names. Raises `ConnectError` (no API), `NoLoadReader`
-    (`--load-aware` without one), `OSError`/`ssl.SSLError` (certificate),
-    `serving.InventoryFileError` only later, at start."""
+    names (`gpuplace.wiring.loads.prometheus_reader`). Raises `ConnectError` (no API),
+    `NoLoadReader` (`--load-aware` without one), `OSError`/`ssl.SSLError` (certificate),
+    `gpuplace.wiring.webhook.InventoryFileError` only later, at start."""
     sidecar: Sidecar | None = None
     if load_reader is None and config.load_aware and config.usage_prometheus:
-        load_reader = prometheus_reader(config)
+        load_reader = loads.prometheus_reader(config)
     if config.inventory is None:
         sidecar = await Sidecar.create(config, registry, rng=rng, load_reader=load_reader)
     try:
@@ -74,7 +60,7 @@ async def compose(
     if sidecar is not None:
         server.add_context(sidecar.running)
         server.add_readiness("sidecar", sidecar.not_ready_reason)
-        if sidecar.load_poller is not None:
-            server.add_degradation("load-aware", sidecar.load_poller.failing_reason)
+        if sidecar.measured is not None:
+            server.add_degradation("load-aware", sidecar.measured.poller.failing_reason)
         server.add_site("extender", sidecar.app, config.extender_address, config.extender_port)
     return Process(server, sidecar)

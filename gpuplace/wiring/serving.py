@@ -5,8 +5,9 @@ event loop.
 
 - the ops site (plain HTTP, `--metrics-port`): `/metrics`, `/healthz`, `/readyz`;
 - the event loop's lag probe (`gpuplace.runtime.loop_lag`, `gpuplace_event_loop_lag_seconds`);
-- the admission webhook site (TLS, `--webhook-port`): `/mutate`, `/validate`;
-- the inventory source the webhook checks requests against (`--inventory FILE`).
+- the admission webhook (`gpuplace.wiring.webhook`): its site (TLS, `--webhook-port`:
+  `/mutate`, `/validate`), the inventory source it checks requests against (the
+  sidecar's, or `--inventory FILE`), its audit log.
 
 Extending the process (the scheduler extender, cluster informers) needs no change here:
 
@@ -36,26 +37,19 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import prometheus_client
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
-from gpuplace.cluster import nodes
-from gpuplace.placement.inventory import Capabilities, Inventory
-from gpuplace.runtime import background, connection_limits, gc_tuning, jsonlines, loop_lag
-from gpuplace.webhook import app as webhook_app
-from gpuplace.webhook.auditing import AuditLog, Sink
-from gpuplace.webhook.config import WebhookConfig
-from gpuplace.webhook.inventory import CapabilitySource, FixedCapabilities
-from gpuplace.webhook.metrics import WebhookMetrics
+from gpuplace.runtime import connection_limits, gc_tuning, loop_lag
+from gpuplace.webhook.inventory import CapabilitySource
 from gpuplace.webhook.queueing import QueueSource
-from gpuplace.webhook.tls import CertificateReloader
+from gpuplace.wiring import webhook
 from gpuplace.wiring.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -232,114 +226,7 @@ def _json(status: int, body: dict[str, Any]) -> web.Response:
     return web.Response(status=status, text=json.dumps(body), content_type="application/json")
 
 
-# --- the offline inventory ------------------------------------------------------------------
-
-
-class InventoryFileError(ValueError):
-    """`--inventory FILE` cannot be read as nodes; the message names the file and the cause."""
-
-
-def read_inventory(path: Path) -> Inventory:
-    """Nodes from a `kubectl get nodes -o json` file (a NodeList/List, or a bare list)."""
-    try:
-        document = json.loads(path.read_bytes())
-    except (OSError, ValueError) as error:
-        raise InventoryFileError(f"--inventory {path}: {error}") from None
-    items = document.get("items") if isinstance(document, dict) else document
-    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
-        raise InventoryFileError(
-            f"--inventory {path}: expected the output of `kubectl get nodes -o json` "
-            '({"items": [Node, ...]})'
-        )
-    try:
-        return nodes.inventory(items)
-    except (nodes.NodeError, ValueError) as error:
-        raise InventoryFileError(f"--inventory {path}: {error}") from None
-
-
-class FileInventory:
-    """The inventory from a file, read at start and again whenever the file changes.
-
-    `capabilities()` is O(1): computed once per (re)load. A file that stops parsing keeps
-    the last good inventory (logged); the first read must succeed.
-    """
-
-    def __init__(self, path: Path, interval_seconds: float = 10.0) -> None:
-        self.path = path
-        self.interval_seconds = interval_seconds
-        self._inventory: Inventory | None = None
-        self._capabilities: Capabilities | None = None
-        self._signature: tuple[int, int, int] | None = None
-
-    def inventory(self) -> Inventory | None:
-        return self._inventory
-
-    def capabilities(self) -> Capabilities | None:
-        return self._capabilities
-
-    def _stat(self) -> tuple[int, int, int]:
-        status = self.path.stat()
-        return status.st_ino, status.st_size, status.st_mtime_ns
-
-    def load(self) -> None:
-        """Read the file now; raises `InventoryFileError`."""
-        try:
-            signature = self._stat()
-        except OSError as error:
-            raise InventoryFileError(f"--inventory {self.path}: {error}") from None
-        inventory = read_inventory(self.path)
-        self._inventory = inventory
-        self._capabilities = inventory.capabilities()
-        self._signature = signature
-        log.info(
-            "inventory loaded",
-            extra={"path": str(self.path), "nodes": len(inventory), "gpus": inventory.gpu_count()},
-        )
-
-    def reload_if_changed(self) -> bool:
-        try:
-            if self._stat() == self._signature:
-                return False
-            self.load()
-        except (OSError, InventoryFileError) as error:
-            log.warning(
-                "inventory reload failed; keeping the previous one", extra={"error": str(error)}
-            )
-            return False
-        return True
-
-    @contextlib.asynccontextmanager
-    async def watching(self) -> AsyncIterator[None]:
-        if self._capabilities is None:
-            self.load()
-
-        async def poll() -> None:
-            while True:
-                await asyncio.sleep(self.interval_seconds)
-                self.reload_if_changed()
-
-        async with background.running(poll(), "gpuplace-inventory-file"):
-            yield
-
-
-# --- wiring ---------------------------------------------------------------------------------
-
-
-def audit_sink(settings: Settings) -> Sink:
-    """Where audit lines go: stdout (`-`) or a file rotated at `--audit-log-max-bytes`."""
-    return jsonlines.open_sink(
-        settings.audit_log, settings.audit_log_max_bytes, settings.audit_log_backups
-    )
-
-
-def webhook_config(settings: Settings) -> WebhookConfig:
-    return WebhookConfig(
-        scheduler_name=settings.scheduler_name,
-        sidecar_user=settings.sidecar_user,
-        max_body_bytes=settings.max_body_bytes,
-        read_timeout_seconds=settings.read_timeout_seconds,
-        node_agent=settings.node_agent,
-    )
+# --- the process ---------------------------------------------------------------------------
 
 
 def build(
@@ -349,7 +236,8 @@ def build(
     capabilities: CapabilitySource | None = None,
     queues: QueueSource | None = None,
 ) -> Server:
-    """The process as configured: ops site, webhook site, inventory source.
+    """The process as configured: the ops site, the loop-lag probe and the webhook site
+    with its inventory source (`gpuplace.wiring.webhook.add`).
 
     `capabilities` replaces the inventory source (a live, informer-backed one); without it
     `--inventory FILE` is used, and without that the webhook stays not ready. `queues`:
@@ -367,47 +255,15 @@ def build(
     )
     server.add_site("ops", ops_app(server), settings.metrics_address, settings.metrics_port)
     server.add_context(loop_lag.LoopLag(registry).running)
-
-    source: CapabilitySource
-    if capabilities is not None:
-        source = capabilities
-    elif settings.inventory is not None:
-        inventory_file = FileInventory(settings.inventory, settings.inventory_reload_seconds)
-        server.add_context(inventory_file.watching)
-        source = inventory_file
-    else:
-        log.warning("no inventory source: GPU pods are refused until one is configured")
-        source = FixedCapabilities(None)
-    server.add_readiness(
-        "inventory",
-        lambda: None if source.capabilities() is not None else "GPU inventory not known yet",
-    )
-
-    metrics = WebhookMetrics(registry)
-    certificates = CertificateReloader(
-        settings.cert_file,
-        settings.key_file,
-        interval_seconds=settings.tls_reload_seconds,
-        metrics=metrics,
-    )
-    audit = AuditLog(audit_sink(settings))
-
-    @contextlib.asynccontextmanager
-    async def closing_audit() -> AsyncIterator[None]:
-        try:
-            yield
-        finally:
-            audit.close()
-
-    server.add_context(closing_audit)
-    app = webhook_app.create_app(
-        webhook_config(settings), source, audit, metrics, certificates=certificates, queues=queues
-    )
+    hook = webhook.build(settings, registry, capabilities=capabilities, queues=queues)
+    for context in hook.contexts:
+        server.add_context(context)
+    server.add_readiness("inventory", hook.not_ready_reason)
     server.add_site(
         "webhook",
-        app,
+        hook.app,
         settings.webhook_address,
         settings.webhook_port,
-        ssl_context=certificates.context,
+        ssl_context=hook.certificates.context,
     )
     return server

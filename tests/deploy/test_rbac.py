@@ -15,7 +15,7 @@ from kubernetes_asyncio import client
 from gpuplace.cluster import kube
 from gpuplace.commands import node_agent as node_agent_command
 from gpuplace.dev.localapi import access
-from gpuplace.wiring.sidecar import SidecarSettings
+from gpuplace.wiring.settings import SidecarSettings
 from tests.deploy import rendering
 from tests.deploy.rendering import Obj, named, one, render
 

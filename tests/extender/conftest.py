@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry
 from gpuplace.cluster import connecting, kube
 from gpuplace.dev import localapi
 from gpuplace.usage.gpu_loads import LoadReader
-from gpuplace.wiring.sidecar import Sidecar, SidecarSettings
+from gpuplace.wiring.settings import SidecarSettings
+from gpuplace.wiring.sidecar import Sidecar
 from tests.cluster.conftest import eventually
 
 

@@ -18,7 +18,8 @@ from gpuplace.dev.localapi import objects
 from gpuplace.extender import load_polling
 from gpuplace.placement import policies
 from gpuplace.usage.gpu_loads import GpuLoad, GpuLoads, UsageUnavailable
-from gpuplace.wiring.sidecar import NoLoadReader, Sidecar
+from gpuplace.wiring.loads import NoLoadReader
+from gpuplace.wiring.sidecar import Sidecar
 from tests.extender.conftest import Harness, harness, settings
 
 NODES = ("gpu-a", "gpu-b")
@@ -78,7 +79,8 @@ async def _ready(h: Harness) -> None:
 async def _loaded(h: Harness) -> tuple[load_polling.LoadBoard, load_polling.LoadPoller]:
     """The sidecar's board and poller, once synced and the first loads are read."""
     await _ready(h)
-    board, poller = h.sidecar.loads, h.sidecar.load_poller
+    assert h.sidecar.measured is not None
+    board, poller = h.sidecar.measured.board, h.sidecar.measured.poller
     assert board is not None and poller is not None
     await h.synced(lambda: board.current() is not None)
     return board, poller
@@ -165,7 +167,7 @@ async def test_without_load_aware_the_answers_are_todays(server: localapi.Server
     _cluster(server)
     async with harness(server) as h:
         await _ready(h)
-        assert h.sidecar.loads is None and h.sidecar.load_poller is None
+        assert h.sidecar.measured is None
         node, gpus, scores = await _place(h, "p")
         assert (node, gpus) == (FIRST, "0")
         assert scores == {FIRST: 10, SECOND: 0}

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from gpuplace import cli
 from gpuplace.cluster import keys
 from gpuplace.runtime import logs
-from gpuplace.wiring import serving
+from gpuplace.wiring import serving, webhook
 from gpuplace.wiring.settings import Settings, from_arguments
 from tests.webhook import helpers
 
@@ -304,7 +304,7 @@ async def test_bad_inventory_file_fails_the_start(tls: tuple[Path, Path], tmp_pa
     bad = tmp_path / "nodes.json"
     bad.write_text(json.dumps({"items": [helpers.node("x", gpus=2, model="")]}))
     server = serving.build(settings(tls, tmp_path, inventory=bad), CollectorRegistry())
-    with pytest.raises(serving.InventoryFileError, match=r"nvidia\.com/gpu\.product"):
+    with pytest.raises(webhook.InventoryFileError, match=r"nvidia\.com/gpu\.product"):
         async with running(server, tls[0]):
             pass
 
@@ -342,7 +342,7 @@ async def test_lead_can_add_sites_contexts_and_checks(
         ) as response:
             assert await response.text() == "hi"
         assert (await process.get("/readyz"))[0] == 503
-        source.set(serving.read_inventory(inventory_file).capabilities())
+        source.set(webhook.read_inventory(inventory_file).capabilities())
         assert (await process.get("/readyz"))[0] == 200
     assert events == ["start", "stop"]
 

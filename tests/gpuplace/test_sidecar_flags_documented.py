@@ -11,7 +11,7 @@ import pytest
 from pydantic_settings import BaseSettings
 
 from gpuplace.wiring.agent_settings import AgentSettings
-from gpuplace.wiring.sidecar import SidecarSettings
+from gpuplace.wiring.settings import SidecarSettings
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

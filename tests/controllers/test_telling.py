@@ -1,10 +1,10 @@
-"""How the gang and queue controllers' Events word a duration (`gpuplace.gangs.events`)."""
+"""How the gang and queue controllers' Events word a duration (`gpuplace.controllers.telling`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpuplace.gangs.events import duration
+from gpuplace.controllers.telling import duration
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""The gang controller's leadership gate: it follows kube-scheduler's Lease
-(`gpuplace.gangs.leader`), reads it through the API, and is loud when the API refuses."""
+"""The gang and queue controllers' leadership gate: it follows kube-scheduler's Lease
+(`gpuplace.controllers.leader`), reads it through the API, and is loud when the API refuses."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from gpuplace.cluster import kube, refusals
+from gpuplace.controllers import leader
 from gpuplace.dev import localapi
-from gpuplace.gangs import leader as gang_leader
 
 
 def lease(holder: str, renewed: datetime, seconds: int = 15) -> dict[str, Any]:
@@ -32,13 +32,13 @@ def lease(holder: str, renewed: datetime, seconds: int = 15) -> dict[str, Any]:
 def test_leadership_follows_the_scheduler_lease() -> None:
     now = datetime.now(UTC)
     stamp = now.timestamp()
-    assert gang_leader.leads(lease("gpuplace-7f9_1b2c", now), "gpuplace-7f9", stamp)
-    assert gang_leader.leads(lease("gpuplace-7f9", now), "gpuplace-7f9", stamp)
-    assert not gang_leader.leads(lease("gpuplace-7f9x_1b2c", now), "gpuplace-7f9", stamp)
-    assert not gang_leader.leads(lease("other_1", now), "gpuplace-7f9", stamp)
+    assert leader.leads(lease("gpuplace-7f9_1b2c", now), "gpuplace-7f9", stamp)
+    assert leader.leads(lease("gpuplace-7f9", now), "gpuplace-7f9", stamp)
+    assert not leader.leads(lease("gpuplace-7f9x_1b2c", now), "gpuplace-7f9", stamp)
+    assert not leader.leads(lease("other_1", now), "gpuplace-7f9", stamp)
     old = now - timedelta(seconds=20)
-    assert not gang_leader.leads(lease("gpuplace-7f9_1", old), "gpuplace-7f9", stamp)
-    assert not gang_leader.leads({}, "gpuplace-7f9", stamp)
+    assert not leader.leads(lease("gpuplace-7f9_1", old), "gpuplace-7f9", stamp)
+    assert not leader.leads({}, "gpuplace-7f9", stamp)
 
 
 async def test_the_lease_follower_reads_the_api() -> None:
@@ -49,7 +49,7 @@ async def test_the_lease_follower_reads_the_api() -> None:
             refusals=refusals.Refusals(missing_grace=0.0),
         )
         try:
-            follower = gang_leader.LeaseFollower(api, identity="me")
+            follower = leader.LeaseFollower(api, identity="me")
             await follower.read()
             assert not follower()  # no Lease yet: not leading
             assert "cannot find kube-scheduler's Lease" in str(follower.blocked_reason())
@@ -94,7 +94,7 @@ async def test_a_refused_lease_read_is_loud(caplog: pytest.LogCaptureFixture) ->
         registry = CollectorRegistry()
         registry.register(api.refusals)
         try:
-            follower = gang_leader.LeaseFollower(api, identity="me")
+            follower = leader.LeaseFollower(api, identity="me")
             with caplog.at_level(logging.INFO, logger="gpuplace.cluster.refusals"):
                 for _ in range(3):
                     await follower.read()

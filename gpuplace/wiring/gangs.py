@@ -1,11 +1,13 @@
-"""The gang controller wired once, for the sidecar (`gpuplace.wiring.sidecar`) and the tests alike.
+"""The gang controller's builder (`--gangs`), for the sidecar (`gpuplace.wiring.sidecar`)
+and the tests alike.
 
-`build(api, sync, policy, ...)` makes what a running gang controller needs: the store of
-gang members and the informer that fills it (pods labelled `gpuplace.io/managed=true`
-and `gpuplace.io/gang`), the leader gate that follows kube-scheduler's Lease (none
-without `scheduler_lease`: a single replica always leads, or `active` decides), and the
+`build(api, sync, policy, ...)` makes what a running gang controller needs: the index of
+gang members (pods labelled `gpuplace.io/gang`, fed by the sidecar's one informer of
+managed pods through `sync`: `gpuplace.controllers.store.gang_members`), the leader gate
+that follows kube-scheduler's Lease (`gpuplace.wiring.leading`; none without
+`scheduler_lease`: a single replica always leads, or `active` decides), and the
 controller itself with its preemptions (`fences` shared with the extender's filter).
-`Gangs.work()` is the background work to run: informer, lease follower, controller.
+`Gangs.work()` is the background work to run: the lease follower and the controller.
 """
 
 from __future__ import annotations
@@ -17,30 +19,32 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gpuplace.cluster import kube, recording, watching
+from gpuplace.cluster import kube, recording
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.gangs import store as stores
-from gpuplace.gangs.api import KubePods
+from gpuplace.controllers import store as stores
+from gpuplace.controllers.api import KubePods, PodApi
+from gpuplace.controllers.controller import Parts
+from gpuplace.controllers.leader import LeaseFollower
 from gpuplace.gangs.controller import GangController, GangSettings
-from gpuplace.gangs.leader import LeaseFollower
-from gpuplace.gangs.members import GangPod
 from gpuplace.placement.choosing import Policy
 from gpuplace.placement.fences import Fences
+from gpuplace.placement.gangs import GangKey
+from gpuplace.wiring import leading
+from gpuplace.wiring.settings import SidecarSettings
 
 
 @dataclass(slots=True)
 class Gangs:
-    """A gang controller with its informer and leader gate, built and not started."""
+    """A gang controller with its index of members and leader gate, built and not started."""
 
-    store: stores.GangStore
-    informer: watching.Informer[GangPod]
+    store: stores.PodIndex[GangKey]
     controller: GangController
     leader: LeaseFollower | None
     """Whether this replica's kube-scheduler leads (None: always treated as leading)."""
 
     def work(self) -> list[Coroutine[Any, Any, None]]:
         """The coroutines to run as background tasks (each runs until cancelled)."""
-        work = [self.informer.run(), self.controller.run()]
+        work = [self.controller.run()]
         if self.leader is not None:
             work.append(self.leader.run())
         return work
@@ -56,8 +60,6 @@ def build(
     registry: CollectorRegistry | None,
     settings: GangSettings,
     scheduler_lease: str = "",
-    page_size: int = 500,
-    watch_seconds: int = 300,
     clock: Callable[[], float] = time.time,
     active: Callable[[], bool] | None = None,
     blocked: Callable[[], str | None] | None = None,
@@ -68,23 +70,26 @@ def build(
     one, `active` (None: always) says whether it decides and `blocked` why it cannot tell
     (the sidecar passes the leader gate it shares with the queue controller). `clock`:
     POSIX seconds."""
-    leader = None
-    if scheduler_lease:
-        namespace, _, name = scheduler_lease.partition("/")
-        leader = LeaseFollower(api, namespace=namespace, name=name)
-    store = stores.GangStore()
-    informer = stores.informer(api, store, page_size=page_size, watch_seconds=watch_seconds)
-    controller = GangController(
+    leader = leading.follower(api, scheduler_lease)
+    store = stores.gang_members(sync)
+    parts: Parts[PodApi] = Parts(
         KubePods(api),
-        store,
         sync,
         policy,
-        recorder=recorder,
-        registry=registry,
-        fences=fences,
-        settings=settings,
-        clock=clock,
+        recorder,
+        fences,
+        clock,
         active=leader if leader is not None else active,
         blocked=leader.blocked_reason if leader is not None else blocked,
     )
-    return Gangs(store, informer, controller, leader)
+    controller = GangController(parts, store, registry=registry, settings=settings)
+    return Gangs(store, controller, leader)
+
+
+def settings_from(flags: SidecarSettings) -> GangSettings:
+    """The gang controller's settings as the sidecar's flags set them
+    (`--gang-starve-after-seconds`, `--reservation-timeout-seconds`)."""
+    return GangSettings(
+        starve_after_seconds=flags.gang_starve_after_seconds,
+        hold_seconds=flags.reservation_timeout_seconds,
+    )

@@ -1,8 +1,11 @@
-"""The API calls the gang controller makes, as a protocol, and their kubernetes-asyncio form.
+"""The API calls the gang and queue controllers make, as a protocol, and their
+kubernetes-asyncio form.
 
-`PodApi` is all the controller needs: read a pod, merge-patch it, merge-patch its
-status (the GangReady condition), and for a preempting gang evict a pod (Eviction API)
-and list a namespace's PodDisruptionBudgets. `KubePods` provides it over
+`PodApi` is all a controller needs of pods: read a pod, merge-patch it, merge-patch its
+status (the GangReady condition), and for a preemption or a reclaim evict a pod
+(Eviction API) and list a namespace's PodDisruptionBudgets. `Pod` is what a write or an
+Event needs to name its pod (a gang member, a queued pod, a victim's record: all
+`gpuplace.cluster.pods.PodRecord`s, which satisfy it). `KubePods` provides `PodApi` over
 `gpuplace.cluster.kube.Kube`, the one layer every API call goes through
 (tests/deploy/test_rbac.py checks it). Failures are `gpuplace.cluster.kube.ApiError`,
 as everywhere. Owns no state, never retries.
@@ -14,6 +17,17 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from gpuplace.cluster import kube
+
+
+class Pod(Protocol):
+    """The pod a write or an Event is for: where, and which one."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
 
 
 class PodApi(Protocol):

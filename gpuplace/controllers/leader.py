@@ -1,8 +1,9 @@
-"""Whether this replica is the one that decides: the gang controller's leadership gate.
+"""Whether this replica is the one that decides: the gang and queue controllers' leader gate.
 
 Several replicas run the sidecar, but only the kube-scheduler holding the Lease
-`gpuplace/gpuplace-scheduler` schedules (docs/deploy.md). The gang controller must act
-in that replica only, or two controllers with two ledgers would plan the same gangs.
+`gpuplace/gpuplace-scheduler` schedules (docs/deploy.md). The gang and queue controllers
+must act in that replica only, or two controllers with two ledgers would plan the same
+gangs and admit the same workloads. One `LeaseFollower` gates both (the sidecar's).
 Rather than a second election, it follows the scheduler's: kube-scheduler's leader
 identity is `<hostname>_<uuid>`, and both containers of the pod share the hostname (the
 pod name), so this replica leads while the Lease's `holderIdentity` starts with its
@@ -11,14 +12,14 @@ own hostname + "_" and `renewTime + leaseDurationSeconds` has not passed.
 `LeaseFollower.run` reads the Lease every `interval` seconds through `gpuplace.cluster.kube`
 (RBAC: `get` on that Lease, Role `gpuplace-read-scheduler-lease`); `LeaseFollower()`
 answers from the last read. A failed read counts as not leading (the safe side: a gang
-waits a little longer, it is never planned twice), except a single one in a row that
+or a queued pod waits a little longer, it is never planned twice), except a single one in a row that
 the API did not refuse (a timeout, a 5xx): the last read's Lease is kept for it, and
 still only leads until its own `renewTime + leaseDurationSeconds`, as kube-scheduler's
-other replicas cannot take the Lease before then. So one blip does not make the gang
-controller a follower for a round, which would drop its fence for a preempting gang.
+other replicas cannot take the Lease before then. So one blip does not make the
+controllers followers for a round, which would drop the fence of a preempting gang.
 A read the API *refuses* (401, 403, or a 404 that lasts: no such Lease) is not quiet:
 `gpuplace.cluster.refusals` logs it at ERROR, counts it and fails /readyz, and `blocked_reason`
-says why no gang can start, for the gang controller's Events on the members that wait.
+says why no gang can start, for the controllers' Events on the pods that wait.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class LeaseFollower:
         was = self()
         self._lease = lease
         if self() != was:
-            log.info("gang controller leadership changed", extra={"leading": self()})
+            log.info("controller leadership changed", extra={"leading": self()})
 
     async def run(self) -> None:
         while True:

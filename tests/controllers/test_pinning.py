@@ -1,4 +1,4 @@
-"""A gated gang member pinned to its planned node (`gpuplace.gangs.pinning`): the narrowing
+"""A gated gang member pinned to its planned node (`gpuplace.controllers.pinning`): the narrowing
 obeys the rules kube-apiserver ≥ 1.30 applies to a gated pod's node affinity (KEP-3838,
 `validateNodeAffinityMutation`), and `narrows` refuses exactly what the API server
 refuses, with its words."""
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuplace.cluster.node_affinity import NodeAffinity
-from gpuplace.gangs.pinning import (
+from gpuplace.controllers.pinning import (
     POD_AFFINITY_CHANGED,
     TERM_CHANGED,
     TERMS_CHANGED,

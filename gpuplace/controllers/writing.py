@@ -1,12 +1,13 @@
-"""The gang controller's API reads and writes of gang members, each safe to repeat.
+"""A controller's API reads and writes of its pods, each safe to repeat.
 
 `Writer.fetch` reads a member as the API has it now (None when it is gone or was
 replaced: another UID under the same name). `Writer.write` applies a change as a JSON
 merge patch carrying the pod's UID and resourceVersion as preconditions, and on 409
 Conflict reads the pod again and recomputes the change (`attempts` times at most), so a
 write never undoes one it did not see. `Writer.each` runs one such step on every member
-of a gang, at most `concurrency` at once (the queue controller writes its admissions with
-it too). Owns no state; every failure is a
+of a gang, at most `concurrency` at once. The gang controller writes its plans and
+conditions with it, the queue controller its admissions (`gpuplace.controllers.plans`
+holds the steps both take). Owns no state; every failure is a
 `gpuplace.cluster.kube.ApiError`.
 """
 
@@ -14,24 +15,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from gpuplace.cluster import kube
-from gpuplace.gangs.api import PodApi
+from gpuplace.controllers.api import Pod, PodApi
 
 T = TypeVar("T")
-
-
-class Pod(Protocol):
-    """The pod a write is for (a gang member, a queued pod): where, and which one."""
-
-    @property
-    def namespace(self) -> str: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def uid(self) -> str: ...
-
 
 Change = Callable[[dict[str, Any]], dict[str, Any] | None]
 """The merge patch to apply to the pod as it is now, or None when nothing is left to do."""
