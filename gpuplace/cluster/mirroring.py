@@ -1,8 +1,10 @@
-"""The API mirrored into a `LedgerSync`: the node informer, then the managed-pod informer.
+"""The API mirrored into a `LedgerSync`: the node informer, then the managed-pod informer,
+then (on the DRA path, `claims`) the informer of every namespace's ResourceClaims
+(`gpuplace.cluster.claims`: what each holds of gpuplace's GPUs).
 
 Nodes sync first so that the pods' grants land on known nodes (`Ledger.put_node` is
 O(grants); adding 10,000 nodes under 100,000 grants would be quadratic). `ready`
-(the `LedgerSync.ready` event) is set once both informers have listed; `/readyz` and
+(the `LedgerSync.ready` event) is set once every informer has listed; `/readyz` and
 every extender decision wait for it.
 """
 
@@ -13,7 +15,7 @@ import logging
 
 from prometheus_client import CollectorRegistry
 
-from gpuplace.cluster import keys, kube, nodes, pods, watching
+from gpuplace.cluster import claims, keys, kube, nodes, pods, watching
 from gpuplace.cluster.syncing import LedgerSync
 
 log = logging.getLogger(__name__)
@@ -33,7 +35,9 @@ class Mirror:
         page_size: int = 500,
         watch_seconds: int = 300,
         backoff: watching.Backoff | None = None,
+        with_claims: bool = False,
     ) -> None:
+        """`with_claims`: also mirror ResourceClaims (`--dra-claims` other than off)."""
         self.sync = sync
         backoff = backoff or watching.Backoff()
         metrics = watching.InformerMetrics(registry) if registry is not None else None
@@ -61,12 +65,27 @@ class Mirror:
             backoff=backoff,
             metrics=metrics,
         )
+        self.claims: watching.Informer[claims.ClaimRecord] | None = None
+        """The ResourceClaim informer (None: not on the DRA path)."""
+        if with_claims:
+            self.claims = watching.Informer(
+                api,
+                "resourceclaims",
+                sync.claims_handler,
+                claims.record,
+                page_size=page_size,
+                watch_seconds=watch_seconds,
+                backoff=backoff,
+                metrics=metrics,
+            )
 
     def not_ready_reason(self) -> str | None:
         if not self.nodes.synced.is_set():
             return "node informer has not listed yet"
         if not self.pods.synced.is_set():
             return "pod informer has not listed yet"
+        if self.claims is not None and not self.claims.synced.is_set():
+            return "ResourceClaim informer has not listed yet"
         return None
 
     async def load(self) -> None:
@@ -74,6 +93,8 @@ class Mirror:
         `gpuplace explain`. Raises `kube.ApiError`."""
         await self.nodes.relist()
         await self.pods.relist()
+        if self.claims is not None:
+            await self.claims.relist()
         self.sync.ready.set()
 
     async def run(self) -> None:
@@ -83,8 +104,15 @@ class Mirror:
             await self.nodes.synced.wait()
             group.create_task(self.pods.run(), name="gpuplace-informer-pods")
             await self.pods.synced.wait()
+            if self.claims is not None:
+                group.create_task(self.claims.run(), name="gpuplace-informer-resourceclaims")
+                await self.claims.synced.wait()
             self.sync.ready.set()
             log.info(
                 "cluster state synced",
-                extra={"nodes": len(self.sync.ledger.inventory), "grants": len(self.sync.ledger)},
+                extra={
+                    "nodes": len(self.sync.ledger.inventory),
+                    "grants": len(self.sync.ledger),
+                    "claims": len(self.sync.claims),
+                },
             )
