@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuplace.cluster import dra_claims, keys, kube, recording
+from gpuplace.cluster import dra_claims, keys, kube, nodes, recording
 from gpuplace.cluster.claims import ClaimRecord
 from gpuplace.cluster.gang_marks import gated
 from gpuplace.cluster.pods import PodRecord
@@ -110,12 +110,7 @@ def dra_pods(sync: LedgerSync) -> PodIndex[None]:
 
 def dra_gpus(inventory: Inventory) -> list[Gpu]:
     """The GPUs of the DRA nodes (label `gpuplace.io/dra=true`). O(GPUs)."""
-    return [
-        gpu
-        for node in inventory
-        if str(node.labels.get(keys.NODE_DRA, "")).lower() == "true"
-        for gpu in node.gpus
-    ]
+    return [gpu for node in inventory if nodes.is_dra(node) for gpu in node.gpus]
 
 
 def assigned_message(claim: ClaimRecord) -> str:
@@ -158,7 +153,19 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
         await self.loop.run(self.step, self._follow, ready=(self.store.synced,))
 
     def _follow(self) -> None:
-        """Another replica decides: nothing to do here."""
+        """Another replica decides; when this one cannot tell who does (the Lease cannot
+        be read), the waiting pods hear why, once."""
+        reason = self.blocked() if self.blocked is not None else None
+        if reason is None:
+            return
+        for record in self.store.pods.values():
+            if record.claim_gated and record.live and self._told.first(record.uid, "blocked"):
+                self._emit(
+                    record,
+                    recording.WARNING,
+                    CLAIM_BLOCKED,
+                    f"gpuplace does not create its ResourceClaim {record.claim} yet: {reason}",
+                )
 
     async def step(self) -> None:
         """One round (module docstring)."""

@@ -88,14 +88,23 @@ class Mirror:
             return "ResourceClaim informer has not listed yet"
         return None
 
-    async def load(self) -> None:
-        """List nodes, then pods, once (no watch): a snapshot for one-shot readers such as
-        `gpuplace explain`. Raises `kube.ApiError`."""
+    async def load(self, *, claims_optional: bool = False) -> str:
+        """List nodes, then pods (then claims), once (no watch): a snapshot for one-shot
+        readers such as `gpuplace explain`. Raises `kube.ApiError`; with `claims_optional`
+        a claim list the API refuses (no DRA API, no RBAC for it) is not an error: returns
+        why it was not read ("" when it was, or was not asked for)."""
         await self.nodes.relist()
         await self.pods.relist()
+        missing = ""
         if self.claims is not None:
-            await self.claims.relist()
+            try:
+                await self.claims.relist()
+            except kube.ApiError as error:
+                if not claims_optional:
+                    raise
+                missing = f"ResourceClaims not read ({error.status} {error.reason})"
         self.sync.ready.set()
+        return missing
 
     async def run(self) -> None:
         """Run both informers until cancelled; sets `sync.ready` once both listed."""

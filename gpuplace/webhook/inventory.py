@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from gpuplace.cluster import keys
-from gpuplace.placement.inventory import Capabilities, Inventory, Node
+from gpuplace.cluster.nodes import is_dra
+from gpuplace.placement.inventory import Capabilities, Inventory
 
 NO_CAPABILITIES = Capabilities({})
 
@@ -24,11 +24,6 @@ class Paths:
 
     device_plugin: Capabilities
     dra: Capabilities
-
-
-def is_dra(node: Node) -> bool:
-    """A node on the DRA path: labelled `gpuplace.io/dra=true`."""
-    return str(node.labels.get(keys.NODE_DRA, "")).lower() == "true"
 
 
 def paths_of(inventory: Inventory) -> Paths:
