@@ -103,7 +103,7 @@ async def _explain(args: argparse.Namespace, namespace: str, name: str) -> int:
     used: report.Report | None = None
     unavailable = ""
     if args.prometheus:
-        asked = [item for item in map(report.asked_of, [*managed, pod]) if item is not None]
+        asked = usage_command.asked([*managed, pod])
         try:
             used = await usage_command.read(args, asked)
         except UsageUnavailable as error:
