@@ -285,6 +285,9 @@ def make_base(buildah: Buildah, cache: Path, args: argparse.Namespace) -> dict[s
             )
             partial.replace(tarball)
         made = True
+        for older in tarball.parent.glob(f"python{PYTHON}-{SUITE}-*.tar"):
+            if older != tarball:
+                older.unlink()
     if made or not buildah.exists(tag):
         log(f"importing the base as {tag}")
         container = buildah("from", "scratch", quiet=True).strip()
@@ -358,6 +361,9 @@ def wheelhouse(cache: Path) -> tuple[Path, bool]:
     (partial / ".complete").write_text("")
     shutil.rmtree(directory, ignore_errors=True)
     partial.rename(directory)
+    for older in directory.parent.iterdir():
+        if older != directory:
+            shutil.rmtree(older, ignore_errors=True)  # the wheels of earlier pins
     return directory, True
 
 
@@ -472,6 +478,22 @@ def inspect_image(buildah: Buildah, image: str) -> dict[str, Any]:
     }
 
 
+def prune(buildah: Buildah, base: str) -> None:
+    """Drop what earlier builds left in this store (it is this script's own, and the lock
+    is held): working containers of builds that died, images the tag has moved off, and
+    local bases of an earlier recipe or mirror. Best effort: a failure is only reported."""
+    try:
+        buildah("rm", "--all", quiet=True)
+        for listed in json.loads(buildah("images", "--json", quiet=True) or "[]"):
+            names = listed.get("names") or []
+            stale = [name for name in names if name.startswith(BASE_NAME) and name != base]
+            if stale and not set(names) - set(stale):
+                buildah("rmi", str(listed["id"]), quiet=True)
+        buildah("rmi", "--prune", quiet=True)
+    except Failure as failure:
+        log(f"warning: could not prune earlier builds' images: {failure}")
+
+
 def build(args: argparse.Namespace) -> dict[str, Any]:
     cache = args.cache_dir
     timer = Timer()
@@ -525,6 +547,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
             )  # fmt: skip
         with timer.step("inspect"):
             report.update(inspect_image(buildah, args.tag))
+        prune(buildah, base)
         if args.archive is not None:
             with timer.step("archive"):
                 args.archive.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,13 @@ UPGRADE_TAG = f"{NAME}:{VERSION}-next"
 TOOLS = {"buildah": "buildah", "runc": "runc", "mmdebstrap": "mmdebstrap"}
 """Command -> Debian package, for the build."""
 BUILD_TIMEOUT = 900
+OFFLINE = re.compile(
+    r"(Temporary failure resolving|Could not resolve|Could not connect|Network is unreachable|"
+    r"Temporary failure in name resolution|Failed to establish a new connection|"
+    r"No route to host|Could not fetch URL)"
+)
+"""What apt, mmdebstrap and pip print when the network is not there (the build then
+cannot run here, as tests/deploy/test_image.py skips offline)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,9 @@ def build(workdir: Path) -> Built:
             check=False,
         )
     report: dict[str, Any] = json.loads(done.stdout) if done.stdout.strip() else {}
+    if done.returncode != 0 and not report and OFFLINE.search(log.read_text(errors="replace")):
+        unusable(f"the image build could not reach the Debian mirror or the package index:\n"
+                 f"{tail(log, 10)}")  # fmt: skip
     assert done.returncode == 0, f"build.py exited {done.returncode}:\n{tail(log, 40)}"
     return Built(TAG, archive, report, log)
 
