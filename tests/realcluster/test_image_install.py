@@ -31,6 +31,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench import image_install
 from gpuplace.certs import issuing, pairs
 from tests.deploy import test_install_sequence as install_sequence
 from tests.realcluster import image, kit, pods
@@ -379,6 +380,15 @@ def test_the_node_agent_daemonset_serves_the_kubelet_and_a_pod_gets_its_grant(
     assert granted["node"] == in_pods.node and granted["uuids"] in in_pods.uuids
     assert gpu_env(environment(kubectl, running)) == {"NVIDIA_VISIBLE_DEVICES": DEVICES}
     assert inside(kubectl, running, "ls", DEVICES).split() == [granted["uuids"]]
+
+
+def test_the_install_is_timed_as_the_bench_reports_it(in_pods: InPods) -> None:
+    """`bench/image_install.py`'s figures, from this installation (README's install times)."""
+    figures = image_install.measure(in_pods)
+    assert figures["image"]["size_mib"] > figures["image"]["base_size_mib"] > 0
+    steps = figures["install_seconds"]
+    assert {"import", "apply", "certs", "rollout", "node-agent", "install"} <= set(steps)
+    assert 0 < steps["apply"] + steps["certs"] + steps["rollout"] <= steps["install"]
 
 
 # ---- point 3: the certificate CronJob under a running webhook
