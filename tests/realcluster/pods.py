@@ -55,7 +55,6 @@ from tests.realcluster.objects import (
 )
 from tests.realcluster.processes import HostProcess
 
-DEPLOY_DOC = ROOT / "docs" / "deploy.md"
 CERTS_STEP = (
     "kubectl -n gpuplace create job gpuplace-certs-init --from=cronjob/gpuplace-certs",
     "kubectl -n gpuplace wait --for=condition=complete job/gpuplace-certs-init --timeout=5m",
