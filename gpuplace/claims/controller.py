@@ -8,7 +8,8 @@ kube-scheduler leads, like the gang and queue controllers), woken by every chang
 managed pods. Each round, for every live pod still behind that gate (its index:
 `dra_pods`):
 
-1. **create** its claim, unless the claim informer already has it:
+1. **create** its claim, unless the claim informer already has it (`create_claim`, the one
+   place a pod's claim is written; a planner passes the GPUs it chose to pin it):
    `dra_claims.claim` from the pod's parsed request, owned by the pod, its memory the ask
    plus the CUDA context of the DRA GPUs it may land on (`dra_claims.context_mib`);
    AlreadyExists is read back: a claim of that name owned by this pod (a round that
@@ -31,7 +32,7 @@ pod and step.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -194,7 +195,7 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
                 )
             return
         found = self.sync.claim(record.namespace, record.claim)
-        owner = found.owner if found is not None else await self._create(record)
+        owner = found.owner if found is not None else await self.create_claim(record)
         if owner is None:
             return
         if owner != record.uid:
@@ -211,11 +212,18 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
             return
         await self.writer.write(record, None, _ungated)
 
-    async def _create(self, record: PodRecord) -> str | None:
-        """Create the claim; the UID of the pod that owns the claim of that name now (this
-        one's when created), or None when the API refused it (said in an Event)."""
+    async def create_claim(self, record: PodRecord, *, pinned: Sequence[Gpu] = ()) -> str | None:
+        """Create the claim of `record` (a pod on the DRA path whose request reads): the one
+        place gpuplace writes a pod's ResourceClaim. `pinned`: the GPUs a planner chose
+        (plan, then pin), the claim then asks exactly those (`dra_claims.devices`) and
+        their context; none: any GPU that fits (kube-scheduler's first fit). The UID of the
+        pod that owns the claim of that name now (this one's when created), or None when
+        the API refused it (said in an Event). One API write (two on AlreadyExists)."""
         assert record.request is not None
-        context = dra_claims.context_mib(record.request, dra_gpus(self.sync.ledger.inventory))
+        if any(not gpu.uuid for gpu in pinned):
+            raise ValueError("a claim is pinned by the GPUs' UUIDs; a pinned GPU has none")
+        gpus = list(pinned) or dra_gpus(self.sync.ledger.inventory)
+        context = dra_claims.context_mib(record.request, gpus)
         body = dra_claims.claim(
             record.namespace,
             record.claim,
@@ -223,6 +231,7 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
             pod_uid=record.uid,
             request=record.request,
             context=context,
+            pinned=[gpu.uuid for gpu in pinned],
         )
         try:
             await self.api.create_resource_claim(record.namespace, body)

@@ -456,6 +456,16 @@ def uuid_selector(uuid: str) -> str:
     return f'device.attributes["{DRIVER}"].{UUID} == {json.dumps(uuid)}'
 
 
+def uuids_selector(uuids: Iterable[str]) -> str:
+    """A CEL device selector that holds for the GPUs `uuids` only (one: `uuid_selector`),
+    a device without a UUID attribute none of them: how a claim of N GPUs is pinned to the
+    N the engine chose. O(len(uuids))."""
+    options = [uuid_selector(uuid) for uuid in dict.fromkeys(uuids)]
+    if not options:
+        return "false"
+    return f"{_holds_key(UUID)} && ({' || '.join(options)})"
+
+
 _ATTRIBUTES = f'device.attributes["{DRIVER}"]'
 _CAPACITY = f'device.capacity["{DRIVER}"]'
 

@@ -18,8 +18,8 @@ The sidecar (`gpuplace.claims`) then creates the claim, `claim(...)`: owned by t
 kube-controller-manager's resourceclaim controller deletes it once the pod has finished:
 seen on v1.36.2), labelled `gpuplace.io/managed=true`, its devices from the pod's parsed
 request (`devices`), and removes the gate. kube-scheduler's DRA allocator allocates it
-(first fit) and binds the pod; the next step pins the claim to the GPU the engine plans
-(`dra.uuid_selector`) before the gate goes.
+(first fit) and binds the pod; a planner pins the claim to the GPUs the engine plans
+(`pinned`: `dra.uuids_selector`) before the gate goes.
 
 What a claim asks, from the annotations (`devices`):
 
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuplace.cluster import dra, keys, mps_limits
@@ -149,10 +149,16 @@ def _exactly(request: GpuRequest, context: int, selectors: list[str]) -> dict[st
     return body
 
 
-def devices(request: GpuRequest, context: int = 0) -> dict[str, Any]:
+def devices(
+    request: GpuRequest, context: int = 0, pinned: Sequence[str] = ()
+) -> dict[str, Any]:
     """The claim's `spec.devices` for `request` (the table of the module docstring);
-    `context`: the CUDA context MiB added to a share's memory (`context_mib`). O(models)."""
+    `context`: the CUDA context MiB added to a share's memory (`context_mib`); `pinned`:
+    the UUIDs of the GPUs a planner chose, a selector on every alternative (none: any GPU
+    that fits, kube-scheduler's first fit). O(models + pinned)."""
     selectors = [dra.model_selector(sorted(request.models))] if request.models else []
+    if pinned:
+        selectors.insert(0, dra.uuids_selector(pinned))
     if not request.shares and request.memory_mib:
         selectors.append(dra.memory_selector(request.memory_mib))
     linked = request.count > 1 and request.topology is not Topology.ANY
@@ -181,10 +187,18 @@ def devices(request: GpuRequest, context: int = 0) -> dict[str, Any]:
 
 
 def claim(
-    namespace: str, name: str, *, pod: str, pod_uid: str, request: GpuRequest, context: int = 0
+    namespace: str,
+    name: str,
+    *,
+    pod: str,
+    pod_uid: str,
+    request: GpuRequest,
+    context: int = 0,
+    pinned: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The ResourceClaim `namespace/name` for the pod `pod` (UID `pod_uid`) asking
-    `request`: owned by the pod, labelled `gpuplace.io/managed=true`."""
+    `request`: owned by the pod, labelled `gpuplace.io/managed=true`; `pinned`: the GPUs'
+    UUIDs it must get (`devices`)."""
     return {
         "apiVersion": dra.API_VERSION,
         "kind": "ResourceClaim",
@@ -196,7 +210,7 @@ def claim(
                 {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": pod_uid, "controller": True}
             ],
         },
-        "spec": {"devices": devices(request, context)},
+        "spec": {"devices": devices(request, context, pinned)},
     }
 
 

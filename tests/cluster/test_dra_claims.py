@@ -129,3 +129,39 @@ def test_the_model_and_nvlink_selectors_on_the_slice_devices() -> None:
         False,
     ]  # gpu-3 has none
     assert [holds(nvlink, device) for device in DEVICES] == [True, True, False, False]
+
+
+def test_a_claim_pinned_to_the_planned_gpus_asks_those_alone() -> None:
+    """What a planner (plan, then pin) writes: the planned GPUs' UUIDs a selector on every
+    alternative of the request, beside the model's; on the slice it holds for those only,
+    and for no device without a UUID."""
+    assert [holds(dra.uuids_selector(["GPU-1"]), device) for device in DEVICES] == [
+        False, True, False, False,
+    ]  # fmt: skip
+    pair = dra.uuids_selector(["GPU-2", "GPU-0", "GPU-2"])
+    assert [holds(pair, device) for device in DEVICES] == [True, False, True, False]
+    bare = {
+        **DEVICES[0],
+        "attributes": {k: v for k, v in DEVICES[0]["attributes"].items() if k != dra.UUID},
+    }
+    assert not holds(pair, bare)
+    assert dra.uuids_selector([]) == "false"
+    share = GpuRequest(milli=300, memory_mib=8192, count=1, models=frozenset({H100}))
+    pinned = dra_claims.devices(share, 294, ["GPU-1"])["requests"][0]["exactly"]
+    assert pinned["selectors"] == [
+        {"cel": {"expression": dra.uuids_selector(["GPU-1"])}},
+        {"cel": {"expression": dra.model_selector([H100])}},
+    ]
+    assert (
+        pinned["capacity"] == dra_claims.devices(share, 294)["requests"][0]["exactly"]["capacity"]
+    )
+    preferred = GpuRequest(milli=1000, count=2, topology=Topology.PREFERRED)
+    alternatives = dra_claims.devices(preferred, 0, ["GPU-0", "GPU-1"])["requests"][0]
+    assert all(
+        {"cel": {"expression": dra.uuids_selector(["GPU-0", "GPU-1"])}} in item["selectors"]
+        for item in alternatives["firstAvailable"]
+    )
+    body = dra_claims.claim(
+        "e1", "p-gpu-1", pod="p", pod_uid="u", request=share, context=294, pinned=["GPU-1"]
+    )
+    assert body["spec"]["devices"] == dra_claims.devices(share, 294, ["GPU-1"])
