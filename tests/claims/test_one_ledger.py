@@ -172,6 +172,9 @@ async def test_a_queue_counts_its_dra_pods_against_its_quota_and_admits_them_to_
         # gpu-1 of the DRA node was free all along: the quota held q1, counting q0's claim
         state = sync.ledger.state("h100-0")
         assert state is not None and state.free_milli == [0, WHOLE]
+        sample = r.h.sidecar.registry.get_sample_value  # the sidecar's /metrics count them
+        assert sample("gpuplace_ledger_allocated_milligpus") == WHOLE  # q0's claim
+        assert sample("gpuplace_pending_pods", {"reason": "gated"}) == 1  # q1
         assert gated(pod_of(server, "q1"), keys.QUEUE_GATE)
         claim = dra_claims.named(pod_of(server, "q0"))
         server.api.delete("pods", "q0", NAMESPACE)
