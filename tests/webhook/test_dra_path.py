@@ -204,3 +204,43 @@ def test_unknown_inventory_prefers_as_told_and_validate_waits() -> None:
     fallback = admission.Reviewer(WebhookConfig(dra_claims="fallback"), FixedCapabilities(None))
     spec = grammar.parse(SHARE)
     assert spec is not None and fallback.path(spec) == admission.DEVICE_PLUGIN
+
+
+REFUSED = [
+    {keys.GPU_PERCENT: "150"},
+    {keys.GPU_PERCENT: "half"},
+    {keys.GPU_PERCENT: "50", keys.GPU_MEMORY: "100Gi"},
+    {keys.GPU_MEMORY: "-4Gi"},
+    {keys.GPU_COUNT: "3"},
+    {keys.GPU_COUNT: "2", keys.GPU_PERCENT: "50"},
+    {keys.GPU_MODEL: "NVIDIA-L4", keys.GPU_COUNT: "1"},
+    {keys.GPU_COUNT: "2", keys.GPU_TOPOLOGY: "required"},
+    {keys.GPU_COUNT: "1", keys.GPU_TOPOLOGY: "sideways"},
+]
+
+
+def _verdicts(judge: admission.Reviewer, annotations: dict[str, str]) -> list[tuple[Any, ...]]:
+    """(allowed, reason, message) of /mutate and, where it allowed the pod, of /validate
+    on what it made."""
+    pod = helpers.pod(annotations)
+    decision = judge.mutate(request(pod))
+    found: list[tuple[Any, ...]] = [(decision.allowed, decision.reason, decision.message)]
+    if decision.allowed:
+        verdict = judge.validate(request(jsonpatch.apply_patch(pod, decision.ops)))
+        found.append((verdict.allowed, verdict.reason, verdict.message))
+    return found
+
+
+@pytest.mark.parametrize("annotations", REFUSED, ids=lambda a: ",".join(a.values()))
+@pytest.mark.parametrize("mode", ["fallback", "prefer"])
+def test_a_refusal_on_dra_nodes_reads_word_for_word_as_on_device_plugin_nodes(
+    annotations: dict[str, str], mode: str
+) -> None:
+    """The same GPUs behind either path: what the webhook refuses, and how it says so, is
+    the same whether the cluster's nodes are DRA nodes (--dra-claims) or device-plugin
+    nodes (off); nothing of it is allowed."""
+    plugin = reviewer("off", helpers.node("h100-0", gpus=2, model=H100, memory_mib=81559))
+    dra = reviewer(mode, *DRA_ONLY)
+    expected = _verdicts(plugin, annotations)
+    assert not all(allowed for allowed, *_ in expected), expected
+    assert _verdicts(dra, annotations) == expected
