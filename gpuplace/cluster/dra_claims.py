@@ -149,9 +149,7 @@ def _exactly(request: GpuRequest, context: int, selectors: list[str]) -> dict[st
     return body
 
 
-def devices(
-    request: GpuRequest, context: int = 0, pinned: Sequence[str] = ()
-) -> dict[str, Any]:
+def devices(request: GpuRequest, context: int = 0, pinned: Sequence[str] = ()) -> dict[str, Any]:
     """The claim's `spec.devices` for `request` (the table of the module docstring);
     `context`: the CUDA context MiB added to a share's memory (`context_mib`); `pinned`:
     the UUIDs of the GPUs a planner chose, a selector on every alternative (none: any GPU
