@@ -104,6 +104,10 @@ kubelet plugin (DaemonSet gpuplace-node-agent-dra), not the device plugin (docs/
 GANG_GATE = PREFIX + "gang"
 QUEUE_GATE = QUEUE
 """A queued pod waits behind it until its queue admits it (then the gang gate, if any)."""
+DRA_GATE = PREFIX + "dra-claim"
+"""A pod on the DRA path waits behind it until the sidecar has created the ResourceClaim
+it names (`gpuplace.cluster.dra_claims`); kube-scheduler never sees a pod whose claim does
+not exist yet (it would wait with no word)."""
 
 # --- extended resources -------------------------------------------------------
 RESOURCE_PERCENT = PREFIX + "gpu-percent"

@@ -21,3 +21,9 @@ class WebhookConfig:
     node_agent: bool = False
     """GPU nodes run `gpuplace node-agent`: GPU containers request `gpuplace.io/gpu` and get
     their GPUs and MPS env from its device plugin; the webhook writes no GPU env vars."""
+    dra_claims: str = "off"
+    """Which annotated pods go to DRA nodes (`--dra-claims`): `off` (none), `fallback`
+    (those no device-plugin node could hold and a DRA node could), `prefer` (every one a
+    DRA node could hold); see `gpuplace.webhook.admission.Reviewer.path`."""
+    dra_scheduler_name: str = "default-scheduler"
+    """`spec.schedulerName` of a pod sent to DRA nodes: the cluster's DRA allocator."""

@@ -32,7 +32,7 @@ from gpuplace.runtime import background, jsonlines
 from gpuplace.webhook import app as webhook_app
 from gpuplace.webhook.auditing import AuditLog, Sink
 from gpuplace.webhook.config import WebhookConfig
-from gpuplace.webhook.inventory import CapabilitySource, FixedCapabilities
+from gpuplace.webhook.inventory import CapabilitySource, FixedCapabilities, Paths, paths_of
 from gpuplace.webhook.metrics import WebhookMetrics
 from gpuplace.webhook.queueing import QueueSource
 from gpuplace.webhook.tls import CertificateReloader
@@ -115,6 +115,8 @@ def webhook_config(settings: Settings) -> WebhookConfig:
         max_body_bytes=settings.max_body_bytes,
         read_timeout_seconds=settings.read_timeout_seconds,
         node_agent=settings.node_agent,
+        dra_claims=settings.dra_claims,
+        dra_scheduler_name=settings.dra_scheduler_name,
     )
 
 
@@ -155,6 +157,7 @@ class FileInventory:
         self.interval_seconds = interval_seconds
         self._inventory: Inventory | None = None
         self._capabilities: Capabilities | None = None
+        self._paths: Paths | None = None
         self._signature: tuple[int, int, int] | None = None
 
     def inventory(self) -> Inventory | None:
@@ -162,6 +165,9 @@ class FileInventory:
 
     def capabilities(self) -> Capabilities | None:
         return self._capabilities
+
+    def paths(self) -> Paths | None:
+        return self._paths
 
     def _stat(self) -> tuple[int, int, int]:
         status = self.path.stat()
@@ -176,6 +182,7 @@ class FileInventory:
         inventory = read_inventory(self.path)
         self._inventory = inventory
         self._capabilities = inventory.capabilities()
+        self._paths = paths_of(inventory)
         self._signature = signature
         log.info(
             "inventory loaded",
