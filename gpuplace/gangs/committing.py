@@ -37,7 +37,6 @@ import logging
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from gpuplace.cluster import assignments, keys, kube, recording
@@ -148,7 +147,7 @@ class Commits:
         plan_id = secrets.token_hex(6)
         by_uid = {grant.pod_uid: grant for grant in grants}
         size = len(members)
-        at = datetime.fromtimestamp(self.clock(), UTC)
+        at = self.sync.stamps.next(self.clock())
         inventory = self.sync.ledger.inventory
 
         bodies: dict[str, dict[str, Any]] = {}
@@ -251,7 +250,8 @@ class Commits:
             for (pod, _), body in zip(waiting, narrowed, strict=True)
             if body is not None
         ]
-        stamp = assignments.rfc3339(datetime.fromtimestamp(self.clock(), UTC))
+        # the members start now: one `assigned-at` for all, after every earlier one
+        stamp = assignments.precise(self.sync.stamps.next(self.clock()))
         raise_first(
             await self.writer.each(ready, lambda item: self._ungate(item[0], item[1], stamp))
         )

@@ -38,7 +38,7 @@ import logging
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from gpuplace.cluster import assignments, keys, kube
@@ -94,11 +94,14 @@ class Admitter:
         self.writing: set[str] = set()
         """Plan ids being written by this process (never settled meanwhile)."""
 
-    def _annotations(self, grant: Grant) -> dict[str, str | None]:
-        at = datetime.fromtimestamp(self.clock(), UTC)
+    def _annotations(self, grant: Grant, at: datetime) -> dict[str, str | None]:
         return dict(
             assignments.annotations_for(grant, self.sync.ledger.inventory.get(grant.node), at)
         )
+
+    def _now(self) -> datetime:
+        """The admission's `assigned-at`: after every earlier one (`LedgerSync.stamps`)."""
+        return self.sync.stamps.next(self.clock())
 
     def _failed(self, pods: Sequence[QueuedPod], error: kube.ApiError | None) -> None:
         """Release the holds of `pods` unless a write may have landed (no answer, or a
@@ -112,7 +115,7 @@ class Admitter:
 
     async def pod(self, pod: QueuedPod, grant: Grant) -> Written:
         """Admit one pod whose `grant` is held (module docstring)."""
-        annotations = self._annotations(grant)
+        annotations = self._annotations(grant, self._now())
 
         def change(current: dict[str, Any]) -> Patch | None:
             if not _admitting(current):
@@ -142,12 +145,13 @@ class Admitter:
         plan_id = secrets.token_hex(6)
         by_uid = {grant.pod_uid: grant for grant in grants}
         size = len(members)
+        at = self._now()  # one admission: every member is admitted at once
         self.writing.add(plan_id)
         try:
 
             async def mark(pod: QueuedPod) -> dict[str, Any] | None:
                 grant = by_uid[pod.uid]
-                annotations = self._annotations(grant)
+                annotations = self._annotations(grant, at)
                 annotations[keys.GANG_PLAN] = PlanMark(plan_id, size, grant.node).encode()
                 annotations[keys.GANG_COUNT] = str(running + size)
 
