@@ -8,11 +8,13 @@ it may also do so beyond its nominal, from queues that would still borrow at lea
 share it reaches, or with `LessThanInitialShare` from queues that borrowed more than that
 share before (`gpuplace.placement.admitting` decides which candidate is allowed).
 
-`victims(candidates, admits, allowed)` picks them:
+`victims(candidates, admits, allowed, could)` picks them:
 
 1. candidates in order: an elastic gang's extra members first (each alone: the gang runs
    on without them), then whole workloads (a gang is one candidate, all its members);
-   each group lowest priority first, then the most recently admitted first;
+   each group lowest priority first, then the most recently admitted first (admission
+   times are exact: `assigned-at` is stamped to the microsecond, strictly increasing,
+   `gpuplace.cluster.assignments.Stamps`), then by key;
 2. greedy: take, in that order, every candidate that is allowed once those taken before
    it are gone (`allowed`: its queue still borrows, and a policy lets it go);
 3. shortest: the shortest start of that list after which the waiting workload would be
@@ -20,13 +22,32 @@ share before (`gpuplace.placement.admitting` decides which candidate is allowed)
    found by bisection: more victims never make room smaller, so `admits` only turns from
    false to true along the list;
 4. minimal: drop every taken candidate the workload can do without, the most important
-   first, so each victim left is needed: without any one of them `admits` is false.
+   first, so each victim left is needed: without any one of them `admits` is false;
+5. fewest: a set of two or more victims is compared with each allowed candidate alone
+   that would admit the workload (`allowed` with nothing gone, then `admits`), and the
+   least disruptive wins (`disruption`): fewest whole workloads stopped, then fewest
+   extra members given back, then the lowest priority, then the least GPU time thrown
+   away (`Candidate.gpu_time`), then the order of step 1. So there are never k
+   victims where one allowed candidate alone would admit the workload, except k extras
+   of elastic gangs against a whole workload (extras go before any whole workload is
+   stopped: their gangs run on), within a bound on the work: candidates are tried least
+   disruptive first, so the first admitted is the answer; the caller's `could` (cheap:
+   quota arithmetic and the candidate's own nodes, `gpuplace.placement.admitting`) skips,
+   without an admission test, those that cannot admit the workload; and at most
+   `ALONE_TESTS` reach a test (each is a plan: about 20 ms for a gang at 1,000 nodes), so
+   where that many could and do not, step 4's set stands. Candidates of step 4's set are
+   not tried alone (none admits alone: each is needed beside the others), nor whole
+   workloads when step 4's victims are all extras (one whole workload stopped disrupts
+   more).
 
 Nothing is evicted (None) when even every candidate would not make room.
 
 Complexity: O(C log C) to order C candidates and C calls of `allowed` (cheap: quota
 arithmetic), then O(log C + V) calls of `admits` for V victims before step 4 (each a quota
-check and a plan: `gpuplace.placement.admitting`).
+check and a plan: `gpuplace.placement.admitting`; a quota check alone where quota
+refuses), and O(V) at most in step 4 (`needed`); step 5 only when step 4 left two
+victims or more: O(C log C) to sort the candidates by `disruption`, up to C more calls of
+`allowed` and of `could`, and at most `ALONE_TESTS` more of `admits`.
 
 Pure: no I/O, no clock; ties go to the workload key.
 """
@@ -50,6 +71,9 @@ class Candidate:
     admitted: float
     """When it was admitted (an elastic member: when it started), on the caller's clock."""
     shrink: bool = False
+    gpu_time: float = 0.0
+    """GPU-seconds its pods have run (GPUs held x seconds since each started), what
+    preempting it throws away: the caller's figure, compared between candidates only."""
 
     def __post_init__(self) -> None:
         if not self.uids:
@@ -62,20 +86,36 @@ def ordered(candidates: Sequence[Candidate]) -> list[Candidate]:
     return sorted(candidates, key=lambda c: (not c.shrink, c.priority, -c.admitted, c.key, c.uids))
 
 
+def disruption(chosen: Sequence[Candidate]) -> tuple[int, int, int, float]:
+    """How much preempting `chosen` disrupts, smaller is better (module docstring, step
+    5): whole workloads stopped, extra members given back, the highest priority among
+    them, their GPU time. O(len(chosen))."""
+    stopped = sum(1 for c in chosen if not c.shrink)
+    return (
+        stopped,
+        len(chosen) - stopped,
+        max((c.priority for c in chosen), default=0),
+        sum(c.gpu_time for c in chosen),
+    )
+
+
 def victims(
     candidates: Sequence[Candidate],
     admits: Callable[[Sequence[Candidate]], bool],
     allowed: Callable[[Candidate, Sequence[Candidate]], bool],
+    could: Callable[[Candidate], bool] | None = None,
 ) -> list[Candidate] | None:
     """The candidates to preempt, each one needed, or None when no choice of them lets
     the workload in. `admits(chosen)`: would it be admitted once `chosen` are gone;
-    `allowed(candidate, chosen)`: may the candidate go once `chosen` are gone. An empty
-    list: it is admitted without preempting anyone. See the module docstring for the
-    order and the complexity."""
+    `allowed(candidate, chosen)`: may the candidate go once `chosen` are gone;
+    `could(candidate)`: a cheap test that `admits([candidate])` may be true (False only
+    where it is not; default: always may). An empty list: it is admitted without
+    preempting anyone. See the module docstring for the order and the complexity."""
     if admits([]):
         return []
+    order = ordered(candidates)
     chosen: list[Candidate] = []
-    for candidate in ordered(candidates):
+    for candidate in order:
         if allowed(candidate, chosen):
             chosen.append(candidate)
     if not chosen or not admits(chosen):
@@ -88,7 +128,51 @@ def victims(
             high = middle
         else:
             low = middle
-    return needed(chosen[:high], admits)
+    found = needed(chosen[:high], admits)
+    if len(found) < 2:
+        return found
+    return fewest(found, order, admits, allowed, could or (lambda _: True))
+
+
+ALONE_TESTS = 32
+"""Candidates `fewest` tests alone with `admits` at most (those that pass `could`, the
+least disruptive first)."""
+
+
+def fewest(
+    found: list[Candidate],
+    order: Sequence[Candidate],
+    admits: Callable[[Sequence[Candidate]], bool],
+    allowed: Callable[[Candidate, Sequence[Candidate]], bool],
+    could: Callable[[Candidate], bool],
+) -> list[Candidate]:
+    """Step 5 of the module docstring: `found` (two or more victims, each needed), or the
+    least disruptive candidate of `order` that alone would admit the workload, when it
+    disrupts less. Candidates are tried least disruptive first (ties in `order`), so the
+    first one that is allowed alone, passes `could` and is admitted is the answer; at
+    most `ALONE_TESTS` of them reach `admits`. O(C log C) to sort, at most C calls of
+    `allowed` and of `could`, at most `ALONE_TESTS` of `admits`."""
+    cost = disruption(found)
+    taken = {id(c) for c in found}
+    wholes = cost[0] > 0
+    """Whether one whole workload alone could disrupt less than `found` (two or more
+    victims, one of them a whole workload)."""
+    alone = [
+        (each, c)
+        for c in order
+        if id(c) not in taken and (c.shrink or wholes) and (each := disruption([c])) < cost
+    ]
+    alone.sort(key=lambda item: item[0])  # stable: ties keep the order of step 1
+    tests = 0
+    for _, candidate in alone:
+        if tests >= ALONE_TESTS:
+            break
+        if not allowed(candidate, []) or not could(candidate):
+            continue
+        tests += 1
+        if admits([candidate]):
+            return [candidate]
+    return found
 
 
 def needed(

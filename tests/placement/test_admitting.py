@@ -247,6 +247,65 @@ def test_reclaim_evicts_a_gang_whole_and_never_more_than_needed() -> None:
     assert [(v.key, v.uids) for v in reclaim.victims] == [("b-gang", ("g0", "g1"))]
 
 
+def half_on(uid: str, node_name: str, index: int) -> Grant:
+    return Grant(uid, node_name, (index,), 500, 0, 1000, 1024, GrantState.CONFIRMED)
+
+
+def issue_41(times: dict[str, float]) -> tuple[Ledger, list[QueueSpec], list[Running]]:
+    """Issue 41's cluster: one 4-GPU node, queues a and b of 2 GPUs each in a cohort
+    (a may borrow 2); a runs six 50% shares a-0..a-5, two per GPU on GPUs 0-2, and one
+    whole GPU a-7 on GPU 3, admitted at `times`: a borrows 2."""
+    book = ledger(node("n1", 4))
+    queues = [spec("a", 2, borrowing=2), spec("b", 2)]
+    running = [
+        hold(book, f"a-{i}", "a", half_on(f"a-{i}", "n1", i // 2), admitted=times[f"a-{i}"])
+        for i in range(6)
+    ]
+    running.append(hold(book, "a-7", "a", whole_on("a-7", "n1", 3), admitted=times["a-7"]))
+    return book, queues, running
+
+
+def test_one_victim_where_one_alone_frees_what_two_do() -> None:
+    """Issue 41: b asks one whole GPU inside its nominal. a-7 alone, or a-4 and a-5 (both
+    on GPU 2), give back one GPU of quota and one free GPU: a-7 alone is evicted,
+    however the admission times order them."""
+    # as whole-second `assigned-at` read them: a-4, a-5 and a-7 in one second tie, and
+    # the tie went by name (a-4, a-5 first)
+    tied = {f"a-{i}": 40.0 + (i >= 4) for i in range(6)} | {"a-7": 41.0}
+    # a-7 admitted first of all: the order takes the shares first, two of them free one
+    first = {f"a-{i}": 50.0 + i for i in range(6)} | {"a-7": 10.0}
+    # exact times, a-7 last (as the issue's log had it)
+    exact = {f"a-{i}": 40.0 + i / 10 for i in range(6)} | {"a-7": 41.955}
+    for times in (tied, first, exact):
+        book, queues, running = issue_41(times)
+        decided = run(book, queues, running, [pod("b-1", "b", whole(1))])
+        (reclaim,) = decided.reclaims
+        assert [(v.key, v.uids) for v in reclaim.victims] == [("a-7", ("a-7",))], times
+
+
+def test_among_single_victims_the_least_gpu_time_goes_then_the_order() -> None:
+    """Two whole GPUs each alone make room, where the order's own pick takes two shares:
+    one victim, the one whose loss throws away less GPU time (1 GPU for 10 s, not 1 GPU
+    for 90 s), unless the other is of lower priority."""
+    book = ledger(node("n1", 4))
+    queues = [spec("a", 2, borrowing=2), spec("b", 2)]
+    running = [
+        hold(book, "s0", "a", half_on("s0", "n1", 0), admitted=95),
+        hold(book, "s1", "a", half_on("s1", "n1", 0), admitted=96),
+        hold(book, "s2", "a", half_on("s2", "n1", 1), admitted=97),
+        hold(book, "s3", "a", half_on("s3", "n1", 1), admitted=98),
+        hold(book, "w-old", "a", whole_on("w-old", "n1", 2), admitted=10),
+        hold(book, "w-new", "a", whole_on("w-new", "n1", 3), admitted=90),
+    ]
+    decided = run(book, queues, running, [pod("p", "b", whole(1))], now=100.0)
+    (reclaim,) = decided.reclaims
+    assert [v.key for v in reclaim.victims] == ["w-new"]
+    # a lower priority goes first, whatever its GPU time
+    running[4] = hold(book, "w-old", "a", whole_on("w-old", "n1", 2), priority=-1, admitted=10)
+    (reclaim,) = run(book, queues, running, [pod("p", "b", whole(1))], now=100.0).reclaims
+    assert [v.key for v in reclaim.victims] == ["w-old"]
+
+
 def test_reclaim_lower_priority_spares_workloads_of_equal_or_higher_priority() -> None:
     book = ledger(node("n1", 2))
     queues = [spec("a", 1, reclaim=Preemption.LOWER_PRIORITY), spec("b", 1)]
@@ -810,6 +869,39 @@ def test_reclaims_keep_every_invariant_and_evict_only_what_is_needed(
     past: dict[str, float],
 ) -> None:
     two_rounds(scenario, reclaims=reclaims, past=past)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(reclaim_scenarios(), scenarios()))
+def test_the_cheap_test_of_a_candidate_alone_never_rules_out_one_that_admits(
+    scenario: tuple[Ledger, list[QueueSpec], list[Workload], list[Workload]],
+) -> None:
+    """Issue 41's step 5 skips, without a plan, the candidates `_Preempting.could`
+    rules out: each of those, alone, would not admit the workload; and the test changes
+    neither the ledger nor the accounts."""
+    book, queues, first, then = scenario
+    decided = admitting.admit(Placer(book, policy()), queues, [], first, now=1.0)
+    running = admitted_as_running(decided, first, 1.0)
+    waiting = [w for w in first if w.key not in {a.key for a in decided.admissions}] + then
+    state = admitting._Round(Placer.scratch(book, policy()), queues, running, 2.0)
+    state.failures = None
+    for workload in waiting:
+        if workload.queue not in state.accounts.specs:
+            continue
+        members = workload.members[: workload.minimum] if workload.elastic else workload.members
+        preempting = admitting._Preempting(state, workload, members, ())
+        before = held(state)
+        for candidate in admitting._candidates(state, workload.queue):
+            if preempting.admits([candidate]):
+                assert preempting.could(candidate), candidate
+        assert held(state) == before
+
+
+def held(state: admitting._Round) -> tuple[object, ...]:
+    """The grants, the nodes' states and the accounts' use (not the ledger's generation,
+    which every what-if moves)."""
+    grants, _, nodes = state_of(state.placer.ledger)
+    return grants, nodes, repr(state.accounts.used)
 
 
 def two_rounds(
