@@ -132,6 +132,29 @@ def test_the_newest_extra_is_known_within_one_second() -> None:
     assert victims(sync, 2) == {"m2", "m3"}
 
 
+@pytest.mark.parametrize("a7_at", [1.0, 20.0])
+def test_a_waiting_gang_evicts_one_whole_gpu_where_two_shares_free_the_same(
+    a7_at: float,
+) -> None:
+    """Issue 41's cluster for a waiting gang of higher priority (one whole-GPU member):
+    six 50% shares two per GPU on GPUs 0-2, a-7 whole on GPU 3, admitted before or
+    after them: a-7 alone goes (the plan's cost counts pods before start times)."""
+    sync = LedgerSync()
+    sync.put_node(NodeRecord("n0", "n0", True, node("n0", 4)))
+    held = [(f"a-{i}", i // 2, 500, 10.0 + i) for i in range(6)] + [("a-7", 3, 1000, a7_at)]
+    for uid, gpu, milli, at in held:
+        record = replace(
+            pods.record(objects.pod(uid)),
+            uid=uid,
+            node_name="n0",
+            phase="Running",
+            grant=Grant(uid, "n0", (gpu,), milli, 0, 0, 0),
+            assigned_at=at,
+        )
+        sync.upsert_pod(record)
+    assert victims(sync, 1) == {"a-7"}
+
+
 def test_a_gang_that_is_not_elastic_still_goes_whole() -> None:
     assert victims(cluster(0), 1) == {"m0", "m1", "m2", "m3"}
     assert victims(cluster(4), 1) == {"m0", "m1", "m2", "m3"}
