@@ -595,17 +595,19 @@ an admission test per candidate)."""
 
 def _candidates(state: _Round, queue: str) -> list[reclaiming.Candidate]:
     """Running workloads of the other queues of `queue`'s cohort, not leaving: whole
-    workloads, and each extra member of an elastic gang; each with its GPU time (GPUs
-    of its grants x seconds since each pod started, up to the round's `now`). O(their
-    pods)."""
+    workloads, and each extra member of an elastic gang; each with the GPU its grants
+    hold and its GPU time (that x seconds since each pod started, up to the round's
+    `now`). O(their pods)."""
     spec = state.accounts.specs[queue]
     ledger = state.placer.ledger
     found = []
 
-    def gpu_time(uid: str, since: float) -> float:
+    def held(uid: str) -> int:
         grant = ledger.get(uid)
-        held = 0 if grant is None else grant.milli * len(grant.gpus)
-        return held / WHOLE * max(state.now - since, 0.0)
+        return 0 if grant is None else grant.milli * len(grant.gpus)
+
+    def gpu_time(uid: str, since: float) -> float:
+        return held(uid) / WHOLE * max(state.now - since, 0.0)
 
     for workload in state.running:
         other = state.accounts.specs[workload.queue]
@@ -621,6 +623,7 @@ def _candidates(state: _Round, queue: str) -> list[reclaiming.Candidate]:
                 workload.priority,
                 workload.admitted,
                 gpu_time=sum(gpu_time(uid, when) for uid, when in pairs),
+                milli=sum(held(uid) for uid in workload.uids),
             )
         )
         for uid, when in elastic.extras(pairs, workload.minimum):
@@ -633,6 +636,7 @@ def _candidates(state: _Round, queue: str) -> list[reclaiming.Candidate]:
                     when,
                     shrink=True,
                     gpu_time=gpu_time(uid, when),
+                    milli=held(uid),
                 )
             )
     return found

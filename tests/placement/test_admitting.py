@@ -306,6 +306,21 @@ def test_among_single_victims_the_least_gpu_time_goes_then_the_order() -> None:
     assert [v.key for v in reclaim.victims] == ["w-old"]
 
 
+def test_a_larger_workload_is_not_stopped_instead_of_two_that_free_enough() -> None:
+    """b asks 2 GPUs: a's two newest 1-GPU pods (on n2) make the room, and so would its
+    8-GPU job alone (on n1). The two go: one victim instead holds more GPU than they do
+    (it would free 6 GPUs nobody asked for)."""
+    book = ledger(node("n1", 8), node("n2", 2))
+    queues = [spec("a", 2), spec("b", 8)]
+    running = [
+        hold(book, "big", "a", whole_on("big", "n1", *range(8)), admitted=1),
+        hold(book, "p1", "a", whole_on("p1", "n2", 0), admitted=50),
+        hold(book, "p2", "a", whole_on("p2", "n2", 1), admitted=51),
+    ]
+    (reclaim,) = run(book, queues, running, [pod("w", "b", whole(2))]).reclaims
+    assert sorted(v.key for v in reclaim.victims) == ["p1", "p2"]
+
+
 def test_reclaim_lower_priority_spares_workloads_of_equal_or_higher_priority() -> None:
     book = ledger(node("n1", 2))
     queues = [spec("a", 1, reclaim=Preemption.LOWER_PRIORITY), spec("b", 1)]

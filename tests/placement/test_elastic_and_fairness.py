@@ -104,11 +104,19 @@ def test_never_several_victims_where_one_alone_would_do(
     sizes: list[tuple[int, int, bool, bool]], need: int
 ) -> None:
     """Issue 41: whatever the order's own pick, a set of two victims or more never stands
-    where one allowed candidate alone admits the workload (unless they are all extras
-    and it stops a whole workload), and it disrupts no more than any such one."""
+    where one allowed candidate alone, holding no more GPU than the set, admits the
+    workload (unless they are all extras and it stops a whole workload), and it disrupts
+    no more than any such one."""
     candidates = [
         reclaiming.Candidate(
-            f"w{i}", "b", (f"w{i}",), priority, float(i), shrink, gpu_time=float(size * i)
+            f"w{i}",
+            "b",
+            (f"w{i}",),
+            priority,
+            float(i),
+            shrink,
+            gpu_time=float(size * i),
+            milli=1000 * size,
         )
         for i, (size, priority, shrink, _) in enumerate(sizes)
     ]
@@ -121,8 +129,9 @@ def test_never_several_victims_where_one_alone_would_do(
     found = reclaiming.victims(candidates, admits, lambda c, chosen: c.key in allowed)
     if found is None or len(found) < 2:
         return
+    frees = sum(c.milli for c in found)
     for alone in candidates:
-        if alone.key in allowed and admits([alone]):
+        if alone.key in allowed and alone.milli <= frees and admits([alone]):
             assert all(c.shrink for c in found) and not alone.shrink
             assert reclaiming.disruption(found) < reclaiming.disruption([alone])
 
