@@ -28,8 +28,8 @@ A *workload* is a pod, or a gang as one unit (all its members; an elastic gang a
    queue tries the ones behind it;
 7. then, for at most `reclaims` waiting workloads refused for their cohort's quota or a
    place, the borrowed workloads to preempt (`reclaiming.victims`, where `admits` is step
-   4 on the ledger and accounts without them; never several workloads where one alone
-   would do, `reclaiming` step 5): as the queue's `reclaim` policy allows when
+   4 on the ledger and accounts without them; never several where one alone does and is
+   no worse a victim, `reclaiming` step 5): as the queue's `reclaim` policy allows when
    the workload fits inside its queue's nominal quota, and as its `fair_sharing` policy
    allows from queues that would still borrow at least the share its queue reaches
    (`quotas.FairStrategy.FINAL_SHARE`; shares here are `Accounts.fair_share`, the past

@@ -23,27 +23,31 @@ share before (`gpuplace.placement.admitting` decides which candidate is allowed)
    false to true along the list;
 4. minimal: drop every taken candidate the workload can do without, the most important
    first, so each victim left is needed: without any one of them `admits` is false;
-5. fewest: a set of two or more victims is compared with each allowed candidate alone
-   that holds no more GPU than the set together (`Candidate.milli`) and would admit the
-   workload (`allowed` with nothing gone, then `admits`), and the least disruptive wins
-   (`disruption`): fewest whole workloads stopped, then fewest extra members given
-   back, then the lowest priority, then the least GPU time thrown away
-   (`Candidate.gpu_time`), then the order of step 1. So there are never k victims
-   where one allowed candidate alone frees as much and would admit the workload,
-   except k extras of elastic gangs against a whole workload (extras go before any
-   whole workload is stopped: their gangs run on). A candidate holding more GPU than
-   the set is not taken instead of it: an 8-GPU job stopped for a 1-GPU pod where two
-   1-GPU pods make the room frees GPUs nobody asked for (without this bound, the openb
-   replay with `LessThanInitialShare` on every queue had queues preempting each other's
-   8-GPU jobs back and forth: 26,606 preemptions instead of 2,947). All within a bound on
-   the work: candidates are tried least disruptive first, so the first admitted is the
-   answer; the caller's `could` (cheap: quota arithmetic and the candidate's own nodes,
+5. fewest: a set of two or more victims gives way to one allowed candidate that alone
+   would admit the workload and is no worse a victim on any count the order weighs
+   (`dominates`): it stops no whole workload where the set stops none (extras go before
+   any whole workload: their gangs run on), frees no more GPU (`Candidate.milli`),
+   throws away no more GPU time (`Candidate.gpu_time`: GPUs x seconds since it
+   started) and is of no higher priority than the set's highest. Among such, the least
+   disruptive (`disruption`: fewest whole workloads stopped, then fewest extras given
+   back, then the lowest priority, then the least GPU time, then the order of step 1).
+   So never k victims where one alone frees as much, loses as little and outranks none
+   of them: issue 41's two 50% shares of a GPU, where the whole-GPU pod admitted with
+   them frees the same (whole-second admission times tied them, and ties go by name).
+   One that would free more, lose more or outrank them is not taken instead: measured
+   on the openb replay (docs/performance.md), taking the one victim whenever it alone
+   admits the workload and frees no more GPU (an 8-GPU job that had run for days
+   instead of eight 1-GPU pods just started) threw away 10% more work with the default
+   queues and, with `LessThanInitialShare` on every queue, set queues preempting each
+   other's 8-GPU jobs back and forth (18,838 preemptions instead of 2,947; 26,606 when
+   it could also free more GPU). All within a bound on the work:
+   candidates are tried least disruptive first, so the first admitted is the answer;
+   the caller's `could` (cheap: quota arithmetic and the candidate's own nodes,
    `gpuplace.placement.admitting`) skips, without an admission test, those that cannot
    admit the workload; and at most `ALONE_TESTS` reach a test (each is a plan: about
    20 ms for a gang at 1,000 nodes), so where that many could and do not, step 4's set
    stands. Candidates of step 4's set are not tried alone (none admits alone: each is
-   needed beside the others), nor whole workloads when step 4's victims are all extras
-   (one whole workload stopped disrupts more).
+   needed beside the others).
 
 Nothing is evicted (None) when even every candidate would not make room.
 
@@ -154,25 +158,18 @@ def fewest(
     could: Callable[[Candidate], bool],
 ) -> list[Candidate]:
     """Step 5 of the module docstring: `found` (two or more victims, each needed), or the
-    least disruptive candidate of `order` holding no more GPU than `found` that alone
-    would admit the workload, when it disrupts less. Candidates are tried least
+    least disruptive candidate of `order` that is no worse a victim than `found` on any
+    count (`dominates`) and alone would admit the workload. Candidates are tried least
     disruptive first (ties in `order`), so the first one that is allowed alone, passes
-    `could` and is admitted is the answer; at
-    most `ALONE_TESTS` of them reach `admits`. O(C log C) to sort, at most C calls of
-    `allowed` and of `could`, at most `ALONE_TESTS` of `admits`."""
+    `could` and is admitted is the answer; at most `ALONE_TESTS` of them reach `admits`.
+    O(C log C) to sort, at most C calls of `allowed` and of `could`, at most
+    `ALONE_TESTS` of `admits`."""
     cost = disruption(found)
-    frees = sum(c.milli for c in found)
     taken = {id(c) for c in found}
-    wholes = cost[0] > 0
-    """Whether one whole workload alone could disrupt less than `found` (two or more
-    victims, one of them a whole workload)."""
     alone = [
         (each, c)
         for c in order
-        if id(c) not in taken
-        and (c.shrink or wholes)
-        and c.milli <= frees
-        and (each := disruption([c])) < cost
+        if id(c) not in taken and dominates(c, found) and (each := disruption([c])) < cost
     ]
     alone.sort(key=lambda item: item[0])  # stable: ties keep the order of step 1
     tests = 0
@@ -185,6 +182,19 @@ def fewest(
         if admits([candidate]):
             return [candidate]
     return found
+
+
+def dominates(candidate: Candidate, found: Sequence[Candidate]) -> bool:
+    """Whether preempting `candidate` alone is no worse than preempting all of `found`
+    on any count the order weighs (step 5): it stops no workload where `found` stops
+    none, frees no more GPU, throws away no more GPU time, and is of no higher priority
+    than the highest of them. O(len(found))."""
+    return (
+        (candidate.shrink or any(not c.shrink for c in found))
+        and candidate.milli <= sum(c.milli for c in found)
+        and candidate.gpu_time <= sum(c.gpu_time for c in found)
+        and candidate.priority <= max(c.priority for c in found)
+    )
 
 
 def needed(

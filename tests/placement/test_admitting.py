@@ -8,6 +8,7 @@ every victim of a reclaim needed."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -267,43 +268,33 @@ def issue_41(times: dict[str, float]) -> tuple[Ledger, list[QueueSpec], list[Run
 
 def test_one_victim_where_one_alone_frees_what_two_do() -> None:
     """Issue 41: b asks one whole GPU inside its nominal. a-7 alone, or a-4 and a-5 (both
-    on GPU 2), give back one GPU of quota and one free GPU: a-7 alone is evicted,
-    however the admission times order them."""
+    on GPU 2), give back one GPU of quota and one free GPU: a-7 alone is evicted where it
+    was admitted with them or after them."""
     # as whole-second `assigned-at` read them: a-4, a-5 and a-7 in one second tie, and
     # the tie went by name (a-4, a-5 first)
     tied = {f"a-{i}": 40.0 + (i >= 4) for i in range(6)} | {"a-7": 41.0}
-    # a-7 admitted first of all: the order takes the shares first, two of them free one
-    first = {f"a-{i}": 50.0 + i for i in range(6)} | {"a-7": 10.0}
     # exact times, a-7 last (as the issue's log had it)
     exact = {f"a-{i}": 40.0 + i / 10 for i in range(6)} | {"a-7": 41.955}
-    for times in (tied, first, exact):
+    for times in (tied, exact):
         book, queues, running = issue_41(times)
         decided = run(book, queues, running, [pod("b-1", "b", whole(1))])
         (reclaim,) = decided.reclaims
         assert [(v.key, v.uids) for v in reclaim.victims] == [("a-7", ("a-7",))], times
 
 
-def test_among_single_victims_the_least_gpu_time_goes_then_the_order() -> None:
-    """Two whole GPUs each alone make room, where the order's own pick takes two shares:
-    one victim, the one whose loss throws away less GPU time (1 GPU for 10 s, not 1 GPU
-    for 90 s), unless the other is of lower priority."""
-    book = ledger(node("n1", 4))
-    queues = [spec("a", 2, borrowing=2), spec("b", 2)]
-    running = [
-        hold(book, "s0", "a", half_on("s0", "n1", 0), admitted=95),
-        hold(book, "s1", "a", half_on("s1", "n1", 0), admitted=96),
-        hold(book, "s2", "a", half_on("s2", "n1", 1), admitted=97),
-        hold(book, "s3", "a", half_on("s3", "n1", 1), admitted=98),
-        hold(book, "w-old", "a", whole_on("w-old", "n1", 2), admitted=10),
-        hold(book, "w-new", "a", whole_on("w-new", "n1", 3), admitted=90),
-    ]
-    decided = run(book, queues, running, [pod("p", "b", whole(1))], now=100.0)
-    (reclaim,) = decided.reclaims
-    assert [v.key for v in reclaim.victims] == ["w-new"]
-    # a lower priority goes first, whatever its GPU time
-    running[4] = hold(book, "w-old", "a", whole_on("w-old", "n1", 2), priority=-1, admitted=10)
-    (reclaim,) = run(book, queues, running, [pod("p", "b", whole(1))], now=100.0).reclaims
-    assert [v.key for v in reclaim.victims] == ["w-old"]
+def test_one_victim_that_would_lose_more_or_outranks_the_two_is_not_taken() -> None:
+    """The same cluster, but a-7 admitted long before the shares (its loss would throw
+    away 90 GPU-seconds, the two newest shares' 45.5), or of higher priority than them:
+    the two newest shares go, as the order says."""
+    first = {f"a-{i}": 50.0 + i for i in range(6)} | {"a-7": 10.0}
+    book, queues, running = issue_41(first)
+    (reclaim,) = run(book, queues, running, [pod("b-1", "b", whole(1))]).reclaims
+    assert sorted(v.key for v in reclaim.victims) == ["a-4", "a-5"]
+    tied = {f"a-{i}": 40.0 + (i >= 4) for i in range(6)} | {"a-7": 41.0}
+    book, queues, running = issue_41(tied)
+    running[-1] = replace(running[-1], priority=1)
+    (reclaim,) = run(book, queues, running, [pod("b-1", "b", whole(1))]).reclaims
+    assert sorted(v.key for v in reclaim.victims) == ["a-4", "a-5"]
 
 
 def test_a_larger_workload_is_not_stopped_instead_of_two_that_free_enough() -> None:

@@ -104,9 +104,10 @@ def test_never_several_victims_where_one_alone_would_do(
     sizes: list[tuple[int, int, bool, bool]], need: int
 ) -> None:
     """Issue 41: whatever the order's own pick, a set of two victims or more never stands
-    where one allowed candidate alone, holding no more GPU than the set, admits the
-    workload (unless they are all extras and it stops a whole workload), and it disrupts
-    no more than any such one."""
+    where one allowed candidate alone admits the workload and is no worse a victim on
+    any count (`reclaiming.dominates`: stops no workload where the set stops none, frees
+    no more GPU, loses no more GPU time, outranks none of them); and it disrupts no more
+    than any such one."""
     candidates = [
         reclaiming.Candidate(
             f"w{i}",
@@ -129,11 +130,39 @@ def test_never_several_victims_where_one_alone_would_do(
     found = reclaiming.victims(candidates, admits, lambda c, chosen: c.key in allowed)
     if found is None or len(found) < 2:
         return
-    frees = sum(c.milli for c in found)
     for alone in candidates:
-        if alone.key in allowed and alone.milli <= frees and admits([alone]):
-            assert all(c.shrink for c in found) and not alone.shrink
-            assert reclaiming.disruption(found) < reclaiming.disruption([alone])
+        if alone.key in allowed and reclaiming.dominates(alone, found) and admits([alone]):
+            assert alone in found or reclaiming.disruption(found) <= reclaiming.disruption([alone])
+
+
+def test_among_single_victims_the_lower_priority_then_the_least_gpu_time_goes() -> None:
+    """Two shares are the order's pick; three whole workloads each alone would admit the
+    workload and are no worse victims than the two: of them the lower priority goes,
+    then, at equal priority, the one whose loss throws away less GPU time."""
+    shares = [
+        reclaiming.Candidate(f"s{i}", "b", (f"s{i}",), 0, 90.0, gpu_time=50.0, milli=500)
+        for i in range(2)
+    ]
+
+    def whole(key: str, priority: int, gpu_time: float) -> reclaiming.Candidate:
+        return reclaiming.Candidate(key, "b", (key,), priority, 90.0, gpu_time=gpu_time, milli=1000)
+
+    def admits(chosen: Sequence[reclaiming.Candidate]) -> bool:
+        keys = {c.key for c in chosen}
+        return {"s0", "s1"} <= keys or any(key.startswith("w") for key in keys)
+
+    def everyone(c: reclaiming.Candidate, chosen: Sequence[reclaiming.Candidate]) -> bool:
+        return True
+
+    wholes = [whole("w-lost-less", 0, 60.0), whole("w-lost-more", 0, 90.0)]
+    found = reclaiming.victims([*shares, *wholes], admits, everyone)
+    assert [c.key for c in found or []] == ["w-lost-less"]
+    wholes.append(whole("w-low", -1, 95.0))  # ordered before the shares: it goes alone
+    found = reclaiming.victims([*shares, *wholes], admits, everyone)
+    assert [c.key for c in found or []] == ["w-low"]
+    outlasting = [whole("w-lost-most", 0, 101.0)]  # would lose more than the two: no
+    found = reclaiming.victims([*shares, *outlasting], admits, everyone)
+    assert sorted(c.key for c in found or []) == ["s0", "s1"]
 
 
 def test_step_five_skips_what_could_not_and_tests_a_bounded_number_alone() -> None:
