@@ -30,8 +30,9 @@ sys.path.insert(0, str(REPO))
 
 from google.protobuf import json_format  # noqa: E402
 
-from gpuplace.agent import allocating  # noqa: E402
+from gpuplace.agent import handover  # noqa: E402
 from gpuplace.agent.deviceplugin import api_pb2  # noqa: E402
+from gpuplace.cluster import mps_limits  # noqa: E402
 from tests.agent import kubelet as standin  # noqa: E402
 
 
@@ -39,16 +40,16 @@ def host_env(response: api_pb2.ContainerAllocateResponse, uuids: list[str]) -> d
     """The answer's env for a process on the host: GPUs by CUDA_VISIBLE_DEVICES, and the
     MPS pipe directory at its host path (the answer mounts it into the container)."""
     env = {key: value for key, value in response.envs.items() if key.startswith("CUDA_MPS_")}
-    pipe = env.get(allocating.MPS_PIPE_ENV)
+    pipe = env.get(mps_limits.PIPE_ENV)
     for mount in response.mounts:
         if pipe is not None and mount.container_path == pipe:
-            env[allocating.MPS_PIPE_ENV] = mount.host_path
+            env[mps_limits.PIPE_ENV] = mount.host_path
     env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
     return env
 
 
 async def answer(args: argparse.Namespace) -> dict[str, Any]:
-    gpus = [allocating.NodeGpu(index, uuid) for index, uuid in enumerate(args.uuid)]
+    gpus = [handover.NodeGpu(index, uuid) for index, uuid in enumerate(args.uuid)]
     granted = gpus[: args.count]
     directory = Path(tempfile.mkdtemp(prefix="dpa", dir="/tmp"))
     server = standin.plugin_server(
@@ -63,7 +64,7 @@ async def answer(args: argparse.Namespace) -> dict[str, Any]:
             )
         ],
         directory,
-        allocating.Options(allocating.Strategy(args.strategy), mps=allocating.Mps(args.pipe_dir)),
+        handover.Options(handover.Strategy(args.strategy), mps=handover.Mps(args.pipe_dir)),
     )
     kubelet = standin.Kubelet(directory)
     await kubelet.start()
@@ -92,7 +93,7 @@ def main() -> None:
     parser.add_argument("--memory-mib", type=int, default=2048)
     parser.add_argument("--pipe-dir", default="/tmp/nvidia-mps", help="MPS pipe dir (host)")
     parser.add_argument(
-        "--strategy", default="envvar", choices=[strategy.value for strategy in allocating.Strategy]
+        "--strategy", default="envvar", choices=[strategy.value for strategy in handover.Strategy]
     )
     args = parser.parse_args()
     print(json.dumps(asyncio.run(answer(args)), indent=2))

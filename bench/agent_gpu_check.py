@@ -8,8 +8,9 @@ show. Not run in this repository's CI; written for the check on a lent GPU.
 3. the device plugin's Allocate answer for a share of that GPU (`bench/agent_answer.py`:
    the real plugin over real gRPC, the kubelet stand-in admitting it), turned into the env
    of a host process; a client started with exactly that env allocates device memory
-   through the CUDA driver API (ctypes, no framework needed): half the granted memory
-   must succeed, the grant plus 512 MiB must fail;
+   through the CUDA driver API (ctypes, no framework needed): half the granted memory and
+   the whole grant must succeed (the limit covers the client's CUDA context, issue 43),
+   the grant plus 512 MiB must fail;
 4. the daemon is killed (SIGKILL); the supervisor starts it again, it answers again, and a
    new client is capped again;
 5. what a pod uses (`gpuplace.agent.usage_sampling` over the real NVML): a client under the
@@ -171,9 +172,11 @@ def client(env: dict[str, str], sizes: list[int], program: str = CLIENT) -> dict
     return result
 
 
-def capped(result: dict[str, Any], small: int, big: int) -> bool:
+def capped(result: dict[str, Any], small: int, full: int, big: int) -> bool:
+    """Half the grant and the whole grant allocated, the grant + 512 MiB refused."""
     codes = result.get("alloc_result_by_mib", {})
-    return bool(codes.get(str(small)) == 0 and codes.get(str(big), 0) != 0)
+    allocated = codes.get(str(small)) == 0 and codes.get(str(full)) == 0
+    return bool(allocated and codes.get(str(big), 0) != 0)
 
 
 async def usage(env: dict[str, str], hold_mib: int, seconds: float) -> dict[str, Any]:
@@ -275,7 +278,7 @@ async def check(args: argparse.Namespace) -> dict[str, Any]:
     }
     config = mps.MpsConfig(layout=mps.Layout(root), base_env=base_env, probe_interval_seconds=1.0)
     supervisor = mps.Supervisor(config, CollectorRegistry())
-    small, big = args.memory_mib // 2, args.memory_mib + 512
+    small, full, big = args.memory_mib // 2, args.memory_mib, args.memory_mib + 512
     try:
         await supervisor.set_gpus([uuid])
         report["daemon_ready"] = await supervisor.wait_ready(30)
@@ -287,10 +290,10 @@ async def check(args: argparse.Namespace) -> dict[str, Any]:
         env: dict[str, str] = answered["host_env"]
         report["allocate_response"] = answered["allocate_response"]
         report["client_env"] = env
-        first = client(env, [small, big])
+        first = client(env, [small, full, big])
         report["client"] = first
-        report["capped"] = capped(first, small, big)
-        unlimited = client({"CUDA_VISIBLE_DEVICES": uuid}, [small, big])
+        report["capped"] = capped(first, small, full, big)
+        unlimited = client({"CUDA_VISIBLE_DEVICES": uuid}, [small, full, big])
         report["client_without_mps"] = unlimited
         daemon = supervisor.daemons[uuid]
         killed = daemon.pid
@@ -303,9 +306,9 @@ async def check(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(0.1)
         report["daemon_back_after_kill"] = daemon.restarts >= 1 and supervisor.ready(uuid)
         report["daemon_back_seconds"] = round(time.monotonic() - started, 2)
-        again = client(env, [small, big])
+        again = client(env, [small, full, big])
         report["client_after_restart"] = again
-        report["capped_after_restart"] = capped(again, small, big)
+        report["capped_after_restart"] = capped(again, small, full, big)
         report["usage"] = await usage(env, small, args.busy_seconds)
         report["compute"] = compute(env, uuid, args.milli, args.compute_seconds)
     finally:

@@ -23,10 +23,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpuplace import simulation  # noqa: E402
 from gpuplace.placement import choosing, fragmentation, policies, trace  # noqa: E402
 from gpuplace.placement.inventory import Gpu, Inventory, Node  # noqa: E402
 from gpuplace.placement.ledger import Ledger  # noqa: E402
+from gpuplace.replay import simulation  # noqa: E402
 
 OPENB = REPO.parent / "shared" / "data" / "openb"
 

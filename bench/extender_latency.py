@@ -63,14 +63,15 @@ from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from bench import engine_latency
-from gpuplace import simulation
 from gpuplace.cluster import assignments, connecting, kube
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
 from gpuplace.placement import choosing, trace
 from gpuplace.placement.inventory import Inventory, Node
 from gpuplace.placement.ledger import Grant, GrantState, Ledger
-from gpuplace.sidecar import Sidecar, SidecarSettings
+from gpuplace.replay import simulation
+from gpuplace.wiring.settings import SidecarSettings
+from gpuplace.wiring.sidecar import Sidecar
 
 REPO = Path(__file__).resolve().parents[1]
 OPENB = REPO.parent / "shared" / "data" / "openb"

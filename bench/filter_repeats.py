@@ -35,12 +35,13 @@ from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from bench.extender_latency import quantiles
-from gpuplace import gc_tuning
 from gpuplace.cluster import connecting, kube
 from gpuplace.cluster import nodes as node_records
 from gpuplace.dev.localapi import objects
 from gpuplace.placement.ledger import Grant
-from gpuplace.sidecar import Sidecar, SidecarSettings
+from gpuplace.runtime import gc_tuning
+from gpuplace.wiring.settings import SidecarSettings
+from gpuplace.wiring.sidecar import Sidecar
 
 
 def body(pod: dict[str, Any], names: list[str]) -> bytes:

@@ -27,15 +27,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gpuplace.cluster import connecting, keys, kube
+from gpuplace.cluster import connecting, keys, kube, pods
 from gpuplace.cluster.gang_marks import gated, plan_mark
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.controllers.api import KubePods, PodApi
+from gpuplace.controllers.controller import Parts
+from gpuplace.controllers.store import gang_members
 from gpuplace.dev.localapi import ThreadedServer, objects, serve_in_thread
 from gpuplace.extender import workloads
-from gpuplace.gangs.api import KubePods
 from gpuplace.gangs.controller import GangController, GangSettings
-from gpuplace.gangs.members import Reader
-from gpuplace.gangs.store import GangStore
 from gpuplace.placement import gangs, policies, trace
 from gpuplace.placement.inventory import Node
 from gpuplace.placement.ledger import Grant, Ledger
@@ -115,12 +115,12 @@ async def run_case(
             sync = LedgerSync()
             for node in nodes:
                 sync.ledger.put_node(node)
+            reader = pods.Reader()
+            listed = server.call(partial(server.api.objects, "pods", namespace))
+            sync.replace_pods([reader.record(body) for body in listed])
             preload(sync.ledger, case["load"], random.Random(attempt))
             sync.ready.set()
-            store = GangStore()
-            reader = Reader()
-            listed = server.call(partial(server.api.objects, "pods", namespace))
-            store.replace([reader.record(body) for body in listed])
+            store = gang_members(sync)
             members = [gangs.Member(pod.uid, request_of(case)) for pod in store.pods.values()]
             for _ in range(5):
                 started = time.perf_counter()
@@ -129,13 +129,9 @@ async def run_case(
             if not isinstance(found, gangs.Plan):
                 return {"case": name, "fits": False, "reason": found.reason}
             spanned = len(found.nodes)
+            parts: Parts[PodApi] = Parts(KubePods(api), sync, lambda: policy)
             controller = GangController(
-                KubePods(api),
-                store,
-                sync,
-                lambda: policy,
-                registry=CollectorRegistry(),
-                settings=GangSettings(concurrency=16),
+                parts, store, registry=CollectorRegistry(), settings=GangSettings(concurrency=16)
             )
             before = len(server.api.calls)
             started = time.perf_counter()

@@ -3,7 +3,7 @@
 `--nodes` nodes × `--gpus` GPUs, each GPU granted with probability one half to a pod of
 a mixed shape (a quarter, a half or a whole GPU), and the typical workload built from
 those pods' requests as the sidecar builds it; the collector frozen as the sidecar
-leaves it after its first sync (`gpuplace.gc_tuning.freeze_survivors`). The ledger collector
+leaves it after its first sync (`gpuplace.runtime.gc_tuning.freeze_survivors`). The ledger collector
 (`gpuplace.cluster.metering.LedgerCollector`: allocation, pending pods, fragmentation) is
 scraped with prometheus_client's own `generate_latest`, as /metrics does:
 
@@ -29,7 +29,6 @@ import time
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuplace import gc_tuning
 from gpuplace.cluster.metering import LedgerCollector
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender.workloads import typical
@@ -37,6 +36,7 @@ from gpuplace.placement.fragmentation_totals import ClusterMeasure
 from gpuplace.placement.inventory import Gpu, Node
 from gpuplace.placement.ledger import Grant
 from gpuplace.placement.requests import GpuRequest
+from gpuplace.runtime import gc_tuning
 
 SHAPES = (250, 500, 1000)
 

@@ -1,6 +1,6 @@
 """Policy figures on the openb pod lists: the table behind the README's claims.
 
-Runs `gpuplace simulate`'s replay (gpuplace.simulation.run) for each pod list × policy
+Runs `gpuplace simulate`'s replay (gpuplace.replay.simulation.run) for each pod list × policy
 × seed and prints JSON lines, then a summary: per list and policy the mean GPU
 allocation at 100% arrived. `--via-extender` applies to the policies marked with `@x`
 (e.g. `default@x,fgd`): those go through the sidecar's own filter/prioritize.
@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpuplace import simulation  # noqa: E402
+from gpuplace.replay import simulation  # noqa: E402
 
 OPENB = REPO.parent / "shared" / "data" / "openb"
 

@@ -41,7 +41,7 @@ from gpuplace.dev.localapi import objects
 from gpuplace.extender.preempt_verb import Preempter
 from gpuplace.extender.preempt_wire import PreemptionArgs, PreemptionResult
 from gpuplace.placement.requests import WHOLE
-from gpuplace.sidecar import SidecarSettings
+from gpuplace.wiring.settings import SidecarSettings
 from tests.placement.clusters import node
 
 GPUS = 8

@@ -1,4 +1,4 @@
-"""Time one round of queue admission (`gpuplace.placement.admitting.admit`), as the queue
+"""Time one round of queue admission (`gpuplace.placement.queueing.admitting.admit`), as the queue
 controller will run it: a scratch copy of the ledger, then every waiting workload tried.
 
 The cluster: NODES nodes of 8 whole GPUs; 8 queues in one cohort, each with an eighth of
@@ -22,11 +22,12 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from gpuplace.placement import admitting, policies
+from gpuplace.placement import policies
 from gpuplace.placement.gangs import Member
 from gpuplace.placement.inventory import Gpu, Inventory, Node
 from gpuplace.placement.ledger import Grant, GrantState, Ledger
-from gpuplace.placement.quotas import ANY_MODEL, GPUS, QueueSpec, Quota
+from gpuplace.placement.queueing import admitting
+from gpuplace.placement.queueing.quotas import ANY_MODEL, GPUS, QueueSpec, Quota
 from gpuplace.placement.requests import WHOLE, GpuRequest
 
 QUEUES = 8

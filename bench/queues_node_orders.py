@@ -4,7 +4,7 @@
 three small ones). Ties between equal nodes go to the first listed, so the order decides
 which node the first pods land on, and with capacity holds which node is drained; the
 same trace on the same nodes listed in another order is a fair second sample of a
-replay that has no seed. This runs `gpuplace.queue_replay.replay` (both runs: without
+replay that has no seed. This runs `gpuplace.replay.in_time.replay` (both runs: without
 and with queues) for the nodes as listed, reversed, and rotated by two, and prints one
 JSON line per order, then a summary line with each figure's mean, min and max.
 
@@ -25,9 +25,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpuplace import queue_replay, simulation  # noqa: E402
 from gpuplace.placement import trace  # noqa: E402
 from gpuplace.placement.inventory import Node  # noqa: E402
+from gpuplace.replay import in_time, simulation  # noqa: E402
 
 OPENB = REPO.parent / "shared" / "data" / "openb"
 ORDERS = ("listed", "reversed", "rotated-2")
@@ -44,9 +44,9 @@ def ordered(nodes: list[Node], order: str) -> list[Node]:
 def one(job: tuple[str, str, float | None, float | None, int]) -> dict[str, Any]:
     order, queues_file, half_life, hold_after, gpus = job
     nodes = trace.scaled(simulation.read_nodes(OPENB / "openb_node_list_gpu_node.csv"), gpus)
-    pods = queue_replay.read_jobs(OPENB / "openb_pod_list_default.csv")
-    queues = queue_replay.read_queues(Path(queues_file))
-    document = queue_replay.replay(
+    pods = in_time.read_jobs(OPENB / "openb_pod_list_default.csv")
+    queues = in_time.read_queues(Path(queues_file))
+    document = in_time.replay(
         ordered(list(nodes), order),
         pods,
         queues,

@@ -25,8 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpuplace import simulation  # noqa: E402
 from gpuplace.placement import replay  # noqa: E402
+from gpuplace.replay import simulation  # noqa: E402
 
 OPENB = REPO.parent / "shared" / "data" / "openb"
 

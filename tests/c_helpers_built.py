@@ -45,7 +45,7 @@ def skip_unless_required() -> None:
 
 NOTICE = "(C) is not in use"
 """What the sidecar's start-up WARNING says of a C helper it runs without
-(`gpuplace.sidecar`): a notice for operators, expected where the helpers are optional and
+(`gpuplace.wiring.sidecar`): a notice for operators, expected where the helpers are optional and
 not built (or switched off)."""
 
 

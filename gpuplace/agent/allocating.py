@@ -50,75 +50,16 @@ from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
+from gpuplace.agent import handover
 from gpuplace.agent.deviceplugin import api_pb2
-from gpuplace.cluster import assignments, keys
-from gpuplace.placement.requests import WHOLE
+from gpuplace.agent.handover import NodeGpu, Options
+from gpuplace.cluster import assignments, keys, mps_limits
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 SLOT_SEPARATOR = "::"
 MAX_DEVICE_ID = 63
 """The kubelet's limit on a device ID's length."""
-
-VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
-MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
-MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-VOLUME_MOUNT_ROOT = "/var/run/nvidia-container-devices"
-"""Where the NVIDIA runtime looks for its device list in the volume-mounts strategy."""
-CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
-
-
-class Strategy(enum.StrEnum):
-    """How the container runtime is told which GPUs the container gets."""
-
-    CDI = "cdi"
-    """CDI device names (`nvidia.com/gpu=<UUID>`), for runtimes with CDI (containerd ≥ 1.7,
-    CRI-O ≥ 1.23) and `nvidia-ctk cdi generate` specs; NVIDIA_VISIBLE_DEVICES=void."""
-    VOLUME_MOUNTS = "volume-mounts"
-    """`/dev/null` mounted at /var/run/nvidia-container-devices/<UUID>: what the NVIDIA
-    runtime reads when it ignores NVIDIA_VISIBLE_DEVICES from unprivileged containers."""
-    ENVVAR = "envvar"
-    """NVIDIA_VISIBLE_DEVICES=<UUIDs>: only safe where nothing else can set that variable."""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeGpu:
-    """One GPU of this node as the plugin needs it (from discovery)."""
-
-    index: int
-    uuid: str
-    healthy: bool = True
-    numa: int | None = None
-    """NUMA node; None = unknown (never guessed)."""
-    minor: int | None = None
-    """/dev/nvidia<minor>; None = unknown (then no device nodes are passed)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Mps:
-    """Where the MPS control daemon's pipe (and shared-memory) directories are."""
-
-    pipe_dir: str
-    """Host path of the daemon's CUDA_MPS_PIPE_DIRECTORY."""
-    container_pipe_dir: str = "/tmp/nvidia-mps"
-    shm_dir: str | None = None
-    """Host path of the daemon's /dev/shm, mounted at /dev/shm; None: not shared."""
-
-
-@dataclass(frozen=True, slots=True)
-class Options:
-    strategy: Strategy = Strategy.CDI
-    cdi_kind: str = "nvidia.com/gpu"
-    mps: Mps | Mapping[str, Mps] | None = None
-    """The MPS daemon of the node, or one per GPU (by UUID) where each GPU has its own;
-    None, or a GPU missing from the map: no MPS there, so a share is refused (it would run
-    unlimited)."""
-
-    def mps_for(self, uuid: str) -> Mps | None:
-        if isinstance(self.mps, Mapping):
-            return self.mps.get(uuid)
-        return self.mps
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +84,7 @@ class Candidate:
 
     @property
     def share(self) -> bool:
-        return self.milli < WHOLE
+        return mps_limits.is_share(self.milli)
 
     @property
     def terms(self) -> tuple[tuple[str, ...], int, int]:
@@ -184,10 +125,6 @@ class Match:
     tier: Tier
     ambiguous: bool
     """Another candidate of the same tier would have got a different answer."""
-
-
-class Refusal(Exception):
-    """Allocate cannot be answered; the message says why (the kubelet shows it)."""
 
 
 # --- devices ------------------------------------------------------------------------
@@ -338,10 +275,8 @@ def granted_uuids(
     granted, whatever order NVML enumerates in today), else the node's UUIDs of the granted
     indices; None when any is not on this node."""
     on_node = {gpu.uuid for gpu in gpus}
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    raw = str(annotations.get(keys.ASSIGNED_UUIDS) or "").strip()
-    if raw:
-        uuids = tuple(part.strip() for part in raw.split(","))
+    uuids = assignments.uuids_of(pod)
+    if uuids:
         if len(uuids) != len(indices) or not set(uuids) <= on_node:
             return None
         return uuids
@@ -452,61 +387,28 @@ def _slot_order(device: str) -> tuple[str, int, str]:
 def answer(
     chosen: Candidate, gpus: Sequence[NodeGpu], options: Options
 ) -> api_pb2.ContainerAllocateResponse:
-    """What the container of `chosen` gets: exactly its granted GPUs and, for a share, MPS.
-    Raises `Refusal` when a share cannot be capped (no MPS) or a granted GPU is missing or
-    unhealthy. O(granted GPUs)."""
-    by_uuid = {gpu.uuid: gpu for gpu in gpus}
-    missing = [uuid for uuid in chosen.uuids if uuid not in by_uuid]
-    if missing:
-        raise Refusal(f"{chosen}: granted GPU {missing[0]} is not on this node")
-    sick = [uuid for uuid in chosen.uuids if not by_uuid[uuid].healthy]
-    if sick:
-        raise Refusal(f"{chosen}: granted GPU {sick[0]} is unhealthy")
-    mps = options.mps_for(chosen.uuids[0]) if chosen.share else None
-    if chosen.share and mps is None:
-        raise Refusal(f"{chosen}: a GPU share needs the MPS control daemon, which is not ready")
+    """What the container of `chosen` gets (`gpuplace.agent.handover.edits`: exactly its
+    granted GPUs and, for a share, MPS), as the device plugin's answer. Raises `Refusal`
+    when a share cannot be capped (no MPS) or a granted GPU is missing or unhealthy.
+    O(granted GPUs)."""
+    given = handover.edits(
+        str(chosen), chosen.uuids, chosen.milli, chosen.memory_mib, gpus=gpus, options=options
+    )
     response = api_pb2.ContainerAllocateResponse()
-    uuids = list(chosen.uuids)
-    if options.strategy is Strategy.CDI:
-        response.cdi_devices.extend(
-            api_pb2.CDIDevice(name=f"{options.cdi_kind}={uuid}") for uuid in uuids
+    response.cdi_devices.extend(api_pb2.CDIDevice(name=name) for name in given.cdi_devices)
+    response.envs.update(given.env)
+    response.mounts.extend(
+        api_pb2.Mount(
+            container_path=mount.container_path,
+            host_path=mount.host_path,
+            read_only=mount.read_only,
         )
-        response.envs[VISIBLE_DEVICES_ENV] = "void"
-    else:
-        if options.strategy is Strategy.VOLUME_MOUNTS:
-            response.envs[VISIBLE_DEVICES_ENV] = VOLUME_MOUNT_ROOT
-            response.mounts.extend(
-                api_pb2.Mount(
-                    container_path=f"{VOLUME_MOUNT_ROOT}/{uuid}",
-                    host_path="/dev/null",
-                    read_only=True,
-                )
-                for uuid in uuids
-            )
-        else:
-            response.envs[VISIBLE_DEVICES_ENV] = ",".join(uuids)
-        minors = [by_uuid[uuid].minor for uuid in uuids]
-        if all(minor is not None for minor in minors):
-            nodes = [f"/dev/nvidia{minor}" for minor in minors] + list(CONTROL_DEVICES)
-            response.devices.extend(
-                api_pb2.DeviceSpec(container_path=path, host_path=path, permissions="rw")
-                for path in nodes
-            )
-    if mps is not None:
-        response.mounts.append(
-            api_pb2.Mount(container_path=mps.container_pipe_dir, host_path=mps.pipe_dir)
-        )
-        if mps.shm_dir is not None:
-            response.mounts.append(api_pb2.Mount(container_path="/dev/shm", host_path=mps.shm_dir))
-        response.envs[MPS_PIPE_ENV] = mps.container_pipe_dir
-        # A memory-only share has no compute of its own to cap (milli 0): time-sliced.
-        percent = -(-chosen.milli // 10) if chosen.milli else 100
-        response.envs[MPS_THREADS_ENV] = str(percent)
-        if chosen.memory_mib:
-            # Ordinals are relative to the devices the container sees, in grant order.
-            response.envs[MPS_MEMORY_ENV] = ",".join(
-                f"{ordinal}={chosen.memory_mib}M" for ordinal in range(len(uuids))
-            )
+        for mount in given.mounts
+    )
+    response.devices.extend(
+        api_pb2.DeviceSpec(container_path=path, host_path=path, permissions="rw")
+        for path in given.device_nodes
+    )
     return response
 
 
@@ -519,10 +421,11 @@ def granted_in(response: api_pb2.ContainerAllocateResponse, options: Options) ->
         for device in response.cdi_devices
         if device.name.startswith(prefix)
     )
+    root = handover.VOLUME_MOUNT_ROOT
     for mount in response.mounts:
-        if mount.container_path.startswith(VOLUME_MOUNT_ROOT + "/"):
-            found.add(mount.container_path[len(VOLUME_MOUNT_ROOT) + 1 :])
-    visible = response.envs.get(VISIBLE_DEVICES_ENV, "")
-    if visible not in ("", "void", "none", VOLUME_MOUNT_ROOT):
+        if mount.container_path.startswith(root + "/"):
+            found.add(mount.container_path[len(root) + 1 :])
+    visible = response.envs.get(handover.VISIBLE_DEVICES_ENV, "")
+    if visible not in ("", "void", "none", handover.VOLUME_MOUNT_ROOT):
         found.update(visible.split(","))
     return found

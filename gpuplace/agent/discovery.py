@@ -19,7 +19,13 @@ its far end (another GPU, or an NVSwitch). GPUs joined by links, directly or thr
 a common switch, form a domain; a domain's id is its lowest GPU index, and a GPU with
 no NVLink to another GPU is in none (`NO_NVLINK`).
 
-Pure over the seam: no I/O but the NVML calls, no clock, no logging. O(GPUs × links).
+Memory for packing (`gpuplace.agent.capacity`): per GPU, what a client can get with MPS
+running (`packable_mib`: NVML's total less the driver's reservation and the MPS server's
+memory), and what each MPS client's CUDA context takes inside its limit (`context`, from
+`mps_limits.figures` of its model unless the operator measured it).
+
+Pure over the seam: no I/O but the NVML calls, no clock, no logging. O(GPUs × (links +
+processes)).
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
+from gpuplace.agent import capacity
 from gpuplace.agent import nvml as nvml_seam
-from gpuplace.placement.inventory import NO_NVLINK
+from gpuplace.cluster import mps_limits
+from gpuplace.placement.inventory import NO_NVLINK, ClientContext
 
 T = TypeVar("T")
 
@@ -70,6 +78,15 @@ class Gpu:
     mig: bool | None
     """MIG mode currently enabled."""
     health: Health = field(default_factory=Health)
+    packable_mib: int | None = None
+    """What a client can get with MPS running: NVML's total less the driver's reservation
+    and the MPS server's memory (`gpuplace.agent.capacity`); None when not known."""
+    reserved_mib: int | None = None
+    """The driver's reservation (None: not known)."""
+    mps_server_mib: int | None = None
+    """The MPS server's own memory counted against it."""
+    context: ClientContext = mps_limits.UNMEASURED.context
+    """What each MPS client's CUDA context takes inside its limit (`mps_limits`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,8 +215,18 @@ def _domains(
     return domain
 
 
-def discover(nvml: nvml_seam.Nvml, xids: XidLog | None = None) -> Discovery:
-    """Read every GPU through `nvml`; XIDs from `xids` (not polled here). O(GPUs × links)."""
+def discover(
+    nvml: nvml_seam.Nvml,
+    xids: XidLog | None = None,
+    *,
+    readings: capacity.Readings | None = None,
+    context: ClientContext | None = None,
+) -> Discovery:
+    """Read every GPU through `nvml`; XIDs from `xids` (not polled here); what earlier
+    readings saw of its memory from `readings` (`gpuplace.agent.capacity`; None: nothing);
+    every GPU's MPS client context `context` where the operator measured it, else its
+    model's (`mps_limits.figures`). O(GPUs × (links + processes))."""
+    seen_memory = readings if readings is not None else capacity.Readings()
     try:
         count = nvml.gpu_count()
     except nvml_seam.NvmlError as error:
@@ -226,6 +253,12 @@ def discover(nvml: nvml_seam.Nvml, xids: XidLog | None = None) -> Discovery:
         reasons.extend(f"XID {xid}" for xid in seen.get(index, ()))
         buses[index] = bus
         links[index] = _links(nvml, index)
+        figures = mps_limits.figures(model or "")
+        memory = (
+            None
+            if total is None
+            else capacity.read(nvml, index, total, figures.server_mib, seen_memory)
+        )
         read.append(
             Gpu(
                 index=index,
@@ -238,6 +271,10 @@ def discover(nvml: nvml_seam.Nvml, xids: XidLog | None = None) -> Discovery:
                 nvlink_domain=None,
                 mig=None if mig is None else bool(mig[0]),
                 health=Health(not reasons, tuple(reasons)),
+                packable_mib=None if memory is None else memory.packable_mib,
+                reserved_mib=None if memory is None else memory.reserved_mib,
+                mps_server_mib=None if memory is None else memory.server_mib,
+                context=context if context is not None else figures.context,
             )
         )
     domain_of = _domains(buses, links)
@@ -259,9 +296,11 @@ def discover(nvml: nvml_seam.Nvml, xids: XidLog | None = None) -> Discovery:
 
 def summary(found: Discovery) -> Sequence[str]:
     """One line per GPU, for logs and `--help`-style output: 'gpu 0 GPU-… NVIDIA H100
-    81559 MiB healthy'."""
+    81559 MiB (80960 packable) healthy'."""
     return [
         f"gpu {gpu.index} {gpu.uuid or '?'} {gpu.model or '?'} "
-        f"{gpu.memory_mib if gpu.memory_mib is not None else '?'} MiB {gpu.health.word}"
+        f"{gpu.memory_mib if gpu.memory_mib is not None else '?'} MiB "
+        f"({gpu.packable_mib if gpu.packable_mib is not None else '?'} packable) "
+        f"{gpu.health.word}"
         for gpu in found.gpus
     ]

@@ -5,7 +5,11 @@ usage make, behind one Protocol, `Nvml`.
 `Replay` answers the same calls from readings captured on a real machine, in the
 format of `../shared/fixtures/gpu/nvml-*.json` (one object per GPU; a field recorded as
 `{"nvml_error": "Not Supported"}` means that call raised NVMLError with that message
-there, and replaying it raises `NvmlError` with the same message). Per-process SM samples
+there, and replaying it raises `NvmlError` with the same message); a replay loaded with
+`follow` reads its file again when it changes, as a GPU changing under a running agent
+would (tests of the whole agent write the processes of a pod there). The captures hold NVML's
+first memory call (total, used, free): the driver's reservation alone (the second call's
+`reserved`) answers Not Supported unless a reading adds `memory.reserved`. Per-process SM samples
 (`process_utilization`) are not in the captures: a reading without the optional key
 `process_utilization` answers Not Supported there, as a driver without the call would.
 `derived` builds
@@ -15,7 +19,8 @@ larger replays for tests and benchmarks from one captured GPU: the copies are ma
 Every call may raise `NvmlError`; callers decide what an answer NVML could not give
 means (discovery records it as unknown, never guesses). GPUs are addressed by NVML
 index. This module does no I/O of its own beyond the driver calls (Real) or reading
-one JSON document (Replay.load), and keeps no state but the NVML handles.
+one JSON document (Replay.load, and again when a followed file changes), and keeps no
+state but the NVML handles.
 """
 
 from __future__ import annotations
@@ -81,7 +86,12 @@ class Nvml(Protocol):
         ...
 
     def memory_used(self, index: int) -> int:
-        """Bytes."""
+        """Bytes (NVML's first memory call: the driver's reservation included)."""
+        ...
+
+    def memory_reserved(self, index: int) -> int:
+        """Bytes the driver keeps for itself (nvmlDeviceGetMemoryInfo_v2's `reserved`;
+        Not Supported where the driver has no v2 call)."""
         ...
 
     def pci_bus_id(self, index: int) -> str: ...
@@ -181,6 +191,10 @@ class Real:
 
     def memory_used(self, index: int) -> int:
         return int(self._call("nvmlDeviceGetMemoryInfo", self._handle(index)).used)
+
+    def memory_reserved(self, index: int) -> int:
+        version = self._nvml.nvmlMemory_v2
+        return int(self._call("nvmlDeviceGetMemoryInfo", self._handle(index), version).reserved)
 
     def pci_bus_id(self, index: int) -> str:
         return bus_id(self._call("nvmlDeviceGetPciInfo", self._handle(index)).busId)
@@ -304,15 +318,35 @@ class Replay:
     Not Supported, as in every capture; tests that add it say so). `replace` swaps the
     reading, as a GPU changing under a running agent would."""
 
-    def __init__(self, reading: Mapping[str, Any]) -> None:
+    def __init__(self, reading: Mapping[str, Any], *, follow: Path | None = None) -> None:
         self.reading: Mapping[str, Any] = reading
         self._delivered = 0
         self.calls = 0
         """NVML calls answered (benchmarks count them)."""
+        self._follow = follow
+        self._stamp = follow.stat().st_mtime_ns if follow is not None else 0
 
     @classmethod
-    def load(cls, path: Path) -> Replay:
-        return cls(json.loads(path.read_text()))
+    def load(cls, path: Path, *, follow: bool = False) -> Replay:
+        """The reading in `path`; with `follow`, read again whenever the file changes (each
+        pass of its caller starts with `gpu_count`, which looks): write a new reading to a
+        temporary file and rename it over `path`. A file that does not read as JSON keeps
+        the last reading."""
+        return cls(json.loads(path.read_text()), follow=path if follow else None)
+
+    def _look(self) -> None:
+        if self._follow is None:
+            return
+        try:
+            stamp = self._follow.stat().st_mtime_ns
+            if stamp == self._stamp:
+                return
+            reading = json.loads(self._follow.read_text())
+        except (OSError, ValueError):
+            return
+        self._stamp = stamp
+        if reading != self.reading:
+            self.replace(reading)
 
     def replace(self, reading: Mapping[str, Any]) -> None:
         self.reading = reading
@@ -333,6 +367,7 @@ class Replay:
         return _answer(gpu[key])
 
     def gpu_count(self) -> int:
+        self._look()
         self.calls += 1
         return int(_answer(self.reading.get("count", len(self.reading.get("gpus") or []))))
 
@@ -351,6 +386,12 @@ class Replay:
 
     def memory_used(self, index: int) -> int:
         return int(_answer(self._field(index, "memory")["used"]))
+
+    def memory_reserved(self, index: int) -> int:
+        memory = self._field(index, "memory")
+        if "reserved" not in memory:
+            raise NvmlError("Not Supported")  # the captures read NVML's first call only
+        return int(_answer(memory["reserved"]))
 
     def pci_bus_id(self, index: int) -> str:
         return bus_id(str(self._field(index, "pci_bus_id")))

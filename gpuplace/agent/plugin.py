@@ -48,7 +48,7 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpuplace.agent import allocating, decoding
+from gpuplace.agent import allocating, decoding, handover
 from gpuplace.agent.deviceplugin import api_pb2, api_pb2_grpc
 from gpuplace.cluster import keys, kube, watching
 
@@ -162,9 +162,9 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         self,
         *,
         node: str,
-        gpus: Sequence[allocating.NodeGpu],
+        gpus: Sequence[handover.NodeGpu],
         pods: PodView,
-        options: allocating.Options,
+        options: handover.Options,
         mps_ready: asyncio.Event | Callable[[str], bool] | None = None,
         directory: str = DEVICE_PLUGIN_DIR,
         socket_name: str = SOCKET_NAME,
@@ -176,7 +176,7 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.node = node
-        self.gpus: tuple[allocating.NodeGpu, ...] = tuple(gpus)
+        self.gpus: tuple[handover.NodeGpu, ...] = tuple(gpus)
         self.pods = pods
         self.options = options
         self.mps_ready = mps_ready if mps_ready is not None else asyncio.Event()
@@ -202,8 +202,8 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         self._stop = asyncio.Event()
         """`run`'s stop event: ends registration retries too."""
         self._read: dict[str, tuple[dict[str, Any], allocating.Reading]] = {}
-        self._read_gpus: tuple[allocating.NodeGpu, ...] = ()
-        self._slots: tuple[tuple[allocating.NodeGpu, ...] | None, frozenset[str]] = (
+        self._read_gpus: tuple[handover.NodeGpu, ...] = ()
+        self._slots: tuple[tuple[handover.NodeGpu, ...] | None, frozenset[str]] = (
             None,
             frozenset(),
         )
@@ -225,7 +225,7 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
             return self.mps_ready.is_set()
         return self.mps_ready(uuid)
 
-    def set_gpus(self, gpus: Sequence[allocating.NodeGpu]) -> None:
+    def set_gpus(self, gpus: Sequence[handover.NodeGpu]) -> None:
         """The node's GPUs changed (health, or the set): ListAndWatch sends the new list."""
         fresh = tuple(gpus)
         if fresh != self.gpus:
@@ -360,6 +360,8 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         if len(request.container_requests) > MAX_CONTAINERS:
             _refuse(context, grpc.StatusCode.INVALID_ARGUMENT, _crowded(request))
             return response
+        if not request.container_requests:
+            return response  # nothing to prefer: no pod to wait for
         sizes = {int(container.allocation_size) for container in request.container_requests}
         deadline = self._clock() + self.wait_seconds  # one wait per call, however many asked
         while True:
@@ -394,6 +396,7 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
             return response
         async with self._lock:
             taken: dict[str, tuple[str, tuple[str, ...]]] = {}
+            waiting = False
             try:
                 for container in request.container_requests:
                     answer, result = await self._allocate(
@@ -401,16 +404,14 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
                     )
                     response.container_responses.append(answer)
                     results.append(result)
-            except allocating.Refusal as refusal:
-                why = str(refusal)
+            except handover.Refusal as refusal:
+                why, waiting = str(refusal), isinstance(refusal, handover.MpsNotReady)
             else:
                 why = ""
                 self.answered.update(taken)
         if why:
             self.metrics.allocate.labels("refused").observe(self._clock() - started)
-            code = (
-                grpc.StatusCode.UNAVAILABLE if "MPS" in why else grpc.StatusCode.FAILED_PRECONDITION
-            )
+            code = grpc.StatusCode.UNAVAILABLE if waiting else grpc.StatusCode.FAILED_PRECONDITION
             _refuse(context, code, why)
             return api_pb2.AllocateResponse()
         elapsed = self._clock() - started
@@ -488,10 +489,10 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         unknown = [device for device in device_ids if device not in listed]
         if unknown or not device_ids:
             shown = repr(unknown[0][:80]) if unknown else "(none)"
-            raise allocating.Refusal(f"device {shown} is not a {self.resource} slot of this node")
+            raise handover.Refusal(f"device {shown} is not a {self.resource} slot of this node")
         named = {device for _, ids in taken.values() for device in ids}
         if len(set(device_ids)) != len(device_ids) or named.intersection(device_ids):
-            raise allocating.Refusal("the same slot is named twice")
+            raise handover.Refusal("the same slot is named twice")
         match = None
         while match is None:
             settled = self._clock() >= deadline
@@ -507,7 +508,7 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
                 match = None  # an exact candidate may still arrive: wait for it first
             if match is None:
                 if settled:
-                    raise allocating.Refusal(self._unmatched(len(device_ids), suspects))
+                    raise handover.Refusal(self._unmatched(len(device_ids), suspects))
                 await self.pods.changed(deadline - self._clock())
         chosen = match.candidate
         while chosen.share and not self._mps_is_ready(chosen.uuids[0]):
@@ -519,7 +520,7 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
                 await asyncio.wait_for(waking.wait(), left)
         options = self.options
         if chosen.share and not self._mps_is_ready(chosen.uuids[0]):
-            options = allocating.Options(options.strategy, options.cdi_kind, None)
+            options = options.without_mps()
         answer = allocating.answer(chosen, self.gpus, options)
         if match.ambiguous:
             self.metrics.ambiguous.inc()

@@ -3,8 +3,12 @@
 Two annotations, one merge patch (`nodes` PATCH, the agent's only API write here):
 - `gpuplace.io/gpus`: the discovery as a JSON list, one object per GPU, in the format
   the sidecar already read (`index`, `uuid`, `numa`, `nvlink` domain) extended with
-  `model`, `memoryMiB`, `pci`, `peers`, `mig`, `health` ("healthy" | "unhealthy") and
-  `reasons`; null where NVML could not say (never a guess);
+  `model`, `memoryMiB` (NVML's total), `packableMiB` (what a client can get with MPS
+  running, the figure the engine packs: `gpuplace.agent.capacity`), `reservedMiB` (the
+  driver's), `mpsServerMiB`, `mpsContextMiB` (`{"base", "perPercent"}`: what each MPS
+  client's CUDA context takes inside its limit, `mps_limits`), `pci`, `peers`, `mig`,
+  `health` ("healthy" | "unhealthy") and `reasons`; null where NVML could not say (never a
+  guess);
 - `gpuplace.io/agent-heartbeat`: the RFC 3339 UTC time of the write.
 
 `Publisher.publish_once` reads NVML (in a worker thread: driver calls block), drains
@@ -32,9 +36,10 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuplace.agent import discovery
+from gpuplace.agent import capacity, discovery
 from gpuplace.agent import nvml as nvml_seam
 from gpuplace.cluster import keys, kube
+from gpuplace.placement.inventory import ClientContext
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +57,16 @@ class NodePatcher(Protocol):
 
 def entry(gpu: discovery.Gpu) -> dict[str, Any]:
     """One GPU as the annotation holds it."""
+    context = gpu.context
     return {
         "index": gpu.index,
         "uuid": gpu.uuid,
         "model": gpu.model,
         "memoryMiB": gpu.memory_mib,
+        "packableMiB": gpu.packable_mib,
+        "reservedMiB": gpu.reserved_mib,
+        "mpsServerMiB": gpu.mps_server_mib,
+        "mpsContextMiB": {"base": context.base_mib, "perPercent": context.per_percent_mib},
         "pci": gpu.pci_bus_id,
         "numa": gpu.numa,
         "nvlink": gpu.nvlink_domain,
@@ -97,6 +107,7 @@ class Publisher:
         discover_seconds: float = DISCOVER_SECONDS,
         wall: Callable[[], float] = time.time,
         registry: CollectorRegistry | None = None,
+        context: ClientContext | None = None,
     ) -> None:
         self.api = api
         self.node = node
@@ -104,6 +115,9 @@ class Publisher:
         self.heartbeat_seconds = heartbeat_seconds
         self.discover_seconds = discover_seconds
         self._wall = wall
+        self.context = context
+        """The operator's measured MPS client context for every GPU (None: each model's)."""
+        self.memory = capacity.Readings()
         self.xids = discovery.XidLog()
         self.discovery: discovery.Discovery | None = None
         """The latest discovery (None before the first pass)."""
@@ -135,7 +149,7 @@ class Publisher:
 
     def _read(self) -> discovery.Discovery:
         self.xids.poll(self.nvml)
-        return discovery.discover(self.nvml, self.xids)
+        return discovery.discover(self.nvml, self.xids, readings=self.memory, context=self.context)
 
     async def publish_once(self) -> bool:
         """Discover; write the annotations if they changed or the heartbeat is due.
@@ -180,7 +194,15 @@ class Publisher:
                 )
             await asyncio.sleep(self.discover_seconds)
 
+    def heartbeat_age(self) -> float | None:
+        """Seconds since the last successful write; None before the first. O(1)."""
+        return None if self.beat_at is None else max(self._wall() - self.beat_at, 0.0)
+
     def healthy(self) -> bool:
-        """Whether the heartbeat is current: written within two heartbeat periods (for
-        the agent's /healthz; the sidecar closes the node at its own bound)."""
-        return self.beat_at is not None and self._wall() - self.beat_at < 2 * self.heartbeat_seconds
+        """Whether the heartbeat is current: written within two heartbeat periods. The
+        agent's /readyz turns 503 when it is not (`gpuplace.commands.node_agent`), its
+        /healthz does not: a liveness restart would end every share's MPS server and
+        cannot mend an API server the agent cannot reach. The sidecar closes the node
+        to new GPU pods at its own bound (`--agent-silence-seconds`). O(1)."""
+        age = self.heartbeat_age()
+        return age is not None and age < 2 * self.heartbeat_seconds

@@ -53,7 +53,15 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -61,7 +69,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuplace.agent import allocating, cgroups
+from gpuplace.agent import allocating, cgroups, handover
 from gpuplace.agent import nvml as nvml_seam
 from gpuplace.cluster import assignments
 from gpuplace.placement.requests import WHOLE
@@ -108,6 +116,11 @@ class PodUse:
     """0-1: the sum of its processes' SM shares, at most 1."""
     memory_granted: int | None = None
     share_granted: float | None = None
+    processes: int | None = None
+    """Its processes holding the GPU in this sample (under MPS: its MPS clients); None when
+    the GPU's process list could not be read."""
+    milli_granted: int | None = None
+    """The grant's milli-GPU on that GPU (None: not granted here)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +144,8 @@ class _Row:
     sm: float | None = None
     memory_granted: int | None = None
     share_granted: float | None = None
+    processes: int = 0
+    milli_granted: int | None = None
 
 
 @dataclass(slots=True)
@@ -195,6 +210,7 @@ class Meter:
                     continue
                 attributed += 1
                 row = rows.setdefault((uid, uuid), _Row(uid, index, uuid))
+                row.processes += 1
                 if row.memory_used is not None:
                     used = process.used_bytes
                     row.memory_used = None if used is None else row.memory_used + used
@@ -263,6 +279,8 @@ def _pod_use(row: _Row, pod: Mapping[str, Any], listed: bool, sm_known: bool) ->
         sm=min(row.sm or 0.0, 1.0) if sm_known else None,
         memory_granted=row.memory_granted,
         share_granted=row.share_granted,
+        processes=row.processes if listed else None,
+        milli_granted=row.milli_granted,
     )
 
 
@@ -302,7 +320,7 @@ def _granted(
     gpus: Sequence[GpuUse],
 ) -> None:
     """Adds each granted pod's grant on each of its GPUs to `rows`. O(pods × GPUs)."""
-    on_node = [allocating.NodeGpu(gpu.index, gpu.uuid) for gpu in gpus]
+    on_node = [handover.NodeGpu(gpu.index, gpu.uuid) for gpu in gpus]
     by_uuid = {gpu.uuid: gpu for gpu in gpus}
     for uid, pod in by_uid.items():
         if not _live(pod, node):
@@ -320,6 +338,7 @@ def _granted(
             whole = grant.milli == WHOLE
             row.memory_granted = gpu.memory_total if whole else grant.memory_mib * MIB
             row.share_granted = grant.milli / WHOLE
+            row.milli_granted = grant.milli
 
 
 def _live(pod: Mapping[str, Any], node: str) -> bool:
@@ -397,6 +416,9 @@ class Sampler:
         self.recent: deque[tuple[float, Sample]] = deque()
         """(began, sample) of the samples of the last `peak_seconds`, oldest first."""
         self._said_stale = False
+        self.listeners: list[Callable[[Sample], Awaitable[None]]] = []
+        """Heard with each sample as it completes (over-grant detection: within one
+        sampling interval); one that raises is logged and counted, never the sample's end."""
         self.metrics = SamplerMetrics(registry)
         self.metrics.age.set_function(self.age)
 
@@ -436,6 +458,12 @@ class Sampler:
         self.recent.append((began, sample))
         while self.recent[0][0] < began - self.peak_seconds:
             self.recent.popleft()
+        for listener in self.listeners:
+            try:
+                await listener(sample)
+            except Exception:  # a listener's bug must not stop sampling
+                log.exception("usage sample listener failed")
+                self.metrics.errors.labels("listener", "exception").inc()
         return sample
 
     def peaks(self) -> dict[tuple[str, str], int]:
@@ -470,10 +498,18 @@ class UsageCollector(Collector):
     last sample is stale), keeping the rows of pods that `live(uid)` says are still on the
     node and not finished."""
 
-    def __init__(self, node: str, sampler: Sampler, live: Callable[[str], bool]) -> None:
+    def __init__(
+        self,
+        node: str,
+        sampler: Sampler,
+        live: Callable[[str], bool],
+        packable: Callable[[], Mapping[str, int]] = dict,
+    ) -> None:
         self.node = node
         self.sampler = sampler
         self.live = live
+        self.packable = packable
+        """GPU UUID → the bytes the engine packs there, as the agent last published them."""
 
     def describe(self) -> Iterable[Metric]:
         return list(self._families(None))
@@ -498,6 +534,8 @@ class UsageCollector(Collector):
             "bytes (a whole GPU: all of it).",
             names.POD_SHARE_GRANTED: "Compute share gpuplace granted the pod on the GPU "
             "(gpu-percent / 100; 1 whole; 0 memory-only).",
+            names.POD_PROCESSES: "The pod's processes holding the GPU (NVML; under MPS its "
+            "MPS clients, each with the share's limits of its own).",
         }
         families = {
             metric: GaugeMetricFamily(metric, text, labels=names.POD_LABELS)
@@ -519,14 +557,23 @@ class UsageCollector(Collector):
                 "Share of the last sample period during which a kernel ran on the GPU (NVML), 0-1.",
                 labels=names.GPU_LABELS,
             ),
+            names.GPU_MEMORY_PACKABLE: GaugeMetricFamily(
+                names.GPU_MEMORY_PACKABLE,
+                "Device memory a client can get with MPS running: NVML's total less the "
+                "driver's reservation and the MPS server's memory, the figure gpuplace packs, "
+                "bytes.",
+                labels=names.GPU_LABELS,
+            ),
         }
         if sample is not None:
+            packable = self.packable()
             for gpu in sample.gpus:
                 labels = [self.node, str(gpu.index), gpu.uuid]
                 for metric, value in (
                     (names.GPU_MEMORY_USED, gpu.memory_used),
                     (names.GPU_MEMORY_TOTAL, gpu.memory_total),
                     (names.GPU_UTILIZATION, gpu.utilization),
+                    (names.GPU_MEMORY_PACKABLE, packable.get(gpu.uuid)),
                 ):
                     if value is not None:
                         gpu_families[metric].add_metric(labels, float(value))
@@ -540,6 +587,7 @@ class UsageCollector(Collector):
                     (names.POD_SM_UTILIZATION, pod.sm),
                     (names.POD_MEMORY_GRANTED, pod.memory_granted),
                     (names.POD_SHARE_GRANTED, pod.share_granted),
+                    (names.POD_PROCESSES, pod.processes),
                 ):
                     if value is not None:
                         families[metric].add_metric(labels, float(value))

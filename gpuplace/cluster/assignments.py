@@ -1,6 +1,7 @@
 """The assignment annotations: how a grant is written on its pod, and read back.
 
-The only module that reads or writes `keys.ASSIGNED_*` and `keys.VISIBLE_DEVICES`.
+The only module that reads or writes `keys.ASSIGNED_*`, `keys.VISIBLE_DEVICES` and
+`keys.MPS_MEMORY_LIMIT`.
 The sidecar writes them at bind (before the Binding, and again on it); the ledger is
 rebuilt from them at every start, so `grant_of(pod_with(annotations_for(g)))` must give
 back exactly `g` (a property test holds it to that).
@@ -23,7 +24,12 @@ Format (all values strings, as annotations are):
   earlier grant's, so these times order admissions exactly (victims are taken "most
   recently admitted first"), also within one second and after a restart. Read
   tolerantly: whole seconds (what gpuplace wrote before) and any count of fraction
-  digits (beyond 6 dropped) read too.
+  digits (beyond 6 dropped) read too;
+- `gpuplace.io/mps-memory-limit`: what `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` must hold for a
+  share with memory (`0=2317M`: the ask plus the CUDA context the node publishes for the
+  granted GPU, `mps_limits.memory_limit`), "" for whole GPUs and shares without memory.
+  Written for the webhook's env path (nodes without the node agent, which point the env
+  var here through the downward API); never read back into the grant.
 
 CPU and host memory of a grant are not annotated: they are the pod's own requests
 (`annotations.request_for`), which the API keeps. Must never do I/O.
@@ -36,8 +42,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from gpuplace.cluster import keys
-from gpuplace.placement.inventory import Node
+from gpuplace.cluster import keys, mps_limits
+from gpuplace.placement.inventory import ClientContext, Node
 from gpuplace.placement.ledger import Grant, GrantState
 from gpuplace.placement.requests import WHOLE, GpuRequest
 
@@ -49,6 +55,7 @@ KEYS = (
     keys.ASSIGNED_MILLI,
     keys.ASSIGNED_MEMORY,
     keys.ASSIGNED_AT,
+    keys.MPS_MEMORY_LIMIT,
 )
 MAX_GPUS = 1024
 _INDEX = re.compile(r"[0-9]{1,4}")
@@ -117,6 +124,14 @@ def grant_of(pod: Mapping[str, Any], request: GpuRequest | None = None) -> Grant
         host_memory_mib=request.host_memory_mib if request is not None else 0,
         state=GrantState.CONFIRMED if bound == node else GrantState.RESERVED,
     )
+
+
+def uuids_of(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """The granted GPUs' UUIDs in grant order (`gpuplace.io/assigned-uuids`), as written at
+    bind; () when the node published no UUIDs for them (the indices then name the GPUs).
+    O(GPUs granted)."""
+    raw = str(_annotations(pod).get(keys.ASSIGNED_UUIDS) or "").strip()
+    return tuple(part.strip() for part in raw.split(",")) if raw else ()
 
 
 def assigned_at(pod: Mapping[str, Any]) -> float | None:
@@ -203,9 +218,35 @@ def annotations_for(grant: Grant, node: Node | None, at: datetime) -> dict[str, 
         keys.ASSIGNED_MILLI: str(grant.milli),
         keys.ASSIGNED_MEMORY: str(grant.memory_mib),
         keys.ASSIGNED_AT: precise(at),
+        keys.MPS_MEMORY_LIMIT: mps_limits.memory_limit(
+            grant.milli, grant.memory_mib, len(grant.gpus), context_of(grant, node)
+        ),
     }
+
+
+def context_of(grant: Grant, node: Node | None) -> ClientContext:
+    """The CUDA context the engine counted for `grant`'s clients: its GPUs' (the largest,
+    should they differ) as `node` has them; `mps_limits.UNMEASURED`'s when the node is
+    unknown. O(GPUs of the grant)."""
+    if node is None or not grant.gpus or not all(index < len(node.gpus) for index in grant.gpus):
+        return mps_limits.UNMEASURED.context
+    contexts = [node.gpus[index].context for index in grant.gpus]
+    return max(contexts, key=lambda context: context.mib(grant.milli))
 
 
 def cleared() -> dict[str, None]:
     """A merge-patch `metadata.annotations` value that removes every assignment key."""
     return dict.fromkeys(KEYS)
+
+
+def gpus_text(pod: Mapping[str, Any]) -> str:
+    """The granted GPUs' indices as written (`gpuplace.io/assigned-gpus`: `0,3`; "" for
+    none), for what Events show."""
+    return str(_annotations(pod).get(keys.ASSIGNED_GPUS) or "")
+
+
+def restamped(at: datetime) -> dict[str, str]:
+    """A merge-patch `metadata.annotations` value that moves the grant's time to `at`
+    (a gang's members, when they are ungated: their grant counts from then), to the
+    microsecond as `annotations_for` writes it."""
+    return {keys.ASSIGNED_AT: precise(at)}

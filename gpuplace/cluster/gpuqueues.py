@@ -1,6 +1,6 @@
 """The GpuQueue custom resource (gpuqueues.gpuplace.io/v1alpha1) at the edge: its wire shape
 (pydantic, as the API server stores it: camelCase, quantities as strings or integers) and its
-conversion into the engine's `gpuplace.placement.quotas.QueueSpec`.
+conversion into the engine's `gpuplace.placement.queueing.quotas.QueueSpec`.
 
 The CRD (deploy/base/gpuqueue-crd.yaml) refuses nonsense on the API server; this module
 checks the same again, so that a queue read from a file (`gpuplace simulate --queues`) or an
@@ -18,9 +18,8 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import quantities
-from gpuplace.placement import quotas
+from gpuplace.cluster import grammar, quantities
+from gpuplace.placement.queueing import quotas
 from gpuplace.placement.requests import WHOLE
 
 GROUP = "gpuplace.io"

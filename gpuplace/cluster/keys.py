@@ -19,7 +19,7 @@ GANG_SIZE = PREFIX + "gang-size"
 GANG_TIMEOUT = PREFIX + "gang-timeout"
 GANG_MIN = PREFIX + "gang-min"
 """An elastic gang: it may start with this many members (below `gang-size`) when that is
-all that fits, and grows as GPUs free (docs/gangs.md, "Elastic gangs")."""
+all that fits, and grows as GPUs free (docs/queues.md, "Elastic gangs")."""
 CONTAINER = PREFIX + "container"
 QUEUE = PREFIX + "queue"
 """The GpuQueue a GPU pod uses (docs/queues.md). The same key is the namespace label that
@@ -57,6 +57,10 @@ ASSIGNED_MEMORY = PREFIX + "assigned-memory-mib"
 """GPU memory granted on each GPU, MiB."""
 ASSIGNED_AT = PREFIX + "assigned-at"
 """RFC 3339 time of the grant."""
+MPS_MEMORY_LIMIT = PREFIX + "mps-memory-limit"
+"""What CUDA_MPS_PINNED_DEVICE_MEM_LIMIT must hold for a share with memory ("0=2317M": the
+ask plus the GPU model's CUDA context, `gpuplace.cluster.mps_limits`); "" otherwise. The
+webhook points the env var here through the downward API (nodes without the node agent)."""
 GANG_PLAN = PREFIX + "gang-plan"
 """JSON plan mark `{"id", "members", "node"}` the gang controller writes with the assignment
 annotations before ungating (see docs/gangs.md)."""
@@ -72,6 +76,7 @@ SYSTEM_ANNOTATIONS = (
     ASSIGNED_MILLI,
     ASSIGNED_MEMORY,
     ASSIGNED_AT,
+    MPS_MEMORY_LIMIT,
     GANG_PLAN,
     GANG_COUNT,
 )
@@ -86,6 +91,14 @@ QUEUE_LABEL = QUEUE
 queue of the namespace's GPU pods."""
 NODE_ENABLED = PREFIX + "enabled"
 """Node label: "true" opts a node in; gpuplace manages no other node."""
+GPU_SYSTEM = PREFIX + "gpu-system"
+"""Namespace label: "true" trusts the namespace's pods with every GPU of a node (the GPU
+Operator's, DCGM's, GPU Feature Discovery's): the node agent's no-bypass admission policy
+does not judge them (deploy/components/node-agent/admission-policy.yaml; `gpuplace
+preflight` names the namespaces that need it)."""
+NODE_DRA = PREFIX + "dra"
+"""Node label: "true" puts an opted-in node on the DRA path: its node agent is the DRA
+kubelet plugin (DaemonSet gpuplace-node-agent-dra), not the device plugin (docs/dra.md)."""
 
 # --- scheduling gates ---------------------------------------------------------
 GANG_GATE = PREFIX + "gang"

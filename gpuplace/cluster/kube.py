@@ -2,7 +2,8 @@
 
 Every API call of the sidecar goes through here (a test fails when a generated `*Api`
 is used anywhere else, and reads the calls here to check the shipped RBAC): the generated
-`CoreV1Api`, `CoordinationV1Api`, `PolicyV1Api` and `CustomObjectsApi` (GpuQueues only:
+`CoreV1Api`, `CoordinationV1Api`, `PolicyV1Api`, `ResourceV1Api` (DRA: ResourceSlices
+and ResourceClaims, `resource.k8s.io/v1`) and `CustomObjectsApi` (GpuQueues only:
 `gpuqueues.gpuplace.io`) with `_preload_content=False`, decoded here with
 `json.loads`: pods and nodes stay the dicts the API server sent (the
 informers and the extender read them as such, and a model round trip costs more than
@@ -38,11 +39,14 @@ MERGE_PATCH = "application/merge-patch+json"
 MAX_LINE = 16 * 1024 * 1024
 """Longest watch event accepted (etcd stores objects up to 1.5 MiB)."""
 
-Kind = Literal["nodes", "pods", "namespaces", "gpuqueues"]
+Kind = Literal["nodes", "pods", "namespaces", "gpuqueues", "resourceslices"]
 """What the informers list and watch (GpuQueues are the custom resource of
-deploy/base/gpuqueue-crd.yaml)."""
+deploy/base/gpuqueue-crd.yaml; ResourceSlices the DRA node agent's own)."""
 GPUQUEUES = ("gpuplace.io", "v1alpha1", "gpuqueues")
 """Group, version and plural of the GpuQueue custom resource."""
+SLICES = "resourceslices.resource.k8s.io"
+CLAIMS = "resourceclaims.resource.k8s.io"
+"""The DRA resources as RBAC and kubectl name them (group-qualified), for refusals."""
 
 
 class ApiError(Exception):
@@ -126,6 +130,7 @@ class Kube:
         self.coordination: Any = client.CoordinationV1Api(api_client)
         self.policy: Any = client.PolicyV1Api(api_client)
         self.custom: Any = client.CustomObjectsApi(api_client)
+        self.resource: Any = client.ResourceV1Api(api_client)
         self.timeout = timeout
         """Seconds for one request (watches use their own, longer, read timeout)."""
         self.refusals = refusals or refusing.Refusals()
@@ -165,6 +170,8 @@ class Kube:
             return functools.partial(self.custom.list_cluster_custom_object, *GPUQUEUES)
         if kind == "namespaces":
             return self.core.list_namespace
+        if kind == "resourceslices":
+            return self.resource.list_resource_slice
         return self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
 
     async def list_page(
@@ -186,6 +193,18 @@ class Kube:
             kwargs["_continue"] = token
         kwargs["_request_timeout"] = max(self.timeout, 60.0)
         return await self._object("list", kind, self._lister(kind)(**kwargs), missing=True)
+
+    async def list_all(self, kind: Kind, *, label_selector: str = "") -> list[dict[str, Any]]:
+        """Every object of a list, page by page (for commands; informers page themselves).
+        Raises `ApiError`. O(objects)."""
+        found: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            page = await self.list_page(kind, label_selector=label_selector, token=token)
+            found.extend(item for item in page.get("items") or [] if isinstance(item, dict))
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return found
 
     async def watch(
         self,
@@ -420,6 +439,75 @@ class Kube:
             self._merge(self.core.patch_node_status, name, patch=patch),
             None,
             name,
+        )
+
+    async def get_node(self, name: str) -> dict[str, Any]:
+        """One Node (the DRA node agent reads its own: runtime version, UID)."""
+        return await self._object(
+            "get",
+            "nodes",
+            self.core.read_node(name, _preload_content=False, _request_timeout=self.timeout),
+            None,
+            name,
+        )
+
+    async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """A ResourceClaim (the DRA node agent reads the allocation it prepares)."""
+        return await self._object(
+            "get",
+            CLAIMS,
+            self.resource.read_namespaced_resource_claim(
+                name, namespace, _preload_content=False, _request_timeout=self.timeout
+            ),
+            namespace,
+            name,
+        )
+
+    async def get_resource_slice(self, name: str) -> dict[str, Any]:
+        return await self._object(
+            "get",
+            SLICES,
+            self.resource.read_resource_slice(
+                name, _preload_content=False, _request_timeout=self.timeout
+            ),
+            None,
+            name,
+        )
+
+    async def create_resource_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return await self._object(
+            "create",
+            SLICES,
+            self.resource.create_resource_slice(
+                dict(body), _preload_content=False, _request_timeout=self.timeout
+            ),
+        )
+
+    async def replace_resource_slice(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT of a ResourceSlice; its `metadata.resourceVersion` is the precondition (409
+        when it changed since)."""
+        return await self._object(
+            "update",
+            SLICES,
+            self.resource.replace_resource_slice(
+                name, dict(body), _preload_content=False, _request_timeout=self.timeout
+            ),
+            None,
+            name,
+        )
+
+    async def delete_resource_slice(self, name: str, *, uid: str) -> None:
+        """DELETE of a ResourceSlice, its UID as precondition."""
+        await self._ask(
+            "delete",
+            SLICES,
+            self.resource.delete_resource_slice(
+                name,
+                body={"preconditions": {"uid": uid}},
+                _preload_content=False,
+                _request_timeout=self.timeout,
+            ),
+            name=name,
         )
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,8 @@ class Mirror:
         backoff = backoff or watching.Backoff()
         metrics = watching.InformerMetrics(registry) if registry is not None else None
         self.reader = pods.Reader()
+        """The process's one reading of a pod (`pods.Reader`: parsed once, memoised); the
+        extender's verbs read the pods kube-scheduler sends through it too."""
         self.nodes: watching.Informer[nodes.NodeRecord] = watching.Informer(
             api,
             "nodes",

@@ -5,8 +5,11 @@ GPUs come from GPU Feature Discovery labels (`nvidia.com/gpu.count`,
 `gpuplace.io/gpus` (a JSON list with one object per GPU: `index`, `uuid`, `numa`,
 `nvlink`; absent or null fields default to no UUID, NUMA 0 and no NVLink). When the
 node agent wrote it (its entries carry `memoryMiB`), the annotation alone says how many
-GPUs there are, their model (NVML's name, read in GFD's label form: `product`) and memory,
-and which are unhealthy (`health`); the labels stay the fallback. Only nodes labelled
+GPUs there are, their model (NVML's name, read in GFD's label form: `product`), the memory
+the engine packs (`packableMiB`: what a client can get with MPS running) and what each MPS
+client's CUDA context takes (`mpsContextMiB`), and which are unhealthy (`health`); the
+labels stay the fallback. Without the agent's `packableMiB` a GPU packs its total less
+`UNPUBLISHED_MARGIN_MIB`, and its context is its model's (`mps_limits.figures`). Only nodes labelled
 `gpuplace.io/enabled=true` are gpuplace's. Their taints and cordon (`spec.taints`,
 `spec.unschedulable`) ride along for the gang planner.
 
@@ -26,8 +29,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from gpuplace.cluster import keys, quantities, taints
-from gpuplace.placement.inventory import NO_NVLINK, Gpu, Inventory, Node
+from gpuplace.cluster import keys, mps_limits, quantities, taints
+from gpuplace.placement.inventory import NO_NVLINK, ClientContext, Gpu, Inventory, Node
 
 
 class NodeError(ValueError):
@@ -116,20 +119,53 @@ def _gpus(
     for index in range(count):
         entry = details.get(index, {})
         try:
+            gpu_model = product(entry.get("model")) or model
             gpus.append(
                 Gpu(
                     index=index,
-                    model=product(entry.get("model")) or model,
-                    memory_mib=_or(entry.get("memoryMiB"), 0) if published else memory,
+                    model=gpu_model,
+                    memory_mib=packable(entry) if published else _less_margin(memory),
                     uuid=str(entry.get("uuid") or ""),
                     numa=_or(entry.get("numa"), 0),
                     nvlink=_or(entry.get("nvlink"), NO_NVLINK),
                     healthy=entry.get("health", HEALTHY) == HEALTHY,
+                    context=_context(entry.get("mpsContextMiB"), gpu_model),
                 )
             )
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, AttributeError) as error:
             raise NodeError(f"node {name}: GPU {index} in {keys.NODE_GPUS}: {error}") from error
     return tuple(gpus)
+
+
+UNPUBLISHED_MARGIN_MIB = 1024
+"""MiB per GPU the engine leaves unpacked where no node agent publishes `packableMiB`
+(GPU Feature Discovery's `nvidia.com/gpu.memory` is NVML's total): the H100's measured
+driver reservation and MPS server (480 + 66 MiB; its agent publishes 80,960 of 81,559 MiB,
+599 less) rounded up to a GiB, for drivers that keep more (docs/node-discovery.md)."""
+
+
+def _less_margin(total_mib: int) -> int:
+    return max(total_mib - UNPUBLISHED_MARGIN_MIB, 0)
+
+
+def packable(entry: Mapping[str, Any]) -> int:
+    """The memory the engine packs on a GPU the node agent published: its `packableMiB`,
+    else (an agent that could not read the reservation, or an older one) its NVML total
+    `memoryMiB` less `UNPUBLISHED_MARGIN_MIB`; 0 when neither is known."""
+    known = entry.get("packableMiB")
+    if known is not None:
+        return _or(known, 0)
+    return _less_margin(_or(entry.get("memoryMiB"), 0))
+
+
+def _context(published: object, model: str) -> ClientContext:
+    """What an MPS client's CUDA context takes on the GPU: as the agent published it
+    (`{"base": MiB, "perPercent": MiB}`), else its model's figures (`mps_limits`)."""
+    if published is None:
+        return mps_limits.figures(model).context
+    if not isinstance(published, Mapping):
+        raise TypeError(f"mpsContextMiB {published!r} is not an object")
+    return ClientContext(_or(published.get("base"), 0), _or(published.get("perPercent"), 0))
 
 
 def product(name: object) -> str:

@@ -1,33 +1,100 @@
-"""A managed pod as the sidecar keeps it: the few fields decisions need, read once.
+"""A managed pod as the sidecar keeps it: the one reading of a pod in a process.
 
-`record(pod_dict)` is the pod informer's transform: it reads the GPU request
-(`grammar.request_for`), an elastic gang's `gang-min` (from the same parse) and the grant
-(`assignments.grant_of`) when the event arrives, so the ledger sync and the extender
-never parse a pod twice and the informer's cache holds ~1 KB per pod instead of the
-whole object. A pod whose annotations cannot be read is still recorded (with `problem`
-saying why), never dropped: its name must stay resolvable for bind and `gpuplace explain`.
+`Reader.record(pod_dict)` is the transform of the process's one informer of managed pods
+(`gpuplace.cluster.mirroring`): when the event arrives it reads the GPU request
+(`grammar.request_for`), the gang annotations (name, size, timeout, an elastic gang's
+`gang-min`: from the same parse, memoised across pods that share them) and the grant
+(`assignments.grant_of`), and, for the pods the gang and queue controllers keep (those
+labelled `gpuplace.io/gang` or `gpuplace.io/queue`), what they decide with: our gates,
+the plan mark (`gpuplace.cluster.gang_marks`), the node constraints
+(`gpuplace.cluster.node_affinity`), the tolerations, the GangReady condition, the
+preemption policy. So the ledger sync, the extender's verbs and both controllers read
+one immutable `PodRecord` per pod version and never parse a pod again (the controllers'
+indexes, `gpuplace.controllers.store`, hold these very records), and the informer's
+cache holds ~1 KB per pod instead of the whole object. A pod whose annotations cannot
+be read is still recorded (with `problem` saying why), never dropped: its name must
+stay resolvable for bind and `gpuplace explain`.
 
 Must never do I/O.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import assignments, keys
+from gpuplace.cluster import assignments, grammar, keys, taints
+from gpuplace.cluster.gang_marks import PlanMark, gated, plan_mark
+from gpuplace.cluster.node_affinity import NodeAffinity
+from gpuplace.placement.gangs import GangKey
 from gpuplace.placement.ledger import Grant
 from gpuplace.placement.requests import GpuRequest
+from gpuplace.placement.taints import Toleration
 
-Read = tuple[GpuRequest | None, int]
-"""A pod's GPU request (None: it asks for none) and its elastic gang's `gang-min` (0: none)."""
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 _REQUEST_MEMO_LIMIT = 1 << 16
 _SYSTEM = frozenset(keys.SYSTEM_ANNOTATIONS)
 """Known system annotations: they never change what a pod asks for."""
+
+
+NO_CONSTRAINTS = NodeAffinity((), None)
+"""The node constraints of a pod that has none (and of pods no controller keeps)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """What a pod's own annotations and containers say, shared by the pods that say the
+    same (`Reader`'s memo): its GPU request (None: it asks for none) and its gang's
+    annotations ("" and 0 without a gang)."""
+
+    request: GpuRequest | None
+    gang: str = ""
+    """`gang-name`."""
+    size: int = 0
+    """`gang-size`."""
+    timeout: float = grammar.DEFAULT_GANG_TIMEOUT_SECONDS
+    """`gang-timeout`, seconds."""
+    minimum: int = 0
+    """`gang-min` of an elastic gang (`grammar.Gang.elastic_minimum`; 0: every member)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Controlled:
+    """What the gang and queue controllers decide with, read for the pods they keep (those
+    labelled `gpuplace.io/gang` or `gpuplace.io/queue`); every other pod shares
+    `UNCONTROLLED` (one slot of its record, not a dozen)."""
+
+    queue: str = ""
+    """The queue label: the GpuQueue the webhook queued it in ("" for none)."""
+    gang_name: str = ""
+    """`gang-name` ("" without a gang, or when its annotations cannot be read)."""
+    gang_size: int = 0
+    """`gang-size` (0 without a gang)."""
+    gang_timeout: float = grammar.DEFAULT_GANG_TIMEOUT_SECONDS
+    """`gang-timeout`, seconds."""
+    gang_gated: bool = False
+    """Our gang gate `gpuplace.io/gang` is in spec.schedulingGates."""
+    queue_gated: bool = False
+    """The queue's gate is still on it (its queue has not admitted it yet)."""
+    plan: PlanMark | None = None
+    """The gang plan it carries (`gpuplace.io/gang-plan`), if readable."""
+    assigned: bool = False
+    """Carries assignment annotations (readable or not)."""
+    affinity: NodeAffinity = NO_CONSTRAINTS
+    """Where its spec lets it go (nodeSelector, required node affinity)."""
+    tolerations: tuple[Toleration, ...] = ()
+    """spec.tolerations: a plan keeps it off nodes whose taints or cordon it does not
+    tolerate, as kube-scheduler would."""
+    preemption_policy: str = ""
+    """spec.preemptionPolicy ("Never": a gang with this member never preempts)."""
+    gang_ready: tuple[str, str] | None = None
+    """(status, reason) of its `gpuplace.io/GangReady` condition, if any."""
+
+
+UNCONTROLLED = Controlled()
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +109,8 @@ class PodRecord:
     deleting: bool
     """metadata.deletionTimestamp is set (containers may still run)."""
     gated: bool
-    """spec.schedulingGates is not empty."""
+    """spec.schedulingGates is not empty (anyone's gates: `gang_gated`, `queue_gated` are
+    ours)."""
     request: GpuRequest | None
     """What the pod asks for; None when it asks for no GPU or its annotations are bad."""
     grant: Grant | None
@@ -52,22 +120,53 @@ class PodRecord:
     problem: str = ""
     """Why `request` or `grant` could not be read ("" when fine)."""
     gang: str = ""
-    """The gang label ("" for none)."""
+    """The gang label ("" for none): victim selection groups by it, and the gang
+    controller keeps the pods that carry it."""
     priority: int = 0
-    """spec.priority (what its PriorityClass resolved to at creation; 0 without)."""
+    """spec.priority (what its PriorityClass resolved to at creation; 0 without), as an
+    int32 (`priority_of`: the one reading, for the extender and both controllers)."""
     nominated: str = ""
     """status.nominatedNodeName: the node kube-scheduler preempted for it ("" for none)."""
     unschedulable: bool = False
     """kube-scheduler's last try found no node: condition PodScheduled False, reason
     Unschedulable (it tries again when the cluster changes)."""
     minimum: int = 0
-    """`gang-min` of an elastic gang (`Gang.elastic_minimum`; 0: every member is needed)."""
+    """`gang-min` of an elastic gang (`Gang.elastic_minimum`: 0 unless 0 < gang-min <
+    gang-size, so `elastic` needs no second test; 0: every member is needed)."""
     created: float = 0.0
     """metadata.creationTimestamp, POSIX seconds (0 when absent)."""
+    controlled: Controlled = UNCONTROLLED
+    """What the gang and queue controllers decide with (`UNCONTROLLED`, shared, for the
+    pods neither keeps)."""
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
+
+    @property
+    def gang_key(self) -> GangKey:
+        """The gang it belongs to, as the gang controller keys it: (namespace, gang-name)."""
+        return (self.namespace, self.controlled.gang_name)
+
+    @property
+    def workload(self) -> str:
+        """The queue workload it belongs to: `namespace/name`, or `gang namespace/name`."""
+        if self.controlled.gang_name:
+            return f"gang {self.namespace}/{self.controlled.gang_name}"
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def elastic(self) -> bool:
+        return 0 < self.minimum < self.controlled.gang_size
+
+    @property
+    def live(self) -> bool:
+        """Neither finished nor being deleted: it counts towards its gang or workload."""
+        return not self.terminal and not self.deleting
+
+    def order(self) -> tuple[float, str]:
+        """Oldest first, then by name: who is in a gang when more than its size exist."""
+        return (self.created, self.name)
 
     @property
     def terminal(self) -> bool:
@@ -97,17 +196,21 @@ class Reader:
     """
 
     def __init__(self) -> None:
-        self._requests: dict[object, Read | grammar.AnnotationError] = {}
+        self._requests: dict[object, tuple[Read, grammar.AnnotationError | None]] = {}
 
     def request(self, pod: Mapping[str, Any]) -> GpuRequest | None:
-        """`gpuplace.cluster.annotations.request_for(pod)`, memoised. Raises `AnnotationError`, also
+        """`gpuplace.cluster.grammar.request_for(pod)`, memoised. Raises `AnnotationError`, also
         for a pod whose shape is not a pod's (annotations not strings, containers not a
         list of objects...)."""
-        return self.read(pod)[0]
+        read, error = self.read(pod)
+        if error is not None:
+            raise error
+        return read.request
 
-    def read(self, pod: Mapping[str, Any]) -> Read:
-        """`request(pod)` and its elastic gang's `gang-min` (0: not elastic), from one
-        parse, memoised. Raises as `request`."""
+    def read(self, pod: Mapping[str, Any]) -> tuple[Read, grammar.AnnotationError | None]:
+        """What `pod`'s annotations and containers say, from one parse, memoised, and why
+        its request cannot be read (None: it can). A gang whose annotations parse keeps
+        its gang even when the request cannot be read (its controller says why)."""
         metadata = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         try:
@@ -135,47 +238,49 @@ class Reader:
         except (TypeError, AttributeError, ValueError):
             memo_key = None
         if memo_key is not None and memo_key in self._requests:
-            found = self._requests[memo_key]
-            if isinstance(found, grammar.AnnotationError):
-                raise found
-            return found
-        _check_shape(pod)
-        read: Read | grammar.AnnotationError
-        try:
-            spec = grammar.parse(metadata.get("annotations") or {})
-            request = grammar.request_of(pod, spec)
-            read = (request, spec.gang.elastic_minimum if spec and spec.gang else 0)
-        except grammar.AnnotationError as error:
-            read = error
-        except (TypeError, ValueError, AttributeError) as error:
-            read = grammar.AnnotationError.one("spec", f"the pod cannot be read: {error}")
+            return self._requests[memo_key]
+        found = _read(pod)
         if memo_key is not None:
             if len(self._requests) >= _REQUEST_MEMO_LIMIT:
                 self._requests.clear()
-            self._requests[memo_key] = read
-        if isinstance(read, grammar.AnnotationError):
-            raise read
-        return read
+            self._requests[memo_key] = found
+        return found
 
     def record(self, pod: Mapping[str, Any]) -> PodRecord:
         """The informer's transform: a pod dict → PodRecord. O(annotations + containers)."""
         metadata = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         status = pod.get("status") or {}
-        problem = ""
-        try:
-            request, minimum = self.read(pod)
-        except grammar.AnnotationError as error:
-            request, minimum, problem = None, 0, str(error)
+        read, error = self.read(pod)
+        request = read.request
+        problem = "" if error is None else str(error)
         try:
             grant = assignments.grant_of(pod, request)
-        except assignments.AssignmentError as error:
-            grant, problem = None, str(error)
+        except assignments.AssignmentError as refused:
+            grant, problem = None, str(refused)
         node_name = str(spec.get("nodeName") or "")
         if grant is not None and node_name and node_name != grant.node:
             problem = f"bound to {node_name} but its GPUs were assigned on {grant.node}"
             grant = None
         labels = metadata.get("labels") or {}
+        gang = str(labels.get(keys.GANG_LABEL) or "")
+        queue = str(labels.get(keys.QUEUE_LABEL) or "")
+        controlled = UNCONTROLLED
+        if gang or queue:  # a controller keeps it: read what it decides with
+            controlled = Controlled(
+                queue=queue,
+                gang_name=read.gang,
+                gang_size=read.size,
+                gang_timeout=read.timeout,
+                gang_gated=gated(pod, keys.GANG_GATE),
+                queue_gated=gated(pod, keys.QUEUE_GATE),
+                plan=plan_mark(pod),
+                assigned=assignments.assigned(pod),
+                affinity=NodeAffinity.of(pod),
+                tolerations=taints.of_pod(pod),
+                preemption_policy=str(spec.get("preemptionPolicy") or ""),
+                gang_ready=gang_ready(status.get("conditions")),
+            )
         return PodRecord(
             uid=str(metadata.get("uid") or ""),
             namespace=str(metadata.get("namespace") or ""),
@@ -187,15 +292,44 @@ class Reader:
             gated=bool(spec.get("schedulingGates")),
             request=request,
             grant=grant,
-            assigned_at=assignments.assigned_at(pod) if grant is not None else None,
+            assigned_at=assignments.assigned_at(pod),
             problem=problem,
-            gang=str(labels.get(keys.GANG_LABEL) or ""),
+            gang=gang,
             priority=priority_of(spec.get("priority")),
             nominated=str(status.get("nominatedNodeName") or ""),
             unschedulable=no_node_fits(status.get("conditions")),
-            minimum=minimum,
+            minimum=read.minimum,
             created=timestamp(metadata.get("creationTimestamp")),
+            controlled=controlled,
         )
+
+
+def _read(pod: Mapping[str, Any]) -> tuple[Read, grammar.AnnotationError | None]:
+    """`Reader.read` without the memo."""
+    read = Read(None)
+    try:
+        _check_shape(pod)
+        spec = grammar.parse((pod.get("metadata") or {}).get("annotations") or {})
+        gang = spec.gang if spec is not None else None
+        if gang is not None:
+            read = Read(None, gang.name, gang.size, gang.timeout_seconds, gang.elastic_minimum)
+        request = grammar.request_of(pod, spec)
+    except grammar.AnnotationError as error:
+        return read, error
+    except (TypeError, ValueError, AttributeError) as error:
+        return read, grammar.AnnotationError.one("spec", f"the pod cannot be read: {error}")
+    return dataclasses.replace(read, request=request), None
+
+
+def gang_ready(conditions: object) -> tuple[str, str] | None:
+    """(status, reason) of the pod's `gpuplace.io/GangReady` condition among
+    status.conditions, if any. O(conditions)."""
+    if not isinstance(conditions, list):
+        return None
+    for item in conditions:
+        if isinstance(item, Mapping) and item.get("type") == keys.GANG_CONDITION:
+            return (str(item.get("status")), str(item.get("reason") or ""))
+    return None
 
 
 def started(members: Iterable[PodRecord]) -> list[PodRecord]:

@@ -25,9 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import gpuqueues, keys, kube, watching
-from gpuplace.placement import quotas
+from gpuplace.cluster import gpuqueues, grammar, keys, kube, watching
+from gpuplace.placement.queueing import quotas
 
 NAME_LABEL = "kubernetes.io/metadata.name"
 """The label kube-apiserver sets on every namespace to its name."""

@@ -78,8 +78,11 @@ class Recorder:
         queue_size: int = 1000,
         instance: str | None = None,
         clock: Callable[[], float] = time.time,
+        reporting: str = "gpuplace.io/sidecar",
     ) -> None:
         self.api = api
+        self.reporting = reporting
+        """The Events' `reportingComponent` (the node agent's: `gpuplace.io/node-agent`)."""
         self.window = window
         self.instance = instance or socket.gethostname()
         self._clock = clock
@@ -169,7 +172,7 @@ class Recorder:
             "message": pending.message,
             "type": pending.type,
             "source": {"component": COMPONENT},
-            "reportingComponent": "gpuplace.io/sidecar",
+            "reportingComponent": self.reporting,
             "reportingInstance": self.instance,
             "firstTimestamp": stamp,
             "lastTimestamp": stamp,

@@ -33,8 +33,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuplace import gc_tuning
 from gpuplace.cluster import kube
+from gpuplace.runtime import gc_tuning
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class Informer(Generic[T]):
         """List everything now and `replace` the handler's state. Raises ApiError, TooOldError.
 
         Each page is turned into records as it arrives (the raw dicts die with it), and
-        the cyclic garbage collector is paused meanwhile (`gpuplace.gc_tuning.paused`):
+        the cyclic garbage collector is paused meanwhile (`gpuplace.runtime.gc_tuning.paused`):
         collecting while a list of 100,000 objects is being built traverses them again
         and again and makes the list several times slower; nothing built here is cyclic
         garbage."""

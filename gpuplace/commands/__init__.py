@@ -18,6 +18,7 @@ HELP = {
     "demo": "run gpuplace end to end on a bundled cluster, no Kubernetes needed",
     "explain": "why a pod is on its node, or why it is pending, node by node",
     "node-agent": "run the node agent: GPU discovery and heartbeat, MPS daemons, ops endpoints",
+    "preflight": "namespaces whose pods the node agent's admission policy would refuse (GPU stack)",
     "queues": "every GpuQueue's quota, use, borrowing, lending, waiting workloads and fair share",
     "serve": "run the admission webhook, the scheduler extender and the ops endpoints",
     "simulate": "replay a GPU cluster trace (openb format) and print allocation figures",

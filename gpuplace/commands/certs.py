@@ -7,7 +7,7 @@ renewed before expiry, with the CA bundle patched into both webhook configuratio
     gpuplace certs check --cert-file tls.crt --key-file tls.key --ca-file ca-bundle.crt
 
 Owns argument parsing and printing; the decisions are in `gpuplace/certs/`, the cluster calls in
-`gpuplace.certs_k8s`, the files in `gpuplace.certs_files`. Prints what it did and why,
+`gpuplace.cluster.certificates`, the files in `gpuplace.certs.files`. Prints what it did and why,
 never key material.
 """
 
@@ -25,8 +25,10 @@ import aiohttp
 from cryptography import x509
 from kubernetes_asyncio import client, config
 
-from gpuplace import certs_files, certs_k8s, commands
+from gpuplace import commands
 from gpuplace.certs import bundles, checking, issuing, pairs, renewal
+from gpuplace.certs import files as cert_files
+from gpuplace.cluster import certificates
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -149,7 +151,7 @@ def _entry(
     def run(args: argparse.Namespace) -> int:
         try:
             return body(args, datetime.now(UTC), sys.stdout)
-        except (pairs.CertError, certs_k8s.StoreError, config.ConfigException) as exc:
+        except (pairs.CertError, certificates.StoreError, config.ConfigException) as exc:
             print(f"gpuplace certs: {exc}", file=sys.stderr)
             return EXIT_FAILED
         except (OSError, aiohttp.ClientError) as exc:  # a file, or the API server unreachable
@@ -173,10 +175,10 @@ def spec_from(args: argparse.Namespace) -> issuing.Spec:
     )
 
 
-def target_from(args: argparse.Namespace) -> certs_k8s.Target:
-    return certs_k8s.Target(
+def target_from(args: argparse.Namespace) -> certificates.Target:
+    return certificates.Target(
         namespace=args.namespace,
-        secret=getattr(args, "secret", None) or certs_k8s.DEFAULT_SECRET,
+        secret=getattr(args, "secret", None) or certificates.DEFAULT_SECRET,
         ca_secret=args.ca_secret,
         mutating=args.mutating_webhook,
         validating=args.validating_webhook,
@@ -208,7 +210,7 @@ def generate(args: argparse.Namespace, now: datetime, out: TextIO) -> int:
     spec = spec_from(args)
     if args.secret:
         return asyncio.run(_in_cluster(args, spec, now, out, force_new_ca=True))
-    ca, _serving, bundle = certs_files.read(args.out_dir)
+    ca, _serving, bundle = cert_files.read(args.out_dir)
     if ca is not None and not args.force:
         raise pairs.CertError(
             f"{args.out_dir} already holds a CA: `gpuplace certs rotate` renews it, "
@@ -225,7 +227,7 @@ def rotate(args: argparse.Namespace, now: datetime, out: TextIO) -> int:
     spec = spec_from(args)
     if args.secret:
         return asyncio.run(_in_cluster(args, spec, now, out, force_new_ca=False))
-    ca, serving, bundle = certs_files.read(args.out_dir)
+    ca, serving, bundle = cert_files.read(args.out_dir)
     plan, material = renewal.rotate(ca, serving, bundle, spec, now)
     if args.dry_run:
         _report(plan, material, spec, out)
@@ -255,9 +257,9 @@ async def _publish_files(
     if args.inject:
         async with await api_client(args.kubeconfig, args.context) as api:
             target = target_from(args)
-            published = await certs_k8s.published_bundle(api, target)
+            published = await certificates.published_bundle(api, target)
             trusted = bundles.combine(now, published, material.bundle)
-            changed = await certs_k8s.inject(api, target, bundles.encode(trusted))
+            changed = await certificates.inject(api, target, bundles.encode(trusted))
         _print_injected(changed, out)
     if write:
         _write_files(args.out_dir, material, out)
@@ -276,13 +278,13 @@ async def _in_cluster(
     dry_run = bool(getattr(args, "dry_run", False))
     async with await api_client(args.kubeconfig, args.context) as api:
         if force_new_ca and not args.force:
-            stored = await certs_k8s.read(api, target)
+            stored = await certificates.read(api, target)
             if stored.ca is not None:
                 raise pairs.CertError(
                     f"Secret {target.namespace}/{target.ca_secret} already holds a CA: "
                     "`gpuplace certs rotate` renews it, --force replaces it"
                 )
-        outcome = await certs_k8s.rotate(
+        outcome = await certificates.rotate(
             api,
             target,
             spec,
@@ -313,16 +315,16 @@ async def _inject_async(args: argparse.Namespace, now: datetime, out: TextIO) ->
         if args.ca_file is not None:
             given = bundles.parse(args.ca_file.read_bytes())
         else:
-            stored = await certs_k8s.read(api, target)
+            stored = await certificates.read(api, target)
             if stored.ca is None:
                 raise pairs.CertError(
                     f"Secret {target.namespace}/{target.ca_secret} not found; pass --ca-file"
                 )
             given = bundles.merge(stored.bundle, (stored.ca.cert,))
-        trusted = bundles.combine(now, await certs_k8s.published_bundle(api, target), given)
+        trusted = bundles.combine(now, await certificates.published_bundle(api, target), given)
         if not trusted:
             raise pairs.CertError("no unexpired CA certificate to inject")
-        changed = await certs_k8s.inject(api, target, bundles.encode(trusted))
+        changed = await certificates.inject(api, target, bundles.encode(trusted))
     for cert in trusted:
         print(f"trusted: {_describe(cert)}", file=out)
     print(
@@ -383,5 +385,5 @@ def _report(
 
 
 def _write_files(directory: Path, material: renewal.Material, out: TextIO) -> None:
-    for path in certs_files.write(directory, material):
+    for path in cert_files.write(directory, material):
         print(f"wrote {path}", file=out)

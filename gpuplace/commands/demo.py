@@ -36,10 +36,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuplace import commands, logs
+from gpuplace import commands
 from gpuplace.dev.demo import plotting, queue_reporting, queue_running, reporting, running
 from gpuplace.dev.demo.progress import Progress
 from gpuplace.placement import policies
+from gpuplace.runtime import logs
 
 DEFAULT_PLOT = Path("gpuplace-demo.png")
 PODS = "pods"

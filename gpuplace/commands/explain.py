@@ -13,7 +13,6 @@ too).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from typing import Any
@@ -56,17 +55,7 @@ def run(args: argparse.Namespace) -> int:
         except UsageUnavailable as error:
             print(f"gpuplace explain: {error}", file=sys.stderr)
             return 2
-    try:
-        return asyncio.run(_explain(args, namespace, name))
-    except connecting.ConnectError as error:
-        print(f"gpuplace explain: {error}", file=sys.stderr)
-        return 2
-    except kube.ApiError as error:
-        print(
-            f"gpuplace explain: the API answered {error.status} {error.reason}: {error.message}",
-            file=sys.stderr,
-        )
-        return 2
+    return usage_command.run_on_api("explain", _explain(args, namespace, name))
 
 
 async def _explain(args: argparse.Namespace, namespace: str, name: str) -> int:

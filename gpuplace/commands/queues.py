@@ -13,9 +13,7 @@ pod stands and why.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import sys
 from dataclasses import asdict
 
 from gpuplace import commands
@@ -57,17 +55,7 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return asyncio.run(_queues(args))
-    except connecting.ConnectError as error:
-        print(f"gpuplace queues: {error}", file=sys.stderr)
-        return 2
-    except kube.ApiError as error:
-        print(
-            f"gpuplace queues: the API answered {error.status} {error.reason}: {error.message}",
-            file=sys.stderr,
-        )
-        return 2
+    return usage_command.run_on_api("queues", _queues(args))
 
 
 async def snapshot(args: argparse.Namespace, api: kube.Kube) -> explaining.Seen:

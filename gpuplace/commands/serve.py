@@ -3,7 +3,7 @@
 endpoints, in one process. With --inventory FILE it runs offline: the webhook and ops
 endpoints only.
 
-Every flag is also an environment variable `GPUPLACE_<FLAG>` (see `gpuplace.settings`).
+Every flag is also an environment variable `GPUPLACE_<FLAG>` (see `gpuplace.wiring.settings`).
 Exit codes: 0 after SIGTERM/SIGINT, 2 for invalid settings, 1 when it cannot start
 (certificate, inventory file or port unusable).
 """
@@ -19,9 +19,11 @@ from typing import Any
 
 import prometheus_client
 
-from gpuplace import commands, composing, logs, serving, settings
+from gpuplace import commands
 from gpuplace.cluster.connecting import ConnectError
-from gpuplace.sidecar import NoLoadReader
+from gpuplace.runtime import logs
+from gpuplace.wiring import composing, serving, settings, webhook
+from gpuplace.wiring.loads import NoLoadReader
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     registry = serving.process_registry()
     try:
         return asyncio.run(_serve(config, registry))
-    except (OSError, serving.InventoryFileError) as error:
+    except (OSError, webhook.InventoryFileError) as error:
         log.error("cannot start", extra={"error": str(error)})
         return 1
 

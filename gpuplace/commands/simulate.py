@@ -8,8 +8,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from gpuplace import commands, simulation
+from gpuplace import commands
 from gpuplace.placement import policies, trace
+from gpuplace.replay import simulation
 
 DESCRIPTION = """\
 Replay a GPU cluster trace the way the FGD paper (Weng et al., USENIX ATC '23) does:
@@ -201,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_queues(args: argparse.Namespace) -> int:
     """`--queues FILE`: the event-driven replay with and without queues, as JSON."""
-    from gpuplace import queue_replay
+    from gpuplace.replay import in_time
 
     if args.policy not in policies.NAMES:
         print(
@@ -238,11 +239,11 @@ def run_queues(args: argparse.Namespace) -> int:
     try:
         with resources.as_file(bundled / "nodes.csv") as default_nodes:
             nodes = simulation.read_nodes(args.nodes or default_nodes)
-        pods = queue_replay.read_jobs(args.pods)
-        queues = queue_replay.read_queues(args.queues)
+        pods = in_time.read_jobs(args.pods)
+        queues = in_time.read_queues(args.queues)
         if args.gpus is not None:
             nodes = trace.scaled(nodes, args.gpus)
-        document = queue_replay.replay(
+        document = in_time.replay(
             nodes,
             pods,
             queues,
@@ -250,13 +251,13 @@ def run_queues(args: argparse.Namespace) -> int:
             half_life=args.fair_sharing_half_life,
             hold_after=args.hold_after,
         )
-    except (trace.TraceError, queue_replay.ReplayError, ValueError) as error:
+    except (trace.TraceError, in_time.ReplayError, ValueError) as error:
         print(f"gpuplace simulate: {error}", file=sys.stderr)
         return 1
     except OSError as error:
         print(f"gpuplace simulate: {error.filename}: {error.strerror}", file=sys.stderr)
         return 1
-    text = queue_replay.dumps(document)
+    text = in_time.dumps(document)
     sys.stdout.write(text)
     if args.json:
         args.json.write_text(text, encoding="utf-8")

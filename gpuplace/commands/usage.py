@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import re
 import sys
+from collections.abc import Coroutine
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,21 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", help="kubeconfig context (default: its current one)")
 
 
+def run_on_api(command: str, work: Coroutine[Any, Any, int]) -> int:
+    """`asyncio.run(work)`, its exit status; a kubeconfig that cannot be used or an API
+    error is one line on stderr and status 2 (this, `explain`, `queues`, `preflight`)."""
+    try:
+        return asyncio.run(work)
+    except connecting.ConnectError as error:
+        print(f"gpuplace {command}: {error}", file=sys.stderr)
+    except kube.ApiError as error:
+        print(
+            f"gpuplace {command}: the API answered {error.status} {error.reason}: {error.message}",
+            file=sys.stderr,
+        )
+    return 2
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "usage",
@@ -215,14 +231,7 @@ async def read(
 
 async def managed_pods(api: kube.Kube) -> list[dict[str, Any]]:
     """Every pod labelled gpuplace.io/managed=true, page by page."""
-    found: list[dict[str, Any]] = []
-    token = ""
-    while True:
-        page = await api.list_page("pods", label_selector=f"{keys.MANAGED}=true", token=token)
-        found.extend(page.get("items") or [])
-        token = str((page.get("metadata") or {}).get("continue") or "")
-        if not token:
-            return found
+    return await api.list_all("pods", label_selector=f"{keys.MANAGED}=true")
 
 
 def run(args: argparse.Namespace) -> int:

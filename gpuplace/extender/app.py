@@ -33,8 +33,7 @@ from aiohttp import hdrs, web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import ValidationError
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import recording
+from gpuplace.cluster import grammar, recording
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender import binding, deciding, preempt_verb, reasons, repeating, wire_objects
 from gpuplace.extender.activity import Activity
@@ -93,7 +92,7 @@ class Ahead:
 
 @dataclass(slots=True)
 class Service:
-    """What the verbs need; built by the composition root (gpuplace.sidecar)."""
+    """What the verbs need; built by the composition root (gpuplace.wiring.sidecar)."""
 
     sync: LedgerSync
     decider: deciding.Decider

@@ -46,8 +46,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import pods
+from gpuplace.cluster import grammar, pods
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender import node_names, reasons
 from gpuplace.extender.load_polling import LoadBoard
@@ -126,6 +125,7 @@ class Decider:
         registry: CollectorRegistry | None = None,
         fences: Fences | None = None,
         loads: LoadBoard | None = None,
+        reader: pods.Reader | None = None,
     ) -> None:
         self.sync = sync
         self.holder = holder
@@ -135,7 +135,9 @@ class Decider:
         """Capacity holds of a starving gang: filter does not offer their nodes to others."""
         self.mode: reasons.Mode = mode
         self.cache_size = cache_size
-        self.reader = pods.Reader()
+        self.reader = reader or pods.Reader()
+        """How a pod's annotations read: the process's one `pods.Reader` (the managed-pod
+        informer's, `Mirror.reader`: one memo of parsed requests per process), or its own."""
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
         self.cache_lookups = Counter(
             "gpuplace_evaluation_cache_total",

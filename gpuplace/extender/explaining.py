@@ -14,14 +14,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpuplace.cluster import keys, recording
+from gpuplace.cluster import keys, nodes, recording
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender import reasons
 from gpuplace.extender.workloads import PolicyHolder
 from gpuplace.placement import choosing
 from gpuplace.placement.ledger import Grant, GrantState
-from gpuplace.placement.requests import share_text
+from gpuplace.placement.requests import WHOLE, share_text
 
 FITS = "fits"
 HERE = "here"
@@ -40,6 +40,8 @@ class Row:
     """The misfit's detail, or the policy's view of the node (score and GPUs it would take)."""
     score: int | None = None
     """kube-scheduler extender score 0-10 for nodes that fit."""
+    memory: str = "-"
+    """Per-GPU free memory of what the engine packs, MiB, "80960/78659" ("-" unmanaged)."""
 
 
 @dataclass(slots=True)
@@ -53,18 +55,49 @@ class Explanation:
         return json.dumps(asdict(self), indent=2)
 
 
-def _free(sync: LedgerSync, name: str) -> tuple[str, str, int]:
+def _free(sync: LedgerSync, name: str) -> tuple[str, str, int, str]:
     state = sync.ledger.state(name)
     if state is None:
         record = sync.nodes.get(name)
         why = record.problem if record is not None and record.problem else ""
-        return ("-", why, 0)
+        return ("-", why, 0, "-")
     # A GPU holding memory-only shares has no compute open to others: "mem" says why.
     free = "/".join(
         "mem" if held else f"{max(milli, 0) / 10:g}"
         for milli, held in zip(state.free_milli, state.memory_only, strict=True)
     )
-    return (free or "-", state.node.model or "-", len(state.node.gpus))
+    memory = "/".join(str(max(mib, 0)) for mib in state.free_memory)
+    return (free or "-", state.node.model or "-", len(state.node.gpus), memory or "-")
+
+
+def memory_lines(sync: LedgerSync, grant: Grant) -> list[str]:
+    """What a share's grant takes of its GPU's memory and what that GPU packs, for a
+    person: the ask, its CUDA context under MPS (inside the limit MPS enforces) and the
+    GPU's packable memory. [] for whole GPUs and shares without memory. O(1)."""
+    state = sync.ledger.state(grant.node)
+    if state is None or not grant.memory_mib or not grant.gpus or grant.milli >= WHOLE:
+        return []
+    index = grant.gpus[0]
+    if index >= len(state.node.gpus):
+        return []
+    gpu = state.node.gpus[index]
+    takes = gpu.takes(grant.milli, grant.memory_mib)
+    return [
+        f"On GPU {index} it takes {takes} MiB: its {grant.memory_mib} MiB and "
+        f"{takes - grant.memory_mib} MiB for its CUDA context, which MPS counts inside the "
+        f"limit of each of its processes (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={takes}M); the "
+        f"GPU packs {gpu.memory_mib} MiB ({_packable_basis(sync, grant.node)})."
+    ]
+
+
+def _packable_basis(sync: LedgerSync, name: str) -> str:
+    record = sync.nodes.get(name)
+    if record is not None and record.heartbeat is not None:
+        return "what a client can get with MPS running, as its node agent read it from NVML"
+    return (
+        f"GPU Feature Discovery's memory less {nodes.UNPUBLISHED_MARGIN_MIB} MiB: no node "
+        "agent publishes it"
+    )
 
 
 def _grant_text(grant: Grant) -> str:
@@ -101,6 +134,7 @@ def explain(
     grant = sync.ledger.get(record.uid)
     if record.bound and grant is not None and grant.state is GrantState.CONFIRMED:
         head.append(f"Running on node {grant.node} with {_grant_text(grant)}.")
+        head.extend(memory_lines(sync, grant))
     elif record.bound:
         head.append(
             f"Bound to node {record.node_name} without a gpuplace assignment"
@@ -142,7 +176,7 @@ def explain(
     here = grant.node if grant is not None else record.node_name
     rows: list[Row] = []
     for name in names:
-        free, model, gpus = _free(sync, name)
+        free, model, gpus, memory = _free(sync, name)
         choice = evaluation.choices.get(name)
         if choice is not None:
             taken = ",".join(str(index) for index in choice.gpus)
@@ -155,13 +189,14 @@ def explain(
                     HERE if name == here else FITS,
                     _scored(choice) + f"would take GPU {taken}",
                     scores.get(name, 0),
+                    memory,
                 )
             )
         else:
             misfit = evaluation.misfits.get(name) or choosing.UNKNOWN
             verdict = HERE if name == here else misfit.kind.value
             why = misfit.message if name != here else f"{misfit.kind.value}: {misfit.message}"
-            rows.append(Row(name, model if model else "-", gpus, free, verdict, why, None))
+            rows.append(Row(name, model if model else "-", gpus, free, verdict, why, None, memory))
     kinds = Counter(row.verdict for row in rows if row.score is None and row.verdict != HERE)
 
     def order(row: Row) -> tuple[int, int, int, str]:
@@ -265,7 +300,7 @@ def render(explanation: Explanation, *, limit: int | None = 40) -> str:
     lines += [f"  {line}" for line in explanation.headline]
     if explanation.rows:
         lines.append("")
-        header = ("NODE", "MODEL", "GPUS", "FREE %", "VERDICT", "SCORE", "WHY")
+        header = ("NODE", "MODEL", "GPUS", "FREE %", "FREE MiB", "VERDICT", "SCORE", "WHY")
         shown = explanation.rows if limit is None else explanation.rows[:limit]
         table = [header] + [
             (
@@ -273,6 +308,7 @@ def render(explanation: Explanation, *, limit: int | None = 40) -> str:
                 row.model,
                 str(row.gpus),
                 row.free,
+                row.memory,
                 row.verdict,
                 "" if row.score is None else str(row.score),
                 row.why,

@@ -10,7 +10,8 @@ else: filter, prioritize and bind go on as without `--load-aware`.
 A failed read is counted (`gpuplace_load_reads_total{outcome}`) and logged once per
 outage at ERROR with the reader's own message (which names no credential), and its
 recovery at INFO; the age of the loads in use is a gauge (`gpuplace_load_age_seconds`,
-+Inf before the first read).
++Inf before the first read); while reads fail, `LoadPoller.failing_reason` says since when
+and why (the sidecar shows it in /readyz under `degraded`, which stays 200).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ class LoadBoard:
 
     def __init__(self, max_age: float, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_age = max_age
-        self._clock = clock
+        self.clock = clock
+        """The clock the loads' age is measured on."""
         self._latest: load_ties.Loads | None = None
 
     def store(self, measured: GpuLoads) -> None:
@@ -43,21 +45,21 @@ class LoadBoard:
             node: {index: load.utilization for index, load in gpus.items()}
             for node, gpus in measured.items()
         }
-        self._latest = load_ties.Loads.measured(utilization, self._clock())
+        self._latest = load_ties.Loads.measured(utilization, self.clock())
 
     def current(self) -> load_ties.Loads | None:
         """The loads to break ties with now: the latest, unless older than `max_age`
         (then None: no tie-break). The same object until the next `store`, so a
         decision made with it can tell whether it is still current. O(1)."""
         latest = self._latest
-        if latest is None or not latest.fresh(self._clock(), self.max_age):
+        if latest is None or not latest.fresh(self.clock(), self.max_age):
             return None
         return latest
 
     def age(self) -> float:
         """Seconds since the latest loads were read; +Inf before the first. O(1)."""
         latest = self._latest
-        return math.inf if latest is None else max(self._clock() - latest.measured_at, 0.0)
+        return math.inf if latest is None else max(self.clock() - latest.measured_at, 0.0)
 
 
 class LoadPoller:
@@ -79,6 +81,8 @@ class LoadPoller:
         self.window_seconds = window_seconds
         self.refresh_seconds = refresh_seconds
         self._failing = False
+        self._why = ""
+        self._failing_since = 0.0
         self.reads = Counter(
             "gpuplace_load_reads_total",
             "Reads of measured GPU load for the load-aware tie-break, by outcome (ok, "
@@ -117,14 +121,31 @@ class LoadPoller:
 
     def _failed(self, outcome: str, why: str) -> str:
         self.reads.labels(outcome).inc()
+        self._why = why[:300]
         if not self._failing:
             self._failing = True
+            self._failing_since = self.board.clock()
             log.error(
                 "cannot read measured GPU loads: the load-aware tie-break stops once the "
-                "last loads are too old",
-                extra={"why": why[:300], "max_age_seconds": self.board.max_age},
+                "last loads are too old (is --usage-prometheus reachable from this pod? the "
+                "shipped NetworkPolicy lets it reach only the API server and DNS until "
+                "widened: docs/deploy.md, NetworkPolicy)",
+                extra={"why": self._why, "max_age_seconds": self.board.max_age},
             )
         return outcome
+
+    def failing_reason(self) -> str | None:
+        """None while the last read succeeded (or none was made yet); else since when
+        reads fail, why, and whether the tie-break still has loads to use. O(1)."""
+        if not self._failing:
+            return None
+        since = max(self.board.clock() - self._failing_since, 0.0)
+        state = (
+            "the tie-break still uses the last loads read"
+            if self.board.current() is not None
+            else f"no loads younger than {self.board.max_age:g} s: decisions are the policy's alone"
+        )
+        return f"measured GPU loads unreadable for {since:.0f} s ({self._why}); {state}"
 
     async def run(self) -> None:
         while True:

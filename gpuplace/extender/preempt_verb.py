@@ -69,8 +69,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import pods, recording
+from gpuplace.cluster import grammar, pods, recording
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender.preempt_wire import PreemptionArgs, PreemptionResult

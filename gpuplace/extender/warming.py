@@ -38,12 +38,12 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as CounterMetric
 
-from gpuplace import gc_tuning
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender.activity import Activity
 from gpuplace.extender.workloads import PolicyHolder
 from gpuplace.placement import choosing
 from gpuplace.placement.requests import GpuRequest, Topology
+from gpuplace.runtime import gc_tuning
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class Warmer:
         self.activity = activity
         """When given, slices start only while no verb is in flight."""
         self.freeze_young_above = freeze_young_above
-        """Passed to `gpuplace.gc_tuning.collect_young` between slices."""
+        """Passed to `gpuplace.runtime.gc_tuning.collect_young` between slices."""
         self.shapes = shapes
         self.pending_shapes = pending_shapes
         self.interval = interval

@@ -13,7 +13,7 @@ entirely ungated or entirely gated, never half:
 2. **settle** (`settle`, also every round for plans found in the API): on fresh reads
    (`fetch`) of the plan's members, if any of them is already ungated, or all of them
    are still there, roll forward: **narrow** each gated member's node affinity to its
-   node (`gpuplace.gangs.pinning`), then **ungate** each (remove our gate, stamp
+   node (`gpuplace.controllers.pinning`), then **ungate** each (remove our gate, stamp
    `assigned-at`). Otherwise (a member is gone before any started, or the plan was
    never fully written) **roll back**: **clear** the mark and assignment from each
    member still unbound, and release what the ledger held for them.
@@ -23,36 +23,38 @@ gate still on every member) and handed over here once the queue removed its gate
 plan is never settled while a member carries the queue gate, and once none does it only
 rolls forward (the queue admitted it; a gate is never added back).
 
-Every step is a `gpuplace.gangs.writing.Writer.write`: a merge patch with UID and
+Every step is a `gpuplace.controllers.writing.Writer.write`: a merge patch with UID and
 resourceVersion preconditions, recomputed from a fresh read on 409, and a no-op when
 the pod already shows it, so settling a plan twice (two rounds, two replicas during a
-failover) ends the same way. `settle` returns what happened (`Placed`, `RolledBack`)
-for the controller to tell (Events, metrics, conditions).
+failover) ends the same way; the steps the queue controller takes too (the plan's
+annotations, reading it back, narrowing, clearing) are `gpuplace.controllers.plans`.
+`settle` returns what happened (`Placed`, `RolledBack`) for the controller to tell
+(Events, metrics, conditions).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpuplace.cluster import assignments, keys, kube, recording
-from gpuplace.cluster.gang_marks import PlanMark, gated, gates, plan_mark, queued
+from gpuplace.cluster.gang_marks import PlanMark, gated, plan_mark, queued
+from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.gangs import events, pinning
-from gpuplace.gangs.members import GangPod
+from gpuplace.controllers import plans, telling
+from gpuplace.controllers.store import PodIndex
+from gpuplace.controllers.writing import Writer, raise_first
+from gpuplace.gangs import events
 from gpuplace.gangs.metrics import GangMetrics
-from gpuplace.gangs.store import GangStore
-from gpuplace.gangs.writing import Writer, raise_first
 from gpuplace.placement.gangs import GangKey
 from gpuplace.placement.ledger import Grant
 
 log = logging.getLogger(__name__)
 
-Bodies = list[tuple[GangPod, dict[str, Any]]]
+Bodies = list[tuple[PodRecord, dict[str, Any]]]
 """Members with their pods as just read or written."""
 
 
@@ -61,7 +63,7 @@ class Committed:
     """A plan this process wrote completely (it rolls forward from here)."""
 
     key: GangKey
-    members: tuple[GangPod, ...]
+    members: tuple[PodRecord, ...]
     since: float
 
 
@@ -73,7 +75,7 @@ class Placed:
     key: GangKey
     plan_id: str
     present: Bodies
-    ready: list[GangPod]
+    ready: list[PodRecord]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,18 +89,13 @@ Outcome = Placed | RolledBack | None
 """None: nothing to tell (the plan was already settled, or is gone)."""
 
 
-def marked(body: dict[str, Any], plan_id: str) -> bool:
-    mark = plan_mark(body)
-    return mark is not None and mark.id == plan_id
-
-
 class Commits:
     """The commit protocol of the module docstring, for the plans of one controller."""
 
     def __init__(
         self,
         writer: Writer,
-        store: GangStore,
+        store: PodIndex[GangKey],
         sync: LedgerSync,
         *,
         metrics: GangMetrics,
@@ -110,7 +107,7 @@ class Commits:
         self.sync = sync
         self.metrics = metrics
         self.recorder = recorder
-        self.clock = clock
+        self.plans = plans.Plans(writer, sync, clock)
         self.committed: dict[str, Committed] = {}
         """Plans this process wrote completely and has not settled yet, by plan id."""
 
@@ -124,17 +121,17 @@ class Commits:
         }
         queues: set[str] = set()
         for pod in self.store.pods.values():
-            if pod.plan is not None and pod.live and pod.gang:
-                if pod.queue_gated:
-                    queues.add(pod.plan.id)
-                elif pod.gated:
-                    found.setdefault(pod.plan.id, pod.key)
+            if pod.controlled.plan is not None and pod.live and pod.controlled.gang_name:
+                if pod.controlled.queue_gated:
+                    queues.add(pod.controlled.plan.id)
+                elif pod.controlled.gang_gated:
+                    found.setdefault(pod.controlled.plan.id, pod.gang_key)
         return [(key, plan_id) for plan_id, key in found.items() if plan_id not in queues]
 
     async def start(
         self,
         key: GangKey,
-        members: Sequence[GangPod],
+        members: Sequence[PodRecord],
         since: float,
         grants: Sequence[Grant],
         nodes: int,
@@ -144,20 +141,16 @@ class Commits:
         """Write a new plan (one `grants` entry per member, already held in the ledger),
         then settle it. A failed write rolls it back and releases the holds. `running`:
         members of the gang already started (its `gang-count` counts them too)."""
-        plan_id = secrets.token_hex(6)
+        plan_id = plans.new_id()
         by_uid = {grant.pod_uid: grant for grant in grants}
         size = len(members)
-        at = self.sync.stamps.next(self.clock())
-        inventory = self.sync.ledger.inventory
+        at = self.plans.now()
 
         bodies: dict[str, dict[str, Any]] = {}
 
-        async def annotate(pod: GangPod) -> bool:
+        async def annotate(pod: PodRecord) -> bool:
             grant = by_uid[pod.uid]
-            mark = PlanMark(plan_id, size, grant.node)
-            annotations = assignments.annotations_for(grant, inventory.get(grant.node), at)
-            annotations[keys.GANG_PLAN] = mark.encode()
-            annotations[keys.GANG_COUNT] = str(running + size)
+            annotations = self.plans.annotations(grant, plan_id, size, running + size, at)
             try:
                 metadata = {
                     "uid": pod.uid,
@@ -174,7 +167,7 @@ class Commits:
                 )
                 return False
             bodies[pod.uid] = body
-            return gated(body) and plan_mark(body) == mark
+            return gated(body) and plan_mark(body) == PlanMark(plan_id, size, grant.node)
 
         written = await self.writer.each(members, annotate)
         if not all(result is True for result in written):
@@ -212,20 +205,14 @@ class Commits:
             members = [
                 pod
                 for pod in self.store.members(key)
-                if pod.plan is not None and pod.plan.id == plan_id
+                if pod.controlled.plan is not None and pod.controlled.plan.id == plan_id
             ]
             if not members:
                 return None
-            size = max(pod.plan.members for pod in members if pod.plan is not None)
-        if known is not None and all(pod.uid in known for pod in members):
-            fresh: list[Any] = [known[pod.uid] for pod in members]
-        else:
-            fresh = raise_first(await self.writer.each(members, self.writer.fetch))
-        present = [
-            (pod, body)
-            for pod, body in zip(members, fresh, strict=True)
-            if body is not None and marked(body, plan_id)
-        ]
+            size = max(
+                pod.controlled.plan.members for pod in members if pod.controlled.plan is not None
+            )
+        present = await self.plans.present(plan_id, members, known)
         # a queue that admitted the plan (no member gated by it any more) started it too:
         # its members can never be queued again (a gate is never added back)
         started = any(
@@ -251,7 +238,7 @@ class Commits:
             if body is not None
         ]
         # the members start now: one `assigned-at` for all, after every earlier one
-        stamp = assignments.precise(self.sync.stamps.next(self.clock()))
+        stamp = assignments.restamped(self.plans.now())
         raise_first(
             await self.writer.each(ready, lambda item: self._ungate(item[0], item[1], stamp))
         )
@@ -268,11 +255,7 @@ class Commits:
         if not present:
             self.committed.pop(plan_id, None)
             return None
-        raise_first(
-            await self.writer.each(present, lambda item: self._clear(item[0], item[1], plan_id))
-        )
-        for pod, _ in present:
-            self.sync.unhold(pod.uid)
+        await self.plans.clear(plan_id, present, lambda body: not plans.bound(body))
         self.committed.pop(plan_id, None)
         self.metrics.rollbacks.inc()
         log.info(
@@ -287,40 +270,28 @@ class Commits:
             "members and room again (no GPU is held meanwhile)"
         )
         for pod, _ in present:
-            events.emit(self.recorder, pod, recording.WARNING, events.ROLLED_BACK, message)
+            telling.emit(self.recorder, pod, recording.WARNING, events.ROLLED_BACK, message)
         return RolledBack(key)
 
     async def _narrow(
-        self, pod: GangPod, body: dict[str, Any], plan_id: str
+        self, pod: PodRecord, body: dict[str, Any], plan_id: str
     ) -> dict[str, Any] | None:
         def change(current: dict[str, Any]) -> dict[str, Any] | None:
             mark = plan_mark(current)
             if not gated(current) or mark is None or mark.id != plan_id:
                 return None
-            affinity = pinning.narrowed((current.get("spec") or {}).get("affinity"), mark.node)
+            affinity = plans.narrowed(current, mark.node)
             return None if affinity is None else {"spec": {"affinity": affinity}}
 
         return await self.writer.write(pod, body, change)
 
-    async def _ungate(self, pod: GangPod, body: dict[str, Any], stamp: str) -> None:
+    async def _ungate(self, pod: PodRecord, body: dict[str, Any], stamp: dict[str, str]) -> None:
         def change(current: dict[str, Any]) -> dict[str, Any] | None:
             if not gated(current):
                 return None
-            rest = [gate for gate in gates(current) if gate.get("name") != keys.GANG_GATE]
             return {
-                "metadata": {"annotations": {keys.ASSIGNED_AT: stamp}},
-                "spec": {"schedulingGates": rest or None},
+                "metadata": {"annotations": dict(stamp)},
+                "spec": {"schedulingGates": plans.without_gate(current, keys.GANG_GATE)},
             }
-
-        await self.writer.write(pod, body, change)
-
-    async def _clear(self, pod: GangPod, body: dict[str, Any] | None, plan_id: str) -> None:
-        def change(current: dict[str, Any]) -> dict[str, Any] | None:
-            if not marked(current, plan_id) or (current.get("spec") or {}).get("nodeName"):
-                return None
-            cleared: dict[str, Any] = dict(assignments.cleared())
-            cleared[keys.GANG_PLAN] = None
-            cleared[keys.GANG_COUNT] = None
-            return {"metadata": {"annotations": cleared}}
 
         await self.writer.write(pod, body, change)

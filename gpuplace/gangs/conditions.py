@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuplace.cluster import assignments, keys, kube, recording
+from gpuplace.cluster.pods import PodRecord
+from gpuplace.controllers.writing import Change, Writer
 from gpuplace.gangs.events import PLACED
-from gpuplace.gangs.members import GangPod
-from gpuplace.gangs.writing import Change, Writer
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +61,12 @@ class Conditions:
         self.clock = clock
         self._written: dict[str, tuple[str, str]] = {}
 
-    async def set(self, pod: GangPod, status: str, reason: str, message: str) -> None:
+    async def set(self, pod: PodRecord, status: str, reason: str, message: str) -> None:
         """Set GangReady on one member (pods/status), unless it already says so. A
         refused write is logged and tried again at the next call."""
         if self._written.get(pod.uid) == (status, reason):
             return
-        if pod.condition == (status, reason) and pod.uid not in self._written:
+        if pod.controlled.gang_ready == (status, reason) and pod.uid not in self._written:
             self._written[pod.uid] = (status, reason)
             return
         stamp = assignments.rfc3339(datetime.fromtimestamp(self.clock(), UTC))
@@ -80,9 +80,9 @@ class Conditions:
             return
         self._written[pod.uid] = (status, reason)
 
-    async def ready(self, pod: GangPod) -> None:
+    async def ready(self, pod: PodRecord) -> None:
         """Turn a GangReady=False condition (written at timeout) True."""
-        if pod.condition is None and pod.uid not in self._written:
+        if pod.controlled.gang_ready is None and pod.uid not in self._written:
             return
         await self.set(pod, "True", PLACED, "all members of the gang are placed")
 

@@ -1,6 +1,7 @@
 """The gang controller: gated gang members start together, or none holds GPUs.
 
-One asyncio task in the sidecar (`GangController.run`). Members are the pods with the
+One asyncio task in the sidecar (`GangController.run`: the controller kit's leader-gated
+round loop, `gpuplace.controllers.rounds`). Members are the pods with the
 same `gpuplace.io/gang-name` in one namespace; the webhook created them with our
 scheduling gate `gpuplace.io/gang`. Each round (`step`), woken by gang-pod changes,
 ledger changes (pods and nodes coming and going) and timers:
@@ -40,7 +41,7 @@ ledger changes (pods and nodes coming and going) and timers:
 
 A failed attempt is not retried until the ledger, the fence, the policy or the
 members change. Every write carries the pod's UID (and resourceVersion where a stale
-read could do harm) as preconditions (`gpuplace.gangs.writing`).
+read could do harm) as preconditions (`gpuplace.controllers.writing`).
 """
 
 from __future__ import annotations
@@ -49,28 +50,27 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from gpuplace.cluster import keys, kube, recording
+from gpuplace.cluster import assignments, recording
 from gpuplace.cluster.gang_marks import plan_mark
 from gpuplace.cluster.node_affinity import NodeAffinity
-from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.cluster.pods import PodRecord
+from gpuplace.controllers import telling
+from gpuplace.controllers.api import PodApi
+from gpuplace.controllers.controller import Controller, Parts, Settings
+from gpuplace.controllers.store import PodIndex
 from gpuplace.gangs import events
-from gpuplace.gangs.api import PodApi
 from gpuplace.gangs.committing import Commits, Outcome, Placed, RolledBack
 from gpuplace.gangs.conditions import Conditions
 from gpuplace.gangs.evicting import GangPreemptions
-from gpuplace.gangs.members import GangPod
 from gpuplace.gangs.metrics import GangMetrics
-from gpuplace.gangs.store import GangStore
 from gpuplace.gangs.waiting import Wait, waits
-from gpuplace.gangs.writing import Writer
 from gpuplace.placement import elastic, gangs
 from gpuplace.placement.choosing import Policy
-from gpuplace.placement.fences import GANG, Fence, Fences
+from gpuplace.placement.fences import GANG, Fence
 from gpuplace.placement.gangs import GangKey
 from gpuplace.placement.ledger import Grant, LedgerError
 
@@ -78,21 +78,17 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class GangSettings:
+class GangSettings(Settings):
+    """The kit's `Settings` (polling, settling, holds, writes) with the gang controller's
+    figures, and its own."""
+
+    poll_seconds: float = 5.0
+    settle_seconds: float = 0.05
+    """Wait after a wake-up so that bursts of events make one round (rounds are not
+    spaced further: one that finds nothing changed tries no plan)."""
     starve_after_seconds: float = 120.0
     """A complete gang at the head of the queue that has not fit for this long gets a
     capacity hold (see the module docstring)."""
-    hold_seconds: float = 300.0
-    """In-memory reservation while the plan is being written (the written assignment
-    annotations take over as soon as the informer sees them)."""
-    concurrency: int = 16
-    """API writes in flight at once for one gang."""
-    poll_seconds: float = 5.0
-    """Longest sleep between rounds when nothing wakes the controller."""
-    settle_seconds: float = 0.05
-    """Wait after a wake-up so that bursts of events make one round."""
-    write_attempts: int = 5
-    """Attempts of one write that hits 409 Conflict (re-read in between)."""
     preempt: bool = True
     """A complete gang that does not fit may evict pods of lower priority (needs
     `fences`; see `gpuplace.gangs.evicting`)."""
@@ -101,67 +97,41 @@ class GangSettings:
     plans a preemption again."""
 
 
-class GangController:
-    """See the module docstring. Collaborators are passed in (`gpuplace.gangs.wiring`
-    builds them for the sidecar and the tests alike):
-
-    - `api`: `PodApi` (get, patch, patch status, evict), e.g. `api.KubePods(kube)`;
-    - `store`: the `GangStore` fed by `store.informer`;
-    - `sync`: the `LedgerSync` shared with the extender (its ledger, holds, listeners);
-    - `policy`: the policy in force, e.g. `lambda: holder.current().policy`;
-    - `lock`: the lock the extender takes around decide-and-reserve, if it has one;
-    - `fences`: the capacity holds the extender's filter consults;
-    - `recorder`, `registry`, `clock` (POSIX seconds);
-    - `active`: whether this replica is the decision-maker now (only the replica whose
-      kube-scheduler holds the Lease may plan: `gpuplace.gangs.leader.LeaseFollower`).
+class GangController(Controller[GangSettings, GangKey, PodApi]):
+    """See the module docstring. Collaborators are passed in (`gpuplace.wiring.gangs`
+    builds them for the sidecar and the tests alike): the kit's `parts`
+    (`gpuplace.controllers.controller.Parts`: the pod API, the ledger sync, the policy,
+    fences, recorder, clock and leader gate), the gang members (`store`,
+    `gpuplace.controllers.store.gang_members(parts.sync)`), and its own: `lock`, the lock
+    the extender takes around decide-and-reserve, if it has one; `registry`, where its
+    metrics go.
     """
 
     def __init__(
         self,
-        api: PodApi,
-        store: GangStore,
-        sync: LedgerSync,
-        policy: Callable[[], Policy],
+        parts: Parts[PodApi],
+        store: PodIndex[GangKey],
         *,
-        recorder: recording.Recorder | None = None,
         registry: CollectorRegistry | None = None,
         lock: asyncio.Lock | None = None,
-        fences: Fences | None = None,
         settings: GangSettings | None = None,
-        clock: Callable[[], float] = time.time,
-        active: Callable[[], bool] | None = None,
-        blocked: Callable[[], str | None] | None = None,
     ) -> None:
-        self.api = api
-        self.store = store
-        self.sync = sync
-        self.policy = policy
-        self.recorder = recorder
-        self.lock = lock
-        self.fences = fences
-        self.settings = settings or GangSettings()
-        self.clock = clock
-        self.active = active
-        """Whether this replica decides now (`gpuplace.gangs.leader.LeaseFollower`); None:
-        always."""
-        self.blocked = blocked
-        """Why this replica cannot tell whether it decides (the API refused the Lease
-        read), e.g. `LeaseFollower.blocked_reason`: said in an Event on waiting members."""
         self.metrics = GangMetrics(registry)
-        self.writer = Writer(
-            api, concurrency=self.settings.concurrency, attempts=self.settings.write_attempts
-        )
+        settings = settings or GangSettings()
+        super().__init__("gang", parts, store, settings=settings, leading=self.metrics.leading)
+        sync, clock, fences = parts.sync, parts.clock, parts.fences
+        self.lock = lock
         self.commits = Commits(
-            self.writer, store, sync, metrics=self.metrics, recorder=recorder, clock=clock
+            self.writer, store, sync, metrics=self.metrics, recorder=self.recorder, clock=clock
         )
         """Plans written and settled in the API (`gpuplace.gangs.committing`)."""
         self.conditions = Conditions(self.writer, clock)
         self.preemptions = (
             GangPreemptions(
-                api,
+                self.api,
                 sync,
                 fences,
-                recorder=recorder,
+                recorder=self.recorder,
                 registry=registry,
                 retry_seconds=self.settings.preempt_retry_seconds,
             )
@@ -169,70 +139,41 @@ class GangController:
             else None
         )
         """Preemption for waiting gangs (None without fences or with `preempt` off)."""
-        self.rounds = 0
-        """Completed rounds (tests wait on it)."""
-        self._wake = asyncio.Event()
         self._tried: dict[GangKey, tuple[object, ...]] = {}
         self._shortfalls: dict[GangKey, gangs.Shortfall] = {}
         self._timed_out: dict[GangKey, float] = {}
-        self._told = events.Told()
-        self._next = float("inf")
-        store.listeners.append(self._poke)
-        sync.pod_listeners.append(self._poke)
-        sync.node_listeners.append(self._poke)
 
     # --- running ---------------------------------------------------------------------
 
-    def _poke(self, *_: object) -> None:
-        self._wake.set()
-
-    def wake(self) -> None:
-        """Run a round soon (e.g. after the extender released GPUs)."""
-        self._wake.set()
-
     async def run(self) -> None:
         """Recover, then run rounds until cancelled. Never raises on API failures."""
-        await self.store.synced.wait()
-        await self.sync.ready.wait()
-        while True:
-            try:
-                leading = self.active is None or self.active()
-                self.metrics.leading.set(1 if leading else 0)
-                self._count_gated()
-                if leading:
-                    await self.step()
-                else:
-                    self._follow()
-            except kube.ApiError as error:
-                log.warning(
-                    "gang round failed, retrying",
-                    extra={"status": error.status, "reason": error.reason},
-                )
-            delay = min(self.settings.poll_seconds, max(self._next - self.clock(), 0.0))
-            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
-            # that races with the event, and the task would never stop
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._wake.wait()
-            self._wake.clear()
-            await asyncio.sleep(self.settings.settle_seconds)
+        await self.loop.run(self._lead, self._follow, ready=(self.store.synced, self.sync.ready))
+
+    async def _lead(self) -> None:
+        self._count_gated()
+        await self.step()
 
     def _count_gated(self) -> None:
         """The gated-member gauge, from the store (any replica). O(gang pods)."""
         self.metrics.gated.set(len(self._held()))
 
-    def _held(self) -> list[GangPod]:
-        return [pod for pod in self.store.pods.values() if pod.gang and pod.live and pod.gated]
+    def _held(self) -> list[PodRecord]:
+        return [
+            pod
+            for pod in self.store.pods.values()
+            if pod.controlled.gang_name and pod.live and pod.controlled.gang_gated
+        ]
 
     def _follow(self) -> None:
         """A round while another replica decides (or none can): drop our capacity hold,
         count the waiting gangs anyway, and tell their members if gpuplace is blocked."""
+        self._count_gated()
         if self.fences is not None and self.fences.release() is not None:
-            self.metrics.fenced.set(0)
+            self.metrics.held.set(0)
         if self.preemptions is not None:
             self.preemptions.keep_only(())
         held = self._held()
-        self.metrics.waiting.set(len({pod.key for pod in held}))
+        self.metrics.waiting.set(len({pod.gang_key for pod in held}))
         reason = self.blocked() if self.blocked is not None else None
         if reason is not None:
             for pod in held:
@@ -243,7 +184,6 @@ class GangController:
     async def step(self) -> None:
         """One round: settle plans in the API, then try waiting gangs in order."""
         now = self.clock()
-        self._next = float("inf")
         for key, plan_id in self.commits.open_plans():
             await self._told_of(await self.commits.settle(key, plan_id))
         found = waits(self.store, self.sync.ledger, now, told=self._told, recorder=self.recorder)
@@ -268,21 +208,15 @@ class GangController:
             if wait.growing:
                 await self._attempt(wait, now)
         self._forget_gone()
-        self.rounds += 1
 
     def _forget_gone(self) -> None:
         """Drop memos of pods and gangs the API no longer has (bounded memory)."""
         self._told.keep(self.store.pods)
         self.conditions.keep(self.store.pods)
-        known = self.store.gangs().keys()
+        known = self.store.groups().keys()
         for memo in (self._tried, self._shortfalls, self._timed_out):
             for key in [key for key in memo if key not in known]:
                 del memo[key]
-
-    def _alarm(self, at: float, now: float) -> None:
-        """Wake up at `at` (only a future time counts)."""
-        if at > now:
-            self._next = min(self._next, at)
 
     # --- what a settled plan tells ----------------------------------------------------
 
@@ -304,7 +238,7 @@ class GangController:
         self.metrics.wait.observe(max(now - since, 0.0))
         if self.fences is not None and self.fences.owner == key:
             self.fences.release()
-            self.metrics.fenced.set(0)
+            self.metrics.held.set(0)
         if self.preemptions is not None:
             self.preemptions.forget(key)
         self._shortfalls.pop(key, None)
@@ -322,8 +256,7 @@ class GangController:
         )
         for pod, body in placed.present:
             mark = plan_mark(body)
-            annotations = (body.get("metadata") or {}).get("annotations") or {}
-            gpus = annotations.get(keys.ASSIGNED_GPUS, "")
+            gpus = assignments.gpus_text(body)
             mine = f"; this member: node {mark.node}, GPUs {gpus}" if mark is not None else ""
             self._emit(
                 pod,
@@ -347,13 +280,13 @@ class GangController:
                     "exist; no GPU is held until all do",
                 )
         if now < wait.deadline:
-            self._alarm(wait.deadline, now)
+            self.loop.alarm(wait.deadline, now)
             return
         await self._timeout(
             wait,
             events.INCOMPLETE,
             f"gang {wait.key[1]}: only {have} of {wait.size} members exist after its "
-            f"gang-timeout of {events.duration(wait.timeout)}; it keeps waiting gated and "
+            f"gang-timeout of {telling.duration(wait.timeout)}; it keeps waiting gated and "
             "starts when all exist and fit; no GPU is held meanwhile",
         )
 
@@ -365,12 +298,17 @@ class GangController:
         result = []
         for pod in wait.members:
             assert pod.request is not None
-            if pod.affinity not in allowed:
-                allowed[pod.affinity] = pod.affinity.allowed(
+            if pod.controlled.affinity not in allowed:
+                allowed[pod.controlled.affinity] = pod.controlled.affinity.allowed(
                     (node.name, node.labels) for node in inventory
                 )
             result.append(
-                gangs.Member(pod.uid, pod.request, allowed[pod.affinity], pod.tolerations)
+                gangs.Member(
+                    pod.uid,
+                    pod.request,
+                    allowed[pod.controlled.affinity],
+                    pod.controlled.tolerations,
+                )
             )
         return result
 
@@ -417,7 +355,7 @@ class GangController:
         members = self._members(wait)
         started = time.perf_counter()
         result = self._plan(wait, policy, members)
-        self.metrics.plan_seconds.observe(time.perf_counter() - started)
+        self.metrics.decision_seconds.observe(time.perf_counter() - started)
         if isinstance(result, gangs.Shortfall):
             return result
         members = [member for member in members if member.uid in result.choices]
@@ -462,9 +400,9 @@ class GangController:
         if shortfall is None or wait.growing:
             return
         if now < wait.deadline:
-            self._alarm(wait.deadline, now)
+            self.loop.alarm(wait.deadline, now)
             if shortfall.ever and self.fences is not None:
-                self._alarm(wait.since + self.settings.starve_after_seconds, now)
+                self.loop.alarm(wait.since + self.settings.starve_after_seconds, now)
             if shortfall.ever:
                 await self._preempt(wait, now)
             return
@@ -472,7 +410,7 @@ class GangController:
             wait,
             events.UNSCHEDULABLE,
             f"gang {wait.key[1]} could not be placed within its gang-timeout of "
-            f"{events.duration(wait.timeout)}: {shortfall.reason}; it holds no GPUs and is "
+            f"{telling.duration(wait.timeout)}: {shortfall.reason}; it holds no GPUs and is "
             "tried again whenever capacity frees",
         )
 
@@ -489,12 +427,14 @@ class GangController:
             since=wait.since,
             now=now,
             exclude=self._exclude(wait.key),
-            running=[p for p in self.store.members(wait.key) if p.live and not p.gated],
+            running=[
+                p for p in self.store.members(wait.key) if p.live and not p.controlled.gang_gated
+            ],
         )
         if again is not None:
-            self._alarm(again, now)
+            self.loop.alarm(again, now)
         if self.fences.owner == wait.key:
-            self.metrics.fenced.set(len(self.fences.nodes))
+            self.metrics.held.set(len(self.fences.nodes))
 
     def _waiting(self, wait: Wait, shortfall: gangs.Shortfall) -> None:
         for pod in wait.members:
@@ -537,7 +477,7 @@ class GangController:
             log.info("gang timed out", extra={"gang": "/".join(wait.key), "reason": reason})
             if self.fences is not None and self.fences.owner == wait.key:
                 self.fences.release()
-                self.metrics.fenced.set(0)
+                self.metrics.held.set(0)
             if self.preemptions is not None:
                 self.preemptions.forget(wait.key)
         for pod in wait.members:
@@ -559,7 +499,7 @@ class GangController:
                 if underway is not None:
                     uids = frozenset(pod.uid for pod in wait.members)
                     self.fences.hold(Fence(wait.key, underway.nodes, uids, wait.since))
-                    self.metrics.fenced.set(len(underway.nodes))
+                    self.metrics.held.set(len(underway.nodes))
                     return
         head = None
         for wait in found:
@@ -577,7 +517,7 @@ class GangController:
         if head is None:
             if current is not None and current.kind == GANG:
                 self.fences.release()
-                self.metrics.fenced.set(0)
+                self.metrics.held.set(0)
             return
         uids = frozenset(pod.uid for pod in head.members)
         inventory = self.sync.ledger.inventory
@@ -593,10 +533,10 @@ class GangController:
         if not nodes:
             if current is not None and current.kind == GANG:
                 self.fences.release()
-                self.metrics.fenced.set(0)
+                self.metrics.held.set(0)
             return
         self.fences.hold(Fence(head.key, frozenset(nodes), uids, head.since))
-        self.metrics.fenced.set(len(nodes))
+        self.metrics.held.set(len(nodes))
         shown = ", ".join(nodes[:8]) + (f" and {len(nodes) - 8} more" if len(nodes) > 8 else "")
         log.info("gang capacity held", extra={"gang": "/".join(head.key), "nodes": len(nodes)})
         for pod in head.members:
@@ -605,10 +545,7 @@ class GangController:
                     pod,
                     recording.NORMAL,
                     events.HELD,
-                    f"gang {head.key[1]} has waited {events.duration(now - head.since)} for "
+                    f"gang {head.key[1]} has waited {telling.duration(now - head.since)} for "
                     f"room: nodes {shown} are held for it (no new pods go there) until it "
                     "starts or times out",
                 )
-
-    def _emit(self, pod: GangPod, kind: str, reason: str, message: str) -> None:
-        events.emit(self.recorder, pod, kind, reason, message)

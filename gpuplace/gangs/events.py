@@ -1,18 +1,12 @@
 """The Events the gang controller writes on gang members (`kubectl describe pod`): their
-reasons, each said once per episode, and how a duration reads in them.
+reasons, each said once per episode (`gpuplace.controllers.telling.Told`).
 
 Reasons shared with another room (the preemption Events, which the extender's preempt
 verb writes too and `gpuplace explain` reads) are in `gpuplace.cluster.recording`.
-Writing is `gpuplace.cluster.recording.Recorder`'s (queued, never blocking).
+Writing is `gpuplace.controllers.telling.emit`'s (queued, never blocking).
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Protocol
-
-from gpuplace.cluster import recording
 
 PLACED = "GangPlaced"
 WAITING = "GangWaiting"
@@ -26,52 +20,3 @@ INVALID = "GangMemberInvalid"
 BLOCKED = "GangControllerBlocked"
 GROWING = "GangGrowing"
 """On the waiting members of an elastic gang that already runs."""
-
-
-class Pod(Protocol):
-    """What an Event needs of its pod (a gang member, or a victim's record)."""
-
-    @property
-    def namespace(self) -> str: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def uid(self) -> str: ...
-
-
-def emit(
-    recorder: recording.Recorder | None, pod: Pod, kind: str, reason: str, message: str
-) -> None:
-    """One Event on `pod` (nothing without a recorder: Events are off). O(1)."""
-    if recorder is not None:
-        recorder.emit(recording.Subject(pod.namespace, pod.name, pod.uid), kind, reason, message)
-
-
-@dataclass(slots=True)
-class Told:
-    """Events already emitted, per pod UID (each once per episode)."""
-
-    tags: dict[str, set[str]] = field(default_factory=dict)
-
-    def first(self, uid: str, tag: str) -> bool:
-        seen = self.tags.setdefault(uid, set())
-        if tag in seen:
-            return False
-        seen.add(tag)
-        return True
-
-    def keep(self, uids: Iterable[str]) -> None:
-        alive = set(uids)
-        for uid in [uid for uid in self.tags if uid not in alive]:
-            del self.tags[uid]
-
-
-def duration(seconds: float) -> str:
-    """`45s`, `2m`, `1.5h`, `0.2s`: a timeout or a measured wait as Events say it, to a
-    tenth of its unit (whole seconds from 10 s), never `0.241316s`."""
-    seconds = max(seconds, 0.0)
-    if seconds >= 3600:
-        return f"{round(seconds / 3600, 1):g}h"
-    if seconds >= 60:
-        return f"{round(seconds / 60, 1):g}m"
-    return f"{round(seconds, 1 if seconds < 10 else None):g}s"

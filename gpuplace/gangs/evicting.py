@@ -31,16 +31,17 @@ An attempt:
 
 1. plan (`gpuplace.placement.victim_choice.for_gang`): the victims that make room for every member,
    only on the GPUs the members take, none beyond need; no plan: evict nothing;
-2. PodDisruptionBudget pre-check (`gpuplace.cluster.disruptions.refused`, with fresh reads of the
-   victims and their namespaces' budgets): a unit with a victim the API server would
+2. PodDisruptionBudget pre-check (`gpuplace.controllers.evictions.budget_refusals`, with fresh
+   reads of the victims and their namespaces' budgets): a unit with a victim the API server would
    refuse is excluded and the plan made again without it, until one passes or none is
    left (evict nothing);
 3. fence the plan's nodes for the gang (`gpuplace.placement.fences`: no new pod and no other
    gang goes there), then evict every victim through the Eviction API (UID
-   precondition: never a plain DELETE). An eviction still refused (429 from a budget
-   that changed meanwhile, 404/409: the pod went or was replaced) stops the evictions:
-   the fence stays, a Warning Event `GangPreemptionRefused` says which victim and why,
-   and the gang tries again after `retry_seconds`. An eviction without an answer
+   precondition: never a plain DELETE; `gpuplace.controllers.evictions.evict`). An
+   eviction still refused (429 from a budget that changed meanwhile, 404/409: the pod
+   went or was replaced) stops the evictions: the fence stays, a Warning Event
+   `GangPreemptionRefused` says which victim and why, and the gang tries again after
+   `retry_seconds`. An eviction without an answer
    (timeout, 502-504) may have gone through: it stops the evictions the same way, and
    the victim counts as terminating once the pod shows its deletion (never evicted
    twice). A race with another disruption can
@@ -61,17 +62,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
 from gpuplace.cluster import disruptions, kube, pods, recording
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.gangs import events
-from gpuplace.gangs.members import GangPod
+from gpuplace.controllers import evictions, telling
 from gpuplace.placement import gangs, requests, victim_choice
 from gpuplace.placement.choosing import Policy
 from gpuplace.placement.fences import Fence, Fences
@@ -87,14 +87,6 @@ PASSES = 8
 """Plans one attempt makes at most, each without the units a budget refused before."""
 GOING = -(1 << 31)
 """The priority `victim_units` gives a unit already being deleted (below any int32)."""
-
-
-class EvictionApi(Protocol):
-    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]: ...
-
-    async def evict_pod(self, namespace: str, name: str, *, uid: str) -> None: ...
-
-    async def disruption_budgets(self, namespace: str) -> list[dict[str, Any]]: ...
 
 
 @dataclass(slots=True)
@@ -141,13 +133,13 @@ class GangPreemptionMetrics:
         )
 
 
-def gang_priority(members: Iterable[GangPod]) -> int:
+def gang_priority(members: Iterable[PodRecord]) -> int:
     """A gang's priority for preemption: its lowest member's."""
     return min(member.priority for member in members)
 
 
-def never_preempts(members: Iterable[GangPod]) -> bool:
-    return any(member.preemption_policy == NEVER for member in members)
+def never_preempts(members: Iterable[PodRecord]) -> bool:
+    return any(member.controlled.preemption_policy == NEVER for member in members)
 
 
 def victim_units(
@@ -213,7 +205,7 @@ class GangPreemptions:
 
     def __init__(
         self,
-        api: EvictionApi,
+        api: evictions.EvictionApi,
         sync: LedgerSync,
         fences: Fences,
         *,
@@ -269,14 +261,14 @@ class GangPreemptions:
     async def attempt(
         self,
         key: GangKey,
-        members: Sequence[GangPod],
+        members: Sequence[PodRecord],
         planned: Sequence[gangs.Member],
         policy: Policy,
         *,
         since: float,
         now: float,
         exclude: frozenset[str] = frozenset(),
-        running: Sequence[GangPod] = (),
+        running: Sequence[PodRecord] = (),
     ) -> float | None:
         """Preempt for the complete gang `key` if it may and needs to (module docstring).
         `members`: those waiting to be placed; `running`: the gang's started live members
@@ -399,7 +391,9 @@ class GangPreemptions:
             )
             if len(records) != len(eviction.uids):
                 return None  # a victim went meanwhile: the ledger changes, next round
-            refused = await budget_refusals(self.api, records, fresh=fresh, budgets=budgets)
+            refused = await evictions.budget_refusals(
+                self.api, records, fresh=fresh, budgets=budgets
+            )
             if refused is None:
                 return None
             if not refused:
@@ -431,7 +425,7 @@ class GangPreemptions:
         self,
         key: GangKey,
         *,
-        members: Sequence[GangPod],
+        members: Sequence[PodRecord],
         priority: int,
         eviction: victim_choice.GangEviction,
         victims: list[PodRecord],
@@ -439,19 +433,10 @@ class GangPreemptions:
         now: float,
     ) -> float | None:
         """Evict every victim, in order; stop at the first refusal (module docstring)."""
-        freed_gpus = freed(self.sync, victims)
+        freed_gpus = evictions.freed(self.sync, victims)
         wants = ", ".join(sorted({requests.describe(m.request) for m in members if m.request}))
-        gone: list[PodRecord] = []
-        refusal: tuple[PodRecord, kube.ApiError] | None = None
-        for victim in victims:
-            try:
-                await self.api.evict_pod(victim.namespace, victim.name, uid=victim.uid)
-            except kube.ApiError as refused:
-                if unknown_outcome(refused):
-                    underway.unsure.add(victim.uid)
-                refusal = (victim, refused)
-                break
-            gone.append(victim)
+
+        def evicted(victim: PodRecord) -> None:
             underway.evicted.add(victim.uid)
             self._emit(
                 victim,
@@ -461,6 +446,11 @@ class GangPreemptions:
                 f"{key[0]}/{key[1]} (priority {priority}, "
                 f"{len(members)} members: {wants})",
             )
+
+        done = await evictions.evict(self.api, victims, evicted)
+        if done.unsure is not None:
+            underway.unsure.add(done.unsure.uid)
+        gone, refusal = done.gone, done.refusal
         self.metrics.victims.inc(len(gone))
         self.metrics.preemptions.labels("partial" if refusal else "complete").inc()
         nodes = ", ".join(sorted(eviction.nodes))
@@ -487,7 +477,7 @@ class GangPreemptions:
             return None
         victim, error = refusal
         underway.retry_at = now + self.retry_seconds
-        why = refusal_text(error)
+        why = evictions.refusal_text(error)
         for member in members:
             self._emit(
                 member,
@@ -499,87 +489,5 @@ class GangPreemptions:
             )
         return underway.retry_at
 
-    def _emit(self, pod: GangPod | PodRecord, kind: str, reason: str, message: str) -> None:
-        events.emit(self.recorder, pod, kind, reason, message)
-
-
-async def fresh_victim(api: EvictionApi, record: PodRecord) -> disruptions.Victim | None:
-    """A victim as the API has it now (labels for its budgets); None when it is gone or
-    was replaced. Raises `kube.ApiError`."""
-    try:
-        body = await api.get_pod(record.namespace, record.name)
-    except kube.ApiError as error:
-        if error.not_found:
-            return None
-        raise
-    metadata = body.get("metadata") or {}
-    if metadata.get("uid") != record.uid:
-        return None
-    return disruptions.Victim(
-        uid=record.uid,
-        namespace=record.namespace,
-        name=record.name,
-        labels={str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
-        phase=str((body.get("status") or {}).get("phase") or ""),
-        deleting=bool(metadata.get("deletionTimestamp")),
-    )
-
-
-async def budget_refusals(
-    api: EvictionApi,
-    records: Sequence[PodRecord],
-    *,
-    fresh: dict[str, disruptions.Victim | None] | None = None,
-    budgets: dict[str, list[disruptions.Budget]] | None = None,
-) -> dict[str, str] | None:
-    """The PodDisruptionBudget pre-check of evicting all of `records` now: victim UID ->
-    why the API server would refuse it (empty: none), or None when a victim is gone or
-    was replaced. Reads each victim and each namespace's budgets once (`fresh` and
-    `budgets` keep them across calls). Raises `kube.ApiError`. O(victims + budgets)
-    reads, then `gpuplace.cluster.disruptions.refused`."""
-    fresh = {} if fresh is None else fresh
-    budgets = {} if budgets is None else budgets
-    for record in records:
-        if record.uid not in fresh:
-            fresh[record.uid] = await fresh_victim(api, record)
-        if record.namespace not in budgets:
-            listed = await api.disruption_budgets(record.namespace)
-            budgets[record.namespace] = [disruptions.budget(pdb) for pdb in listed]
-    victims = [fresh[record.uid] for record in records]
-    if any(victim is None for victim in victims):
-        return None
-    every = [budget for found in budgets.values() for budget in found]
-    return disruptions.refused(every, [victim for victim in victims if victim is not None])
-
-
-def freed(sync: LedgerSync, victims: Sequence[PodRecord]) -> Mapping[str, str]:
-    """Per victim, the GPUs it frees ("GPUs 0,1 of node gpu-3")."""
-    shown: dict[str, str] = {}
-    for victim in victims:
-        grant = sync.ledger.get(victim.uid)
-        if grant is not None:
-            plural = "s" if len(grant.gpus) > 1 else ""
-            gpus = ",".join(map(str, grant.gpus))
-            shown[victim.uid] = f"GPU{plural} {gpus} of node {grant.node}"
-    return shown
-
-
-def unknown_outcome(error: kube.ApiError) -> bool:
-    """The request may have been carried out (no answer, or a gateway's)."""
-    return error.status in (0, 502, 503, 504)
-
-
-def refusal_text(error: kube.ApiError) -> str:
-    """Why an eviction was refused, as Events say it."""
-    if unknown_outcome(error):
-        return (
-            f"its outcome is unknown, {error.status} {error.reason}: {error.message}; "
-            "if it went through, the pod terminates and is not evicted again"
-        )
-    if error.status == 429:
-        return f"a PodDisruptionBudget forbids it now: {error.message}"
-    if error.not_found:
-        return "the pod is gone"
-    if error.conflict:
-        return "the pod was replaced"
-    return f"{error.status} {error.reason}: {error.message}"
+    def _emit(self, pod: PodRecord, kind: str, reason: str, message: str) -> None:
+        telling.emit(self.recorder, pod, kind, reason, message)

@@ -1,8 +1,8 @@
 """Which gangs wait, and with which members: the gang controller's view of one round.
 
-Per gang (`gpuplace.gangs.store`), the live ungated members count as started; the oldest
-gated members fill the gang up to its size N (a replacement pod joins a started gang
-this way); members beyond N stay gated (Event `GangFull`), and a member whose
+Per gang (`gpuplace.controllers.store.gang_members`), the live ungated members count as
+started; the oldest gated members fill the gang up to its size N (a replacement pod joins
+a started gang this way); members beyond N stay gated (Event `GangFull`), and a member whose
 annotations cannot be read never joins (`GangMemberInvalid`). A gang with gated members
 waits: for members while fewer than N exist (incomplete), else for room. An elastic gang
 (`gang-min` M below N) starts once all N exist, with as many as fit from M up; once
@@ -22,9 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuplace.cluster import recording
+from gpuplace.cluster.pods import PodRecord
+from gpuplace.controllers import telling
+from gpuplace.controllers.store import PodIndex
 from gpuplace.gangs import events
-from gpuplace.gangs.members import GangPod
-from gpuplace.gangs.store import GangStore
 from gpuplace.placement.gangs import GangKey
 from gpuplace.placement.ledger import Ledger
 
@@ -34,7 +35,7 @@ class Wait:
     """A gang that waits: the members that would form it now."""
 
     key: GangKey
-    members: list[GangPod]
+    members: list[PodRecord]
     size: int
     need: int
     priority: int
@@ -73,31 +74,34 @@ class Wait:
 
 
 def waits(
-    store: GangStore,
+    store: PodIndex[GangKey],
     ledger: Ledger,
     now: float,
     *,
-    told: events.Told,
+    told: telling.Told,
     recorder: recording.Recorder | None = None,
 ) -> list[Wait]:
     """The gangs that wait now (module docstring), in the store's order; members that
     cannot join are told why once (`told`)."""
     found = []
-    for key, pods in store.gangs().items():
+    for key, pods in store.groups().items():
         live = [pod for pod in pods if pod.live]
-        if not live or any(pod.queued for pod in live):
+        if not live or any(pod.controlled.queue for pod in live):
             continue
-        if any(pod.gated and (pod.plan is not None or pod.uid in ledger) for pod in live):
+        if any(
+            pod.controlled.gang_gated and (pod.controlled.plan is not None or pod.uid in ledger)
+            for pod in live
+        ):
             # a plan is being written, finished or undone and our view of it is
             # not settled yet (informers lag our own writes): decide next round
             continue
-        candidates = sorted((pod for pod in live if pod.gated), key=GangPod.order)
+        candidates = sorted((pod for pod in live if pod.controlled.gang_gated), key=PodRecord.order)
         if not candidates:
             continue
         invalid = [pod for pod in candidates if pod.request is None]
         for pod in invalid:
             if told.first(pod.uid, events.INVALID):
-                events.emit(
+                telling.emit(
                     recorder,
                     pod,
                     recording.WARNING,
@@ -108,13 +112,13 @@ def waits(
         if not candidates:
             continue
         started = len(live) - len(candidates) - len(invalid)
-        leader = min(live, key=GangPod.order)
-        size = leader.size
+        leader = min(live, key=PodRecord.order)
+        size = leader.controlled.gang_size
         need = size - started
         members, extras = candidates[: max(need, 0)], candidates[max(need, 0) :]
         for pod in extras:
             if told.first(pod.uid, events.FULL):
-                events.emit(
+                telling.emit(
                     recorder,
                     pod,
                     recording.WARNING,
@@ -125,7 +129,7 @@ def waits(
         if not members:
             continue
         since = min(pod.created for pod in members) or now
-        timeout = members[0].timeout
+        timeout = members[0].controlled.gang_timeout
         minimum = leader.minimum if leader.elastic else 0
         found.append(
             Wait(

@@ -628,7 +628,8 @@ class Chooser:
         known = self._shapes.get(node.name)
         if known is None or known[1] is not node.gpus:
             shape = tuple(
-                (gpu.model, gpu.memory_mib, gpu.nvlink, gpu.numa, gpu.healthy) for gpu in node.gpus
+                (gpu.model, gpu.memory_mib, gpu.nvlink, gpu.numa, gpu.healthy, gpu.context)
+                for gpu in node.gpus
             )
             linked = any(gpu.nvlink != -1 for gpu in node.gpus)
             known = self._shapes[node.name] = (shape, node.gpus, linked)

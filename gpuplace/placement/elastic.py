@@ -5,9 +5,9 @@ A gang with `gang-min` below `gang-size` may run with any count from `gang-min` 
 fits (never below `gang-min`); once running it grows by the largest count of its missing
 members that fits; under pressure it gives back its extra members (beyond `gang-min`),
 the most recently started first, before any whole workload is preempted
-(`gpuplace.placement.reclaiming`).
+(`gpuplace.placement.queueing.reclaiming`).
 
-"Fits" is the caller's test (quota and a real place, `gpuplace.placement.admitting`).
+"Fits" is the caller's test (quota and a real place, `gpuplace.placement.queueing.admitting`).
 Counts are searched by bisection, which assumes that if k members fit so do fewer: true
 of quota, and of placement on the engine's packing rules for equal members; for members
 of different shapes it may miss a larger count that fits (the next round tries again).

@@ -17,7 +17,7 @@ At most one gang is fenced at a time (so two fences can never deadlock), and the
 fence is lifted when the gang starts, times out, or another gang becomes the head.
 
 The queue controller holds the same one fence for a starving queued workload
-(`gpuplace.placement.holds`, `kind` `QUEUED`) while no gang holds it; a gang that
+(`gpuplace.placement.queueing.holds`, `kind` `QUEUED`) while no gang holds it; a gang that
 starves takes it over (the gang controller replaces a queue's fence, never the
 reverse), and each controller lifts only a fence of its own kind.
 

@@ -96,12 +96,13 @@ def static_misfit(state: NodeState, request: GpuRequest) -> Misfit | None:
             f"(unhealthy: gpu {', '.join(map(str, sick))})",
         )
     if request.memory_mib:
-        roomy = [i for i in allowed if node.gpus[i].memory_mib >= request.memory_mib]
+        roomy = [i for i in allowed if node.gpus[i].memory_mib >= _need(state, i, request)]
         if len(roomy) < request.count:
-            largest = max(node.gpus[i].memory_mib for i in allowed)
+            largest = max(allowed, key=lambda i: node.gpus[i].memory_mib)
             return Misfit(
                 MisfitKind.GPU_TOO_SMALL,
-                f"GPUs have {largest} MiB, needs {request.memory_mib} MiB",
+                f"GPUs have {node.gpus[largest].memory_mib} MiB, needs "
+                f"{_need_text(state, largest, request)}",
             )
     if request.count > 1 and request.topology is Topology.REQUIRED:
         largest_domain = _largest_domain(state, allowed, free_only=False)
@@ -111,6 +112,23 @@ def static_misfit(state: NodeState, request: GpuRequest) -> Misfit | None:
                 f"largest NVLink domain has {largest_domain} GPUs, needs {request.count}",
             )
     return None
+
+
+def _need(state: NodeState, index: int, request: GpuRequest) -> int:
+    """The MiB `request` takes of GPU `index`: its ask, plus its CUDA context for a share
+    (`inventory.Gpu.takes`). O(1)."""
+    return state.memory_taken(index, request.milli, request.memory_mib)
+
+
+def _need_text(state: NodeState, index: int, request: GpuRequest) -> str:
+    """'2317 MiB (2048 asked + 269 for its CUDA context under MPS)', or '2048 MiB'."""
+    need = _need(state, index, request)
+    if need == request.memory_mib:
+        return f"{need} MiB"
+    return (
+        f"{need} MiB ({request.memory_mib} asked + {need - request.memory_mib} for its CUDA "
+        "context under MPS)"
+    )
 
 
 def _largest_domain(state: NodeState, allowed: list[int], *, free_only: bool) -> int:
@@ -145,8 +163,9 @@ def host_misfit(state: NodeState, request: GpuRequest) -> Misfit | None:
 def gpu_sets(state: NodeState, request: GpuRequest) -> list[tuple[int, ...]]:
     """Distinct candidate GPU sets for the request on this node, best topology first.
 
-    Sharing requests: one candidate per distinct (free share, free memory) class of
-    GPUs, the lowest index of each (GPUs in one class are interchangeable).
+    Sharing requests: one candidate per distinct (free share, free memory, CUDA context)
+    class of GPUs, the lowest index of each (GPUs in one class are interchangeable); a
+    share's memory counts with its CUDA context (`inventory.Gpu.takes`).
     Memory-only shares: the GPUs already holding memory-only shares with room, the
     least free memory first (binpacking by memory); only when none has room, one empty
     GPU per class (`_memory_only_sets`).
@@ -162,16 +181,17 @@ def gpu_sets(state: NodeState, request: GpuRequest) -> list[tuple[int, ...]]:
     if request.milli == 0:
         return _memory_only_sets(state, request)
     if request.milli < WHOLE:
-        seen: set[tuple[int, int]] = set()
+        seen: set[tuple[int, int, object]] = set()
         sets: list[tuple[int, ...]] = []
-        need_memory = request.memory_mib
         for gpu in node.gpus:
             i = gpu.index
-            if free_milli[i] < request.milli or free_memory[i] < need_memory:
+            if free_milli[i] < request.milli:
+                continue
+            if free_memory[i] < gpu.takes(request.milli, request.memory_mib):
                 continue
             if not request.allows(gpu.model):
                 continue
-            key = (free_milli[i], free_memory[i])
+            key = (free_milli[i], free_memory[i], gpu.context)
             if key not in seen:
                 seen.add(key)
                 sets.append((i,))
@@ -211,13 +231,14 @@ def gpu_sets(state: NodeState, request: GpuRequest) -> list[tuple[int, ...]]:
 
 def _memory_only_sets(state: NodeState, request: GpuRequest) -> list[tuple[int, ...]]:
     """A memory-only share's candidates: see `gpu_sets`. O(GPUs log GPUs)."""
-    need = request.memory_mib
     joining: list[tuple[int, int]] = []
     opening: list[int] = []
     seen: set[tuple[int, str, bool]] = set()
     for gpu in state.node.gpus:
         i = gpu.index
-        if state.free_memory[i] < need or not request.allows(gpu.model):
+        if state.free_memory[i] < gpu.takes(0, request.memory_mib):
+            continue
+        if not request.allows(gpu.model):
             continue
         if not state.open_to_memory_only(i):
             continue
@@ -235,23 +256,24 @@ def _memory_only_sets(state: NodeState, request: GpuRequest) -> list[tuple[int, 
     return [(i,) for i in opening]
 
 
-def _memory_only_misfit(state: NodeState, allowed: list[int], need: int) -> Misfit:
+def _memory_only_misfit(state: NodeState, allowed: list[int], request: GpuRequest) -> Misfit:
     open_ = [i for i in allowed if state.open_to_memory_only(i)]
     if not open_:
         return Misfit(
             MisfitKind.MEMORY_ONLY_BUSY,
             f"every GPU holds compute shares or a whole-GPU grant; a memory-only share "
-            f"({need} MiB) only joins GPUs without them",
+            f"({request.memory_mib} MiB) only joins GPUs without them",
         )
-    return _memory_misfit(state, open_, need)
+    return _memory_misfit(state, open_, request)
 
 
-def _memory_misfit(state: NodeState, gpus: list[int], need: int) -> Misfit:
+def _memory_misfit(state: NodeState, gpus: list[int], request: GpuRequest) -> Misfit:
     """'gpu 2: 4096 MiB free, needs 8192 MiB', for the roomiest of `gpus`."""
     roomy = max(gpus, key=lambda i: state.free_memory[i])
     return Misfit(
         MisfitKind.GPU_MEMORY,
-        f"gpu {roomy}: {max(state.free_memory[roomy], 0)} MiB free, needs {need} MiB",
+        f"gpu {roomy}: {max(state.free_memory[roomy], 0)} MiB free, needs "
+        f"{_need_text(state, roomy, request)}",
     )
 
 
@@ -269,7 +291,7 @@ def _dynamic_misfit(state: NodeState, request: GpuRequest) -> Misfit:
     allowed = _allowed(state, request)
     free_milli = state.free_milli
     if request.milli == 0:
-        return _memory_only_misfit(state, allowed, request.memory_mib)
+        return _memory_only_misfit(state, allowed, request)
     if request.milli < WHOLE:
         best = max(allowed, key=lambda i: (free_milli[i], state.free_memory[i]))
         if free_milli[best] < request.milli:
@@ -278,7 +300,7 @@ def _dynamic_misfit(state: NodeState, request: GpuRequest) -> Misfit:
                 f"gpu {best}: {max(free_milli[best], 0) / 10:g}% free, "
                 f"needs {request.milli / 10:g}%",
             )
-        return _memory_misfit(state, allowed, request.memory_mib)
+        return _memory_misfit(state, allowed, request)
     whole = sum(1 for i in allowed if free_milli[i] == WHOLE)
     if whole < request.count:
         return Misfit(MisfitKind.WHOLE_GPUS, f"{whole} whole GPUs free, needs {request.count}")

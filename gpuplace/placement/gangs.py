@@ -190,7 +190,8 @@ def capacity(state: NodeState, request: GpuRequest) -> tuple[int, int]:
             i = gpu.index
             if request.allows(gpu.model) and state.open_to_memory_only(i):
                 free_memory = state.free_memory[i]
-                copies += free_memory // request.memory_mib if free_memory > 0 else 0
+                each = state.memory_taken(i, 0, request.memory_mib)
+                copies += free_memory // each if free_memory > 0 else 0
         copies = min(slots, copies)
         return copies, copies
     if request.milli < WHOLE:
@@ -202,7 +203,8 @@ def capacity(state: NodeState, request: GpuRequest) -> tuple[int, int]:
             here = state.free_milli[i] // request.milli if state.free_milli[i] > 0 else 0
             if request.memory_mib:
                 free_memory = state.free_memory[i]
-                here = min(here, free_memory // request.memory_mib if free_memory > 0 else 0)
+                each = state.memory_taken(i, request.milli, request.memory_mib)
+                here = min(here, free_memory // each if free_memory > 0 else 0)
             copies += here
         copies = min(slots, copies)
         return copies, copies

@@ -1,5 +1,11 @@
 """What the cluster has: nodes, their allocatable CPU/memory/pods and their GPUs.
 
+A GPU's `memory_mib` is what the engine packs: the memory a client can get on it (where
+its node agent publishes it, NVML's total less the driver's reservation and the MPS
+server's own memory; docs/node-agent.md, "What a share can use"). A share with memory
+takes its ask *plus* its MPS client's CUDA context (`ClientContext`), which counts
+inside the client's limit (`Gpu.takes`): what the limit handed to MPS really takes.
+
 Values only. The inventory never changes under a caller: replacing a node
 returns through `Inventory.put`, which keeps the per-model index current.
 """
@@ -9,10 +15,42 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from gpuplace.placement.requests import WHOLE, thread_percent
 from gpuplace.placement.taints import Taint, Toleration, untolerated
 
 NO_NVLINK = -1
 """NVLink domain of a GPU that shares NVLink with no other GPU."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientContext:
+    """GPU memory an MPS client's CUDA context takes inside its memory limit on one GPU
+    model: `base_mib` + `per_percent_mib` × the share's thread percentage (the context's
+    per-SM reservations grow with the SMs it may use). O(1) to apply."""
+
+    base_mib: int = 0
+    per_percent_mib: int = 0
+
+    def __post_init__(self) -> None:
+        if self.base_mib < 0 or self.per_percent_mib < 0:
+            raise ValueError(f"a CUDA context takes >= 0 MiB, got {self}")
+
+    def mib(self, milli: int) -> int:
+        """The context of a share of `milli` (0: memory-only, which MPS runs at 100 %)."""
+        return self.base_mib + self.per_percent_mib * thread_percent(milli)
+
+    def takes(self, milli: int, memory_mib: int) -> int:
+        """The MiB a grant of `milli` and `memory_mib` takes of a GPU with this context: a
+        share with memory (MPS-capped) its ask plus its client's CUDA context, which is
+        also the limit handed to MPS (`gpuplace.cluster.mps_limits`); a whole GPU, or a
+        share that asked no memory (no limit), its ask alone. O(1)."""
+        if memory_mib and milli < WHOLE:
+            return memory_mib + self.mib(milli)
+        return memory_mib
+
+
+NO_CONTEXT = ClientContext()
+"""A GPU whose shares take their ask alone (hand-written inventories, tests)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,12 +66,19 @@ class Gpu:
     healthy: bool = True
     """False: the node agent marked it unhealthy; no new grant goes on it (grants already
     on it stay)."""
+    context: ClientContext = NO_CONTEXT
+    """What each share's MPS client context takes of `memory_mib` beyond its ask."""
 
     def __post_init__(self) -> None:
         if self.index < 0:
             raise ValueError(f"GPU index must be >= 0, got {self.index}")
         if self.memory_mib < 0:
             raise ValueError(f"GPU memory must be >= 0 MiB, got {self.memory_mib}")
+
+    def takes(self, milli: int, memory_mib: int) -> int:
+        """The MiB a grant of `milli` and `memory_mib` takes of this GPU
+        (`ClientContext.takes`). O(1)."""
+        return self.context.takes(milli, memory_mib)
 
 
 @dataclass(frozen=True, slots=True)

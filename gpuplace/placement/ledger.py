@@ -6,7 +6,8 @@ is bound). Reserving the same UID again with the same grant is a no-op, so a gra
 is never counted twice; reserving it with a different grant is refused.
 
 The ledger keeps, per node, the free milli-GPU and free memory of every GPU and
-the free CPU, memory and pod slots, so that a fit check never sums grants.
+the free CPU, memory and pod slots, so that a fit check never sums grants. A share's
+memory counts with its MPS client's CUDA context (`inventory.Gpu.takes`).
 
 Memory-only shares (`Grant.milli == 0`) reserve memory and no compute, and keep
 their GPU to themselves: the first one on a GPU takes all of its free compute
@@ -119,6 +120,7 @@ class NodeState:
             self.node.model,
             self.node.closed,
             tuple(gpu.healthy for gpu in self.node.gpus),
+            frozenset(gpu.context for gpu in self.node.gpus),
             self.cpu,
             self.memory,
             tuple(
@@ -148,8 +150,9 @@ class NodeState:
         return self.free_milli[index] + pooled == WHOLE
 
     def hold(self, gpus: Iterable[int], milli: int, memory_mib: int, sign: int) -> None:
-        """Take (`sign` -1) or give back (+1) `milli` and `memory_mib` on each of `gpus`;
-        GPU resources only (the caller counts CPU, memory and pods). O(GPUs of the hold)."""
+        """Take (`sign` -1) or give back (+1) `milli` and the memory a grant of `memory_mib`
+        takes (`Gpu.takes`: a share's CUDA context included) on each of `gpus`; GPU
+        resources only (the caller counts CPU, memory and pods). O(GPUs of the hold)."""
         for index in gpus:
             if milli:
                 self.free_milli[index] += sign * milli
@@ -158,7 +161,12 @@ class NodeState:
                 self.memory_only[index] = held - sign
                 if (held == 0 and sign < 0) or (held == 1 and sign > 0):
                     self.free_milli[index] += sign * WHOLE
-            self.free_memory[index] += sign * memory_mib
+            self.free_memory[index] += sign * self.node.gpus[index].takes(milli, memory_mib)
+
+    def memory_taken(self, index: int, milli: int, memory_mib: int) -> int:
+        """What a grant of `milli` and `memory_mib` takes of GPU `index`'s memory (its ask,
+        plus its CUDA context for a share: `Gpu.takes`). O(1)."""
+        return self.node.gpus[index].takes(milli, memory_mib)
 
     def free_whole(self) -> int:
         """GPUs nobody holds any share of. O(GPUs)."""
@@ -381,10 +389,11 @@ class Ledger:
                     f"gpu {index} of {node.name}: {state.free_milli[index] / 10:g}% free, "
                     f"needs {grant.milli / 10:g}%"
                 )
-            if grant.memory_mib > state.free_memory[index]:
+            taken = state.memory_taken(index, grant.milli, grant.memory_mib)
+            if taken > state.free_memory[index]:
                 raise Oversubscribed(
                     f"gpu {index} of {node.name}: {state.free_memory[index]} MiB free, "
-                    f"needs {grant.memory_mib} MiB"
+                    f"needs {taken} MiB"
                 )
 
     def _apply(self, state: NodeState, grant: Grant, sign: int) -> None:

@@ -112,6 +112,7 @@ def interchangeable(state: NodeState, index: int) -> tuple[object, ...]:
         gpu.nvlink,
         gpu.numa,
         gpu.healthy,
+        gpu.context,
         state.free_milli[index],
         state.free_memory[index],
         state.memory_only[index],

@@ -82,6 +82,13 @@ class GpuRequest:
         return not self.models or model in self.models
 
 
+def thread_percent(milli: int) -> int:
+    """The compute a share of `milli` per GPU may use, in percent of the GPU's SMs, as MPS
+    caps it (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`): ceil(milli / 10); 100 for a memory-only
+    share (milli 0: no compute of its own to cap) and for a whole GPU. O(1)."""
+    return -(-milli // 10) if 0 < milli < WHOLE else 100
+
+
 def share_text(milli: int) -> str:
     """One GPU's share as a person reads it: `50%`, `whole` or `memory only`. O(1)."""
     if milli >= WHOLE:

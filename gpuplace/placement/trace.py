@@ -12,7 +12,7 @@ reserved). `as_memory_only` turns a list's shares into memory-only shares instea
 
 The openb pod lists also carry `qos`, `creation_time`, `scheduled_time` and
 `deletion_time` (seconds from the trace start): `parse_timed_pods` reads them for the
-event-driven replay (`gpuplace.placement.timeline`); `parse_pods` ignores them.
+event-driven replay (`gpuplace.placement.queueing.timeline`); `parse_pods` ignores them.
 
 Pure: the caller reads the file and passes its lines; errors name the file, line
 and column (1-based) of the offending field.

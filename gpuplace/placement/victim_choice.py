@@ -221,17 +221,18 @@ def takes(state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> bool:
         return False
     for index in gpus:
         gpu = node.gpus[index]
-        if not request.allows(gpu.model) or gpu.memory_mib < request.memory_mib:
+        need = gpu.takes(request.milli, request.memory_mib)
+        if not request.allows(gpu.model) or gpu.memory_mib < need:
             return False
         if request.memory_only:  # memory-only shares keep their GPU to themselves
             if not state.open_to_memory_only(index):
                 return False
-            if state.free_memory[index] < request.memory_mib:
+            if state.free_memory[index] < need:
                 return False
         elif request.milli < WHOLE:
             if state.free_milli[index] < request.milli:
                 return False
-            if state.free_memory[index] < request.memory_mib:
+            if state.free_memory[index] < need:
                 return False
         elif state.free_milli[index] != WHOLE or state.free_memory[index] != gpu.memory_mib:
             return False
@@ -319,13 +320,14 @@ def _needs(state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> tupl
     NVLink): per GPU share then memory, then CPU, host memory and a pod slot."""
     needs: list[int] = []
     for index in gpus:
+        need = state.memory_taken(index, request.milli, request.memory_mib)
         if request.memory_only:  # every compute share of the GPU must go
             pooled = WHOLE if state.memory_only[index] else 0
             needs += [WHOLE - state.free_milli[index] - pooled]
-            needs += [request.memory_mib - state.free_memory[index]]
+            needs += [need - state.free_memory[index]]
         elif request.milli < WHOLE:
             needs += [request.milli - state.free_milli[index]]
-            needs += [request.memory_mib - state.free_memory[index]]
+            needs += [need - state.free_memory[index]]
         else:
             needs += [WHOLE - state.free_milli[index]]
             needs += [state.node.gpus[index].memory_mib - state.free_memory[index]]

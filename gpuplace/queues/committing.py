@@ -4,14 +4,14 @@ its node, the queue gate removed; a queued gang's plan handed over to the gang c
 The controller reserves an admission's grants in the live ledger (holds) before it writes
 anything; from the first write on the reservation lives in the API (the assignment
 annotations, which the ledger is rebuilt from), so a crash loses nothing and counts
-nothing twice. Every write is a `gpuplace.gangs.writing.Writer.write`: a merge patch with
+nothing twice. Every write is a `gpuplace.controllers.writing.Writer.write`: a merge patch with
 the pod's UID and resourceVersion as preconditions, recomputed from a fresh read on 409,
 and a no-op once the pod shows it (so two rounds, or two replicas in a failover, end the
 same way).
 
 - **A pod alone** (`pod`): one write does it all: the assignment annotations
   (`gpuplace.cluster.assignments`, what a bind writes), its required node affinity
-  narrowed to the planned node (`gpuplace.gangs.pinning`: allowed while it is gated) and
+  narrowed to the planned node (`gpuplace.controllers.pinning`: allowed while it is gated) and
   the queue gate removed. kube-apiserver takes all three in one update (a gated pod's
   affinity may change in the same update that removes its last gate), so the pod is
   either untouched or admitted: there is nothing to settle after a crash.
@@ -28,26 +28,26 @@ same way).
   still there carrying the mark; otherwise it rolls back. So after a crash at any point a
   gang is wholly admitted or wholly waiting, never half.
 
-Owns no state beyond the plans it is writing (`writing`).
+The steps the gang controller takes too (a plan's annotations, reading it back,
+narrowing, clearing) are `gpuplace.controllers.plans`. Owns no state beyond the plans it
+is writing (`writing`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from gpuplace.cluster import assignments, keys, kube
-from gpuplace.cluster.gang_marks import PlanMark, gated, gates, plan_mark
+from gpuplace.cluster.gang_marks import gated, plan_mark
+from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.gangs import evicting, pinning
-from gpuplace.gangs.writing import Writer, raise_first
+from gpuplace.controllers import evictions, plans
+from gpuplace.controllers.writing import Writer, raise_first
 from gpuplace.placement.ledger import Grant
-from gpuplace.queues.pods import QueuedPod
 
 log = logging.getLogger(__name__)
 
@@ -59,26 +59,19 @@ class Written:
     """What an admission's writes came to: `admitted` pods (queue gate removed now), or
     none and why."""
 
-    admitted: tuple[QueuedPod, ...] = ()
+    admitted: tuple[PodRecord, ...] = ()
     why: str = ""
-
-
-def _marked(body: Mapping[str, Any], plan_id: str) -> bool:
-    mark = plan_mark(body)
-    return mark is not None and mark.id == plan_id
 
 
 def _admitting(current: Mapping[str, Any]) -> bool:
     """Still the queue's to admit: gated by it and not bound."""
-    return gated(current, keys.QUEUE_GATE) and not (current.get("spec") or {}).get("nodeName")
+    return gated(current, keys.QUEUE_GATE) and not plans.bound(current)
 
 
 def _release(current: Mapping[str, Any], node: str) -> Patch:
     """The spec part of an admission: affinity pinned to `node`, the queue gate gone."""
-    spec: Patch = {
-        "schedulingGates": [g for g in gates(current) if g.get("name") != keys.QUEUE_GATE] or None
-    }
-    affinity = pinning.narrowed((current.get("spec") or {}).get("affinity"), node)
+    spec: Patch = {"schedulingGates": plans.without_gate(current, keys.QUEUE_GATE)}
+    affinity = plans.narrowed(current, node)
     if affinity is not None:
         spec["affinity"] = affinity
     return spec
@@ -90,32 +83,27 @@ class Admitter:
     def __init__(self, writer: Writer, sync: LedgerSync, *, clock: Callable[[], float]) -> None:
         self.writer = writer
         self.sync = sync
-        self.clock = clock
+        self.plans = plans.Plans(writer, sync, clock)
         self.writing: set[str] = set()
         """Plan ids being written by this process (never settled meanwhile)."""
 
-    def _annotations(self, grant: Grant, at: datetime) -> dict[str, str | None]:
-        return dict(
-            assignments.annotations_for(grant, self.sync.ledger.inventory.get(grant.node), at)
-        )
+    def _annotations(self, grant: Grant) -> dict[str, str | None]:
+        node = self.sync.ledger.inventory.get(grant.node)
+        return dict(assignments.annotations_for(grant, node, self.plans.now()))
 
-    def _now(self) -> datetime:
-        """The admission's `assigned-at`: after every earlier one (`LedgerSync.stamps`)."""
-        return self.sync.stamps.next(self.clock())
-
-    def _failed(self, pods: Sequence[QueuedPod], error: kube.ApiError | None) -> None:
+    def _failed(self, pods: Sequence[PodRecord], error: kube.ApiError | None) -> None:
         """Release the holds of `pods` unless a write may have landed (no answer, or a
         gateway's): then the hold stays until the informer shows the pod or it expires."""
-        if error is not None and evicting.unknown_outcome(error):
+        if error is not None and evictions.unknown_outcome(error):
             return
         for pod in pods:
             self.sync.unhold(pod.uid)
 
     # --- a pod alone -------------------------------------------------------------------
 
-    async def pod(self, pod: QueuedPod, grant: Grant) -> Written:
+    async def pod(self, pod: PodRecord, grant: Grant) -> Written:
         """Admit one pod whose `grant` is held (module docstring)."""
-        annotations = self._annotations(grant, self._now())
+        annotations = self._annotations(grant)
 
         def change(current: dict[str, Any]) -> Patch | None:
             if not _admitting(current):
@@ -130,7 +118,7 @@ class Admitter:
         if body is None:
             self._failed([pod], None)
             return Written(why="the pod went away")
-        if gated(body, keys.QUEUE_GATE) or (body.get("spec") or {}).get("nodeName"):
+        if gated(body, keys.QUEUE_GATE) or plans.bound(body):
             self._failed([pod], None)
             return Written(why="the pod changed meanwhile")
         return Written((pod,))
@@ -138,25 +126,23 @@ class Admitter:
     # --- a gang ------------------------------------------------------------------------
 
     async def gang(
-        self, members: Sequence[QueuedPod], grants: Sequence[Grant], *, running: int = 0
+        self, members: Sequence[PodRecord], grants: Sequence[Grant], *, running: int = 0
     ) -> Written:
         """Write a gang's plan (one held grant per member), then settle it. `running`:
         members of the gang already admitted (its `gang-count` counts them too)."""
-        plan_id = secrets.token_hex(6)
+        plan_id = plans.new_id()
         by_uid = {grant.pod_uid: grant for grant in grants}
         size = len(members)
-        at = self._now()  # one admission: every member is admitted at once
+        at = self.plans.now()  # one admission: every member is admitted at once
         self.writing.add(plan_id)
         try:
 
-            async def mark(pod: QueuedPod) -> dict[str, Any] | None:
+            async def mark(pod: PodRecord) -> dict[str, Any] | None:
                 grant = by_uid[pod.uid]
-                annotations = self._annotations(grant, at)
-                annotations[keys.GANG_PLAN] = PlanMark(plan_id, size, grant.node).encode()
-                annotations[keys.GANG_COUNT] = str(running + size)
+                annotations = self.plans.annotations(grant, plan_id, size, running + size, at)
 
                 def change(current: dict[str, Any]) -> Patch | None:
-                    if _marked(current, plan_id) or not _admitting(current):
+                    if plans.marked(current, plan_id) or not _admitting(current):
                         return None
                     return {"metadata": {"annotations": annotations}}
 
@@ -166,7 +152,7 @@ class Admitter:
             bodies = {
                 pod.uid: body
                 for pod, body in zip(members, written, strict=True)
-                if isinstance(body, dict) and _marked(body, plan_id) and _admitting(body)
+                if isinstance(body, dict) and plans.marked(body, plan_id) and _admitting(body)
             }
             if len(bodies) < size:
                 errors = [r for r in written if isinstance(r, kube.ApiError)]
@@ -181,51 +167,50 @@ class Admitter:
         finally:
             self.writing.discard(plan_id)
 
-    def open_plans(self, pods: Mapping[str, QueuedPod]) -> dict[str, list[QueuedPod]]:
+    def open_plans(self, pods: Mapping[str, PodRecord]) -> dict[str, list[PodRecord]]:
         """Plans on queue-gated live members (written before a crash, or by another
         replica), by plan id, with the members that carry them. O(pods)."""
-        found: dict[str, list[QueuedPod]] = {}
+        found: dict[str, list[PodRecord]] = {}
         for pod in pods.values():
-            if pod.plan is not None and pod.gated and pod.live and pod.plan.id not in self.writing:
-                found.setdefault(pod.plan.id, [])
+            if (
+                pod.controlled.plan is not None
+                and pod.controlled.queue_gated
+                and pod.live
+                and pod.controlled.plan.id not in self.writing
+            ):
+                found.setdefault(pod.controlled.plan.id, [])
         for pod in pods.values():
-            if pod.plan is not None and pod.plan.id in found:
-                found[pod.plan.id].append(pod)
+            if pod.controlled.plan is not None and pod.controlled.plan.id in found:
+                found[pod.controlled.plan.id].append(pod)
         return found
 
     async def settle(
         self,
         plan_id: str,
-        members: Sequence[QueuedPod],
+        members: Sequence[PodRecord],
         size: int | None = None,
         known: Mapping[str, dict[str, Any]] | None = None,
     ) -> Written:
         """Roll a plan forward or back (module docstring). `known`: members' bodies just
         written (not read again). Raises `kube.ApiError` (the next round settles it)."""
         if size is None:
-            size = max(pod.plan.members for pod in members if pod.plan is not None)
-        if known is not None and all(pod.uid in known for pod in members):
-            fresh: list[Any] = [known[pod.uid] for pod in members]
-        else:
-            fresh = raise_first(await self.writer.each(members, self.writer.fetch))
-        present = [
-            (pod, body)
-            for pod, body in zip(members, fresh, strict=True)
-            if body is not None and _marked(body, plan_id)
-        ]
+            size = max(
+                pod.controlled.plan.members for pod in members if pod.controlled.plan is not None
+            )
+        present = await self.plans.present(plan_id, members, known)
         started = any(not gated(body, keys.QUEUE_GATE) for _, body in present)
         if not started and len(present) < size:
             await self.roll_back(plan_id, present)
             return Written(why=f"{size - len(present)} of its {size} members went away")
         waiting = [(pod, body) for pod, body in present if _admitting(body)]
 
-        async def release(item: tuple[QueuedPod, dict[str, Any]]) -> dict[str, Any] | None:
+        async def release(item: tuple[PodRecord, dict[str, Any]]) -> dict[str, Any] | None:
             pod, body = item
             mark = plan_mark(body)
             assert mark is not None
 
             def change(current: dict[str, Any]) -> Patch | None:
-                if not _marked(current, plan_id) or not _admitting(current):
+                if not plans.marked(current, plan_id) or not _admitting(current):
                     return None
                 return {"spec": _release(current, mark.node)}
 
@@ -234,24 +219,8 @@ class Admitter:
         raise_first(await self.writer.each(waiting, release))
         return Written(tuple(pod for pod, _ in waiting))
 
-    async def roll_back(self, plan_id: str, present: Sequence[tuple[QueuedPod, Any]]) -> None:
+    async def roll_back(self, plan_id: str, present: Sequence[tuple[PodRecord, Any]]) -> None:
         """Clear the plan from the members still queue-gated and carrying it, and release
         their holds. Raises `kube.ApiError`."""
-
-        async def clear(item: tuple[QueuedPod, Any]) -> None:
-            pod, body = item
-
-            def change(current: dict[str, Any]) -> Patch | None:
-                if not _marked(current, plan_id) or not _admitting(current):
-                    return None
-                cleared: dict[str, Any] = dict(assignments.cleared())
-                cleared[keys.GANG_PLAN] = None
-                cleared[keys.GANG_COUNT] = None
-                return {"metadata": {"annotations": cleared}}
-
-            await self.writer.write(pod, body, change)
-
-        raise_first(await self.writer.each(present, clear))
-        for pod, _ in present:
-            self.sync.unhold(pod.uid)
+        await self.plans.clear(plan_id, present, _admitting)
         log.info("queue plan rolled back", extra={"plan": plan_id, "present": len(present)})

@@ -1,7 +1,8 @@
 """The queue controller: queued GPU pods are admitted by their GpuQueue, in rounds.
 
-One asyncio task in the sidecar (`QueueController.run`), deciding only in the replica whose
-kube-scheduler leads (the gang controller's leader gate, `gpuplace.gangs.leader`). A round
+One asyncio task in the sidecar (`QueueController.run`: the controller kit's round loop,
+`gpuplace.controllers.rounds`), deciding only in the replica whose kube-scheduler leads
+(the leader gate it shares with the gang controller, `gpuplace.controllers.leader`). A round
 runs when something changed — a queued pod, a GpuQueue or namespace, the ledger (pods and
 nodes coming and going), a capacity hold — never per pod: bursts of changes within
 `settle_seconds` make one round, and rounds that decide are at least `min_round_seconds`
@@ -13,7 +14,7 @@ apart. Each round (`step`):
    what runs, what waits, what waits outside the round (a gang still missing members).
    At most `window` waiting workloads per queue enter the round (the most urgent: past
    `maxWait`, then priority, then age); the others wait their turn.
-3. **Decide** (`gpuplace.placement.admitting.admit`, on a scratch copy of the live ledger)
+3. **Decide** (`gpuplace.placement.queueing.admitting.admit`, on a scratch copy of the live ledger)
    and reserve every admission's grants in the live ledger (holds), in one synchronous
    step: no await in between, so nothing the extender binds meanwhile can take them, and
    two admissions never count one GPU. This is the round's CPU work on the event loop
@@ -26,7 +27,7 @@ apart. Each round (`step`):
    PodDisruptionBudgets checked, Eviction API).
 6. **Hold** (with `hold_after_seconds`): capacity for the starving workload of the queue
    furthest below its fair share, in the fence the gang controller also uses
-   (`gpuplace.placement.holds`); the next rounds admit nothing else on its nodes.
+   (`gpuplace.placement.queueing.holds`); the next rounds admit nothing else on its nodes.
 7. **Tell**: Events on waiting pods (once per reason), each GpuQueue's status (when it
    changed: `gpuplace.queues.statuses`; with fair sharing over time, its past share),
    the per-queue metrics.
@@ -43,11 +44,10 @@ capacity hold is decided again by the first round).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -55,20 +55,21 @@ from typing import Any, Protocol
 from prometheus_client import CollectorRegistry
 
 from gpuplace.cluster import assignments, kube, recording
+from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.queue_directory import QueueDirectory
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.gangs import events as gang_events
-from gpuplace.gangs.api import PodApi
-from gpuplace.gangs.writing import Writer
-from gpuplace.placement import admitting, holds, quotas
+from gpuplace.controllers import telling
+from gpuplace.controllers.api import PodApi
+from gpuplace.controllers.controller import Controller, Parts, Settings
+from gpuplace.controllers.store import PodIndex
 from gpuplace.placement.choosing import Policy
-from gpuplace.placement.fences import QUEUED, Fence, Fences
+from gpuplace.placement.fences import QUEUED, Fence
 from gpuplace.placement.ledger import LedgerError
-from gpuplace.placement.share_history import ShareHistory
+from gpuplace.placement.queueing import admitting, holds, quotas
+from gpuplace.placement.queueing.share_history import ShareHistory
 from gpuplace.queues import events, statuses, workloads
 from gpuplace.queues.committing import Admitter, Written
 from gpuplace.queues.metrics import QueueMetrics
-from gpuplace.queues.pods import QueuedPod, QueueStore
 from gpuplace.queues.reclaiming import Reclaimer
 
 log = logging.getLogger(__name__)
@@ -84,30 +85,29 @@ class QueueApi(PodApi, Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class QueueSettings:
+class QueueSettings(Settings):
+    """The kit's `Settings` (polling, settling, spacing, holds, writes) with the queue
+    controller's figures, and its own."""
+
     poll_seconds: float = 10.0
     """Longest wait between rounds when nothing wakes the controller (`maxWait`)."""
     settle_seconds: float = 0.2
-    """Wait after a wake-up so that bursts of events make one round."""
     min_round_seconds: float = 1.0
-    """Rounds that decide are at least this far apart (the event loop is shared)."""
+    """Rounds that decide are at least this far apart (a round at 1,000 nodes costs 1-2 s
+    of the event loop the extender shares)."""
     window: int = 100
     """Waiting workloads per queue one round looks at (the rest wait their turn)."""
-    hold_seconds: float = 300.0
-    """In-memory reservation of an admission while it is written."""
     reclaims: int = 1
     """Waiting workloads a round may reclaim for (one at a time, like gang preemption)."""
     reclaim_retry_seconds: float = 10.0
     """After a refused reclaim: the wait before it is tried again."""
-    concurrency: int = 16
-    write_attempts: int = 5
     half_life_seconds: float = 0.0
     """Fair sharing over time: each queue's past share is decayed with this half-life
-    and counted in its fair share (`gpuplace.placement.share_history`); 0: off."""
+    and counted in its fair share (`gpuplace.placement.queueing.share_history`); 0: off."""
     hold_after_seconds: float = 0.0
     """Capacity holds for queues: a workload of several GPUs starving this long, of the
     queue furthest below its fair share, gets nodes fenced for it
-    (`gpuplace.placement.holds`); 0: off."""
+    (`gpuplace.placement.queueing.holds`); 0: off."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +158,7 @@ def decide(
     sync: LedgerSync,
     policy: Policy,
     specs: Sequence[quotas.QueueSpec],
-    pods: Mapping[str, QueuedPod],
+    pods: Mapping[str, PodRecord],
     *,
     now: float,
     fenced: frozenset[str] = frozenset(),
@@ -170,7 +170,7 @@ def decide(
 ) -> Decided:
     """Steps 2 and 3 of the module docstring without the holds: the round on a scratch
     copy of `sync`'s ledger (which stays as it was). Synchronous; its cost is the
-    engine's (`gpuplace.placement.admitting`). Also what `gpuplace explain` asks.
+    engine's (`gpuplace.placement.queueing.admitting`). Also what `gpuplace explain` asks.
     `past`: each queue's past share (fair sharing over time)."""
     found = workloads.collect(
         pods.values(),
@@ -187,63 +187,41 @@ def decide(
     return Decided(result, found, tuple(waiting), cut)
 
 
-class QueueController:
-    """See the module docstring. Collaborators are passed in (`gpuplace.queues.wiring`
-    builds them for the sidecar and the tests alike): `api`, the queued-pod `store`, the
-    `directory` of queues and namespaces, the `sync` whose ledger it reserves in, the
-    `policy` in force, the `fences` of a starving gang, `recorder`, `registry`, `clock`
-    (POSIX seconds), `active` (whether this replica decides now) and `blocked` (why it
-    cannot tell)."""
+class QueueController(Controller[QueueSettings, None, QueueApi]):
+    """See the module docstring. Collaborators are passed in (`gpuplace.wiring.queues`
+    builds them for the sidecar and the tests alike): the kit's `parts`
+    (`gpuplace.controllers.controller.Parts`: the pod and GpuQueue API, the ledger sync,
+    the policy, fences, recorder, clock and leader gate), the queued pods (`store`,
+    `gpuplace.controllers.store.queued_pods(parts.sync)`), and its own: the `directory` of
+    queues and namespaces, and `registry`, where its metrics go."""
 
     def __init__(
         self,
-        api: QueueApi,
-        store: QueueStore,
+        parts: Parts[QueueApi],
+        store: PodIndex[None],
         directory: QueueDirectory,
-        sync: LedgerSync,
-        policy: Callable[[], Policy],
         *,
-        recorder: recording.Recorder | None = None,
         registry: CollectorRegistry | None = None,
-        fences: Fences | None = None,
         settings: QueueSettings | None = None,
-        clock: Callable[[], float] = time.time,
-        active: Callable[[], bool] | None = None,
-        blocked: Callable[[], str | None] | None = None,
     ) -> None:
-        self.api = api
-        self.store = store
-        self.directory = directory
-        self.sync = sync
-        self.policy = policy
-        self.recorder = recorder
-        self.fences = fences
-        self.settings = settings or QueueSettings()
-        self.clock = clock
-        self.active = active
-        self.blocked = blocked
         self.metrics = QueueMetrics(registry)
-        writer = Writer(
-            api, concurrency=self.settings.concurrency, attempts=self.settings.write_attempts
-        )
-        self.admitter = Admitter(writer, sync, clock=clock)
+        settings = settings or QueueSettings()
+        super().__init__("queue", parts, store, settings=settings, leading=self.metrics.leading)
+        sync, clock = parts.sync, parts.clock
+        self.directory = directory
+        self.admitter = Admitter(self.writer, sync, clock=clock)
         self.reclaimer = Reclaimer(
-            api,
+            self.api,
             sync,
             self.metrics,
-            recorder=recorder,
+            recorder=self.recorder,
             retry_seconds=self.settings.reclaim_retry_seconds,
         )
-        self.rounds = 0
-        """Completed rounds, deciding or following (tests wait on it)."""
         self.decisions = 0
         """Rounds that ran the engine."""
         self.last: Decided | None = None
         """The last round's decision (tests, metrics)."""
-        self._wake = asyncio.Event()
         self._signature: tuple[object, ...] = ()
-        self._decided_at = float("-inf")
-        self._told = gang_events.Told()
         self._written: dict[str, dict[str, Any]] = {}
         self.history = (
             ShareHistory(self.settings.half_life_seconds)
@@ -260,58 +238,34 @@ class QueueController:
                 "workload that may not preempt what is left there (docs/performance.md, "
                 "Queues); set a fair-sharing half-life too"
             )
-        store.listeners.append(self.wake)
-        directory.listeners.append(self.wake)
-        sync.pod_listeners.append(self._poke)
-        sync.node_listeners.append(self._poke)
+        directory.listeners.append(self.loop.poke)
 
     # --- running ---------------------------------------------------------------------
 
-    def _poke(self, *_: object) -> None:
-        self._wake.set()
-
-    def wake(self) -> None:
-        """Run a round soon."""
-        self._wake.set()
-
     async def run(self) -> None:
         """Run rounds until cancelled; never raises on API failures."""
-        await self.store.synced.wait()
-        await self.directory.queues_synced.wait()
-        await self.directory.namespaces_synced.wait()
-        await self.sync.ready.wait()
-        while True:
-            try:
-                leading = self.active is None or self.active()
-                self.metrics.leading.set(1 if leading else 0)
-                if leading:
-                    await self.step()
-                else:
-                    self._follow()
-                    self._restored = False  # the next leader writes; read it back then
-                    self.rounds += 1
-            except kube.ApiError as error:
-                log.warning(
-                    "queue round failed, retrying",
-                    extra={"status": error.status, "reason": error.reason},
-                )
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.poll_seconds):
-                    await self._wake.wait()
-            self._wake.clear()
-            await asyncio.sleep(self.settings.settle_seconds)
-            rest = self._decided_at + self.settings.min_round_seconds - time.monotonic()
-            if rest > 0:
-                await asyncio.sleep(rest)
+        ready = (
+            self.store.synced,
+            self.directory.queues_synced,
+            self.directory.namespaces_synced,
+            self.sync.ready,
+        )
+        await self.loop.run(self.step, self._follow, ready=ready)
 
     def _follow(self) -> None:
         """A round while another replica decides: tell waiting pods if gpuplace is
-        blocked (the Lease cannot be read), nothing else."""
+        blocked (the Lease cannot be read), nothing else; the next leader writes the past
+        shares, read back when this replica leads again."""
+        self._restored = False
         reason = self.blocked() if self.blocked is not None else None
         if reason is None:
             return
         for pod in self.store.pods.values():
-            if pod.gated and pod.live and self._told.first(pod.uid, f"{events.BLOCKED}"):
+            if (
+                pod.controlled.queue_gated
+                and pod.live
+                and self._told.first(pod.uid, f"{events.BLOCKED}")
+            ):
                 self._emit(pod, recording.WARNING, events.BLOCKED, reason)
 
     def _fenced(self) -> frozenset[str]:
@@ -338,7 +292,7 @@ class QueueController:
 
     def _update_hold(self, decided: Decided, now: float, past: Mapping[str, float]) -> None:
         """Hold capacity for the starving workload of the queue furthest below its fair
-        share (`gpuplace.placement.holds`), in the one fence the gang controller also
+        share (`gpuplace.placement.queueing.holds`), in the one fence the gang controller also
         uses: never over a gang's fence; lifted once no workload starves."""
         if self.fences is None or self.settings.hold_after_seconds <= 0:
             return
@@ -416,9 +370,8 @@ class QueueController:
             id(policy),
             len(self.reclaimer.leaving),
         )
-        fresh = time.monotonic() - self._decided_at >= self.settings.poll_seconds
+        fresh = time.monotonic() - self.loop.decided_at >= self.settings.poll_seconds
         if signature == self._signature and not fresh:
-            self.rounds += 1
             return
         await asyncio.sleep(0)  # let the extender's verbs in before the round's CPU work
         started = time.perf_counter()
@@ -440,9 +393,9 @@ class QueueController:
         if self.history is not None:
             self.history.observe(now, {q.name: q.share for q in decided.round.queues})
         held = self._hold(decided.round.admissions)
-        self.metrics.rounds.observe(time.perf_counter() - started)
+        self.metrics.decision_seconds.observe(time.perf_counter() - started)
         self._signature = signature
-        self._decided_at = time.monotonic()
+        self.loop.decided()
         self.last = decided
         self.decisions += 1
         await asyncio.sleep(0)
@@ -453,7 +406,6 @@ class QueueController:
         self._tell(decided)
         await self._statuses(decided, specs, now)
         self._forget()
-        self.rounds += 1
 
     # --- settling, holding, admitting ------------------------------------------------
 
@@ -504,7 +456,7 @@ class QueueController:
             for uid in admission.uids:
                 self.sync.unhold(uid)
             return
-        if len(pods) == 1 and not pods[0].gang:
+        if len(pods) == 1 and not pods[0].controlled.gang_name:
             written = await self.admitter.pod(pods[0], by_uid[pods[0].uid])
         else:
             running = sum(
@@ -518,7 +470,7 @@ class QueueController:
     def _written_admission(
         self,
         admission: admitting.Admission,
-        pods: Sequence[QueuedPod],
+        pods: Sequence[PodRecord],
         written: Written,
         now: float,
     ) -> None:
@@ -549,11 +501,11 @@ class QueueController:
             self._admitted(
                 pod,
                 f"admitted by GpuQueue {admission.queue}{borrowing}{growth} after "
-                f"{gang_events.duration(waited)}: GPUs {gpus} of node {grant.node} are "
+                f"{telling.duration(waited)}: GPUs {gpus} of node {grant.node} are "
                 "reserved for it",
             )
 
-    def _admitted(self, pod: QueuedPod, message: str) -> None:
+    def _admitted(self, pod: PodRecord, message: str) -> None:
         self._emit(pod, recording.NORMAL, events.ADMITTED, message)
 
     # --- reclaiming --------------------------------------------------------------------
@@ -647,11 +599,8 @@ class QueueController:
         """Drop memos of pods and queues the API no longer has (bounded memory)."""
         self._told.keep(self.store.pods)
         self._written = {n: s for n, s in self._written.items() if n in self.directory.queues}
-        waiting = {pod.key for pod in self.store.pods.values() if pod.gated}
+        waiting = {pod.workload for pod in self.store.pods.values() if pod.controlled.queue_gated}
         self.reclaimer.keep(self.store.pods, waiting)
-
-    def _emit(self, pod: QueuedPod, kind: str, reason: str, message: str) -> None:
-        gang_events.emit(self.recorder, pod, kind, reason, message)
 
 
 def _owner(key: str) -> tuple[str, str]:

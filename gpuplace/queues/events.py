@@ -1,6 +1,6 @@
 """The Events the queue controller writes on queued pods (`kubectl describe pod`).
 
-Each is said once per episode (`gpuplace.gangs.events.Told`): a pod hears why it waits
+Each is said once per episode (`gpuplace.controllers.telling.Told`): a pod hears why it waits
 once per reason kind (quota, cohort, place, ...), not once per round; its position moves
 too often to be an Event (`gpuplace explain` says it). The victims of a reclaim get the
 `GpuPreempted` Event every preemption writes (`gpuplace.cluster.recording.PREEMPTED`).
@@ -20,7 +20,7 @@ RECLAIMING = "QueueReclaiming"
 """Normal: borrowed workloads are preempted so that it can be admitted."""
 HELD = "QueueCapacityHeld"
 """Normal: nodes are kept for it (no new pod there) while they drain: it starves, of
-the queue furthest below its fair share (`gpuplace.placement.holds`)."""
+the queue furthest below its fair share (`gpuplace.placement.queueing.holds`)."""
 RECLAIM_BLOCKED = "QueueReclaimBlocked"
 """Warning: a PodDisruptionBudget (or the API) refused the reclaim's evictions."""
 BLOCKED = "QueueControllerBlocked"

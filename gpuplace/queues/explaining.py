@@ -1,9 +1,9 @@
 """What `gpuplace queues` and `gpuplace explain` say about GpuQueues, read from the API.
 
 `snapshot(api, ...)` lists once (no watch) what the controller's informers keep — nodes
-and managed pods (the ledger, `gpuplace.cluster.mirroring`), the GpuQueues and
-namespaces (`gpuplace.cluster.queue_directory`), the queued pods
-(`gpuplace.queues.pods`) — and decides one round on it as the controller does
+and managed pods (the ledger, `gpuplace.cluster.mirroring`; the queued pods among them,
+`gpuplace.controllers.store.queued_pods`), the GpuQueues and namespaces
+(`gpuplace.cluster.queue_directory`) — and decides one round on it as the controller does
 (`gpuplace.queues.controller.decide`: on a scratch ledger, nothing held or written), so
 what it shows is what the controller would decide now, whether or not one runs. Every
 waiting workload enters that round (no window), so a position is the real one.
@@ -14,7 +14,7 @@ waiting workload enters that round (no window), so a position is the real one.
   place, ...), or that it was admitted — `gpuplace explain`.
 
 The reads need the user's own `get`/`list` on pods, nodes, gpuqueues and namespaces.
-Cost: the lists, then one round (`gpuplace.placement.admitting`: about 2 s at 1,000
+Cost: the lists, then one round (`gpuplace.placement.queueing.admitting`: about 2 s at 1,000
 nodes and 2,000 waiting pods).
 """
 
@@ -28,8 +28,9 @@ from typing import Any
 from gpuplace.cluster import kube, mirroring, queue_directory
 from gpuplace.cluster.queue_directory import QueueDirectory
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.controllers import store as stores
 from gpuplace.placement.choosing import Policy
-from gpuplace.queues import pods, statuses, workloads
+from gpuplace.queues import statuses, workloads
 from gpuplace.queues.controller import Decided, decide
 
 WHOLE_ROUND = 10**9
@@ -41,7 +42,7 @@ class Seen:
     """The API as listed and the round decided on it."""
 
     directory: QueueDirectory
-    store: pods.QueueStore
+    store: stores.PodIndex[None]
     decided: Decided
 
 
@@ -104,8 +105,7 @@ async def snapshot(
     directory = QueueDirectory()
     for informer in queue_directory.informers(api, directory):
         await informer.relist()
-    store = pods.QueueStore()
-    await pods.informer(api, store).relist()
+    store = stores.queued_pods(sync)
     past = {}  # fair sharing over time: the past shares the controller last wrote
     for name, record in directory.queues.items():
         remembered = statuses.remembered(record)
@@ -221,26 +221,34 @@ def pod_wait(seen: Seen, uid: str) -> PodWait | None:
     pod = seen.store.pods.get(uid)
     if pod is None:
         return None
-    if not pod.gated:
-        return PodWait(pod.queue, admitted=True)
+    if not pod.controlled.queue_gated:
+        return PodWait(pod.controlled.queue, admitted=True)
     for aside in seen.decided.found.aside:
         if any(member.uid == uid for member in aside.pods):
-            return PodWait(pod.queue, False, 0, aside.why, aside.reason)
+            return PodWait(pod.controlled.queue, False, 0, aside.why, aside.reason)
     for waiting in seen.decided.round.waiting:
-        if waiting.key == pod.key:
-            return PodWait(pod.queue, False, waiting.position, waiting.why.value, waiting.reason)
+        if waiting.key == pod.workload:
+            return PodWait(
+                pod.controlled.queue, False, waiting.position, waiting.why.value, waiting.reason
+            )
     for admission in seen.decided.round.admissions:
         if uid in admission.uids:
             return PodWait(
-                pod.queue,
+                pod.controlled.queue,
                 False,
                 0,
                 "admitting",
                 "its queue admits it now: the controller's next round removes its gate",
             )
-    if pod.queue not in seen.directory.queues:
-        return PodWait(pod.queue, False, 0, "no queue", f"GpuQueue {pod.queue} does not exist")
-    return PodWait(pod.queue, False, 0, workloads.MEMBERS, "not in the round")
+    if pod.controlled.queue not in seen.directory.queues:
+        return PodWait(
+            pod.controlled.queue,
+            False,
+            0,
+            "no queue",
+            f"GpuQueue {pod.controlled.queue} does not exist",
+        )
+    return PodWait(pod.controlled.queue, False, 0, workloads.MEMBERS, "not in the round")
 
 
 def render_pod(wait: PodWait) -> str:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuplace.placement import quotas
-from gpuplace.placement.admitting import QueueStatus
+from gpuplace.controllers.metrics import ControllerMetrics, Series
+from gpuplace.placement.queueing import quotas
+from gpuplace.placement.queueing.admitting import QueueStatus
 from gpuplace.placement.requests import WHOLE
 
 MIB = 1024 * 1024
@@ -25,8 +26,26 @@ def base_units(resource: str, amount: int) -> float:
     return float(amount * MIB) if resource == quotas.GPU_MEMORY else amount / WHOLE
 
 
-class QueueMetrics:
+class QueueMetrics(ControllerMetrics):
+    """The kit's (`gpuplace.controllers.metrics`: leading, held nodes, round time) and the
+    per-queue ones."""
+
     def __init__(self, registry: CollectorRegistry | None) -> None:
+        super().__init__(
+            registry,
+            "queue",
+            leading="1 while this replica's queue controller decides (its kube-scheduler leads).",
+            held=Series(
+                "held_nodes",
+                "Nodes kept for a starving queued workload (a capacity hold; 0 when none).",
+            ),
+            decisions=Series(
+                "round_duration_seconds",
+                "Time of one admission round's decision (CPU, on the event loop).",
+            ),
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
+        )
+
         def gauge(name: str, text: str, labels: tuple[str, ...] = ("queue",)) -> Gauge:
             return Gauge(name, text, list(labels), registry=registry)
 
@@ -76,22 +95,6 @@ class QueueMetrics:
             "gpuplace_queue_preempted_pods_total",
             "Pods of the queue evicted by a reclaim.",
             ["queue"],
-            registry=registry,
-        )
-        self.rounds = Histogram(
-            "gpuplace_queue_round_duration_seconds",
-            "Time of one admission round's decision (CPU, on the event loop).",
-            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
-            registry=registry,
-        )
-        self.held = Gauge(
-            "gpuplace_queue_held_nodes",
-            "Nodes kept for a starving queued workload (a capacity hold; 0 when none).",
-            registry=registry,
-        )
-        self.leading = Gauge(
-            "gpuplace_queue_controller_leading",
-            "1 while this replica's queue controller decides (its kube-scheduler leads).",
             registry=registry,
         )
         self._lines: dict[str, set[tuple[str, str]]] = {}

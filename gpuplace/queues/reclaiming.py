@@ -1,18 +1,20 @@
 """A queue takes back what it lent: the engine's reclaim carried out through the Eviction API.
 
-The round (`gpuplace.placement.admitting`) names, for at most one waiting workload, the
+The round (`gpuplace.placement.queueing.admitting`) names, for at most one waiting workload, the
 borrowed workloads to preempt — an elastic gang's extra members first, then whole
 workloads, lowest priority and most recently admitted first, each of them needed. Here:
 
 1. the victims are read again and their namespaces' PodDisruptionBudgets listed, and all
    of them are checked together as the API server would
-   (`gpuplace.gangs.evicting.budget_refusals`); one refused: nothing is evicted, a
+   (`gpuplace.controllers.evictions.budget_refusals`, as the gang controller's preemption
+   does); one refused: nothing is evicted, a
    Warning `QueueReclaimBlocked` on the waiting workload's pods says which and why, and
    the reclaim is not tried again before `retry_seconds`;
 2. each victim is evicted (`pods/NAME/eviction`, its UID as precondition: never a plain
-   DELETE), in the engine's order; a refusal (a budget that changed meanwhile, the pod
-   gone) stops there, honestly partial, and is retried later; an eviction without an
-   answer may have gone through and counts as leaving;
+   DELETE; `gpuplace.controllers.evictions.evict`), in the engine's order; a refusal (a
+   budget that changed meanwhile, the pod gone) stops there, honestly partial, and is
+   retried later; an eviction without an answer may have gone through and counts as
+   leaving;
 3. every evicted pod is *leaving* for the workload (`leaving`): the next rounds count it
    gone when they look for victims (a reclaim is never repeated) while its GPUs still
    count until it is gone; the waiting workload goes first in its queue and is admitted
@@ -31,12 +33,11 @@ from collections.abc import Iterable, Sequence
 from gpuplace.cluster import kube, recording
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.gangs import events as gang_events
-from gpuplace.gangs import evicting
-from gpuplace.placement import admitting
+from gpuplace.controllers import evictions, telling
+from gpuplace.controllers.api import Pod
+from gpuplace.placement.queueing import admitting
 from gpuplace.queues import events
 from gpuplace.queues.metrics import QueueMetrics
-from gpuplace.queues.pods import QueuedPod
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class Reclaimer:
 
     def __init__(
         self,
-        api: evicting.EvictionApi,
+        api: evictions.EvictionApi,
         sync: LedgerSync,
         metrics: QueueMetrics,
         *,
@@ -69,11 +70,11 @@ class Reclaimer:
         self.leaving = {uid: key for uid, key in self.leaving.items() if uid in alive}
         self._retry = {key: at for key, at in self._retry.items() if key in waiting}
 
-    def _emit(self, pod: gang_events.Pod, kind: str, reason: str, message: str) -> None:
-        gang_events.emit(self.recorder, pod, kind, reason, message)
+    def _emit(self, pod: Pod, kind: str, reason: str, message: str) -> None:
+        telling.emit(self.recorder, pod, kind, reason, message)
 
     async def apply(
-        self, reclaim: admitting.Reclaim, claimants: Sequence[QueuedPod], now: float
+        self, reclaim: admitting.Reclaim, claimants: Sequence[PodRecord], now: float
     ) -> None:
         """Evict `reclaim`'s victims for the waiting workload whose pods are `claimants`
         (module docstring). Never raises on API failures (logged; retried later)."""
@@ -86,7 +87,7 @@ class Reclaimer:
             return  # a victim went meanwhile: the next round looks again
         queue_of = {uid: victim.queue for victim in reclaim.victims for uid in victim.uids}
         try:
-            refused = await evicting.budget_refusals(self.api, victims)
+            refused = await evictions.budget_refusals(self.api, victims)
         except kube.ApiError as error:
             log.warning(
                 "queue reclaim pre-check failed",
@@ -101,23 +102,9 @@ class Reclaimer:
             self._blocked(reclaim, claimants, f"PodDisruptionBudgets forbid it now ({why})")
             self._retry[reclaim.key] = now + self.retry_seconds
             return
-        freed = evicting.freed(self.sync, victims)
-        gone: list[PodRecord] = []
-        for victim in victims:
-            try:
-                await self.api.evict_pod(victim.namespace, victim.name, uid=victim.uid)
-            except kube.ApiError as error:
-                if evicting.unknown_outcome(error):
-                    self.leaving[victim.uid] = reclaim.key
-                self._blocked(
-                    reclaim,
-                    claimants,
-                    f"the eviction of {victim} was refused ({evicting.refusal_text(error)}); "
-                    f"{len(gone)} of {len(victims)} victims were evicted",
-                )
-                self._retry[reclaim.key] = now + self.retry_seconds
-                break
-            gone.append(victim)
+        freed = evictions.freed(self.sync, victims)
+
+        def evicted(victim: PodRecord) -> None:
             self.leaving[victim.uid] = reclaim.key
             self.metrics.preempted.labels(queue_of[victim.uid]).inc()
             self._emit(
@@ -128,6 +115,20 @@ class Reclaimer:
                 f"{queue_of[victim.uid]} uses quota its cohort lent it, and GpuQueue "
                 f"{reclaim.queue} needs it for {reclaim.key}",
             )
+
+        done = await evictions.evict(self.api, victims, evicted)
+        gone = done.gone
+        if done.refusal is not None:
+            victim, refusal = done.refusal
+            if done.unsure is not None:
+                self.leaving[victim.uid] = reclaim.key
+            self._blocked(
+                reclaim,
+                claimants,
+                f"the eviction of {victim} was refused ({evictions.refusal_text(refusal)}); "
+                f"{len(gone)} of {len(victims)} victims were evicted",
+            )
+            self._retry[reclaim.key] = now + self.retry_seconds
         if not gone:
             return
         self.metrics.reclaims.labels(reclaim.queue).inc()
@@ -147,7 +148,7 @@ class Reclaimer:
             )
 
     def _blocked(
-        self, reclaim: admitting.Reclaim, claimants: Sequence[QueuedPod], why: str
+        self, reclaim: admitting.Reclaim, claimants: Sequence[PodRecord], why: str
     ) -> None:
         log.info("queue reclaim blocked", extra={"workload": reclaim.key, "why": why})
         for pod in claimants:

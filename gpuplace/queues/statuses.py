@@ -20,8 +20,8 @@ from datetime import datetime
 from typing import Any
 
 from gpuplace.cluster.queue_directory import QueueRecord
-from gpuplace.placement import quotas
-from gpuplace.placement.admitting import QueueStatus
+from gpuplace.placement.queueing import quotas
+from gpuplace.placement.queueing.admitting import QueueStatus
 from gpuplace.placement.requests import WHOLE
 
 PAST = "pastShare"

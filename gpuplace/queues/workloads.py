@@ -2,7 +2,7 @@
 round.
 
 `collect(pods, ...)` groups the queued pods by workload (a pod alone, or a gang:
-`QueuedPod.key`) and reads each from the pods themselves, so a restart finds the same:
+`PodRecord.key`) and reads each from the pods themselves, so a restart finds the same:
 
 - **running** (`admitting.Running`): the live members its queue admitted (no queue gate,
   or an admission being written: a plan mark or an assignment on a gated member, whose
@@ -38,9 +38,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuplace.cluster.node_affinity import NodeAffinity
-from gpuplace.placement import admitting, gangs
+from gpuplace.cluster.pods import PodRecord
+from gpuplace.placement import gangs
 from gpuplace.placement.inventory import Inventory
-from gpuplace.queues.pods import QueuedPod
+from gpuplace.placement.queueing import admitting
 
 TERMINATING = "(terminating)"
 """`leaving_for` of a member being deleted that no reclaim of this process evicted (after a
@@ -61,7 +62,7 @@ class Aside:
 
     key: str
     queue: str
-    pods: tuple[QueuedPod, ...]
+    pods: tuple[PodRecord, ...]
     why: str
     reason: str
 
@@ -71,7 +72,7 @@ class Found:
     running: list[admitting.Running] = field(default_factory=list)
     waiting: list[admitting.Workload] = field(default_factory=list)
     aside: list[Aside] = field(default_factory=list)
-    pods: dict[str, QueuedPod] = field(default_factory=dict)
+    pods: dict[str, PodRecord] = field(default_factory=dict)
     """Every live queued pod the round's workloads name, by UID."""
 
 
@@ -87,7 +88,7 @@ class _Nodes:
         """The pods the fence holds the nodes for (they keep them)."""
         self._memo: dict[tuple[NodeAffinity, bool], frozenset[str] | None] = {}
 
-    def held(self, pods: Sequence[QueuedPod]) -> frozenset[str]:
+    def held(self, pods: Sequence[PodRecord]) -> frozenset[str]:
         """The fenced nodes when the fence is held for these pods, else none."""
         if self.fenced and all(pod.uid in self.members for pod in pods):
             return self.fenced
@@ -105,13 +106,15 @@ class _Nodes:
         return self._memo[(affinity, fenced)]
 
 
-def member(pod: QueuedPod, nodes: _Nodes) -> gangs.Member:
+def member(pod: PodRecord, nodes: _Nodes) -> gangs.Member:
     assert pod.request is not None
-    return gangs.Member(pod.uid, pod.request, nodes(pod.affinity, pod.uid), pod.tolerations)
+    return gangs.Member(
+        pod.uid, pod.request, nodes(pod.controlled.affinity, pod.uid), pod.controlled.tolerations
+    )
 
 
 def collect(
-    pods: Iterable[QueuedPod],
+    pods: Iterable[PodRecord],
     inventory: Inventory,
     *,
     fenced: frozenset[str] = frozenset(),
@@ -119,13 +122,13 @@ def collect(
     leaving: Mapping[str, str] | None = None,
 ) -> Found:
     """See the module docstring."""
-    groups: dict[str, list[QueuedPod]] = {}
+    groups: dict[str, list[PodRecord]] = {}
     for pod in pods:
-        if pod.queue and not pod.terminal:
-            groups.setdefault(pod.key, []).append(pod)
+        if pod.controlled.queue and not pod.terminal:
+            groups.setdefault(pod.workload, []).append(pod)
     collector = _Collector(_Nodes(inventory, fenced, fence_members), leaving or {})
     for group in groups.values():
-        group.sort(key=QueuedPod.order)
+        group.sort(key=PodRecord.order)
         collector.workload(group)
     return collector.found
 
@@ -137,8 +140,8 @@ class _Group:
 
     key: str
     queue: str
-    admitted: list[QueuedPod]
-    gated: list[QueuedPod]
+    admitted: list[PodRecord]
+    gated: list[PodRecord]
 
 
 class _Collector:
@@ -147,14 +150,15 @@ class _Collector:
         self.leaving = leaving
         self.found = Found()
 
-    def workload(self, pods: list[QueuedPod]) -> None:
+    def workload(self, pods: list[PodRecord]) -> None:
         admitted = sorted(
-            (pod for pod in pods if not pod.gated), key=lambda p: (p.admitted or p.created, p.name)
+            (pod for pod in pods if not pod.controlled.queue_gated),
+            key=lambda p: (p.assigned_at or p.created, p.name),
         )
-        gated = [pod for pod in pods if pod.gated and not pod.deleting]
+        gated = [pod for pod in pods if pod.controlled.queue_gated and not pod.deleting]
         for pod in pods:
             self.found.pods[pod.uid] = pod
-        group = _Group(pods[0].key, pods[0].queue, admitted, gated)
+        group = _Group(pods[0].workload, pods[0].controlled.queue, admitted, gated)
         _running(self.found, group, self.leaving, self.nodes)
         if gated:
             _waiting(self.found, group, self.nodes)
@@ -166,7 +170,7 @@ def _running(found: Found, group: _Group, leaving: Mapping[str, str], nodes: _No
     # members whose admission is being written (or was, and the informer has not shown the
     # gate gone yet) hold their grants already: they count against the quota as running,
     # else a round between our write and its echo would admit on quota they use
-    writing = [pod for pod in gated if pod.plan is not None or pod.assigned]
+    writing = [pod for pod in gated if pod.controlled.plan is not None or pod.controlled.assigned]
     staying = [pod for pod in admitted if pod not in going] + writing
     if going:
         found.running.append(
@@ -175,7 +179,7 @@ def _running(found: Found, group: _Group, leaving: Mapping[str, str], nodes: _No
                 queue,
                 tuple(pod.uid for pod in going),
                 priority=min(pod.priority for pod in going),
-                admitted=min(pod.admitted or pod.created for pod in going),
+                admitted=min(pod.assigned_at or pod.created for pod in going),
                 leaving_for=next(
                     (leaving[pod.uid] for pod in going if pod.uid in leaving), TERMINATING
                 ),
@@ -188,24 +192,26 @@ def _running(found: Found, group: _Group, leaving: Mapping[str, str], nodes: _No
     missing: tuple[gangs.Member, ...] = ()
     if growing and not _writing(gated):
         readable = [pod for pod in gated if pod.request is not None]
-        missing = tuple(member(pod, nodes) for pod in readable[: head.size - len(staying)])
+        missing = tuple(
+            member(pod, nodes) for pod in readable[: head.controlled.gang_size - len(staying)]
+        )
     found.running.append(
         admitting.Running(
             key,
             queue,
             tuple(pod.uid for pod in staying),
             priority=min(pod.priority for pod in staying),
-            admitted=min(pod.admitted or pod.created for pod in staying),
+            admitted=min(pod.assigned_at or pod.created for pod in staying),
             minimum=head.minimum if head.elastic else 0,
             missing=missing,
-            started=tuple(pod.admitted or pod.created for pod in staying),
+            started=tuple(pod.assigned_at or pod.created for pod in staying),
         )
     )
 
 
-def _writing(gated: list[QueuedPod]) -> bool:
+def _writing(gated: list[PodRecord]) -> bool:
     """A plan is being written or settled on these gated members (decided next round)."""
-    return any(pod.plan is not None or pod.assigned for pod in gated)
+    return any(pod.controlled.plan is not None or pod.controlled.assigned for pod in gated)
 
 
 def _waiting(found: Found, group: _Group, nodes: _Nodes) -> None:
@@ -223,11 +229,12 @@ def _waiting(found: Found, group: _Group, nodes: _Nodes) -> None:
     if not ready:
         return
     head = ready[0]
-    if not head.gang:
+    gang, size = head.controlled.gang_name, head.controlled.gang_size
+    if not gang:
         for pod in ready:  # a pod alone: one workload each (only one has this key)
             found.waiting.append(
                 admitting.Workload(
-                    pod.key,
+                    pod.workload,
                     queue,
                     (member(pod, nodes),),
                     pod.priority,
@@ -237,7 +244,7 @@ def _waiting(found: Found, group: _Group, nodes: _Nodes) -> None:
             )
         return
     started = len([pod for pod in admitted if not pod.deleting])
-    need = head.size - started
+    need = size - started
     members, extras = ready[: max(need, 0)], ready[max(need, 0) :]
     if extras:
         found.aside.append(
@@ -246,8 +253,8 @@ def _waiting(found: Found, group: _Group, nodes: _Nodes) -> None:
                 queue,
                 tuple(extras),
                 FULL,
-                f"gang {head.gang} already has its {head.size} members; this pod waits until "
-                "one of them goes away",
+                f"gang {gang} already has its {size} members; this pod waits until one of "
+                "them goes away",
             )
         )
     if not members:
@@ -265,8 +272,8 @@ def _waiting(found: Found, group: _Group, nodes: _Nodes) -> None:
                 queue,
                 tuple(members),
                 MEMBERS,
-                f"gang {head.gang}: {have} of its {head.size} members exist; it is admitted "
-                "as one workload once all do",
+                f"gang {gang}: {have} of its {size} members exist; it is admitted as one "
+                "workload once all do",
             )
         )
         return

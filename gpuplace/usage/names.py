@@ -22,8 +22,16 @@ POD_MEMORY_GRANTED: Final = "gpuplace_pod_gpu_memory_granted_bytes"
 """Device memory gpuplace granted the pod on that GPU (its assignment)."""
 POD_SHARE_GRANTED: Final = "gpuplace_pod_gpu_share_granted_ratio"
 """Compute share gpuplace granted the pod on that GPU (gpu-percent / 100; 1 whole)."""
+POD_PROCESSES: Final = "gpuplace_pod_gpu_processes"
+"""A pod's processes holding one GPU (under MPS, its MPS clients: each has the share's limits
+of its own, so more than one exceeds the grant)."""
+POD_OVER_GRANT: Final = "gpuplace_pod_gpu_over_grant"
+"""1 while the agent finds a pod over its grant on one GPU, by `kind` (memory, clients)."""
 GPU_MEMORY_USED: Final = "gpuplace_gpu_memory_used_bytes"
 GPU_MEMORY_TOTAL: Final = "gpuplace_gpu_memory_total_bytes"
+GPU_MEMORY_PACKABLE: Final = "gpuplace_gpu_memory_packable_bytes"
+"""What a client can get of the GPU with MPS running (NVML's total less the driver's
+reservation and the MPS server's memory): the figure the engine packs."""
 GPU_UTILIZATION: Final = "gpuplace_gpu_utilization_ratio"
 """NVML's device utilisation (share of time a kernel ran), 0-1."""
 

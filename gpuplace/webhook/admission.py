@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import keys
+from gpuplace.cluster import grammar, keys
 from gpuplace.webhook import capacity, mutating, patches, pods
 from gpuplace.webhook.config import WebhookConfig
 from gpuplace.webhook.inventory import CapabilitySource

@@ -8,8 +8,7 @@ message saying what the cluster does have. Pure.
 
 from __future__ import annotations
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import keys
+from gpuplace.cluster import grammar, keys
 from gpuplace.placement.inventory import Capabilities, ModelCapability
 
 

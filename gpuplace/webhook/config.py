@@ -1,5 +1,5 @@
 """The webhook's own settings, a frozen value built by the composition root from the
-process settings (the webhook never reads the environment or `gpuplace.settings`)."""
+process settings (the webhook never reads the environment or `gpuplace.wiring.settings`)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,9 @@ returns the minimal JSON Patch to get there:
   model, per-GPU memory, NVLink domain size when required), ANDed into every term the
   user wrote (terms stay ORed);
 - env vars: `NVIDIA_VISIBLE_DEVICES` from the assignment annotation via the downward API,
-  and for a shared GPU the MPS limits; *unless* the GPU nodes run the node agent
+  and for a shared GPU the MPS limits (the memory limit, which covers the CUDA context of
+  the GPU model the pod lands on, from the bind's `gpuplace.io/mps-memory-limit` through the
+  downward API too); *unless* the GPU nodes run the node agent
   (`node_agent`): then the GPU container requests `gpuplace.io/gpu` = its GPU count
   instead, and the webhook writes no GPU env at all: the agent's device plugin answers
   the kubelet with the container's GPUs, MPS pipe directory and limits, read from the
@@ -37,13 +39,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import keys
+from gpuplace.cluster import grammar, keys, mps_limits
 from gpuplace.webhook import patches
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
-MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 GANG_COUNT_ENV = "GPUPLACE_GANG_COUNT"
 """An elastic gang member's count of running members at its start (docs/gangs.md)."""
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -94,23 +93,30 @@ def node_expressions(spec: grammar.PodGpuSpec) -> list[dict[str, Any]]:
     return expressions
 
 
+def _annotation_ref(name: str, key: str) -> dict[str, Any]:
+    """Env var `name` from the pod's annotation `key`, resolved by the kubelet at start."""
+    field_path = f"metadata.annotations['{key}']"
+    return {
+        "name": name,
+        "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}},
+    }
+
+
 def env_vars(spec: grammar.PodGpuSpec) -> list[dict[str, Any]]:
-    """The GPU container's env vars: the assignment through the downward API, MPS limits."""
-    field_path = f"metadata.annotations['{keys.VISIBLE_DEVICES}']"
-    env: list[dict[str, Any]] = [
-        {
-            "name": VISIBLE_DEVICES_ENV,
-            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}},
-        }
-    ]
+    """The GPU container's env vars: the assignment through the downward API, MPS limits.
+
+    The compute cap depends on the ask alone; the memory limit also on the GPU model's CUDA
+    context (`mps_limits`), unknown until the pod is placed: it is read through the
+    downward API from `gpuplace.io/mps-memory-limit`, which the sidecar writes at bind
+    (before the Binding, like `gpuplace.io/visible-devices`)."""
+    env: list[dict[str, Any]] = [_annotation_ref(VISIBLE_DEVICES_ENV, keys.VISIBLE_DEVICES)]
     if spec.shares:
-        # A memory-only share has no compute of its own to cap: it is time-sliced with
-        # the other memory-only shares of its GPU, which never holds a compute share.
-        threads = spec.percent if not spec.memory_only else 100
-        env.append({"name": MPS_THREADS_ENV, "value": str(threads)})
+        milli = spec.percent * 10
+        env.append(
+            {"name": mps_limits.THREADS_ENV, "value": str(mps_limits.thread_percentage(milli))}
+        )
         if spec.memory_mib:
-            # Device ordinals are relative to NVIDIA_VISIBLE_DEVICES: the one granted GPU is 0.
-            env.append({"name": MPS_MEMORY_ENV, "value": f"0={spec.memory_mib}M"})
+            env.append(_annotation_ref(mps_limits.MEMORY_ENV, keys.MPS_MEMORY_LIMIT))
     return env
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import keys
+from gpuplace.cluster import grammar, keys
 from gpuplace.webhook.reviews import ReviewError
 
 OUR_RESOURCES = (keys.RESOURCE_PERCENT, keys.RESOURCE_MEMORY, keys.RESOURCE_GPU)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from cryptography import x509
 
-from gpuplace import background
+from gpuplace.runtime import background
 from gpuplace.webhook.metrics import WebhookMetrics
 
 log = logging.getLogger(__name__)

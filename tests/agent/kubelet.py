@@ -30,9 +30,9 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpuplace.agent import allocating, plugin
+from gpuplace.agent import allocating, handover, plugin
 from gpuplace.agent.deviceplugin import api_pb2, api_pb2_grpc
-from gpuplace.cluster import assignments, keys
+from gpuplace.cluster import assignments, keys, mps_limits
 from gpuplace.placement.ledger import Grant, GrantState
 
 FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "gpu"
@@ -50,27 +50,31 @@ def gpu_fixture(name: str) -> Path:
     return path
 
 
-def fixture_gpus() -> list[allocating.NodeGpu]:
+def fixture_gpus() -> list[handover.NodeGpu]:
     """The real H100 of `nvml-idle.json` (NUMA: "Not Supported" there, so unknown)."""
     readings = json.loads(gpu_fixture("nvml-idle.json").read_text())
     return [
-        allocating.NodeGpu(
+        handover.NodeGpu(
             index=gpu["index"],
             uuid=gpu["uuid"],
             numa=gpu["numa_node"] if isinstance(gpu["numa_node"], int) else None,
             minor=gpu["minor"],
+            context=mps_limits.figures(gpu["name"]).context,
         )
         for gpu in readings["gpus"]
     ]
 
 
-def eight_gpus() -> list[allocating.NodeGpu]:
+def eight_gpus() -> list[handover.NodeGpu]:
     """DERIVED, not read: eight GPUs made from the fixture's one (UUID's last block and
     minor varied, NUMA 0 for the first four and 1 for the rest), for an 8-GPU node."""
     real = fixture_gpus()[0]
     stem = real.uuid[: -len("000000000000")]
     return [
-        allocating.NodeGpu(index=i, uuid=f"{stem}{i:012x}", numa=i // 4, minor=i) for i in range(8)
+        handover.NodeGpu(
+            index=i, uuid=f"{stem}{i:012x}", numa=i // 4, minor=i, context=real.context
+        )
+        for i in range(8)
     ]
 
 
@@ -132,10 +136,10 @@ def pod(
 
 
 def plugin_server(
-    gpus: Sequence[allocating.NodeGpu],
+    gpus: Sequence[handover.NodeGpu],
     pods: Sequence[dict[str, Any]],
     directory: Path,
-    options: allocating.Options | None = None,
+    options: handover.Options | None = None,
     **settings: Any,
 ) -> plugin.PluginServer:
     """A real plugin for NODE serving `pods`, its MPS ready, on its own metrics registry;
@@ -148,7 +152,7 @@ def plugin_server(
         node=NODE,
         gpus=gpus,
         pods=view,
-        options=options or allocating.Options(mps=allocating.Mps("/run/gpuplace/mps")),
+        options=options or handover.Options(mps=handover.Mps("/run/gpuplace/mps")),
         mps_ready=ready,
         directory=str(directory),
         registry=CollectorRegistry(),

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuplace.agent import allocating, plugin
+from gpuplace.agent import allocating, handover, plugin
 from gpuplace.agent.deviceplugin import api_pb2
 from gpuplace.cluster import keys, kube
 from gpuplace.dev import localapi
@@ -23,8 +23,8 @@ __all__ = ["api", "server"]  # fixtures
 
 GPUS = standin.eight_gpus()
 OPTIONS = [
-    allocating.Options(strategy, mps=allocating.Mps("/run/gpuplace/mps/pipe"))
-    for strategy in allocating.Strategy
+    handover.Options(strategy, mps=handover.Mps("/run/gpuplace/mps/pipe"))
+    for strategy in handover.Strategy
 ]
 
 
@@ -130,7 +130,7 @@ def readings(
     st.sampled_from(OPTIONS),
 )
 def test_never_a_gpu_that_was_not_granted(
-    found: list[dict[str, Any]], device_ids: list[str], settled: bool, options: allocating.Options
+    found: list[dict[str, Any]], device_ids: list[str], settled: bool, options: handover.Options
 ) -> None:
     candidates, strangers = readings(found)
     match = allocating.choose(device_ids, candidates, strangers, set(), allow_mismatch=settled)
@@ -147,7 +147,7 @@ def test_never_a_gpu_that_was_not_granted(
             assert granted_here(other), f"{other['metadata']['name']} has no grant here"
     try:
         response = allocating.answer(match.candidate, GPUS, options)
-    except allocating.Refusal:
+    except handover.Refusal:
         return
     handed = allocating.granted_in(response, options)
     assert handed == set(match.candidate.uuids)
@@ -210,42 +210,42 @@ def test_slot_ids_no_kubelet_sends_are_nobodys_and_never_raise(slot: str) -> Non
     ("strategy", "envs", "mounts", "devices", "cdi"),
     [
         (
-            allocating.Strategy.CDI,
+            handover.Strategy.CDI,
             {"NVIDIA_VISIBLE_DEVICES": "void"},
             [],
             [],
             ["nvidia.com/gpu=U1", "nvidia.com/gpu=U3"],
         ),
         (
-            allocating.Strategy.VOLUME_MOUNTS,
+            handover.Strategy.VOLUME_MOUNTS,
             {"NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices"},
             [
                 ("/dev/null", "/var/run/nvidia-container-devices/U1"),
                 ("/dev/null", "/var/run/nvidia-container-devices/U3"),
             ],
-            ["/dev/nvidia1", "/dev/nvidia3", *allocating.CONTROL_DEVICES],
+            ["/dev/nvidia1", "/dev/nvidia3", *handover.CONTROL_DEVICES],
             [],
         ),
         (
-            allocating.Strategy.ENVVAR,
+            handover.Strategy.ENVVAR,
             {"NVIDIA_VISIBLE_DEVICES": "U1,U3"},
             [],
-            ["/dev/nvidia1", "/dev/nvidia3", *allocating.CONTROL_DEVICES],
+            ["/dev/nvidia1", "/dev/nvidia3", *handover.CONTROL_DEVICES],
             [],
         ),
     ],
 )
 def test_answer_by_strategy(
-    strategy: allocating.Strategy,
+    strategy: handover.Strategy,
     envs: dict[str, str],
     mounts: list[tuple[str, str]],
     devices: list[str],
     cdi: list[str],
 ) -> None:
-    gpus = [allocating.NodeGpu(i, f"U{i}", minor=i) for i in range(4)]
+    gpus = [handover.NodeGpu(i, f"U{i}", minor=i) for i in range(4)]
     chosen = allocating.candidate(standin.pod("p", [1, 3], ["U1", "U3"]), standin.NODE, gpus)
     assert chosen is not None
-    response = allocating.answer(chosen, gpus, allocating.Options(strategy))
+    response = allocating.answer(chosen, gpus, handover.Options(strategy))
     assert dict(response.envs) == envs
     assert [(m.host_path, m.container_path) for m in response.mounts] == mounts
     assert [d.container_path for d in response.devices] == devices
@@ -254,10 +254,10 @@ def test_answer_by_strategy(
 
 
 def test_no_device_nodes_when_a_minor_is_unknown() -> None:
-    gpus = [allocating.NodeGpu(0, "U0", minor=None)]
+    gpus = [handover.NodeGpu(0, "U0", minor=None)]
     chosen = allocating.candidate(standin.pod("p", [0], ["U0"]), standin.NODE, gpus)
     assert chosen is not None
-    response = allocating.answer(chosen, gpus, allocating.Options(allocating.Strategy.ENVVAR))
+    response = allocating.answer(chosen, gpus, handover.Options(handover.Strategy.ENVVAR))
     assert not response.devices
 
 
@@ -268,7 +268,8 @@ def test_memory_only_share_gets_all_threads_and_its_memory() -> None:
     assert chosen is not None
     response = allocating.answer(chosen, GPUS, OPTIONS[0])
     assert response.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
-    assert response.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=512M"
+    # the limit covers the H100's CUDA context at 100 % of threads (issue 43)
+    assert response.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=1156M"  # 512 + 144 + 500
 
 
 def test_a_share_without_mps_is_refused() -> None:
@@ -276,8 +277,8 @@ def test_a_share_without_mps_is_refused() -> None:
         standin.pod("s", [2], [GPUS[2].uuid], milli=500, memory_mib=512), standin.NODE, GPUS
     )
     assert chosen is not None
-    with pytest.raises(allocating.Refusal, match="MPS"):
-        allocating.answer(chosen, GPUS, allocating.Options())
+    with pytest.raises(handover.Refusal, match="MPS"):
+        allocating.answer(chosen, GPUS, handover.Options())
 
 
 def test_indices_only_assignment_maps_through_this_nodes_uuids() -> None:
@@ -331,8 +332,8 @@ async def test_pod_view_follows_only_this_nodes_pods(
 
 
 def test_a_daemon_per_gpu_gives_each_share_its_own_gpus_directory() -> None:
-    per_gpu = {gpu.uuid: allocating.Mps(f"/run/gpuplace/mps/{gpu.index}") for gpu in GPUS[:4]}
-    options = allocating.Options(mps=per_gpu)
+    per_gpu = {gpu.uuid: handover.Mps(f"/run/gpuplace/mps/{gpu.index}") for gpu in GPUS[:4]}
+    options = handover.Options(mps=per_gpu)
     here = allocating.candidate(
         standin.pod("here", [3], [GPUS[3].uuid], milli=500), standin.NODE, GPUS
     )
@@ -343,5 +344,5 @@ def test_a_daemon_per_gpu_gives_each_share_its_own_gpus_directory() -> None:
         standin.pod("missing", [6], [GPUS[6].uuid], milli=500), standin.NODE, GPUS
     )
     assert missing is not None
-    with pytest.raises(allocating.Refusal, match="MPS"):
+    with pytest.raises(handover.Refusal, match="MPS"):
         allocating.answer(missing, GPUS, options)

@@ -75,3 +75,39 @@ def test_no_sample_since_is_an_empty_answer_and_other_errors_are_nvmls(
     answer = pynvml.NVML_ERROR_NOT_SUPPORTED
     with pytest.raises(nvml.NvmlError, match="Not Supported"):
         real.process_utilization(0, 0)
+
+
+def test_the_drivers_reservation_is_read_through_the_second_memory_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 43: `reserved` is only in nvmlDeviceGetMemoryInfo_v2 (nvidia-smi's "reserved");
+    a driver without that call answers Function Not Found, which the agent takes for Not
+    Supported and falls back on the idle reading (`gpuplace.agent.capacity`)."""
+
+    def second(handle: object, memory: Any) -> int:
+        found = memory._obj
+        assert found.version == pynvml.nvmlMemory_v2
+        found.total, found.reserved = 81559 << 20, 480 << 20
+        return int(pynvml.NVML_SUCCESS)
+
+    driver(monkeypatch, {"nvmlDeviceGetMemoryInfo_v2": second})
+    assert nvml.Real().memory_reserved(0) == 480 << 20
+    driver(monkeypatch, {})
+    with pytest.raises(nvml.NvmlError) as raised:
+        nvml.Real().memory_reserved(0)
+    assert raised.value.not_supported
+
+
+def test_a_followed_replay_reads_its_file_again_when_it_changes(tmp_path: Any) -> None:
+    path = tmp_path / "reading.json"
+    path.write_text('{"count": 1, "gpus": [{"index": 0, "uuid": "GPU-a"}]}')
+    replay = nvml.Replay.load(path, follow=True)
+    assert replay.uuid(0) == "GPU-a"
+    written = tmp_path / "next.json"
+    written.write_text('{"count": 1, "gpus": [{"index": 0, "uuid": "GPU-b"}]}')
+    written.replace(path)
+    assert replay.gpu_count() == 1 and replay.uuid(0) == "GPU-b"  # a pass starts with the count
+    path.write_text("{half a docu")  # caught mid-write: the last reading stays
+    assert replay.gpu_count() == 1 and replay.uuid(0) == "GPU-b"
+    unfollowed = nvml.Replay({"count": 2, "gpus": []})
+    assert unfollowed.gpu_count() == 2  # a reading given as an object is never re-read

@@ -16,12 +16,12 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpuplace.agent import allocating, plugin
+from gpuplace.agent import allocating, handover, plugin
 from gpuplace.agent.deviceplugin import api_pb2
 from gpuplace.cluster import keys
 from tests.agent import kubelet as standin
 
-MPS = allocating.Mps(pipe_dir="/run/gpuplace/mps/pipe", shm_dir="/run/gpuplace/mps/shm")
+MPS = handover.Mps(pipe_dir="/run/gpuplace/mps/pipe", shm_dir="/run/gpuplace/mps/shm")
 
 
 @pytest.fixture
@@ -35,14 +35,14 @@ def directory() -> Iterator[Path]:
 class Node:
     """A plugin server and a kubelet stand-in sharing one device-plugins directory."""
 
-    def __init__(self, directory: Path, gpus: list[allocating.NodeGpu], **kwargs: object) -> None:
+    def __init__(self, directory: Path, gpus: list[handover.NodeGpu], **kwargs: object) -> None:
         self.gpus = gpus
         self.view = plugin.PodView()
         self.view.replace([])
         self.mps_ready = asyncio.Event()
         self.mps_ready.set()
         self.registry = CollectorRegistry()
-        options = kwargs.pop("options", allocating.Options(mps=MPS))
+        options = kwargs.pop("options", handover.Options(mps=MPS))
         self.server = plugin.PluginServer(
             node=standin.NODE,
             gpus=gpus,
@@ -79,13 +79,13 @@ class Node:
 
 @pytest.fixture
 def node(directory: Path) -> Callable[..., Node]:
-    def make(gpus: list[allocating.NodeGpu] | None = None, **kwargs: object) -> Node:
+    def make(gpus: list[handover.NodeGpu] | None = None, **kwargs: object) -> Node:
         return Node(directory, gpus if gpus is not None else standin.eight_gpus(), **kwargs)
 
     return make
 
 
-def uuids(gpus: list[allocating.NodeGpu], *indices: int) -> list[str]:
+def uuids(gpus: list[handover.NodeGpu], *indices: int) -> list[str]:
     return [gpus[index].uuid for index in indices]
 
 
@@ -144,7 +144,8 @@ async def test_a_share_gets_mps_and_its_limits(node: Callable[..., Node]) -> Non
             "NVIDIA_VISIBLE_DEVICES": "void",
             "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
-            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M",
+            # the ask and the H100's CUDA context at 25 % (144 + 5 × 25 MiB): issue 43
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4365M",
         }
         assert [(m.host_path, m.container_path) for m in answer.mounts] == [
             ("/run/gpuplace/mps/pipe", "/tmp/nvidia-mps"),
@@ -262,7 +263,7 @@ async def test_health_change_resends_the_list_and_refuses_the_sick_gpu(
     async with node() as n:
         lists = n.kubelet.lists
         sick = [
-            allocating.NodeGpu(g.index, g.uuid, healthy=g.index != 2, numa=g.numa, minor=g.minor)
+            handover.NodeGpu(g.index, g.uuid, healthy=g.index != 2, numa=g.numa, minor=g.minor)
             for g in n.gpus
         ]
         n.server.set_gpus(sick)
@@ -300,7 +301,7 @@ async def test_registration_is_retried_until_the_kubelet_answers(directory: Path
         node=standin.NODE,
         gpus=gpus,
         pods=view,
-        options=allocating.Options(),
+        options=handover.Options(),
         directory=str(directory),
         poll_seconds=0.05,
         registry=CollectorRegistry(),
@@ -486,7 +487,7 @@ async def test_stop_ends_the_plugin_while_no_kubelet_answers(directory: Path) ->
         node=standin.NODE,
         gpus=standin.eight_gpus(),
         pods=plugin.PodView(),
-        options=allocating.Options(),
+        options=handover.Options(),
         directory=str(directory),
         registry=CollectorRegistry(),
     )
@@ -512,3 +513,19 @@ async def test_a_share_waits_for_the_daemon_of_its_own_gpu(node: Callable[..., N
         n.server.mps_changed()
         answer = await asyncio.wait_for(admitting, 2)
         assert answer.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+
+
+async def test_an_empty_preferred_allocation_is_answered_at_once(
+    node: Callable[..., Node],
+) -> None:
+    """Issue 43: a GetPreferredAllocation naming no container waited the whole allocate
+    wait (5 s by default) before its empty answer; there is no pod to wait for."""
+    async with node() as n:
+        n.server.wait_seconds = 5.0  # the agent's default --allocate-wait-seconds
+        started = asyncio.get_running_loop().time()
+        answer = await n.kubelet._stub().GetPreferredAllocation(
+            api_pb2.PreferredAllocationRequest()
+        )
+        took = asyncio.get_running_loop().time() - started
+        assert list(answer.container_responses) == []
+        assert took < 1.0, f"an empty request took {took:.2f} s"

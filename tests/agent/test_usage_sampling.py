@@ -86,7 +86,7 @@ def test_plain_client_memory_goes_to_its_pod(tmp_path: Path) -> None:
     sample = meter(reading("plain-client"), tmp_path).measure([pod("train", 5), pod("other", 6)])
     assert by_pod(sample) == {
         "train": usage_sampling.PodUse(
-            uid_of(5), "research", "train", 0, H100, memory_used=3860856832, sm=None
+            uid_of(5), "research", "train", 0, H100, memory_used=3860856832, sm=None, processes=1
         )
     }
     assert (sample.attributed, sample.unattributed) == (1, 0)
@@ -109,10 +109,10 @@ def test_mps_clients_go_to_their_pods_and_the_server_to_none(tmp_path: Path) -> 
     sample = meter(reading("mps-clients"), tmp_path).measure(pods)
     assert by_pod(sample) == {
         "big": usage_sampling.PodUse(
-            uid_of(1), "research", "big", 0, H100, 2353004544, None, 8192 * MIB, 0.3
+            uid_of(1), "research", "big", 0, H100, 2353004544, None, 8192 * MIB, 0.3, 1, 300
         ),
         "small": usage_sampling.PodUse(
-            uid_of(2), "research", "small", 0, H100, 1224736768, None, 4096 * MIB, 0.2
+            uid_of(2), "research", "small", 0, H100, 1224736768, None, 4096 * MIB, 0.2, 1, 200
         ),
     }
     assert (sample.attributed, sample.unattributed) == (2, 0)
@@ -131,7 +131,7 @@ def test_the_real_clients_cgroups_are_in_no_pod(tmp_path: Path) -> None:
     # the granted pod has no process on the GPU: 0 used (the list was read), its grant shown
     assert by_pod(sample) == {
         "big": usage_sampling.PodUse(
-            uid_of(1), "research", "big", 0, H100, 0, None, 8192 * MIB, 0.3
+            uid_of(1), "research", "big", 0, H100, 0, None, 8192 * MIB, 0.3, 0, 300
         )
     }
     assert (sample.attributed, sample.unattributed) == (0, 2)
@@ -354,7 +354,7 @@ def test_an_idle_mps_server_in_the_agents_pod_is_charged_to_no_pod(tmp_path: Pat
     sample = taking.measure([agent, pod("big", 1, milli=300, memory_mib=8192)])
     assert by_pod(sample) == {
         "big": usage_sampling.PodUse(
-            uid_of(1), "research", "big", 0, H100, 0, None, 8192 * MIB, 0.3
+            uid_of(1), "research", "big", 0, H100, 0, None, 8192 * MIB, 0.3, 0, 300
         )
     }
     assert (sample.attributed, sample.unattributed) == (0, 0)

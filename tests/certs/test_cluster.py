@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuplace import certs_k8s, cli
+from gpuplace import cli
 from gpuplace.certs import bundles, checking, issuing, pairs, renewal
+from gpuplace.cluster import certificates
 from gpuplace.commands import certs as certs_command
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import MUTATING_WEBHOOKS as MUTATING
@@ -229,7 +230,7 @@ def test_unusable_secret_is_never_overwritten(
         "data": {"ca.crt": junk, "ca.key": junk},
     }
     server.call(lambda: server.api.create(secret))
-    with pytest.raises(certs_k8s.StoreError, match="Secret gpuplace/gpuplace-ca"):
+    with pytest.raises(certificates.StoreError, match="Secret gpuplace/gpuplace-ca"):
         run(rotate_argv(kubeconfig), NOW)
     assert writes(server) == []
 
@@ -295,17 +296,17 @@ async def test_module_against_the_local_api_directly(api: localapi.FakeApi) -> N
         localapi.serve(api) as server,
         client.ApiClient(server.configuration(localapi.CERTS)) as kube,
     ):
-        target = certs_k8s.Target()
-        outcome = await certs_k8s.rotate(
+        target = certificates.Target()
+        outcome = await certificates.rotate(
             kube, target, issuing.Spec(dns_names=NAMES), NOW, inject_bundle=True
         )
         assert outcome.injected == [
             "MutatingWebhookConfiguration/gpuplace",
             "ValidatingWebhookConfiguration/gpuplace",
         ]
-        stored = await certs_k8s.read(kube, target)
+        stored = await certificates.read(kube, target)
         assert stored.ca is not None and stored.ca.cert == outcome.material.ca.cert
-        assert await certs_k8s.published_bundle(kube, target) == outcome.material.bundle
+        assert await certificates.published_bundle(kube, target) == outcome.material.bundle
 
 
 def test_files_mode_with_inject_publishes_the_bundle_first(
@@ -321,7 +322,7 @@ def test_files_mode_with_inject_publishes_the_bundle_first(
 
     delete(server, VALIDATING)  # a failed publish leaves the files as they were
     before = (out / "tls.crt").read_bytes()
-    with pytest.raises(certs_k8s.StoreError):
+    with pytest.raises(certificates.StoreError):
         run(argv, NOW + timedelta(days=250))  # a serving renewal is due by then
     assert (out / "tls.crt").read_bytes() == before
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuplace import certs_files, cli
+from gpuplace import cli
 from gpuplace.certs import bundles, checking, issuing, pairs, renewal
+from gpuplace.certs import files as cert_files
 from gpuplace.commands import certs as certs_command
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
@@ -23,7 +24,7 @@ def mode(path: Path) -> int:
 
 def test_keys_are_written_0600_certificates_0644(tmp_path: Path) -> None:
     out = tmp_path / "tls"
-    written = certs_files.write(out, renewal.issue((), SPEC, NOW))
+    written = cert_files.write(out, renewal.issue((), SPEC, NOW))
     assert [p.name for p in written] == ["ca.key", "ca.crt", "ca-bundle.crt", "tls.key", "tls.crt"]
     assert mode(out) == 0o700
     assert mode(out / "ca.key") == 0o600
@@ -34,23 +35,23 @@ def test_keys_are_written_0600_certificates_0644(tmp_path: Path) -> None:
 
 def test_rewrite_keeps_modes_and_reads_back(tmp_path: Path) -> None:
     first = renewal.issue((), SPEC, NOW)
-    certs_files.write(tmp_path, first)
+    cert_files.write(tmp_path, first)
     (tmp_path / "tls.key").chmod(0o644)  # someone loosened it; the rewrite restores 0600
     second = renewal.issue(first.bundle, SPEC, NOW)
-    certs_files.write(tmp_path, second)
+    cert_files.write(tmp_path, second)
     assert mode(tmp_path / "tls.key") == 0o600
-    ca, serving, bundle = certs_files.read(tmp_path)
+    ca, serving, bundle = cert_files.read(tmp_path)
     assert ca is not None and serving is not None
     assert ca.cert == second.ca.cert and serving.cert == second.serving.cert
     assert bundle == second.bundle and len(bundle) == 2
 
 
 def test_read_of_an_empty_directory_and_of_half_a_pair(tmp_path: Path) -> None:
-    assert certs_files.read(tmp_path) == (None, None, ())
-    certs_files.write(tmp_path, renewal.issue((), SPEC, NOW))
+    assert cert_files.read(tmp_path) == (None, None, ())
+    cert_files.write(tmp_path, renewal.issue((), SPEC, NOW))
     (tmp_path / "tls.key").unlink()
     with pytest.raises(pairs.CertError, match="missing beside its pair"):
-        certs_files.read(tmp_path)
+        cert_files.read(tmp_path)
 
 
 def run(argv: list[str], now: datetime) -> tuple[int, str]:
@@ -83,7 +84,7 @@ def test_generate_rotate_check_on_files(tmp_path: Path) -> None:
     )
     assert code == 0
     assert "localhost" in text and "127.0.0.1" in text and "PRIVATE" not in text
-    ca, serving, _ = certs_files.read(Path(out))
+    ca, serving, _ = cert_files.read(Path(out))
     assert ca is not None and serving is not None
     assert checking.covers(serving.cert, ["localhost"], [issuing.parse_ip("127.0.0.1")])
 
@@ -124,7 +125,7 @@ def test_generate_rotate_check_on_files(tmp_path: Path) -> None:
 
     code, text = run(["certs", "rotate", "--out-dir", out], NOW + timedelta(days=300))
     assert code == 0 and "serving renewal was due" in text
-    _, renewed, _ = certs_files.read(Path(out))
+    _, renewed, _ = cert_files.read(Path(out))
     assert renewed is not None and renewed.cert != serving.cert
     assert "localhost" not in checking.dns_names(renewed.cert)  # not asked for this time
     assert run(check, NOW + timedelta(days=300))[0] == certs_command.EXIT_OK
@@ -133,11 +134,11 @@ def test_generate_rotate_check_on_files(tmp_path: Path) -> None:
 def test_generate_force_keeps_the_old_ca_trusted(tmp_path: Path) -> None:
     out = str(tmp_path)
     run(["certs", "generate", "--out-dir", out], NOW)
-    old_ca, old_serving, _ = certs_files.read(tmp_path)
+    old_ca, old_serving, _ = cert_files.read(tmp_path)
     assert old_ca is not None and old_serving is not None
     code, _ = run(["certs", "generate", "--out-dir", out, "--force"], NOW + timedelta(days=2))
     assert code == 0
-    new_ca, _, bundle = certs_files.read(tmp_path)
+    new_ca, _, bundle = cert_files.read(tmp_path)
     assert new_ca is not None and new_ca.cert != old_ca.cert
     assert set(bundle) == {old_ca.cert, new_ca.cert}
     # A replica still serving the old pair stays trusted.

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuplace.cluster import assignments, keys
+from gpuplace.cluster import assignments, keys, mps_limits
 from gpuplace.placement.inventory import Gpu, Node
 from gpuplace.placement.ledger import Grant, GrantState
 from gpuplace.placement.requests import GpuRequest
@@ -184,3 +184,29 @@ def test_a_stamp_far_ahead_of_the_clock_is_not_followed() -> None:
     stamps = assignments.Stamps()
     stamps.seen(2e9)
     assert stamps.next(1.7e9).timestamp() == 1.7e9
+
+
+def test_a_shares_mps_memory_limit_is_written_at_bind_with_its_gpus_context() -> None:
+    """Issue 43: the webhook's env path reads CUDA_MPS_PINNED_DEVICE_MEM_LIMIT through the
+    downward API from this annotation, which covers the CUDA context of the GPU granted."""
+    context = mps_limits.MODELS["NVIDIA-H100-80GB-HBM3"].context
+    h100 = Node(
+        name="n0",
+        cpu_milli=64000,
+        memory_mib=1 << 20,
+        gpus=(Gpu(0, "NVIDIA-H100-80GB-HBM3", 80960, context=context),),
+    )
+    share = assignments.annotations_for(Grant("u-1", "n0", (0,), 250, 2048), h100, AT)
+    assert share[keys.MPS_MEMORY_LIMIT] == "0=2317M"  # 2048 + 144 + 5 × 25
+    memory_only = assignments.annotations_for(Grant("u-1", "n0", (0,), 0, 1024), h100, AT)
+    assert memory_only[keys.MPS_MEMORY_LIMIT] == "0=1668M"  # 1024 + 144 + 5 × 100
+    for whole_or_no_memory in (Grant("u-1", "n0", (0,), 1000, 0), Grant("u", "n0", (0,), 500, 0)):
+        assert (
+            assignments.annotations_for(whole_or_no_memory, h100, AT)[keys.MPS_MEMORY_LIMIT] == ""
+        )
+    # a node gone from the inventory: the cautious default, never a limit below the ask's
+    gone = assignments.annotations_for(Grant("u-1", "n0", (0,), 250, 2048), None, AT)
+    assert gone[keys.MPS_MEMORY_LIMIT] == f"0={2048 + mps_limits.UNMEASURED.context.mib(250)}M"
+    assert keys.MPS_MEMORY_LIMIT in keys.SYSTEM_ANNOTATIONS and keys.MPS_MEMORY_LIMIT in (
+        assignments.KEYS
+    )

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from gpuplace.cluster import gpuqueues
-from gpuplace.placement import quotas
-from gpuplace.placement.quotas import ANY_MODEL, GPU_COMPUTE, GPU_MEMORY, GPUS, Quota
+from gpuplace.placement.queueing import quotas
+from gpuplace.placement.queueing.quotas import ANY_MODEL, GPU_COMPUTE, GPU_MEMORY, GPUS, Quota
 from tests.deploy import gpuqueue_cases as cases
 
 

@@ -18,9 +18,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-OVERLAYS = ("self-managed", "cert-manager", "self-managed-node-agent")
+OVERLAYS = ("self-managed", "cert-manager", "self-managed-node-agent", "self-managed-dra")
 NODE_AGENT = "overlays/self-managed-node-agent"
 """The shipped overlay that turns the node agent on (components/node-agent)."""
+DRA = "overlays/self-managed-dra"
+"""... and gpuplace on DRA for the nodes labelled so (components/dra)."""
 TREES = ("base", *(f"overlays/{name}" for name in OVERLAYS))
 
 Obj = dict[str, Any]

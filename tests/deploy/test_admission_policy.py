@@ -19,8 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import keys, nodes
+from gpuplace.cluster import gpu_bypass, grammar, keys, mps_limits, nodes
 from gpuplace.webhook import admission, mutating, reviews
 from gpuplace.webhook.config import WebhookConfig
 from gpuplace.webhook.inventory import FixedCapabilities
@@ -43,7 +42,8 @@ FIXTURES = rendering.ROOT.parent / "shared" / "fixtures" / "admission"
 
 
 def policy(name: str) -> Obj:
-    return rendering.one(rendering.render(rendering.NODE_AGENT), "ValidatingAdmissionPolicy", name)
+    # the DRA overlay holds every policy: the node-agent component's and the DRA one's
+    return rendering.one(rendering.render(rendering.DRA), "ValidatingAdmissionPolicy", name)
 
 
 @functools.cache
@@ -218,8 +218,8 @@ def test_the_deployed_webhook_writes_no_gpu_env_and_the_policy_allows_none() -> 
     legacy = mutating.env_vars(spec)
     assert {e["name"] for e in legacy} == {
         mutating.VISIBLE_DEVICES_ENV,
-        mutating.MPS_THREADS_ENV,
-        mutating.MPS_MEMORY_ENV,
+        mps_limits.THREADS_ENV,
+        mps_limits.MEMORY_ENV,
     }
     assert refusals(BYPASS, request("CREATE", with_env(pod, *legacy)))
 
@@ -360,6 +360,86 @@ def test_env_is_refused_exactly_when_it_names_gpus_or_mps(
     assert refused is not all(allowed_entry(e) for e in env)
 
 
+# --- `gpuplace preflight` judges existing pods as the policy judges their copies -------------
+
+
+def refused_again(pod: Obj) -> bool:
+    """Whether the policy refuses a CREATE of `pod` by a user for a reason that the
+    creation of its replacement would meet again: all but the assignment annotations'
+    rule (a replacement carries none)."""
+    spec = policy(BYPASS)["spec"]
+    again = {v["message"] for v in spec["validations"] if "message" in v}
+    assert len(again) == len(spec["validations"]) - 1  # env, mount, CDI; not the assignment
+    return bool(set(refusals(BYPASS, request("CREATE", pod))) & again)
+
+
+CREATED_BY_USERS = [
+    (case, body["object"])
+    for case, body, _ in BYPASS_TABLE
+    if body["operation"] == "CREATE" and body["userInfo"]["username"] != SIDECAR
+]
+"""The table's pods as a user creates them: what a controller creates again."""
+
+
+@pytest.mark.parametrize(("case", "pod"), CREATED_BY_USERS, ids=[c for c, _ in CREATED_BY_USERS])
+def test_preflight_names_what_the_policy_refuses_in_the_bypass_table(case: str, pod: Obj) -> None:
+    # as a pod gpuplace's webhook did not mutate: on one it did, the GPU env the webhook
+    # writes is not counted (the next test), whoever wrote it
+    pod = copy.deepcopy(pod)
+    pod["metadata"].get("labels", {}).pop(keys.MANAGED, None)
+    assert bool(gpu_bypass.reasons(pod)) is refused_again(pod), (case, gpu_bypass.reasons(pod))
+
+
+MOUNTS = st.sampled_from(
+    [None, "/data", "/var/run/nvidia-container-devices/all", "/run/nvidia-container-devices/0"]
+)
+
+
+@settings(deadline=None, max_examples=60)  # CEL by cel-python: 100-300 ms an example
+@given(st.lists(ENTRY, max_size=4), MOUNTS, st.booleans(), st.booleans())
+def test_preflight_judges_a_pod_as_the_policy_judges_its_copy(
+    env: list[Obj], mount: str | None, cdi: bool, init: bool
+) -> None:
+    pod = with_env(helpers.pod(), *env, field="initContainers" if init else "containers")
+    if mount is not None:
+        pod = with_mount(pod, mount)
+    if cdi:
+        pod = annotated(pod, **{"cdi.k8s.io/gpu": "nvidia.com/gpu=all"})
+    existing = served(pod)  # as a list of the API answers it
+    assert existing is not None
+    assert bool(gpu_bypass.reasons(existing)) is refused_again(pod)
+
+
+@pytest.mark.parametrize("node_agent", [False, True])
+def test_preflight_leaves_the_gpu_env_gpuplaces_webhook_writes_alone(node_agent: bool) -> None:
+    """A GPU pod mutated before the node agent carries the webhook's own GPU env, which
+    the policy would refuse on the pod as stored; its replacement is mutated again (with
+    --node-agent=true: no env), so preflight does not count it. `WEBHOOK_ENV` is what
+    the webhook writes."""
+    capabilities = nodes.inventory(helpers.node_list()["items"]).capabilities()
+    reviewer = admission.Reviewer(
+        WebhookConfig(node_agent=node_agent), FixedCapabilities(capabilities)
+    )
+    asked = helpers.pod({keys.GPU_PERCENT: "25", keys.GPU_MEMORY: "2Gi"})
+    wire = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": request("CREATE", asked)}  # fmt: skip
+    decision = reviewer.mutate(reviews.AdmissionReview.model_validate(wire).request)
+    stored: Obj = jsonpatch.apply_patch(asked, decision.ops)
+    written = {
+        e["name"]: e.get("valueFrom") for e in stored["spec"]["containers"][0].get("env", [])
+    }
+    if node_agent:
+        assert written == {}
+    else:
+        assert written == gpu_bypass.WEBHOOK_ENV
+        assert refused_again(stored)  # as stored, the policy would refuse it
+    assert gpu_bypass.reasons(stored) == []
+    stored["spec"]["containers"][0].setdefault("env", []).append(
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}
+    )
+    assert gpu_bypass.reasons(stored) == ["container main sets NVIDIA_VISIBLE_DEVICES=all"]
+
+
 def test_the_binding_spares_only_the_nodes_own_machinery() -> None:
     objects = rendering.render(rendering.NODE_AGENT)
     binding = rendering.one(objects, "ValidatingAdmissionPolicyBinding", BYPASS)
@@ -374,6 +454,10 @@ def test_the_binding_spares_only_the_nodes_own_machinery() -> None:
         ({"kubernetes.io/metadata.name": "gpu-operator", "gpuplace.io/gpu-system": "true"}, False),
     ):
         assert rendering.selects(selector, labels) is judged, labels
+        # `gpuplace preflight` spares the namespaces the binding spares
+        name = labels["kubernetes.io/metadata.name"]
+        assert gpu_bypass.judged(name, labels) is judged, labels
+    assert keys.GPU_SYSTEM in {e["key"] for e in selector["matchExpressions"]}
     assert policy(BYPASS)["spec"]["failurePolicy"] == "Fail"
     own = rendering.one(objects, "ValidatingAdmissionPolicyBinding", OWN_NODE)
     assert own["spec"] == {"policyName": OWN_NODE, "validationActions": ["Deny"]}

@@ -11,8 +11,8 @@ from datetime import timedelta
 
 import pytest
 
-from gpuplace import certs_k8s
 from gpuplace.certs import issuing
+from gpuplace.cluster import certificates
 from tests.deploy.rendering import Obj, named, one, render
 
 CERTIFICATE_SPEC = {
@@ -75,7 +75,7 @@ def test_serving_certificate_matches_service_secret_and_renewal_policy(objects: 
     assert tuple(serving["dnsNames"]) == issuing.service_names(
         service["name"], service["namespace"]
     )
-    assert serving["secretName"] == certs_k8s.DEFAULT_SECRET
+    assert serving["secretName"] == certificates.DEFAULT_SECRET
     pod = one(objects, "Deployment", "gpuplace")["spec"]["template"]["spec"]
     assert any(
         v.get("secret", {}).get("secretName") == serving["secretName"] for v in pod["volumes"]

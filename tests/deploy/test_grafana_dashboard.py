@@ -40,14 +40,14 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from gpuplace import composing
 from gpuplace.agent import nvml
-from gpuplace.agent_settings import AgentSettings
 from gpuplace.commands import node_agent
 from gpuplace.dev import localapi
 from gpuplace.queues.metrics import QueueMetrics
-from gpuplace.settings import Settings
 from gpuplace.usage import names as usage_names
+from gpuplace.wiring import composing
+from gpuplace.wiring.agent_settings import AgentSettings
+from gpuplace.wiring.settings import Settings
 from tests.agent.kubelet import gpu_fixture
 from tests.deploy import rendering
 from tests.webhook import helpers

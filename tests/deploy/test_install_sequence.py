@@ -37,6 +37,7 @@ BUILT_IN_GROUPS = frozenset(
         "coordination.k8s.io",
         "apiextensions.k8s.io",
         "flowcontrol.apiserver.k8s.io",
+        "resource.k8s.io",
     }
 )
 CLUSTER_SCOPED = frozenset(
@@ -52,6 +53,7 @@ CLUSTER_SCOPED = frozenset(
         "CustomResourceDefinition",
         "ClusterIssuer",
         "FlowSchema",
+        "DeviceClass",
     }
 )
 CERT_MANAGER = "cert-manager.io"
@@ -236,6 +238,9 @@ def test_the_old_sequence_fails_as_it_did_on_a_real_cluster() -> None:
     assert {error.partition(":")[0] for error in errors} >= added_since
     assert len(errors) == 17 + len(added_since)
     assert all(error.endswith('namespaces "gpuplace" not found') for error in errors)
+    # docs/deploy.md tells the reader how many to expect (issue 46: it said 17)
+    told = re.search(r"\((\d+) with the self-managed overlay\)", DOC.read_text())
+    assert told is not None and int(told.group(1)) == len(errors)
 
 
 def test_a_plain_create_namespace_would_break_the_upgrade() -> None:
@@ -254,3 +259,14 @@ def test_cert_manager_overlay_needs_cert_manager() -> None:
         play(documented(), "cert-manager")
     kinds = {re.sub(r'.*kind "(\w+)".*', r"\1", error) for error in failed.value.errors}
     assert kinds == {"Certificate", "Issuer"}
+
+
+def test_steps_4_and_5_are_the_lines_the_image_tier_runs() -> None:
+    """The real-cluster tier's install from the image (tests/realcluster/pods.py) plays
+    docs/deploy.md's steps 4 and 5 from its own copies of the lines: they must be the
+    document's, to the character (NODE stands for the node's name in both)."""
+    from tests.realcluster import pods
+
+    text = DOC.read_text()
+    for line in (*pods.CERTS_STEP, *pods.ROLLOUT_STEP):
+        assert f"\n     {line}\n" in text or f"\n   {line}\n" in text, line

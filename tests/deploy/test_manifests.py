@@ -14,11 +14,12 @@ import pytest
 import yaml
 from kubernetes_validate import utils as validate_utils
 
-from gpuplace import certs_k8s, cli
+from gpuplace import cli
 from gpuplace.certs import issuing
-from gpuplace.cluster import keys
+from gpuplace.cluster import certificates, keys
 from tests.deploy import rendering
 from tests.deploy.rendering import Obj, container, named, one, render
+from tests.docs import clitree
 
 ROOT = rendering.ROOT
 _VERSION_FILE = ROOT.parent / "shared" / "fixtures" / "k8s-version.txt"
@@ -89,6 +90,7 @@ def test_names_are_unique_and_namespaced_objects_live_in_gpuplace(tree: str) -> 
         "ValidatingAdmissionPolicyBinding",
         "CustomResourceDefinition",
         "FlowSchema",
+        "DeviceClass",
     }
     for obj in objects:
         ns = obj["metadata"].get("namespace")
@@ -229,15 +231,15 @@ def test_tls_secret_is_the_one_the_certificates_are_written_to(deployment: Obj) 
         if m["mountPath"] == "/etc/gpuplace/tls"
     )
     volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
-    assert volume["secret"]["secretName"] == certs_k8s.DEFAULT_SECRET
+    assert volume["secret"]["secretName"] == certificates.DEFAULT_SECRET
     assert all("gpuplace-ca" not in str(v) for v in pod["volumes"])  # never the CA key
     cron = one(render("overlays/self-managed"), "CronJob", "gpuplace-certs")
     args = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:2] == ["certs", "rotate"]
-    assert f"--secret={certs_k8s.DEFAULT_SECRET}" in args and "--inject" in args
+    assert f"--secret={certificates.DEFAULT_SECRET}" in args and "--inject" in args
     assert f"--service={SERVICE}" in args and f"--namespace={NAMESPACE}" in args
     parsed = cli.build_parser().parse_args(args)
-    assert parsed.ca_secret == certs_k8s.Target.__dataclass_fields__["ca_secret"].default
+    assert parsed.ca_secret == certificates.Target.__dataclass_fields__["ca_secret"].default
 
 
 def test_critical_pods_are_admitted_by_a_scoped_quota(deployment: Obj) -> None:
@@ -289,6 +291,35 @@ def test_network_policy(deployment: Obj) -> None:
     api, dns = spec["egress"]
     assert sorted(p["port"] for p in api["ports"]) == [443, 6443]
     assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {(53, "UDP"), (53, "TCP")}
+
+
+def test_the_documented_prometheus_egress_widens_the_policy_for_load_aware(
+    deployment: Obj,
+) -> None:
+    """docs/deploy.md's second NetworkPolicy (issue 46): valid as the API server reads it,
+    it selects the pods the shipped policy locks down and opens egress to the port of
+    `--usage-prometheus`'s example in `serve --help`."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    block = text[text.index("<!-- prometheus-egress") :]
+    block = block[block.index("```yaml") + len("```yaml") : block.index("```\n", 10)]
+    policy = yaml.safe_load(block)
+    kubernetes_validate.validate(policy, K8S_VERSION.lstrip("v"), strict=True)
+    assert policy["kind"] == "NetworkPolicy" and policy["metadata"]["namespace"] == NAMESPACE
+    shipped = one(render("base"), "NetworkPolicy", "gpuplace")
+    assert policy["spec"]["podSelector"] == shipped["spec"]["podSelector"]
+    assert rendering.selects(
+        policy["spec"]["podSelector"], deployment["spec"]["template"]["metadata"]["labels"]
+    )
+    assert policy["spec"]["policyTypes"] == ["Egress"]
+    (flag,) = [
+        a
+        for a in clitree.options(clitree.parser_of("serve"))
+        if "--usage-prometheus" in a.option_strings
+    ]
+    example = re.search(r"e\.g\. http://[\w.-]+:(\d+)", flag.help or "")
+    assert example, flag.help
+    port = int(example.group(1))
+    assert [p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]] == [port]
 
 
 # --- the webhook configurations ------------------------------------------------------------

@@ -11,8 +11,8 @@ import pytest
 
 from gpuplace import cli
 from gpuplace.agent import mps
-from gpuplace.agent_settings import AgentSettings
 from gpuplace.cluster import keys
+from gpuplace.wiring.agent_settings import AgentSettings
 from tests.deploy import rendering
 from tests.deploy.rendering import Obj, container, one, render
 

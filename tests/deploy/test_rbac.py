@@ -4,6 +4,7 @@ pinned wherever Kubernetes allows it, and every verb is commented with why in de
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 
@@ -12,8 +13,9 @@ import yaml
 from kubernetes_asyncio import client
 
 from gpuplace.cluster import kube
+from gpuplace.commands import node_agent as node_agent_command
 from gpuplace.dev.localapi import access
-from gpuplace.sidecar import SidecarSettings
+from gpuplace.wiring.settings import SidecarSettings
 from tests.deploy import rendering
 from tests.deploy.rendering import Obj, named, one, render
 
@@ -74,12 +76,25 @@ NODE_AGENT: set[Grant] = {
     ("", "nodes", "patch", ()),
     ("", "pods", "list", ()),
     ("", "pods", "watch", ()),
+    ("", "pods/eviction", "create", ()),
+    ("", "events", "create", ()),
+    ("", "events", "patch", ()),
 }
-NAMESPACE_OF = {"gpuplace-node-agent": "kube-system"}
+DRA_NODE_AGENT: set[Grant] = {
+    ("resource.k8s.io", "resourceslices", verb, ())
+    for verb in ("list", "watch", "create", "update", "delete")
+} | {("resource.k8s.io", "resourceclaims", "get", ()), ("", "nodes", "get", ())}
+"""ClusterRole `gpuplace-node-agent-dra` (components/dra), on top of `gpuplace-node-agent`."""
+GPUPLACE_DRA: set[Grant] = {
+    ("resource.k8s.io", "resourceslices", "get", ()),
+    ("resource.k8s.io", "resourceslices", "update", ()),
+}
+"""ClusterRole `gpuplace-dra`: the sidecar's silence taints (--dra-silence-taints)."""
+NAMESPACE_OF = {"gpuplace-node-agent": "kube-system", "gpuplace-node-agent-dra": "kube-system"}
 """Identities outside the gpuplace namespace (the node agent, a node daemon)."""
 
 # identity -> {(binding kind, role kind, role name, binding namespace)}
-BINDINGS = {
+BINDINGS: dict[str, set[tuple[str, str, str, str | None]]] = {
     "gpuplace": {
         ("ClusterRoleBinding", "ClusterRole", "gpuplace", None),
         ("ClusterRoleBinding", "ClusterRole", "gpuplace-queues", None),
@@ -99,6 +114,16 @@ BINDINGS = {
         ("ClusterRoleBinding", "ClusterRole", "gpuplace-node-agent", None),
     },
 }
+DRA_BINDINGS = {
+    **BINDINGS,
+    "gpuplace": BINDINGS["gpuplace"]
+    | {("ClusterRoleBinding", "ClusterRole", "gpuplace-dra", None)},
+    "gpuplace-node-agent-dra": {
+        ("ClusterRoleBinding", "ClusterRole", "gpuplace-node-agent", None),
+        ("ClusterRoleBinding", "ClusterRole", "gpuplace-node-agent-dra", None),
+    },
+}
+"""With components/dra (overlays/self-managed-dra)."""
 
 
 def grants(role: Obj) -> set[Grant]:
@@ -127,17 +152,28 @@ def bindings_of(objects: list[Obj], account: str) -> set[tuple[str, str, str, st
 
 @pytest.fixture(scope="module")
 def objects() -> list[Obj]:
-    return render(rendering.NODE_AGENT)  # every identity deploy/ ships
+    return render(rendering.NODE_AGENT)  # every identity deploy/ ships but DRA's
 
 
-def test_each_identity_is_bound_to_exactly_its_roles(objects: list[Obj]) -> None:
-    for account, wanted in BINDINGS.items():
-        assert bindings_of(objects, account) == wanted, account
+@pytest.fixture(scope="module")
+def dra_objects() -> list[Obj]:
+    return render(rendering.DRA)  # and with DRA
+
+
+@pytest.mark.parametrize("tree", ["node-agent", "dra"])
+def test_each_identity_is_bound_to_exactly_its_roles(
+    objects: list[Obj], dra_objects: list[Obj], tree: str
+) -> None:
+    rendered, bindings = (
+        (objects, BINDINGS) if tree == "node-agent" else (dra_objects, DRA_BINDINGS)
+    )
+    for account, wanted in bindings.items():
+        assert bindings_of(rendered, account) == wanted, account
     # No binding names any other subject (no groups, users or default accounts).
-    for obj in objects:
+    for obj in rendered:
         if obj["kind"] in ("RoleBinding", "ClusterRoleBinding"):
             for subject in obj["subjects"]:
-                assert subject["kind"] == "ServiceAccount" and subject["name"] in BINDINGS
+                assert subject["kind"] == "ServiceAccount" and subject["name"] in bindings
                 assert subject["namespace"] == NAMESPACE_OF.get(subject["name"], "gpuplace")
 
 
@@ -164,6 +200,18 @@ def test_our_roles_grant_exactly_the_documented_verbs(objects: list[Obj]) -> Non
         "gpuplace-read-scheduler-lease",
         "gpuplace-scheduler-leader-election",
         "gpuplace-certs",
+    }
+
+
+def test_the_dra_component_adds_exactly_its_roles(
+    objects: list[Obj], dra_objects: list[Obj]
+) -> None:
+    before, after = named(objects, "ClusterRole"), named(dra_objects, "ClusterRole")
+    assert set(after) - set(before) == {"gpuplace-node-agent-dra", "gpuplace-dra"}
+    assert grants(after["gpuplace-node-agent-dra"]) == DRA_NODE_AGENT
+    assert grants(after["gpuplace-dra"]) == GPUPLACE_DRA
+    assert {name: grants(role) for name, role in before.items()} == {
+        name: grants(after[name]) for name in before
     }
 
 
@@ -221,6 +269,7 @@ def test_leases_named_in_rbac_are_the_scheduler_lease(objects: list[Obj]) -> Non
 
 
 RBAC_SOURCES = [
+    rendering.DEPLOY / "components" / "dra" / "rbac-dra.yaml",
     rendering.DEPLOY / "base" / "rbac-gpuplace.yaml",
     rendering.DEPLOY / "base" / "rbac-scheduler.yaml",
     rendering.DEPLOY / "base" / "rbac-queues.yaml",
@@ -249,6 +298,7 @@ GROUP_OF = {
     "coordination": "coordination.k8s.io",
     "policy": "policy",
     "custom": "gpuplace.io",
+    "resource": "resource.k8s.io",
 }
 """`gpuplace.cluster.kube.Kube`'s generated clients, by attribute, and their API groups
 (`custom`, the CustomObjectsApi, serves GpuQueues only)."""
@@ -263,7 +313,7 @@ KUBE = rendering.ROOT / "gpuplace" / "cluster" / "kube.py"
 SIDECAR_ROOMS = ("gpuplace",)
 """The package whose API calls must all go through `gpuplace.cluster.kube` (every room's,
 the node agent's too)."""
-OWN_CLIENTS = {rendering.ROOT / "gpuplace" / "certs_k8s.py"}
+OWN_CLIENTS = {rendering.ROOT / "gpuplace" / "cluster" / "certificates.py"}
 """The certs job's calls (identity gpuplace-certs), checked by their own test below."""
 GENERATED_METHODS = {
     name
@@ -291,7 +341,22 @@ def api_calls(path: Path = KUBE, clients: dict[str, str] = GROUP_OF) -> set[tupl
     return found
 
 
+AGENT_ONLY = {
+    ("", "read_node"),
+    ("resource.k8s.io", "read_namespaced_resource_claim"),
+    ("resource.k8s.io", "create_resource_slice"),
+    ("resource.k8s.io", "delete_resource_slice"),
+    ("resource.k8s.io", "list_resource_slice"),
+}
+"""Calls only the DRA node agent makes (its RBAC: components/dra)."""
+DRA_SIDECAR = {
+    ("resource.k8s.io", "read_resource_slice"),
+    ("resource.k8s.io", "replace_resource_slice"),
+}
+"""The sidecar's calls with --dra-silence-taints (granted by components/dra only)."""
 ONE_OFF_LISTS = {"list_namespaced_pod_disruption_budget": "poddisruptionbudgets"}
+KINDS = {"resource_slice": "resourceslices", "resource_claim": "resourceclaims"}
+"""Generated method names whose kind is two words."""
 """Lists made once, with no watch after them (no informer), and their resources."""
 
 
@@ -306,6 +371,8 @@ def needed(method: str) -> set[tuple[str, str]]:
         return CUSTOM_OBJECTS[method]
     action, _, rest = method.partition("_")
     rest = rest.removeprefix("namespaced_").removesuffix("_for_all_namespaces")
+    if rest in KINDS:
+        return {(KINDS[rest], verb) for verb in VERB_OF[action]}
     kind, _, sub = rest.partition("_")
     resource = f"{kind}s" + (f"/{sub}" if sub else "")
     return {(resource, verb) for verb in VERB_OF[action]}
@@ -343,7 +410,7 @@ def test_the_scan_sees_calls_outside_kube() -> None:
 
 def test_rbac_covers_every_call_the_sidecar_makes(objects: list[Obj]) -> None:
     granted = granted_to(objects, "gpuplace")
-    calls = api_calls() - CLI_ONLY
+    calls = api_calls() - CLI_ONLY - AGENT_ONLY - DRA_SIDECAR
     # the scan works, and sees every client Kube holds
     assert {("", "create_namespaced_pod_binding"), ("", "patch_node_status")} <= calls
     assert ("coordination.k8s.io", "read_namespaced_lease") in calls
@@ -361,12 +428,20 @@ def test_rbac_covers_every_call_the_sidecar_makes(objects: list[Obj]) -> None:
 AGENT_SOURCES = (
     rendering.ROOT / "gpuplace" / "agent",
     rendering.ROOT / "gpuplace" / "commands" / "node_agent.py",
+    # the Events it writes go through the sidecar's Recorder (built in node_agent.py)
+    rendering.ROOT / "gpuplace" / "cluster" / "recording.py",
 )
 KUBE_NEEDS: dict[str, set[tuple[str, str, str]]] = {
     "patch_node": {("", "nodes", "patch")},
     "get_pod": {("", "pods", "get")},
+    "evict_pod": {("", "pods/eviction", "create")},
     "create_event": {("", "events", "create")},
     "patch_event": {("", "events", "patch")},
+    "get_node": {("", "nodes", "get")},
+    "get_resource_claim": {("resource.k8s.io", "resourceclaims", "get")},
+    "create_resource_slice": {("resource.k8s.io", "resourceslices", "create")},
+    "replace_resource_slice": {("resource.k8s.io", "resourceslices", "update")},
+    "delete_resource_slice": {("resource.k8s.io", "resourceslices", "delete")},
 }
 """What each `gpuplace.cluster.kube.Kube` method the node agent calls needs (a method missing here
 fails the test below: add it with its grants)."""
@@ -394,16 +469,65 @@ def informers_started(*sources: Path) -> set[str]:
     return found
 
 
-def test_rbac_covers_every_call_the_node_agent_makes(objects: list[Obj]) -> None:
+DRA_ONLY = {
+    "get_node",
+    "get_resource_claim",
+    "create_resource_slice",
+    "replace_resource_slice",
+    "delete_resource_slice",
+}
+"""`Kube` methods only the DRA side of the agent calls (--kubelet-plugin=dra)."""
+DRA_MODULES = {
+    rendering.ROOT / "gpuplace" / "agent" / "kubeletplugin.py",
+    rendering.ROOT / "gpuplace" / "agent" / "slices.py",
+}
+GROUP_OF_RESOURCE = {"resourceslices": "resource.k8s.io", "pods": ""}
+
+
+def test_rbac_covers_every_call_the_node_agent_makes(
+    objects: list[Obj], dra_objects: list[Obj]
+) -> None:
     called = kube_methods_called(*AGENT_SOURCES)
     assert "patch_node" in called  # the scan works: publishing writes the Node
+    assert "recording.Recorder(" in (AGENT_SOURCES[1]).read_text()  # the agent writes Events
+    assert {"evict_pod", "create_event", "patch_event"} <= called  # over-grant (issue 43)
     unknown = called - set(KUBE_NEEDS)
     assert unknown == set(), f"Kube methods the agent calls with no known grants: {unknown}"
     watched = informers_started(*AGENT_SOURCES)
-    assert watched == {"pods"}  # the device plugin's pods of its node
-    wanted = set().union(*(KUBE_NEEDS[method] for method in called))
-    wanted |= {("", resource, verb) for resource in watched for verb in ("list", "watch")}
-    assert granted_to(objects, "gpuplace-node-agent") == wanted
+    assert watched == {"pods", "resourceslices"}  # its node's pods; the DRA agent's slice
+
+    def needs(methods: set[str], resources: set[str]) -> set[tuple[str, str, str]]:
+        wanted: set[tuple[str, str, str]] = set().union(*(KUBE_NEEDS[m] for m in methods))
+        return wanted | {
+            (GROUP_OF_RESOURCE[r], r, verb) for r in resources for verb in ("list", "watch")
+        }
+
+    # the device-plugin agent: everything but the DRA side
+    plain = needs(called - DRA_ONLY, watched - {"resourceslices"})
+    assert granted_to(objects, "gpuplace-node-agent") == plain
+    # the DRA agent: all of it, from its two roles
+    assert granted_to(dra_objects, "gpuplace-node-agent-dra") == needs(called, watched)
+    # and the DRA-only calls are made by the DRA side only
+    others = [
+        path
+        for source in AGENT_SOURCES[:1]
+        for path in source.rglob("*.py")
+        if path not in DRA_MODULES
+    ]
+    assert kube_methods_called(*others) & DRA_ONLY == set()
+    composition = inspect.getsource(node_agent_command.compose)
+    assert "get_node" not in composition  # only in _dra, which runs with --kubelet-plugin=dra
+
+
+def test_the_sidecar_writes_slices_only_with_the_dra_component(
+    objects: list[Obj], dra_objects: list[Obj]
+) -> None:
+    added = granted_to(dra_objects, "gpuplace") - granted_to(objects, "gpuplace")
+    wanted = {(group, r, v) for group, call in DRA_SIDECAR for r, v in needed(call)}
+    assert added == wanted
+    writer = rendering.ROOT / "gpuplace" / "cluster" / "slice_taints.py"
+    assert kube_methods_called(writer) == {"get_resource_slice", "replace_resource_slice"}
+    assert {call for _, call in DRA_SIDECAR} == {"read_resource_slice", "replace_resource_slice"}
 
 
 CERTS_CLIENTS = {"core": "", "adm": "admissionregistration.k8s.io"}
@@ -411,8 +535,8 @@ CERTS_CLIENTS = {"core": "", "adm": "admissionregistration.k8s.io"}
 
 def test_rbac_covers_every_call_the_certs_job_makes(objects: list[Obj]) -> None:
     """`gpuplace certs rotate` in the CronJob (identity gpuplace-certs, its own client in
-    gpuplace/certs_k8s.py)."""
-    calls = api_calls(rendering.ROOT / "gpuplace" / "certs_k8s.py", CERTS_CLIENTS)
+    gpuplace/cluster/certificates.py)."""
+    calls = api_calls(rendering.ROOT / "gpuplace" / "cluster" / "certificates.py", CERTS_CLIENTS)
     assert ("", "read_namespaced_secret") in calls
     wanted = set()
     for group, call in calls:

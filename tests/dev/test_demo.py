@@ -100,15 +100,15 @@ def test_demo_table_shows_placed_refused_pending_and_the_gang(
     assert sum(result == "placed" for result in results.values()) == 39
     # memory-only shares: placed, packed onto one GPU, shown as such, warned about
     evals = [rows[f"research/eval-{i}"] for i in (1, 2)]
-    assert all(cells[2] == "placed" and cells[5] == "memory only 10Gi" for cells in evals)
+    assert all(cells[2] == "placed" and cells[5] == "memory only 9Gi" for cells in evals)
     assert evals[0][3:5] == evals[1][3:5]
-    assert evals[0][1] == "memory 10Gi"
+    assert evals[0][1] == "memory 9Gi"
     # the gang is planned as one: every member on its plan, together
     assert all("planned as one" in rows[pod][-1] for pod in GANG)
     # the refusals are the webhook's, as kubectl prints them
     out = completed.stdout
     assert "did you mean gpu-percent?" in out
-    assert "the largest has 80Gi" in out
+    assert "the largest has 79Gi" in out  # 80 GiB less the 1 GiB margin (no node agent)
     assert (
         'admission webhook "validate.gpuplace.io" denied the request: gpuplace.io/assigned' in out
     )
@@ -121,7 +121,7 @@ def test_demo_table_shows_placed_refused_pending_and_the_gang(
     assert "fully allocated (1 by memory-only shares)" in out
     warned = [line for line in audit if "research/eval-" in line and " mutate " in line]
     assert len(warned) == 2
-    assert all("memory-only share: 10240 MiB of GPU memory and no compute" in w for w in warned)
+    assert all("memory-only share: 9216 MiB of GPU memory and no compute" in w for w in warned)
     assert sum(" denied " in line for line in audit) == 5
 
 

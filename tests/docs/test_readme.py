@@ -11,6 +11,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from gpuplace.cluster import keys
+from tests.deploy import rendering
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -76,3 +79,89 @@ def test_the_readme_installs_with_the_sequence_the_install_test_plays() -> None:
     assert sh_block_after(README.read_text(), "Apply it") == sh_block_after(
         deploy, "<!-- install-sequence"
     )
+
+
+def flat(text: str) -> str:
+    """`text` with its line breaks and runs of spaces as single spaces."""
+    return " ".join(text.split())
+
+
+def section(text: str, heading: str) -> str:
+    """The part of `text` from `heading` to the next heading of any level."""
+    start = text.index(heading)
+    end = re.search(r"^#+ ", text[start + len(heading) :], re.MULTILINE)
+    return text[start : start + len(heading) + end.start()] if end else text[start:]
+
+
+def annotations_in_table(text: str) -> set[str]:
+    """The annotations a table's first column names: `gpuplace.io/gang-name` / `gang-size`
+    writes the second without its prefix."""
+    named = set()
+    for line in text.splitlines():
+        if line.startswith("| `gpuplace.io/"):
+            for key in re.findall(r"`([a-z.]*/?[a-z-]+)`", line.split("|")[1]):
+                named.add(key if key.startswith(keys.PREFIX) else keys.PREFIX + key)
+    return named
+
+
+def test_every_user_annotation_is_in_the_readme_table_and_the_reference() -> None:
+    """Issue 46: README's table lacked gpuplace.io/queue and gang-min."""
+    readme = section(README.read_text(), "## Asking for GPUs")
+    reference = section((DOCS / "annotations.md").read_text(), "## Reference")
+    for table in (readme, reference):
+        assert annotations_in_table(table) == set(keys.USER_ANNOTATIONS)
+
+
+def test_the_allocation_figures_of_the_readme_are_recorded_in_placement_md() -> None:
+    """Issue 46: best-fit's 92.89% was in no doc; every policy figure of the README's
+    allocation row is placement.md's, where the runs behind it are."""
+    text = README.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| GPU allocation, openb"))
+    figures = re.findall(r"\d+\.\d\d(?=%)", row)
+    assert len(figures) >= 3, row
+    placement = (DOCS / "placement.md").read_text()
+    assert [figure for figure in figures if figure not in placement] == []
+
+
+def test_the_node_agent_step_says_to_label_the_gpu_stack_and_how_to_find_it() -> None:
+    """Issue 46: turning the node agent on without `gpuplace.io/gpu-system=true` on the GPU
+    Operator's namespace loses its pods; the README's step and deploy.md say so and name
+    the command that finds them."""
+    step = flat(README.read_text()).split("overlays/self-managed-node-agent", 1)[1][:600]
+    deploy = flat((DOCS / "deploy.md").read_text()).split("**The node agent is opt-in**", 1)[1]
+    for text in (step, deploy[:2000]):
+        assert f"{keys.GPU_SYSTEM}=true" in text and "gpuplace preflight" in text
+
+
+def test_the_security_notes_say_what_each_workload_runs_with() -> None:
+    """Issue 46: the README said every pod ran non-root with all capabilities dropped; the
+    node agent runs as root with hostPID and adds SETUID and SETGID. The notes name
+    exactly what the shipped manifests (the node-agent overlay, all workloads) give."""
+    notes = flat(section(README.read_text(), "## Security notes"))
+    objects = rendering.render(rendering.NODE_AGENT)
+    specs = dict(rendering.pod_specs(objects))
+    specs.update(
+        {
+            o["metadata"]["name"]: o["spec"]["template"]["spec"]
+            for o in objects
+            if o["kind"] == "DaemonSet"
+        }
+    )
+    root = {name for name, spec in specs.items() if spec["securityContext"].get("runAsUser") == 0}
+    assert root == {"gpuplace-node-agent"}
+    assert "pods run non-root" in notes and "all capabilities dropped" in notes
+    agent = specs["gpuplace-node-agent"]
+    added = {
+        cap
+        for c in agent["containers"]
+        for cap in c["securityContext"]["capabilities"].get("add", [])
+    }
+    assert "The node agent (opt-in) runs as root, not privileged" in notes
+    assert f"adding only {' and '.join(sorted(added, reverse=True))}" in notes
+    assert ("`hostPID`" in notes) is bool(agent.get("hostPID"))
+    for name, spec in specs.items():
+        if name in root:
+            continue
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        for c in spec["containers"]:
+            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}, name

@@ -15,8 +15,9 @@ from prometheus_client import CollectorRegistry
 
 from gpuplace.cluster import connecting, kube
 from gpuplace.dev import localapi
-from gpuplace.sidecar import Sidecar, SidecarSettings
 from gpuplace.usage.gpu_loads import LoadReader
+from gpuplace.wiring.settings import SidecarSettings
+from gpuplace.wiring.sidecar import Sidecar
 from tests.cluster.conftest import eventually
 
 

@@ -27,7 +27,7 @@ from gpuplace.dev.localapi import objects
 from gpuplace.extender import app as extender_app
 from gpuplace.extender import c_helpers
 from gpuplace.extender.node_names import EveryNode
-from gpuplace.sidecar import Sidecar
+from gpuplace.wiring.sidecar import Sidecar
 from tests import c_helpers_built
 from tests.cluster.conftest import eventually
 from tests.extender import conftest

@@ -17,8 +17,9 @@ from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
 from gpuplace.extender import load_polling
 from gpuplace.placement import policies
-from gpuplace.sidecar import NoLoadReader, Sidecar
 from gpuplace.usage.gpu_loads import GpuLoad, GpuLoads, UsageUnavailable
+from gpuplace.wiring.loads import NoLoadReader
+from gpuplace.wiring.sidecar import Sidecar
 from tests.extender.conftest import Harness, harness, settings
 
 NODES = ("gpu-a", "gpu-b")
@@ -78,7 +79,8 @@ async def _ready(h: Harness) -> None:
 async def _loaded(h: Harness) -> tuple[load_polling.LoadBoard, load_polling.LoadPoller]:
     """The sidecar's board and poller, once synced and the first loads are read."""
     await _ready(h)
-    board, poller = h.sidecar.loads, h.sidecar.load_poller
+    assert h.sidecar.measured is not None
+    board, poller = h.sidecar.measured.board, h.sidecar.measured.poller
     assert board is not None and poller is not None
     await h.synced(lambda: board.current() is not None)
     return board, poller
@@ -165,7 +167,7 @@ async def test_without_load_aware_the_answers_are_todays(server: localapi.Server
     _cluster(server)
     async with harness(server) as h:
         await _ready(h)
-        assert h.sidecar.loads is None and h.sidecar.load_poller is None
+        assert h.sidecar.measured is None
         node, gpus, scores = await _place(h, "p")
         assert (node, gpus) == (FIRST, "0")
         assert scores == {FIRST: 10, SECOND: 0}
@@ -219,6 +221,9 @@ async def test_old_loads_break_no_ties_and_prometheus_down_is_logged_once(
         )
         assert failures == 2.0
         assert registry.get_sample_value("gpuplace_load_age_seconds") == 30.0
+        why = poller.failing_reason()
+        assert why is not None and why.startswith("measured GPU loads unreadable for 30 s (")
+        assert "503" in why and why.endswith("the tie-break still uses the last loads read")
 
         # Still within the max age: the last loads still break ties.
         pod = await _pod(h, "p")
@@ -226,6 +231,10 @@ async def test_old_loads_break_no_ties_and_prometheus_down_is_logged_once(
 
         clock.now += 31.0  # 61 s old: too old, the policy alone decides
         assert board.current() is None
+        why = poller.failing_reason()
+        assert why is not None and why.endswith(
+            "no loads younger than 60 s: decisions are the policy's alone"
+        )
         assert await _scores(h, pod) == {FIRST: 10, SECOND: 0}
         assert await h.schedule(pod) == FIRST
         assert h.pod("default", "p")["metadata"]["annotations"][keys.ASSIGNED_GPUS] == "0"
@@ -235,6 +244,7 @@ async def test_old_loads_break_no_ties_and_prometheus_down_is_logged_once(
             assert await poller.read_once() == "ok"
         assert any(r.getMessage() == "measured GPU loads read again" for r in caplog.records)
         assert board.current() is not None
+        assert poller.failing_reason() is None
 
 
 async def test_a_reader_that_breaks_is_counted_and_its_text_not_logged(

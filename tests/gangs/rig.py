@@ -1,5 +1,5 @@
 """The rig of the gang tests: a fake API server, the real sidecar (informers, ledger,
-extender verbs) and the gang controller wired to it by `gpuplace.gangs.wiring.build`, as
+extender verbs) and the gang controller wired to it by `gpuplace.wiring.gangs.build`, as
 the sidecar wires it (with a test clock, fast rounds and the leadership gate the test
 chooses), plus builders and invariant checks."""
 
@@ -14,19 +14,19 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import assignments, keys
+from gpuplace.cluster import assignments, grammar, keys
 from gpuplace.cluster.gang_marks import gated, plan_mark
 from gpuplace.cluster.node_affinity import NodeAffinity
+from gpuplace.controllers.store import PodIndex
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
-from gpuplace.gangs import wiring
 from gpuplace.gangs.controller import GangController, GangSettings
-from gpuplace.gangs.store import GangStore
 from gpuplace.placement.fences import Fences
+from gpuplace.placement.gangs import GangKey
 from gpuplace.placement.inventory import Inventory
 from gpuplace.placement.ledger import Ledger
 from gpuplace.placement.requests import WHOLE
+from gpuplace.wiring import gangs as wiring
 from tests.extender.conftest import Harness, NoLongerFits, Unschedulable, harness
 
 
@@ -43,7 +43,7 @@ class Clock:
 @dataclass
 class Rig:
     h: Harness
-    store: GangStore
+    store: PodIndex[GangKey]
     controller: GangController
     fences: Fences
     clock: Clock
@@ -165,8 +165,6 @@ async def rig(
             recorder=h.sidecar.recorder,
             registry=registry,
             settings=settings or GangSettings(poll_seconds=0.2, settle_seconds=0.005),
-            page_size=50,
-            watch_seconds=30,
             clock=clock,
             active=active,
         )

@@ -9,9 +9,9 @@ from typing import Any
 from gpuplace.cluster import assignments, keys
 from gpuplace.cluster.gang_marks import PlanMark, gated, plan_mark
 from gpuplace.cluster.node_affinity import NodeAffinity
+from gpuplace.controllers import pinning
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
-from gpuplace.gangs import pinning
 from gpuplace.gangs.controller import GangSettings
 from gpuplace.placement.ledger import Grant
 from tests.gangs.rig import (

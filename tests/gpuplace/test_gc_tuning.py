@@ -1,4 +1,4 @@
-"""The cyclic collector's tuning (`gpuplace.gc_tuning`): young generations collected while
+"""The cyclic collector's tuning (`gpuplace.runtime.gc_tuning`): young generations collected while
 small, or frozen when large; automatic passes paused and restored; the survivors of the
 first sync frozen with automatic full passes off; the sidecar's loop doing its passes."""
 
@@ -9,8 +9,8 @@ import asyncio
 import gc
 from pathlib import Path
 
-from gpuplace import gc_tuning
-from gpuplace.gc_tuning import collect_young
+from gpuplace.runtime import gc_tuning
+from gpuplace.runtime.gc_tuning import collect_young
 
 
 def test_collect_young_collects_the_middle_generation_when_due() -> None:
@@ -109,7 +109,7 @@ async def test_the_loop_freezes_after_the_first_sync_then_runs_full_passes() -> 
 
 
 def test_only_gc_tuning_touches_the_collector() -> None:
-    """Every call to `gc` is in `gpuplace.gc_tuning` (issue 26: the tuning lives in one
+    """Every call to `gc` is in `gpuplace.runtime.gc_tuning` (issue 26: the tuning lives in one
     place); any other module of the package that imports `gc` fails here."""
     package = Path(gc_tuning.__file__).parent
     importers = []

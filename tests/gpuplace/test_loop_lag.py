@@ -1,4 +1,4 @@
-"""`gpuplace.loop_lag`: the probe records how late the loop ran it — a loop held by
+"""`gpuplace.runtime.loop_lag`: the probe records how late the loop ran it — a loop held by
 blocking work shows that work's length — and stops with its context."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpuplace import loop_lag
+from gpuplace.runtime import loop_lag
 
 
 def observed(registry: CollectorRegistry) -> tuple[float, float]:

@@ -28,12 +28,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuplace import cli
 from gpuplace.agent import nvml
-from gpuplace.agent_settings import AgentSettings
 from gpuplace.cluster import keys
 from gpuplace.commands import node_agent
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
 from gpuplace.usage import names, prometheus
+from gpuplace.wiring.agent_settings import AgentSettings
 from tests.agent import kubelet as standin
 from tests.agent.kubelet import gpu_fixture
 from tests.usage import harness as usage_harness
@@ -210,7 +210,8 @@ async def test_the_agent_publishes_runs_mps_serves_the_kubelet_and_reports(
                 "NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices",
                 "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
                 "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
-                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2048M",
+                # the ask and the H100's CUDA context at 25 %, as the agent publishes it
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2317M",
             }
             # a container with no grant gets nothing
             with pytest.raises(grpc.aio.AioRpcError):
@@ -265,6 +266,7 @@ async def test_without_mps_shares_are_refused_and_whole_gpus_served(
     try:
         await asyncio.wait_for(process.server.started.wait(), 20)
         await kubelet.listed(1)
+        assert process.plugin is not None
         uuids = [gpu.uuid for gpu in process.plugin.gpus]
         api.api.create(standin.pod("share", [0], [uuids[0]], milli=500, node=NODE))
         with pytest.raises(grpc.aio.AioRpcError, match="MPS"):  # it would run unlimited
@@ -273,8 +275,10 @@ async def test_without_mps_shares_are_refused_and_whole_gpus_served(
         api.api.set_phase("research", "share", "Failed")
         api.api.create(standin.pod("whole", [5], [uuids[5]], node=NODE))
 
+        plugin = process.plugin
+
         async def seen() -> bool:
-            return any(p["metadata"]["name"] == "whole" for p in process.plugin.pods.pods.values())
+            return any(p["metadata"]["name"] == "whole" for p in plugin.pods.pods.values())
 
         await until(seen)
         answer = await kubelet.admit(1)
@@ -287,6 +291,45 @@ async def test_without_mps_shares_are_refused_and_whole_gpus_served(
         stop.set()
         await asyncio.wait_for(running, 30)
     assert list(mps_root.iterdir()) == []
+
+
+async def test_a_stalled_heartbeat_makes_the_agent_not_ready_and_leaves_it_alive(
+    api: localapi.Server, tmp_path: Path, mps_root: Path, kubelet: standin.Kubelet
+) -> None:
+    """Issue 46: `Publisher.healthy()` is wired into /readyz. Node writes that keep
+    failing (here: the Node is gone, every patch a 404) turn /readyz 503 once the
+    heartbeat is two periods old, naming why; /healthz, the liveness probe's, stays 200
+    (a restart would end every share's MPS server); a write that succeeds again makes
+    the agent ready again."""
+    config = agent_settings(
+        api, tmp_path, mps_root, kubelet, mps=False, heartbeat_seconds=0.5, discover_seconds=0.1
+    )
+    async with serving(config) as (process, base), aiohttp.ClientSession() as http:
+
+        async def ready(expected: int) -> dict[str, Any]:
+            deadline = time.monotonic() + 20
+            while True:
+                async with http.get(f"{base}/readyz") as response:
+                    body: dict[str, Any] = await response.json()
+                    if response.status == expected:
+                        return body
+                assert time.monotonic() < deadline, body
+                await asyncio.sleep(0.05)
+
+        await ready(200)
+        node = api.api.delete("nodes", NODE)
+        stalled = await ready(503)
+        why = stalled["reasons"]["publishing"]
+        assert why.startswith("the node's heartbeat was last written "), why
+        assert "over two --heartbeat-seconds (0.5 s)" in why and "404" in why, why
+        async with http.get(f"{base}/healthz") as response:
+            assert response.status == 200
+        node["metadata"] = {
+            k: v for k, v in node["metadata"].items() if k not in ("resourceVersion", "uid")
+        }
+        api.api.create(node)
+        await ready(200)
+        assert process.publisher.healthy()
 
 
 async def test_the_metrics_endpoint_shows_what_pods_use_until_they_go(
@@ -325,6 +368,10 @@ async def test_the_metrics_endpoint_shows_what_pods_use_until_they_go(
             assert series[names.GPU_MEMORY_USED] == [(labels, 4373413888.0)]
             assert series[names.GPU_MEMORY_TOTAL] == [(labels, 85520809984.0)]
             assert series[names.GPU_UTILIZATION] == [(labels, 0.0)]
+            # what the engine packs there, as the agent published it (issue 43): 81,559 MiB
+            # less the driver's ~489 and the MPS server's 66, in 64 MiB steps
+            assert series[names.GPU_MEMORY_PACKABLE] == [(labels, 80960.0 * (1 << 20))]
+            assert series[names.POD_PROCESSES] == [(pod_labels, 1.0)]
             for name, values in series.items():
                 if name.startswith(("gpuplace_pod_gpu_", "gpuplace_gpu_")):
                     wanted = names.POD_LABELS if "_pod_" in name else names.GPU_LABELS
@@ -398,6 +445,7 @@ async def test_an_idle_mps_server_in_the_agents_pod_is_charged_to_no_pod(
 
         async def ready() -> bool:
             servers = process.supervisor.server_pids() if process.supervisor else {663}
+            assert process.plugin is not None
             return uid in process.plugin.pods.pods and servers == {663}
 
         await until(ready)

@@ -26,12 +26,12 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpuplace import composing
 from gpuplace.cluster import keys
 from gpuplace.cluster.gang_marks import plan_mark
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
-from gpuplace.settings import Settings
+from gpuplace.wiring import composing
+from gpuplace.wiring.settings import Settings
 from tests.webhook import helpers
 
 

@@ -20,9 +20,9 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpuplace import composing
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
+from gpuplace.wiring import composing
 from tests import c_helpers_built
 from tests.gpuplace.test_serve_cluster import enforcing, settings, started
 from tests.webhook import helpers

@@ -24,11 +24,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuplace import composing
 from gpuplace.cluster import keys
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
 from gpuplace.placement.fragmentation_totals import ClusterMeasure
+from gpuplace.wiring import composing
 from tests.deploy import test_grafana_dashboard as grafana
 from tests.gpuplace.test_serve_cluster import enforcing, member, started, two_nodes_led_here
 from tests.webhook import helpers

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic_settings import BaseSettings
 
-from gpuplace.agent_settings import AgentSettings
-from gpuplace.sidecar import SidecarSettings
+from gpuplace.wiring.agent_settings import AgentSettings
+from gpuplace.wiring.settings import SidecarSettings
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpuplace import cli
+from gpuplace.replay import in_time
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -316,10 +317,9 @@ def test_the_queue_settings_reach_the_replay_and_its_json(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("name", ["queues-openb.yaml", "queues-openb-over-time.yaml"])
 def test_the_bench_queue_files_are_read_as_the_replay_reads_them(name: str) -> None:
-    from gpuplace import queue_replay
-    from gpuplace.placement import quotas
+    from gpuplace.placement.queueing import quotas
 
-    found = queue_replay.read_queues(Path(__file__).parents[2] / "bench" / name)
+    found = in_time.read_queues(Path(__file__).parents[2] / "bench" / name)
     assert sorted(q.name for q in found) == ["be", "burstable", "guaranteed", "ls"]
     fair = {q.fair_sharing for q in found}
     assert fair == ({quotas.Preemption.ANY} if "over-time" in name else {quotas.Preemption.NEVER})

@@ -14,12 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuplace.placement import admitting, policies, quotas
-from gpuplace.placement.admitting import Placer, Running, Why, Workload
+from gpuplace.placement import policies
 from gpuplace.placement.gangs import Member
 from gpuplace.placement.inventory import Inventory
 from gpuplace.placement.ledger import Grant, GrantState, Ledger
-from gpuplace.placement.quotas import ANY_MODEL, GPUS, Preemption, QueueSpec, Quota
+from gpuplace.placement.queueing import admitting, quotas
+from gpuplace.placement.queueing.admitting import Placer, Running, Why, Workload
+from gpuplace.placement.queueing.quotas import ANY_MODEL, GPUS, Preemption, QueueSpec, Quota
 from gpuplace.placement.requests import GpuRequest
 
 from .clusters import ledger, node, share, whole

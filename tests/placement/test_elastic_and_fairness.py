@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuplace.placement import elastic, fairness, reclaiming
+from gpuplace.placement import elastic
+from gpuplace.placement.queueing import fairness, reclaiming
 
 # --- elastic ---------------------------------------------------------------------------
 

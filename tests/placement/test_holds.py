@@ -7,12 +7,12 @@ for."""
 
 from __future__ import annotations
 
-from gpuplace.placement import holds
-from gpuplace.placement.admitting import QueueStatus, Round, Waiting, Why, Workload
 from gpuplace.placement.choosing import Choice, grant_for
 from gpuplace.placement.fences import QUEUED, Fence, Fences
 from gpuplace.placement.gangs import Member
-from gpuplace.placement.quotas import ANY_MODEL, GPUS
+from gpuplace.placement.queueing import holds
+from gpuplace.placement.queueing.admitting import QueueStatus, Round, Waiting, Why, Workload
+from gpuplace.placement.queueing.quotas import ANY_MODEL, GPUS
 
 from .clusters import ledger, node, whole
 

@@ -8,10 +8,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuplace.placement import quotas
 from gpuplace.placement.inventory import Gpu, Inventory
 from gpuplace.placement.ledger import Grant
-from gpuplace.placement.quotas import ANY_MODEL, GPU_COMPUTE, GPU_MEMORY, GPUS, Accounts, Quota
+from gpuplace.placement.queueing import quotas
+from gpuplace.placement.queueing.quotas import (
+    ANY_MODEL,
+    GPU_COMPUTE,
+    GPU_MEMORY,
+    GPUS,
+    Accounts,
+    Quota,
+)
 
 from .clusters import node, share, whole
 

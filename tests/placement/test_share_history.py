@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuplace.placement.share_history import ShareHistory
+from gpuplace.placement.queueing.share_history import ShareHistory
 
 HOUR = 3600.0
 

@@ -8,8 +8,9 @@ import math
 
 import pytest
 
-from gpuplace.placement import policies, timeline, trace
-from gpuplace.placement.quotas import ANY_MODEL, GPUS, Preemption, QueueSpec, Quota
+from gpuplace.placement import policies, trace
+from gpuplace.placement.queueing import timeline
+from gpuplace.placement.queueing.quotas import ANY_MODEL, GPUS, Preemption, QueueSpec, Quota
 from gpuplace.placement.requests import GpuRequest
 
 from .clusters import node, share, whole

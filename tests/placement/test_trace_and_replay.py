@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuplace import simulation
 from gpuplace.placement import choosing, fragmentation, policies, replay, trace
 from gpuplace.placement.inventory import Inventory
 from gpuplace.placement.ledger import Ledger
+from gpuplace.replay import simulation
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = REPO / "gpuplace" / "data"

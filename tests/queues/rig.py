@@ -1,7 +1,7 @@
 """The rig of the queue tests: the local API over HTTP with the shipped RBAC, the real
 sidecar (informers, ledger, extender verbs), the GpuQueue and namespace informers
 (`gpuplace.cluster.queue_directory`), the gang controller and the queue controller wired
-as the sidecar wires them (`gpuplace.gangs.wiring`, `gpuplace.queues.wiring`) with fast
+as the sidecar wires them (`gpuplace.wiring.gangs`, `gpuplace.wiring.queues`) with fast
 rounds, plus builders of queues and queued pods (as the webhook leaves them) and the
 invariant checks."""
 
@@ -15,18 +15,17 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import assignments, keys, queue_directory
+from gpuplace.cluster import assignments, grammar, keys, queue_directory
 from gpuplace.cluster.gang_marks import gated, plan_mark
 from gpuplace.cluster.queue_directory import QueueDirectory
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
-from gpuplace.gangs import wiring as gang_wiring
 from gpuplace.gangs.controller import GangSettings
-from gpuplace.placement import quotas
+from gpuplace.placement.queueing import quotas
 from gpuplace.placement.requests import WHOLE
-from gpuplace.queues import wiring
 from gpuplace.queues.controller import QueueController, QueueSettings
+from gpuplace.wiring import gangs as gang_wiring
+from gpuplace.wiring import queues as wiring
 from tests.extender.conftest import Harness, NoLongerFits, Unschedulable, harness
 from tests.gangs.rig import Clock, check_grants
 
@@ -234,8 +233,6 @@ async def rig(
                 recorder=h.sidecar.recorder,
                 registry=registry,
                 settings=GangSettings(poll_seconds=0.2, settle_seconds=0.005),
-                page_size=50,
-                watch_seconds=30,
                 clock=clock,
                 active=active,
             )
@@ -243,14 +240,12 @@ async def rig(
         queues = wiring.build(
             h.sidecar.api,
             h.sidecar.sync,
-            directory,
             policy,
+            directory=directory,
             fences=h.sidecar.fences,
             recorder=h.sidecar.recorder,
             registry=registry,
             settings=settings,
-            page_size=50,
-            watch_seconds=30,
             clock=clock,
             active=active,
         )

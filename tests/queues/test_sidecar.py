@@ -1,6 +1,6 @@
 """The sidecar wires the queue controller itself (`--queues`): its GpuQueue and namespace
-informers (the directory the webhook reads), the queued-pod informer and the controller,
-against the local API with the shipped RBAC."""
+informers (the directory the webhook reads), the index of queued pods (fed by its one pod
+informer) and the controller, against the local API with the shipped RBAC."""
 
 from __future__ import annotations
 

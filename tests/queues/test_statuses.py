@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from gpuplace.cluster.queue_directory import QueueRecord
-from gpuplace.placement import quotas
-from gpuplace.placement.admitting import QueueStatus
+from gpuplace.placement.queueing import quotas
+from gpuplace.placement.queueing.admitting import QueueStatus
 from gpuplace.queues import statuses
 
 SPEC = quotas.QueueSpec("a", {(quotas.GPUS, quotas.ANY_MODEL): quotas.Quota(1000)}, cohort="c")

@@ -9,6 +9,10 @@ running and leading). Here, session-scoped too, `node_agent`: `Agent`, the real 
 in (GFD-like labels for two H100s), `gpuplace node-agent` registered with its kubelet, NVML
 replayed from two GPUs derived from `../shared/fixtures/gpu/nvml-idle.json`.
 
+`kubelet_node` (`KubeletNode`) says which agent serves the node now: the DRA tests
+(tests/realcluster/test_dra.py) borrow the node from the device-plugin agent and give it
+back.
+
 Per test: `scope` (`Scope`: a namespace and a GPU model of its own, fake nodes and
 cluster-scoped objects it made, all removed after it) and `kubectl` (admin, in the test's
 tmp dir). `serve` is running at the start of every test (a test that stops it, the outage,
@@ -23,10 +27,12 @@ also covers the session's start on the first test.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
 import shutil
+import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,25 +40,28 @@ from typing import Any
 
 import pytest
 
-from gpuplace.agent import nvml
 from tests.realcluster import install, kit
 from tests.realcluster.install import Installation
 from tests.realcluster.kit import Cluster, Kubectl
-from tests.realcluster.objects import H100_MIB, SLOTS_PER_GPU, add_nodes
+from tests.realcluster.objects import (
+    GPU_FIXTURES,
+    add_nodes,
+    label_real_node,
+    real_node_reading,
+    wait_agent_devices,
+)
 from tests.realcluster.processes import HostProcess
-from tests.realcluster.sessions import TIMEOUT, unusable
+from tests.realcluster.sessions import TIMEOUT, host_process, unusable
 
 HERE = Path(__file__).resolve().parent
-GPU_FIXTURES = kit.ROOT.parent / "shared" / "fixtures" / "gpu"
-REAL_NODE_GPUS = 2
-REAL_NODE_MODEL = "NVIDIA-H100-80GB-HBM3"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if HERE in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.realcluster)
-            item.add_marker(pytest.mark.timeout(TIMEOUT))
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(TIMEOUT))
 
 
 @pytest.fixture
@@ -89,30 +98,51 @@ class Scope:
         """A node name of this test."""
         return f"{self.namespace}-{suffix}"
 
+    def close(self) -> None:
+        """Remove what the test made: the pods first, waiting (their GPUs go back to the
+        ledger and the kubelet as they go; their grace periods are 0-2 s), then the
+        namespace without waiting for the namespace controller's sweep of the rest."""
+        kubectl, name = self.kubectl, self.namespace
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            kubectl.run(
+                "-n", name, "delete", "pods", "--all", "--wait=true", "--timeout=120s",
+                check=False, timeout=150,
+            )  # fmt: skip
+        kubectl.run("delete", "namespace", name, "--wait=false", check=False)
+        for node in self.nodes:
+            kubectl.run("delete", "node", node, "--wait=false", check=False)
+        for obj in self.cluster_objects:
+            kubectl.run("delete", obj, "--wait=false", check=False)
+
+    @classmethod
+    def made(cls, kubectl: Kubectl, test: str) -> Scope:
+        """A namespace and a GPU model named after `test` (created now)."""
+        slug = re.sub(r"[^a-z0-9]+", "-", test.lower().removeprefix("test_"))[:22].strip("-")
+        tag = hashlib.sha256(test.encode()).hexdigest()[:4]
+        # short enough for `gpuplace explain`'s 40-character columns, with node suffixes
+        name = f"rc-{slug}-{tag}"
+        kubectl.run("create", "namespace", name)
+        return cls(kubectl, name, f"RC-{slug.upper()}-{tag.upper()}")
+
 
 @pytest.fixture
 def scope(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[Scope]:
-    test = request.node.name
-    slug = re.sub(r"[^a-z0-9]+", "-", test.lower().removeprefix("test_"))[:22].strip("-")
-    tag = hashlib.sha256(test.encode()).hexdigest()[:4]
-    # short enough for `gpuplace explain`'s 40-character columns, with node suffixes
-    name = f"rc-{slug}-{tag}"
-    kubectl.run("create", "namespace", name)
-    made = Scope(kubectl, name, f"RC-{slug.upper()}-{tag.upper()}")
+    made = Scope.made(kubectl, request.node.name)
     try:
         yield made
     finally:
-        # the pods first, waiting (their GPUs go back to the ledger and the kubelet as they
-        # go; their grace periods are 0-2 s), then the namespace without waiting for the
-        # namespace controller's sweep of the rest
-        kubectl.run(
-            "-n", name, "delete", "pods", "--all", "--wait=true", "--timeout=120s", check=False
-        )
-        kubectl.run("delete", "namespace", name, "--wait=false", check=False)
-        for node in made.nodes:
-            kubectl.run("delete", "node", node, "--wait=false", check=False)
-        for obj in made.cluster_objects:
-            kubectl.run("delete", obj, "--wait=false", check=False)
+        made.close()
+
+
+def kubelet_node_reading(cluster: Cluster) -> dict[str, Any]:
+    """The NVML reading a node agent replays on the kit's node; the tier cannot run one
+    without the node or the GPU fixture (skip, or fail under CI)."""
+    if cluster.node_problem is not None:
+        unusable(f"no kubelet node: {cluster.node_problem}")
+    readings = GPU_FIXTURES / "nvml-idle.json"
+    if not readings.is_file():
+        unusable(f"GPU fixture {readings} missing")
+    return real_node_reading()
 
 
 @dataclass
@@ -126,56 +156,78 @@ class Agent:
     replay: Path
 
 
-@pytest.fixture(scope="session")
-def node_agent(
-    cluster: Cluster, gpuplace: Installation, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Agent]:
-    if cluster.node_problem is not None:
-        unusable(f"no kubelet node: {cluster.node_problem}")
+def derived_replay(workdir: Path) -> tuple[Path, list[str]]:
+    """NVML of REAL_NODE_GPUS H100s derived from the captured one (`real_node_reading`),
+    written in `workdir`; and their UUIDs."""
     readings = GPU_FIXTURES / "nvml-idle.json"
     if not readings.is_file():
         unusable(f"GPU fixture {readings} missing")
-    workdir = tmp_path_factory.mktemp("agent")
-    derived = nvml.derived(json.loads(readings.read_text()), REAL_NODE_GPUS)
+    derived = real_node_reading()
     replay = workdir / "nvml-derived.json"
     replay.write_text(json.dumps(derived))
+    return replay, [gpu["uuid"] for gpu in derived["gpus"]]
+
+
+def offered(kubectl: Kubectl, node: str) -> None:
+    """Until the kubelet offers the device plugin's slots and the sidecar its GPUs."""
+    wait_agent_devices(kubectl, node)
+
+
+@dataclass
+class KubeletNode:
+    """Who serves the kit's one kubelet node: the device-plugin agent (`node_agent`), or,
+    while a DRA module runs, its DRA agent. A node is on one path, so `lent()` stops the
+    device-plugin agent for the block and brings it back after."""
+
+    agent: Agent | None = None
+    kubectl: Kubectl | None = None
+
+    @contextlib.contextmanager
+    def lent(self) -> Iterator[None]:
+        agent = self.agent
+        if agent is None or not agent.process.alive:
+            yield
+            return
+        agent.process.stop()
+        try:
+            yield
+        finally:
+            agent.process.start()
+            assert self.kubectl is not None
+            offered(self.kubectl, agent.node)
+
+
+@pytest.fixture(scope="session")
+def kubelet_node() -> KubeletNode:
+    return KubeletNode()
+
+
+@pytest.fixture(scope="session")
+def node_agent(
+    cluster: Cluster,
+    gpuplace: Installation,
+    kubelet_node: KubeletNode,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> Iterator[Agent]:
+    kubelet_node_reading(cluster)  # the node and the GPU fixture, or skip (fail under CI)
+    workdir = tmp_path_factory.mktemp("agent")
+    replay, uuids = derived_replay(workdir)
     node = cluster.node_name
     kubectl = gpuplace.kubectl
-    # what GPU Feature Discovery would label on this node, and gpuplace's opt-in
-    kubectl.run(
-        "label",
-        "node",
-        node,
-        "--overwrite",
-        "gpuplace.io/enabled=true",
-        f"nvidia.com/gpu.count={REAL_NODE_GPUS}",
-        f"nvidia.com/gpu.product={REAL_NODE_MODEL}",
-        f"nvidia.com/gpu.memory={H100_MIB}",
-    )
+    label_real_node(kubectl, node, "gpuplace.io/enabled=true")  # and gpuplace's opt-in
     port = kit.free_port()
     process, mps = install.node_agent_process(
         gpuplace, node, replay, Path(cluster.env["K8S_DEVICE_PLUGIN_DIR"]), port
     )
+    host_process(request.config, process)
     try:
         process.start()
-        slots = str(SLOTS_PER_GPU * REAL_NODE_GPUS)
-        kubectl.watch(
-            ["nodes", "--field-selector", f"metadata.name={node}"],
-            lambda seen: any(
-                (obj["status"].get("allocatable") or {}).get("gpuplace.io/gpu") == slots
-                and "gpuplace.io/gpu-percent" in (obj["status"].get("allocatable") or {})
-                for obj in seen.values()
-            ),
-            timeout=120,
-            what=f"the kubelet to offer {slots} gpuplace.io/gpu and the sidecar its GPUs",
-        )
-        yield Agent(
-            process,
-            node,
-            [gpu["uuid"] for gpu in derived["gpus"]],
-            f"http://127.0.0.1:{port}/metrics",
-            replay,
-        )
+        offered(kubectl, node)
+        agent = Agent(process, node, uuids, f"http://127.0.0.1:{port}/metrics", replay)
+        kubelet_node.agent, kubelet_node.kubectl = agent, kubectl
+        yield agent
     finally:
+        kubelet_node.agent = None
         process.stop()
         shutil.rmtree(mps, ignore_errors=True)

@@ -162,16 +162,17 @@ STEPS = ("namespace", "dry-run", "apply")
 """The three lines of README step 3, as docs/deploy.md's install-sequence block has them."""
 
 
-def play(kubectl: Kubectl, line: str, overlay: Path) -> Result:
+def play(kubectl: Kubectl, line: str, overlay: Path, *, timeout: float = 90) -> Result:
     """One documented line (`kubectl ...`, maybe piped into another `kubectl ...`) with
-    the kit's kubectl, the test overlay standing for `my-gpuplace`."""
+    the kit's kubectl, the test overlay standing for `my-gpuplace`; each part may run for
+    `timeout` seconds."""
     stdin: str | None = None
     result: Result | None = None
     for part in line.split("|"):
         argv = shlex.split(part)
         assert argv[0] == "kubectl", line
         args = [str(overlay) if arg == "my-gpuplace" else arg for arg in argv[1:]]
-        result = kubectl.run(*args, input=stdin)
+        result = kubectl.run(*args, input=stdin, timeout=timeout)
         stdin = result.out
     assert result is not None
     return result
@@ -313,15 +314,26 @@ MPS_STANDIN = ROOT / "tests" / "agent" / "mps_standin.py"
 
 
 def node_agent_process(
-    installation: Installation, node: str, replay: Path, device_plugin_dir: Path, port: int
+    installation: Installation,
+    node: str,
+    replay: Path,
+    device_plugin_dir: Path,
+    port: int,
+    *,
+    daemonset: str = "gpuplace-node-agent",
+    account: str = AGENT_ACCOUNT,
+    rendered: list[dict[str, Any]] | None = None,
+    flags: dict[str, str | None] | None = None,
 ) -> tuple[HostProcess, Path]:
     """`gpuplace node-agent` with the DaemonSet's arguments on `node`, NVML replayed from
     `replay` and MPS played by the stand-in; as ServiceAccount kube-system/
     gpuplace-node-agent with a token bound to the Node, which carries the node's name
     (`authentication.kubernetes.io/node-name`) as the DaemonSet's pod-bound token does.
-    Returns the process and its MPS root (a new directory; the caller removes it)."""
-    box = container(installation.rendered, "DaemonSet", "gpuplace-node-agent", "node-agent")
-    kubeconfig = installation.sa_kubeconfig(AGENT_NAMESPACE, AGENT_ACCOUNT, kind="Node", name=node)
+    Another DaemonSet of `rendered` (the DRA one) runs as its own `account`, with `flags`
+    on top. Returns the process and its MPS root (a new directory; the caller removes
+    it)."""
+    box = container(rendered or installation.rendered, "DaemonSet", daemonset, "node-agent")
+    kubeconfig = installation.sa_kubeconfig(AGENT_NAMESPACE, account, kind="Node", name=node)
     # pipe directories are <root>/<UUID>/pipe and unix socket paths are short: not tmp_path
     mps = Path(tempfile.mkdtemp(prefix="gpuplace-rc-mps-"))
     args = with_flags(
@@ -335,14 +347,20 @@ def node_agent_process(
             "--mps-control": f"{sys.executable} {MPS_STANDIN}",
             "--metrics-address": "127.0.0.1",
             "--metrics-port": str(port),
+            # the operator's choice, so that the tier evicts through the Eviction API as the
+            # agent's own ServiceAccount under the shipped RBAC (issue 43); only a pod whose
+            # processes exceed its grant is ever evicted, and only the over-grant test's do
+            "--evict-over-grant": "true",
+            "--usage-seconds": "2",
+            **(flags or {}),
         },
     )
     env = {key: value for key, value in os.environ.items() if not key.startswith("GPUPLACE_")}
     env.update((item["name"], item["value"]) for item in box.get("env", []) if "value" in item)
     agent = HostProcess(
-        "gpuplace node-agent",
+        f"gpuplace node-agent ({daemonset})",
         [GPUPLACE, *args],
-        installation.workdir / "node-agent.log",
+        installation.workdir / f"{daemonset}.log",
         env=env,
         ready_url=f"http://127.0.0.1:{port}/readyz",
     )

@@ -3,11 +3,11 @@ kubectl, and waits that follow watches rather than sleep.
 
 `Cluster.up(state_dir)` starts a control plane (etcd, kube-apiserver, kube-scheduler,
 kube-controller-manager v1.36.2 on 127.0.0.1, ports chosen free so that a cluster someone
-started by hand is left alone) and then adds the one real kubelet node (containerd +
-runc) in a second `up`, so that a machine whose kubelet is taken still runs the
-control-plane tests (`Cluster.node_problem` says why there is no node). `down()` stops
-both by their recorded PIDs (`cluster.sh down`); the binaries are unpacked by the kit's
-`unpack.sh` into its default cache directory, outside the repository.
+started by hand is left alone) and then adds the one real kubelet node (containerd >= 1.7.2
+with CDI, `up --cdi`, + runc) in a second `up`, so that a machine whose kubelet is taken
+still runs the control-plane tests (`Cluster.node_problem` says why there is no node).
+`down()` stops both by their recorded PIDs (`cluster.sh down`); the binaries are unpacked
+by the kit's `unpack.sh` into its default cache directory, outside the repository.
 
 `Kubectl` runs the kit's kubectl as a user would (`apply -f pod.yaml`, `create token`,
 ...) and `Kubectl.watch` follows `kubectl get --watch --output-watch-events -o json` until
@@ -70,6 +70,12 @@ def kit_missing() -> str | None:
 
 PORT_TRIES = 3
 """Control-plane starts tried with fresh ports when a component exits at start."""
+APISERVER_FLAGS = ("--enable-aggregator-routing=true",)
+"""Added to the kit's kube-apiserver: it then calls a webhook's Service at one of the
+Service's ready endpoints (a pod's address on the node's bridge, reachable from the host)
+instead of its ClusterIP, which no kube-proxy leads anywhere here (the kit's fact 9). Only
+gpuplace's pods installed from the image (`tests/realcluster/pods.py`) are called through
+a Service; every other webhook of the tier has a `url`."""
 
 
 def control_plane_ports() -> dict[str, str]:
@@ -335,6 +341,9 @@ class Cluster:
     run_env: dict[str, str] = field(default_factory=dict)
     node_problem: str | None = "not started"
     """Why there is no kubelet node (None: there is one)."""
+    cdi_problem: str | None = "not started"
+    """Why the kubelet node's containerd passes no CDI devices on (None: it does, `up
+    --cdi`); the DRA tests need it, the device-plugin tests run either way."""
     kubelet: subprocess.Popen[bytes] | None = None
     """A kubelet `restart_kubelet` started (reaped at `down`)."""
 
@@ -351,6 +360,9 @@ class Cluster:
                 "K8S_WAIT_SECONDS": str(wait_seconds),
                 **control_plane_ports(),
                 "NODES": "none",
+                "APISERVER_EXTRA_ARGS": " ".join(
+                    [os.environ.get("APISERVER_EXTRA_ARGS", ""), *APISERVER_FLAGS]
+                ).strip(),
             }
             try:
                 cluster.env = cluster._up("control-plane")
@@ -366,10 +378,23 @@ class Cluster:
 
     def add_node(self) -> None:
         """The kubelet node, added to the running control plane by a second `up` (the
-        machine's one kubelet: a kubelet already running elsewhere makes it fail). A
-        failure leaves `node_problem` set and the control plane running."""
+        machine's one kubelet: a kubelet already running elsewhere makes it fail), with
+        CDI on (`--cdi`: containerd >= 1.7.2, fetched once by the kit: its README, fact
+        14), so that the DRA tests and the device-plugin tests share the one node. Where
+        `--cdi` fails (no containerd >= 1.7.2 to be had), the node is started without CDI
+        and `cdi_problem` says why. A failure leaves `node_problem` set and the control
+        plane running."""
+        self._add_node(cdi=True)
+        if self.node_problem is not None:
+            self.cdi_problem = self.node_problem
+            self._add_node(cdi=False)
+        else:
+            self.cdi_problem = None if self.env.get("K8S_CDI") == "1" else "no K8S_CDI=1 from up"
+
+    def _add_node(self, *, cdi: bool) -> None:
         node_env = {
             "NODES": "kubelet",
+            "K8S_CDI": "1" if cdi else "0",
             "K8S_KUBELET_PORT": str(free_port("0.0.0.0")),
             "K8S_KUBELET_HEALTHZ_PORT": str(free_port()),
             # a failed `up` would stop all it started, the control plane too once it got
@@ -379,12 +404,13 @@ class Cluster:
         }
         self.run_env.update(node_env)
         try:
-            self.env = self._up("node")
+            self.env = self._up("node-cdi" if cdi else "node")
             self.node_problem = None
         except ClusterError as error:
             self.node_problem = str(error)
         finally:
             self.run_env["NODES"] = "kubelet" if self.node_problem is None else "none"
+            self.run_env["K8S_CDI"] = "1" if cdi and self.node_problem is None else "0"
             self.run_env.pop("K8S_KEEP_ON_FAILURE")
 
     def _up(self, stage: str) -> dict[str, str]:
@@ -465,6 +491,31 @@ class Cluster:
     def node_name(self) -> str:
         return self.env["K8S_NODE_NAME"]
 
+    @property
+    def bridge(self) -> str:
+        """The node's pod bridge (cluster.sh's K8S_BRIDGE)."""
+        return self.run_env.get("K8S_BRIDGE", "gpk8s0")
+
+    def ctr(self, *args: str, timeout: float = 300) -> str:
+        """`ctr` on the node's containerd, in the kubelet's namespace (k8s.io); its stdout."""
+        done = subprocess.run(
+            [
+                "ctr",
+                "--address",
+                self.env["CONTAINERD_ADDRESS"],
+                "--namespace",
+                self.env.get("CONTAINERD_NAMESPACE", "k8s.io"),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise AssertionError(f"ctr {' '.join(args)} exited {done.returncode}: {done.stderr}")
+        return done.stdout
+
     def kubectl(self, cwd: Path) -> Kubectl:
         return Kubectl(self.bin_dir / "kubectl", self.kubeconfig, cwd)
 
@@ -495,15 +546,21 @@ class Cluster:
         return status, text
 
     def request_as(
-        self, kubeconfig: Path, method: str, path: str, body: Mapping[str, Any] | None = None
+        self,
+        kubeconfig: Path,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        content_type: str = "application/merge-patch+json",
     ) -> tuple[int, Mapping[str, str], str]:
         """One request of API `path` with the bearer token of `kubeconfig`: (HTTP status,
-        response headers, body). A body is sent as a merge patch."""
+        response headers, body). A body is sent as `content_type` (default a merge patch)."""
         config = json.loads(kubeconfig.read_text())
         token = config["users"][0]["user"]["token"]
         headers = {"Authorization": f"Bearer {token}"}
         if body is not None:
-            headers["Content-Type"] = "application/merge-patch+json"
+            headers["Content-Type"] = content_type
         request = urllib.request.Request(
             self.server + path,
             data=None if body is None else json.dumps(body).encode(),

@@ -29,7 +29,7 @@ async def test_the_bench_binds_every_pod_of_both_kinds(gpuplace: Installation) -
     flows = result["api_priority_and_fairness"]
     assert flows["gpuplace"]["requests"] > 0, flows  # the sidecar's Bindings, at least
     assert flows["gpuplace"]["mean_wait_s"] >= 0, flows  # exempt requests are not queued
-    # the sidecar's event-loop lag over the burst (gpuplace.loop_lag): its probes ran
+    # the sidecar's event-loop lag over the burst (gpuplace.runtime.loop_lag): its probes ran
     assert result["sidecar_loop_lag"]["probes"] > 0, result
     cores = result["cpu"]["cores_used"]
     assert {"sidecar", "gpuplace kube-scheduler", "kube-apiserver"} <= set(cores), result

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.realcluster.conftest import REAL_NODE_GPUS, REAL_NODE_MODEL, Agent, Scope
+from tests.realcluster.conftest import Agent, Scope
 from tests.realcluster.install import AGENT_ACCOUNT, AGENT_NAMESPACE
 from tests.realcluster.kit import Cluster, Kubectl
-from tests.realcluster.objects import gpu_node, grant, pod
+from tests.realcluster.objects import REAL_NODE_GPUS, REAL_NODE_MODEL, gpu_node, grant, pod
 
 DEVICES = "/var/run/nvidia-container-devices"
 
@@ -142,7 +142,9 @@ def test_a_share_runs_with_its_mps_limits_and_its_gpus_pipe_directory(
         "NVIDIA_VISIBLE_DEVICES": DEVICES,
         "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M",
+        # the ask and the H100's CUDA context at 25 % (144 + 5 × 25), as the agent publishes
+        # it for its GPU (issue 43)
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4365M",
     }
     assert inside(kubectl, running_pod, "ls", DEVICES).split() == [granted["uuids"]]
     assert "/tmp/nvidia-mps" in mount_points(kubectl, running_pod)
@@ -291,3 +293,153 @@ def test_the_agent_may_write_only_its_own_nodes_gpuplace_annotations(
         if status != 403 or policy not in body or words[case] not in body
     }
     assert wrong == {}
+
+
+def host_pids(uid: str, command: str) -> list[int]:
+    """Host PIDs of the processes named `command` in pod `uid`'s cgroup (the kit's kubelet:
+    cgroupfs, cgroup v1, `/kubepods/<class>/pod<uid>/<container>`)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if f"pod{uid}" in (entry / "cgroup").read_text() and (
+                (entry / "comm").read_text().strip() == command
+            ):
+                found.append(int(entry.name))
+        except OSError:
+            continue  # gone meanwhile
+    return sorted(found)
+
+
+def with_clients(replay: Path, index: int, pids: list[int], each_bytes: int) -> None:
+    """The agent's replayed reading, with `pids` as MPS clients of GPU `index`, each holding
+    `each_bytes` (DERIVED for this test, marked so); written whole, then renamed over the
+    file the agent follows (`--nvml-replay`)."""
+    reading = json.loads(replay.read_text())
+    gpu = reading["gpus"][index]
+    clients = [{"pid": pid, "usedGpuMemory": each_bytes} for pid in pids]
+    gpu["mps_processes"] = clients
+    gpu["compute_processes"] = list(clients)
+    gpu["memory"]["used"] += each_bytes * len(pids)
+    reading["derived"] = f"{reading.get('derived', '')}; MPS clients {pids} on GPU {index}"
+    written = replay.with_name(replay.name + ".next")
+    written.write_text(json.dumps(reading))
+    written.replace(replay)
+
+
+def agent_events(kubectl: Kubectl, namespace: str, uid: str, reason: str) -> list[dict[str, Any]]:
+    listed = kubectl.json("-n", namespace, "get", "events", "--field-selector",
+                          f"involvedObject.uid={uid},reason={reason}")  # fmt: skip
+    items: list[dict[str, Any]] = listed["items"]
+    return items
+
+
+def audit_lines(agent: Agent, uid: str) -> list[dict[str, Any]]:
+    """The agent's audit lines about pod `uid` (its stdout, in its log)."""
+    lines = []
+    for line in agent.process.log.read_text(errors="replace").splitlines():
+        if line.startswith('{"time"') and f'"uid": "{uid}"' in line:
+            lines.append(json.loads(line))
+    return lines
+
+
+def eventually(what: str, check: Any, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"not seen in {timeout:g} s: {what}"
+        time.sleep(0.25)
+
+
+def test_a_pod_whose_two_processes_exceed_its_grant_is_caught_and_evicted(
+    scope: Scope, kubectl: Kubectl, node_agent: Agent
+) -> None:
+    """Issue 43, point 3, on the kit's kubelet: a share's pod runs two processes; the
+    replayed NVML names their host PIDs as its GPU's MPS clients, each holding 80 % of the
+    grant. Within one sampling interval (2 s here): an Event on the pod, the metric, an
+    audit line; the eviction is refused while a PodDisruptionBudget allows none, then
+    done through the Eviction API once it does."""
+    asks = {"gpuplace.io/gpu-percent": "25", "gpuplace.io/gpu-memory": "4Gi"}
+    body = on_the_node(scope, node_agent, "two", asks)
+    body["spec"]["containers"][0]["command"] = ["sh", "-c", "sleep 3600 & sleep 3600 & wait"]
+    body["metadata"]["labels"] = {"app": "two"}
+    running_pod = start(kubectl, body)
+    uid = running_pod["metadata"]["uid"]
+    pids = eventually("the pod's two processes", lambda: host_pids(uid, "sleep")[:2] or None)
+    assert len(host_pids(uid, "sleep")) == 2
+    index = node_agent.uuids.index(grant(running_pod)["uuids"])
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "two", "namespace": scope.namespace},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "two"}}},
+    }
+    kubectl.apply(budget)
+    eventually(
+        "the disruption controller's budget status",
+        lambda: (
+            kubectl.json("-n", scope.namespace, "get", "pdb", "two")
+            .get("status", {})
+            .get("currentHealthy")
+            == 1
+        ),
+    )
+    original = node_agent.replay.read_text()
+    try:
+        began = time.monotonic()
+        with_clients(node_agent.replay, index, pids, int(0.8 * 4096) << 20)
+        (event,) = eventually(
+            "the GpuOverGrant Event",
+            lambda: [
+                e
+                for e in agent_events(kubectl, scope.namespace, uid, "GpuOverGrant")
+                if "hold 6552 MiB" in e["message"]
+            ],
+        )
+        caught = time.monotonic() - began
+        print(f"over-grant caught {caught:.2f} s after the replay named the clients")
+        assert caught < 2 + 10, f"caught after {caught:.1f} s"  # one 2 s interval, slack
+        assert event["type"] == "Warning" and "more than its grant of 4096 MiB" in event["message"]
+        assert event["reportingComponent"] == "gpuplace.io/node-agent"
+        series = (
+            f'gpuplace_pod_gpu_over_grant{{gpu="{index}",kind="memory",namespace="'
+            f'{scope.namespace}",node="{node_agent.node}",pod="two"'
+        )
+        assert metric(node_agent.metrics_url, series) == 1
+        lines = eventually("the audit lines", lambda: audit_lines(node_agent, uid))
+        memory = next(line for line in lines if line["kind"] == "memory")
+        assert (memory["event"], memory["decision"], memory["processes"]) == (
+            "overGrant",
+            "evicting",
+            2,
+        )
+        assert memory["usedBytes"] == 2 * (int(0.8 * 4096) << 20)
+        # the budget allows no disruption: refused (429), the pod stays
+        refused = eventually(
+            "the refused eviction",
+            lambda: agent_events(kubectl, scope.namespace, uid, "GpuOverGrantEviction"),
+        )
+        assert "PodDisruptionBudget allows no disruption now" in refused[0]["message"]
+        assert any(line["decision"] == "evictionRefused" for line in audit_lines(node_agent, uid))
+        still = kubectl.json("-n", scope.namespace, "get", "pod", "two")
+        assert running(still) and not still["metadata"].get("deletionTimestamp")
+        # once the budget allows it, the next sample evicts it through the Eviction API
+        kubectl.run("-n", scope.namespace, "delete", "pdb", "two")
+        eventually(
+            "the eviction",
+            lambda: any(line["decision"] == "evicted" for line in audit_lines(node_agent, uid)),
+        )
+
+        def going() -> bool:
+            listed = kubectl.json("-n", scope.namespace, "get", "pods", "--field-selector",
+                                  "metadata.name=two")["items"]  # fmt: skip
+            return not listed or bool(listed[0]["metadata"].get("deletionTimestamp"))
+
+        eventually("the evicted pod going", going)
+    finally:
+        written = node_agent.replay.with_name(node_agent.replay.name + ".next")
+        written.write_text(original)
+        written.replace(node_agent.replay)

@@ -1,16 +1,20 @@
 """The shipped ValidatingAdmissionPolicy `gpuplace-no-gpu-bypass` judged by the real API
 server, on the objects it really hands a policy (after decoding and defaulting: an env
-value "" is not there at all), against what docs/node-agent.md ("No bypass") promises."""
+value "" is not there at all), against what docs/node-agent.md ("No bypass") promises;
+and `gpuplace preflight` naming, before it matters, the namespaces whose pods it refuses."""
 
 from __future__ import annotations
 
+import copy
 import json
+import subprocess
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 from tests.realcluster.conftest import Scope
+from tests.realcluster.install import GPUPLACE
 from tests.realcluster.kit import Kubectl, Result
 from tests.realcluster.objects import pod
 
@@ -92,3 +96,57 @@ def test_kube_system_and_gpu_system_namespaces_are_spared(scope: Scope, kubectl:
         obj = pod("dcgm", namespace, env={"NVIDIA_VISIBLE_DEVICES": "all"})
         done = dry_run(kubectl, obj)
         assert done.code == 0, (namespace, done.err)
+
+
+def preflight(kubectl: Kubectl) -> tuple[int, dict[str, Any]]:
+    done = subprocess.run(
+        [GPUPLACE, "preflight", "-o", "json", f"--kubeconfig={kubectl.kubeconfig}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode in (0, 1), done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_preflight_names_the_namespaces_whose_next_pods_the_api_server_refuses(
+    scope: Scope, kubectl: Kubectl
+) -> None:
+    """Issue 46: a namespace of the GPU stack, created while labelled gpu-system (or
+    before the policy), then unlabelled: its pods run on, and `gpuplace preflight` names
+    it with each of them, as the real API server then refuses a copy of each; labelled
+    again, preflight no longer names it and the API server admits the copies."""
+    kubectl.run("label", "namespace", scope.namespace, "gpuplace.io/gpu-system=true")
+    stack = {
+        case: obj
+        for case, (obj, _) in bypasses(scope.namespace).items()
+        if case != "a forged assignment"  # a replacement carries no assignment
+    }
+    for obj in stack.values():
+        obj["spec"]["nodeSelector"] = {"gpuplace.io/rc-nowhere": "true"}  # stored, never run
+    kubectl.apply(*stack.values())
+    kubectl.run("label", "namespace", scope.namespace, "gpuplace.io/gpu-system-")
+
+    def copies() -> dict[str, Result]:
+        made = {}
+        for case, obj in stack.items():
+            again = copy.deepcopy(obj)
+            again["metadata"]["name"] += "-again"
+            made[case] = dry_run(kubectl, again)
+        return made
+
+    code, found = preflight(kubectl)
+    named = {f["namespace"]: f for f in found["refused"]}
+    assert code == 1 and scope.namespace in named, found
+    pods = sorted(obj["metadata"]["name"] for obj in stack.values())
+    assert named[scope.namespace]["pods"] == pods
+    admitted = [case for case, done in copies().items() if done.code == 0 or POLICY not in done.err]
+    assert admitted == []
+
+    kubectl.run("label", "namespace", scope.namespace, "gpuplace.io/gpu-system=true")
+    _, found = preflight(kubectl)
+    assert scope.namespace not in {f["namespace"] for f in found["refused"]}, found
+    assert scope.namespace in found["spared"]
+    refused = {case: done.err for case, done in copies().items() if done.code != 0}
+    assert refused == {}

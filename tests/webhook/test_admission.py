@@ -58,7 +58,7 @@ def test_unsatisfiable_request(reviewer: admission.Reviewer) -> None:
         422,
     )
     assert decision.message == (
-        "no GPU in the cluster has 100Gi of memory (gpuplace.io/gpu-memory); the largest has 80Gi"
+        "no GPU in the cluster has 100Gi of memory (gpuplace.io/gpu-memory); the largest has 79Gi"
     )
 
 
@@ -81,7 +81,7 @@ def test_memory_only_beyond_every_gpu_is_refused(reviewer: admission.Reviewer) -
     decision = reviewer.validate(request(helpers.review(pod)))
     assert (decision.allowed, decision.reason) == (False, admission.UNSATISFIABLE)
     assert decision.message == (
-        "no GPU in the cluster has 100Gi of memory (gpuplace.io/gpu-memory); the largest has 80Gi"
+        "no GPU in the cluster has 100Gi of memory (gpuplace.io/gpu-memory); the largest has 79Gi"
     )
 
 

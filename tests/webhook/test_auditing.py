@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuplace.runtime import jsonlines
 from gpuplace.webhook import auditing
 
 
@@ -68,7 +69,7 @@ class _Stalled:
 
 
 def test_a_stalled_sink_drops_lines_instead_of_blocking(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(auditing, "MAX_QUEUED", 10)
+    monkeypatch.setattr(jsonlines, "MAX_QUEUED", 10)
     sink = _Stalled()
     audit = auditing.AuditLog(sink)
     for index in range(50):

@@ -11,8 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuplace.cluster import annotations as grammar
-from gpuplace.cluster import keys
+from gpuplace.cluster import grammar, keys
 from gpuplace.webhook import mutating, patches
 from tests.webhook import helpers
 
@@ -58,7 +57,15 @@ def test_share_with_memory() -> None:
     assert {env["name"]: env.get("value") for env in container["env"]} == {
         "NVIDIA_VISIBLE_DEVICES": None,
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20480M",
+        # the limit covers the CUDA context of the GPU model the pod lands on: written by
+        # the sidecar at bind (issue 43), read through the downward API
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": None,
+    }
+    assert container["env"][2]["valueFrom"] == {
+        "fieldRef": {
+            "apiVersion": "v1",
+            "fieldPath": "metadata.annotations['gpuplace.io/mps-memory-limit']",
+        }
     }
     assert container["env"][0]["valueFrom"] == {
         "fieldRef": {
@@ -85,7 +92,7 @@ def test_memory_only_share_requests_memory_alone_with_mps_limits() -> None:
         "NVIDIA_VISIBLE_DEVICES": None,
         # No compute of its own to cap: it never shares its GPU with a compute share.
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=8192M",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": None,  # the bind's gpuplace.io/mps-memory-limit
     }
     (term,) = terms(pod)
     assert {"key": keys.GFD_COUNT, "operator": "Gt", "values": ["0"]} in term["matchExpressions"]
@@ -200,7 +207,15 @@ def test_user_env_var_is_replaced_and_warned() -> None:
     assert env[0]["name"] == "NVIDIA_VISIBLE_DEVICES" and "valueFrom" in env[0]
     assert env[1] == {"name": "KEEP", "value": "1"}
     assert env[2] == {"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "30"}
-    assert env[3] == {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": "0=1024M"}
+    assert env[3] == {
+        "name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+        "valueFrom": {
+            "fieldRef": {
+                "apiVersion": "v1",
+                "fieldPath": "metadata.annotations['gpuplace.io/mps-memory-limit']",
+            }
+        },
+    }
     assert any("NVIDIA_VISIBLE_DEVICES replaced" in w for w in mutation.warnings)
 
 

@@ -10,7 +10,7 @@ Order of events, all on 127.0.0.1 with ephemeral ports:
    the RBAC that deploy/ ships (bearer tokens; skipped, with a warning, where deploy/ is
    not next to the package: an installed wheel); the sidecar's kubeconfig presents the
    gpuplace ServiceAccount, the explanations' an admin (they are a user's command);
-3. `gpuplace.composing.compose` builds the process exactly as `gpuplace serve
+3. `gpuplace.wiring.composing.compose` builds the process exactly as `gpuplace serve
    --kubeconfig …` does (webhook on TLS, extender sidecar with its informers, gang
    controller, ops site); it runs until the end of the demo; `/readyz` is awaited, and
    the sidecar's node status advertisements;
@@ -54,7 +54,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from gpuplace import certs_files, composing
+from gpuplace.certs import files as cert_files
 from gpuplace.certs import issuing, renewal
 from gpuplace.cluster import connecting, keys, kube, mirroring, nodes, pods
 from gpuplace.cluster.syncing import LedgerSync
@@ -66,8 +66,9 @@ from gpuplace.dev.localapi import NODES, PODS, FakeApi
 from gpuplace.extender import explaining
 from gpuplace.extender.workloads import PolicyHolder
 from gpuplace.placement.ledger import Ledger
-from gpuplace.settings import Settings
-from gpuplace.sidecar import Sidecar
+from gpuplace.wiring import composing
+from gpuplace.wiring.settings import Settings
+from gpuplace.wiring.sidecar import Sidecar
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ def _write_certificates(directory: Path) -> Path:
         ip_addresses=(ipaddress.IPv4Address("127.0.0.1"),),
     )
     material = renewal.issue((), spec, datetime.now(UTC))
-    certs_files.write(directory, material)
+    cert_files.write(directory, material)
     return directory
 
 
@@ -166,8 +167,8 @@ def _settings(
         extender_port=0,
         metrics_address="127.0.0.1",
         metrics_port=0,
-        cert_file=tls / certs_files.TLS_CERT,
-        key_file=tls / certs_files.TLS_KEY,
+        cert_file=tls / cert_files.TLS_CERT,
+        key_file=tls / cert_files.TLS_KEY,
         audit_log=str(workdir / "audit.jsonl"),
         audit_log_max_bytes=0,
         kubeconfig=kubeconfig,
@@ -371,7 +372,7 @@ async def staged(
                         api,
                         session,
                         f"https://127.0.0.1:{server.port('webhook')}",
-                        str(tls / certs_files.CA_BUNDLE),
+                        str(tls / cert_files.CA_BUNDLE),
                     ),
                     Scheduler(api, session, f"http://127.0.0.1:{server.port('extender')}", rng),
                     user,

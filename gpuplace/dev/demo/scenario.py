@@ -255,8 +255,9 @@ def submissions() -> list[Submission]:
         )
     for i in range(1, 3):
         # GPU memory alone, as gpushare/GAS/KAI users ask: no compute reserved (a warning
-        # says so); the second packs onto the first's GPU.
-        add(r, pod("research", f"eval-{i}", {keys.GPU_MEMORY: "10Gi"}, cpu="2"))
+        # says so); the second packs onto the first's GPU (two 9Gi and their CUDA contexts
+        # fit an L4's 23,034 MiB less the margin of nodes without the node agent).
+        add(r, pod("research", f"eval-{i}", {keys.GPU_MEMORY: "9Gi"}, cpu="2"))
     add(s, pod("serving", "t4-batch", _whole(1, T4), image=TRITON, cpu="4", memory="16Gi"))
     return out
 

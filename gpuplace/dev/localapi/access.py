@@ -40,7 +40,7 @@ from urllib.parse import unquote
 
 import yaml
 
-from gpuplace.dev.localapi import statuses
+from gpuplace.dev.localapi.statuses import ApiStatusError
 
 Obj = dict[str, Any]
 
@@ -77,6 +77,12 @@ CERTS = service_account("gpuplace", "gpuplace-certs")
 """`gpuplace certs rotate` in the self-managed overlay's CronJob."""
 NODE_AGENT = service_account("kube-system", "gpuplace-node-agent")
 """`gpuplace node-agent`, the DaemonSet on GPU nodes."""
+DRA_NODE_AGENT = service_account("kube-system", "gpuplace-node-agent-dra")
+"""`gpuplace node-agent --kubelet-plugin=dra`, the DaemonSet on DRA nodes
+(`DRA_SHIPPED`)."""
+DRA_SHIPPED = "overlays/self-managed-dra"
+"""The shipped overlay with the DRA component (its RBAC: the DRA agent's, the sidecar's
+slice writes)."""
 
 
 # --- request attributes ------------------------------------------------------------
@@ -245,15 +251,15 @@ class Rbac:
 
 
 @functools.cache
-def _shipped() -> Rbac:
-    return Rbac.shipped()
+def _shipped(tree: str = SHIPPED) -> Rbac:
+    return Rbac.shipped(tree)
 
 
-def forbidden(asked: Attributes) -> statuses.ApiStatusError:
+def forbidden(asked: Attributes) -> ApiStatusError:
     """kube-apiserver's 403 for a denied request (responsewriters.ForbiddenStatusError)."""
     user = asked.user.name
     if not asked.resource_request:
-        return statuses.ApiStatusError(
+        return ApiStatusError(
             403, f'forbidden: User "{user}" cannot {asked.verb} path "{asked.path}"',
             reason="Forbidden",
         )  # fmt: skip
@@ -264,7 +270,7 @@ def forbidden(asked: Attributes) -> statuses.ApiStatusError:
     )
     qualified = asked.resource + (f".{asked.group}" if asked.group else "")
     named = f' "{asked.name}"' if asked.name else ""
-    return statuses.ApiStatusError(
+    return ApiStatusError(
         403,
         f"{qualified}{named} is forbidden: {why}",
         reason="Forbidden",
@@ -274,8 +280,8 @@ def forbidden(asked: Attributes) -> statuses.ApiStatusError:
     )
 
 
-def unauthorized() -> statuses.ApiStatusError:
-    return statuses.ApiStatusError(401, "Unauthorized", reason="Unauthorized")
+def unauthorized() -> ApiStatusError:
+    return ApiStatusError(401, "Unauthorized", reason="Unauthorized")
 
 
 class Access:
@@ -287,10 +293,12 @@ class Access:
         self._tokens: dict[User, str] = {}
 
     @classmethod
-    def shipped(cls, *, edit: Callable[[list[Obj]], list[Obj]] | None = None) -> Access:
-        """Enforcing the RBAC deploy/ ships (see `Rbac.shipped`; read once per process
-        unless `edit` changes it)."""
-        return cls(_shipped() if edit is None else Rbac.shipped(edit=edit))
+    def shipped(
+        cls, tree: str = SHIPPED, *, edit: Callable[[list[Obj]], list[Obj]] | None = None
+    ) -> Access:
+        """Enforcing the RBAC deploy/`tree` ships (see `Rbac.shipped`; read once per
+        process unless `edit` changes it)."""
+        return cls(_shipped(tree) if edit is None else Rbac.shipped(tree, edit=edit))
 
     def token(self, user: User) -> str:
         """A bearer token that authenticates as `user` (the same one each time)."""

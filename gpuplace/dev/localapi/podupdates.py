@@ -24,7 +24,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from gpuplace.dev.localapi import statuses
+from gpuplace.dev.localapi.statuses import ApiStatusError
 
 Obj = dict[str, Any]
 
@@ -149,6 +149,6 @@ def check(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
     name = str(old["metadata"]["name"])
     shown = [f"{cause['field']}: {cause['message']}" for cause in found]
     why = shown[0] if len(shown) == 1 else "[" + ", ".join(shown) + "]"
-    raise statuses.ApiStatusError(
+    raise ApiStatusError(
         422, f'Pod "{name}" is invalid: {why}', kind="Pod", name=name, causes=found
     )

@@ -73,6 +73,12 @@ GPUQUEUES = Resource(
 """The GpuQueue custom resource (deploy/base/gpuqueue-crd.yaml) as if its CRD were installed:
 served with its status subresource and generation, without the CRD's schema and CEL rules
 (gpuplace checks a queue again when it reads one: `gpuplace.cluster.gpuqueues`)."""
+DRA = "resource.k8s.io"
+RESOURCE_SLICES = Resource(DRA, "v1", "resourceslices", "ResourceSlice", False, frozenset())
+RESOURCE_CLAIMS = Resource(DRA, "v1", "resourceclaims", "ResourceClaim", True)
+DEVICE_CLASSES = Resource(DRA, "v1", "deviceclasses", "DeviceClass", False, frozenset())
+"""Dynamic Resource Allocation's objects, stored as sent (no schema, no allocator: a test
+writes a claim's `status.allocation` itself, as kube-scheduler would)."""
 ADMISSION = "admissionregistration.k8s.io"
 MUTATING_WEBHOOKS = Resource(
     ADMISSION,
@@ -105,4 +111,7 @@ DEFAULT_RESOURCES = (
     MUTATING_WEBHOOKS,
     VALIDATING_WEBHOOKS,
     GPUQUEUES,
+    RESOURCE_SLICES,
+    RESOURCE_CLAIMS,
+    DEVICE_CLASSES,
 )

@@ -46,11 +46,12 @@ import yaml
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from gpuplace import gc_tuning
-from gpuplace.dev.localapi import access as accessing
-from gpuplace.dev.localapi import patching, statuses
+from gpuplace.dev.localapi.access import ADMIN, Access, User
+from gpuplace.dev.localapi.patching import MERGE, TYPES
 from gpuplace.dev.localapi.resources import DEFAULT_RESOURCES, PODS, Resource
+from gpuplace.dev.localapi.statuses import ApiStatusError, success
 from gpuplace.dev.localapi.store import BOOKMARK, ERROR, Obj, Store
+from gpuplace.runtime import gc_tuning
 
 T = TypeVar("T")
 
@@ -107,7 +108,7 @@ class FakeApi:
         max_watch_seconds: float = 1800.0,
         gone_as_http: bool = False,
         record_calls: int = 10_000,
-        access: accessing.Access | None = None,
+        access: Access | None = None,
     ) -> None:
         self.store = Store(resources, history)
         self.access = access
@@ -155,7 +156,7 @@ class FakeApi:
         patch: Any,
         namespace: str | None = None,
         *,
-        content_type: str = patching.MERGE,
+        content_type: str = MERGE,
         subresource: str | None = None,
     ) -> Obj:
         return self.store.patch(
@@ -241,10 +242,10 @@ class FakeApi:
         elif path.startswith("/apis/"):
             parts = path[len("/apis/") :].split("/", 2)
             if len(parts) < 3:
-                raise statuses.ApiStatusError(404, NOT_SERVED)
+                raise ApiStatusError(404, NOT_SERVED)
             group, rest = parts[0], parts[2]
         else:
-            raise statuses.ApiStatusError(404, NOT_SERVED)
+            raise ApiStatusError(404, NOT_SERVED)
         segments = [unquote(part) for part in rest.split("/") if part]
         namespace = None
         if len(segments) >= 3 and segments[0] == "namespaces":
@@ -253,14 +254,14 @@ class FakeApi:
                 namespace = segments[1]
                 segments = segments[2:]
         if not segments or len(segments) > 3:
-            raise statuses.ApiStatusError(404, NOT_SERVED)
+            raise ApiStatusError(404, NOT_SERVED)
         resource = self.store.resource(group, segments[0])
         if resource is None or (resource.namespaced and namespace is None and len(segments) > 1):
-            raise statuses.ApiStatusError(404, NOT_SERVED)
+            raise ApiStatusError(404, NOT_SERVED)
         name = segments[1] if len(segments) > 1 else None
         sub = segments[2] if len(segments) > 2 else None
         if sub is not None and sub not in resource.subresources:
-            raise statuses.ApiStatusError(404, NOT_SERVED)
+            raise ApiStatusError(404, NOT_SERVED)
         return resource, namespace, name, sub
 
     async def _body(self, request: web.Request) -> Any:
@@ -270,7 +271,7 @@ class FakeApi:
         try:
             return json.loads(raw)
         except ValueError as error:
-            raise statuses.ApiStatusError(
+            raise ApiStatusError(
                 400, f"couldn't get version/kind; json parse error: {error}"
             ) from error
 
@@ -306,11 +307,11 @@ class FakeApi:
                     if fault.action is not None:
                         fault.action()
                     if fault.code:
-                        raise statuses.ApiStatusError(fault.code, fault.message)
+                        raise ApiStatusError(fault.code, fault.message)
                     break
             self._faults = [fault for fault in self._faults if fault.times > 0]
             return await self._serve(request, body)
-        except statuses.ApiStatusError as error:
+        except ApiStatusError as error:
             return web.json_response(error.body(), status=error.code)
 
     async def _serve(self, request: web.Request, body: Any) -> web.StreamResponse:
@@ -325,36 +326,36 @@ class FakeApi:
                 return self._list(resource, namespace, query)
             if method == "POST":
                 if not isinstance(body, dict):
-                    raise statuses.ApiStatusError(400, "the body must be a JSON object")
+                    raise ApiStatusError(400, "the body must be a JSON object")
                 created = store.create(resource, body, namespace)
                 return web.json_response(created, status=201)
-            raise statuses.ApiStatusError(405, f"{method} is not supported on a collection")
+            raise ApiStatusError(405, f"{method} is not supported on a collection")
         if sub == "binding":
             if method != "POST" or namespace is None:
-                raise statuses.ApiStatusError(405, "bindings are created with POST")
+                raise ApiStatusError(405, "bindings are created with POST")
             if not isinstance(body, dict):
-                raise statuses.ApiStatusError(400, "the body must be a Binding object")
+                raise ApiStatusError(400, "the body must be a Binding object")
             store.bind(namespace, name, body)
-            return web.json_response(statuses.success(201), status=201)
+            return web.json_response(success(201), status=201)
         if sub == "eviction":
             if method != "POST" or namespace is None:
-                raise statuses.ApiStatusError(405, "evictions are created with POST")
+                raise ApiStatusError(405, "evictions are created with POST")
             if not isinstance(body, dict):
-                raise statuses.ApiStatusError(400, "the body must be an Eviction object")
+                raise ApiStatusError(400, "the body must be an Eviction object")
             return web.json_response(store.evict(namespace, name, body), status=201)
         if method == "GET":
             return web.json_response(store.get(resource, namespace, name))
         if method == "PUT":
             if not isinstance(body, dict):
-                raise statuses.ApiStatusError(400, "the body must be a JSON object")
+                raise ApiStatusError(400, "the body must be a JSON object")
             return web.json_response(store.update(resource, namespace, name, body, sub))
         if method == "PATCH":
             content_type = request.headers.get("Content-Type", "").split(";", maxsplit=1)[0].strip()
-            if content_type not in patching.TYPES:
-                raise statuses.ApiStatusError(
+            if content_type not in TYPES:
+                raise ApiStatusError(
                     415,
                     f"the body of the request was in an unknown format - accepted media types "
-                    f"include: {', '.join(patching.TYPES)}",
+                    f"include: {', '.join(TYPES)}",
                 )
             patched = store.patch(
                 resource, namespace, name, content_type=content_type, patch=body, subresource=sub
@@ -366,7 +367,7 @@ class FakeApi:
                 return web.json_response(store.terminate(namespace, name, options))
             preconditions = options.get("preconditions")
             return web.json_response(store.delete(resource, namespace, name, preconditions))
-        raise statuses.ApiStatusError(405, f"{method} is not supported here")
+        raise ApiStatusError(405, f"{method} is not supported here")
 
     def _list(
         self, resource: Resource, namespace: str | None, query: Mapping[str, str]
@@ -374,7 +375,7 @@ class FakeApi:
         try:
             limit = int(query.get("limit") or 0)
         except ValueError as error:
-            raise statuses.ApiStatusError(400, "limit must be an integer") from error
+            raise ApiStatusError(400, "limit must be an integer") from error
         items, rv, token, remaining = self.store.list(
             resource,
             namespace,
@@ -425,7 +426,7 @@ class FakeApi:
         try:
             timeout = float(query.get("timeoutSeconds") or self.max_watch_seconds)
         except ValueError as error:
-            raise statuses.ApiStatusError(400, "timeoutSeconds must be an integer") from error
+            raise ApiStatusError(400, "timeoutSeconds must be an integer") from error
         timeout = min(timeout, self.max_watch_seconds)
         bookmarks = _true(query.get("allowWatchBookmarks"))
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
@@ -438,7 +439,7 @@ class FakeApi:
                 resource_version=query.get("resourceVersion"),
                 bookmarks=bookmarks,
             )
-        except statuses.ApiStatusError as error:
+        except ApiStatusError as error:
             if error.code != 410 or self.gone_as_http:
                 raise
             response.enable_chunked_encoding()
@@ -492,11 +493,11 @@ class Server:
     api: FakeApi
     url: str
 
-    def token(self, user: accessing.User) -> str:
+    def token(self, user: User) -> str:
         """The bearer token of `user` (any token when the server does not authenticate)."""
         return "fake-token" if self.api.access is None else self.api.access.token(user)
 
-    def configuration(self, user: accessing.User = accessing.ADMIN) -> client.Configuration:
+    def configuration(self, user: User = ADMIN) -> client.Configuration:
         """A kubernetes-asyncio Configuration for this server (no TLS) that authenticates
         as `user` (default: an admin in system:masters, for set-up and users' commands)."""
         configuration = client.Configuration(host=self.url)
@@ -504,7 +505,7 @@ class Server:
         configuration.api_key = {"BearerToken": f"Bearer {self.token(user)}"}
         return configuration
 
-    def kubeconfig(self, path: Path, user: accessing.User = accessing.ADMIN) -> Path:
+    def kubeconfig(self, path: Path, user: User = ADMIN) -> Path:
         """Write a kubeconfig file whose current context is this server, as `user`."""
         document = {
             "apiVersion": "v1",
@@ -551,7 +552,7 @@ class ThreadedServer:
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result()
 
-    def configuration(self, user: accessing.User = accessing.ADMIN) -> client.Configuration:
+    def configuration(self, user: User = ADMIN) -> client.Configuration:
         return self.server.configuration(user)
 
 

@@ -54,7 +54,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuplace.dev.localapi import patching, podupdates, selectors, statuses
+from gpuplace.dev.localapi.patching import JSON_PATCH, MergeKeyMissing, PatchError, go_text
+from gpuplace.dev.localapi.patching import apply as apply_patch
+from gpuplace.dev.localapi.podupdates import check as check_pod_update
 from gpuplace.dev.localapi.resources import (
     DEFAULT_RESOURCES,
     MUTATING_WEBHOOKS,
@@ -64,6 +66,16 @@ from gpuplace.dev.localapi.resources import (
     SECRETS,
     VALIDATING_WEBHOOKS,
     Resource,
+)
+from gpuplace.dev.localapi.selectors import Matcher, of_object, parse_fields
+from gpuplace.dev.localapi.selectors import parse as parse_labels
+from gpuplace.dev.localapi.statuses import (
+    ApiStatusError,
+    conflict,
+    gone,
+    invalid,
+    not_found,
+    success,
 )
 
 Obj = dict[str, Any]
@@ -102,7 +114,7 @@ class Watcher:
 
     resource: Resource
     namespace: str | None
-    labels: selectors.Matcher
+    labels: Matcher
     fields: Callable[[Mapping[str, object]], bool]
     bookmarks: bool = False
     """True when the client asked for BOOKMARK events (allowWatchBookmarks=true)."""
@@ -176,7 +188,7 @@ class Store:
         for resource in self._resources.values():
             if resource.kind == kind and resource.api_version == api_version:
                 return resource
-        raise statuses.ApiStatusError(400, f"no kind {kind!r} is registered for {api_version}")
+        raise ApiStatusError(400, f"no kind {kind!r} is registered for {api_version}")
 
     @property
     def resource_version(self) -> int:
@@ -188,7 +200,7 @@ class Store:
         space = (namespace or "") if resource.namespaced else ""
         found = self._objects[resource].get((space, name))
         if found is None:
-            raise statuses.not_found(resource.plural, name, resource.group)
+            raise not_found(resource.plural, name, resource.group)
         return found
 
     def items(self, resource: Resource) -> list[Obj]:
@@ -210,7 +222,7 @@ class Store:
         if continue_token:
             saved = self._continues.pop(continue_token, None)
             if saved is None or saved[0] != resource:
-                raise statuses.gone(
+                raise gone(
                     "The provided continue parameter is too old to display a consistent list "
                     "result. You can start a new list without the continue parameter, or use "
                     "the continue token in this response to retrieve the remainder of the "
@@ -221,10 +233,10 @@ class Store:
             _, rv, remaining, counted = saved
         else:
             try:
-                labels = selectors.parse(label_selector)
-                fields = selectors.parse_fields(field_selector)
+                labels = parse_labels(label_selector)
+                fields = parse_fields(field_selector)
             except ValueError as error:
-                raise statuses.ApiStatusError(400, str(error)) from error
+                raise ApiStatusError(400, str(error)) from error
             watcher = Watcher(resource, namespace, labels, fields)
             counted = not label_selector and not field_selector
             rv = self._rv
@@ -267,12 +279,12 @@ class Store:
         obj = copy.deepcopy(obj)
         metadata = obj.setdefault("metadata", {})
         if not isinstance(metadata, dict):
-            raise statuses.ApiStatusError(400, "metadata must be an object")
+            raise ApiStatusError(400, "metadata must be an object")
         if resource.namespaced:
             given = metadata.get("namespace")
             namespace = namespace or given or "default"
             if given and given != namespace:
-                raise statuses.ApiStatusError(
+                raise ApiStatusError(
                     400,
                     "the namespace of the provided object does not match the namespace sent "
                     "on the request",
@@ -283,7 +295,7 @@ class Store:
         if not metadata.get("name"):
             prefix = metadata.get("generateName")
             if not prefix:
-                raise statuses.invalid(
+                raise invalid(
                     resource.kind, "", "metadata.name: Required value: name or generateName"
                 )
             metadata["name"] = prefix + secrets.token_hex(3)[:5]
@@ -291,7 +303,7 @@ class Store:
         _check_kind(resource, obj, None)
         key = (str(metadata.get("namespace") or ""), name)
         if key in self._objects[resource]:
-            raise statuses.ApiStatusError(
+            raise ApiStatusError(
                 409,
                 f'{resource.plural} "{name}" already exists',
                 reason="AlreadyExists",
@@ -352,12 +364,10 @@ class Store:
         name = old["metadata"]["name"]
         old_meta, new_meta = old["metadata"], new.get("metadata") or {}
         if new_meta.get("name") != name or new_meta.get("namespace") != old_meta.get("namespace"):
-            raise statuses.invalid(
-                resource.kind, name, "metadata.name: Invalid value: field is immutable"
-            )
+            raise invalid(resource.kind, name, "metadata.name: Invalid value: field is immutable")
         rv = new_meta.get("resourceVersion")
         if rv not in (None, "") and str(rv) != old_meta["resourceVersion"]:
-            raise statuses.conflict(
+            raise conflict(
                 resource.plural,
                 name,
                 "the object has been modified; please apply your changes to the latest "
@@ -366,7 +376,7 @@ class Store:
             )
         uid = new_meta.get("uid")
         if uid not in (None, "") and uid != old_meta["uid"]:
-            raise statuses.conflict(
+            raise conflict(
                 resource.plural,
                 name,
                 f"Precondition failed: UID in precondition: {uid}, "
@@ -403,14 +413,14 @@ class Store:
             kept["status"] = new.get("status", {})
             new = kept
         elif subresource is not None:
-            raise statuses.ApiStatusError(405, f"{subresource} does not support updates")
+            raise ApiStatusError(405, f"{subresource} does not support updates")
         elif "status" in resource.subresources:
             if "status" in old:
                 new["status"] = copy.deepcopy(old["status"])
             else:
                 new.pop("status", None)
         if resource == PODS and subresource is None:
-            podupdates.check(old, new)
+            check_pod_update(old, new)
         _check_kind(resource, new, old)
         _name_label(resource, new)
         if resource.generation:
@@ -439,13 +449,13 @@ class Store:
     ) -> Obj:
         old = self.get(resource, namespace, name)
         try:
-            new = patching.apply(content_type, old, patch, resource.merge_keys)
-        except patching.MergeKeyMissing as error:
-            raise statuses.ApiStatusError(500, str(error), reason="") from error
-        except patching.PatchError as error:
-            if content_type.startswith(patching.JSON_PATCH):
-                raise statuses.invalid(resource.kind, name, str(error)) from error
-            raise statuses.ApiStatusError(400, str(error)) from error
+            new = apply_patch(content_type, old, patch, resource.merge_keys)
+        except MergeKeyMissing as error:
+            raise ApiStatusError(500, str(error), reason="") from error
+        except PatchError as error:
+            if content_type.startswith(JSON_PATCH):
+                raise invalid(resource.kind, name, str(error)) from error
+            raise ApiStatusError(400, str(error)) from error
         try:
             return self.update(resource, namespace, name, new, subresource)
         except Undecodable as error:
@@ -472,7 +482,7 @@ class Store:
         """POST pods/NAME/eviction (policy/v1 Eviction); returns the success Status or
         raises the failure kube-apiserver answers (see the module docstring)."""
         if (eviction.get("metadata") or {}).get("name") != name:
-            raise statuses.ApiStatusError(400, "name in URL does not match name in Eviction object")
+            raise ApiStatusError(400, "name in URL does not match name in Eviction object")
         options = eviction.get("deleteOptions") or {}
         preconditions = options.get("preconditions") or {}
         pod = self.get(PODS, namespace, name)
@@ -483,7 +493,7 @@ class Store:
             self._disrupt(namespace, pod)
         uid = preconditions.get("uid")
         if uid not in (None, "") and uid != pod["metadata"]["uid"]:
-            raise statuses.conflict(
+            raise conflict(
                 "Pod",
                 name,
                 f"the UID in the precondition ({uid}) does not match the UID in record "
@@ -495,7 +505,7 @@ class Store:
             self._preconditions(PODS, pod, probe)
         pod = self._disruption_target(pod)
         self._terminate(pod, preconditions, options.get("gracePeriodSeconds"))
-        return statuses.success(201)
+        return success(201)
 
     def terminate(self, namespace: str, name: str, options: Mapping[str, Any]) -> Obj:
         """DELETE pods/NAME with DeleteOptions `options` (`_terminate`); the pod as it
@@ -532,11 +542,11 @@ class Store:
         labels = pod["metadata"].get("labels") or {}
         budgets = []
         for candidate in self.list(PDBS, namespace)[0]:
-            matcher = selectors.of_object((candidate.get("spec") or {}).get("selector"))
+            matcher = of_object((candidate.get("spec") or {}).get("selector"))
             if matcher is not None and matcher(labels):
                 budgets.append(candidate)
         if len(budgets) > 1:
-            raise statuses.ApiStatusError(
+            raise ApiStatusError(
                 500,
                 "This pod has more than one PodDisruptionBudget, which the eviction "
                 "subresource does not support.",
@@ -560,14 +570,14 @@ class Store:
             )
         allowed = status.get("disruptionsAllowed", 0)
         if allowed < 0:
-            raise statuses.ApiStatusError(
+            raise ApiStatusError(
                 403,
                 f'poddisruptionbudget.policy "{pdb_name}" is forbidden: pdb disruptions '
                 "allowed is negative",
             )
         disrupted = dict(status.get("disruptedPods") or {})
         if len(disrupted) > MAX_DISRUPTED_PODS:
-            raise statuses.ApiStatusError(
+            raise ApiStatusError(
                 403,
                 f'poddisruptionbudget.policy "{pdb_name}" is forbidden: DisruptedPods map too '
                 "big - too many evictions not confirmed by PDB controller",
@@ -620,14 +630,14 @@ class Store:
         metadata = binding.get("metadata") or {}
         target = binding.get("target") or {}
         if metadata.get("name") not in (None, "", name):
-            raise statuses.ApiStatusError(400, "name in the URL does not match the Binding name")
+            raise ApiStatusError(400, "name in the URL does not match the Binding name")
         node = target.get("name")
         if not node or target.get("kind", "Node") != "Node":
-            raise statuses.invalid("Binding", name, "target: Required value: a Node")
+            raise invalid("Binding", name, "target: Required value: a Node")
         uid = metadata.get("uid")
         if uid and uid != pod["metadata"]["uid"]:
             # etcd3's storage error, as kube-apiserver lets it through
-            raise statuses.conflict(
+            raise conflict(
                 "pods",
                 name,
                 f"StorageError: invalid object, Code: 4, Key: /registry/pods/{namespace}/{name}, "
@@ -636,22 +646,20 @@ class Store:
             )
         rv = metadata.get("resourceVersion")
         if rv and rv != pod["metadata"]["resourceVersion"]:
-            raise statuses.conflict(
+            raise conflict(
                 "pods/binding", name, "the object has been modified; please apply your changes"
             )
         if pod["metadata"].get("deletionTimestamp"):
-            raise statuses.conflict(
+            raise conflict(
                 "pods/binding", name, f"pod {name} is being deleted, cannot be assigned to a host"
             )
         assigned = (pod.get("spec") or {}).get("nodeName")
         if assigned:
-            raise statuses.conflict(
+            raise conflict(
                 "pods/binding", name, f'pod {name} is already assigned to node "{assigned}"'
             )
         if (pod.get("spec") or {}).get("schedulingGates"):
-            raise statuses.conflict(
-                "pods/binding", name, f"pod {name} has non-empty .spec.schedulingGates"
-            )
+            raise conflict("pods/binding", name, f"pod {name} has non-empty .spec.schedulingGates")
         new = copy.deepcopy(pod)
         new["spec"]["nodeName"] = node
         annotations = metadata.get("annotations") or {}
@@ -682,10 +690,10 @@ class Store:
     ) -> Watcher:
         """Register a watcher, primed with what it must see first; raises 410 when too old."""
         try:
-            labels = selectors.parse(label_selector)
-            fields = selectors.parse_fields(field_selector)
+            labels = parse_labels(label_selector)
+            fields = parse_fields(field_selector)
         except ValueError as error:
-            raise statuses.ApiStatusError(400, str(error)) from error
+            raise ApiStatusError(400, str(error)) from error
         watcher = Watcher(resource, namespace, labels, fields, bookmarks)
         if resource_version in (None, "", "0"):
             for obj in sorted(self._objects[resource].values(), key=_key):
@@ -695,11 +703,11 @@ class Store:
             try:
                 since = int(str(resource_version))
             except ValueError as error:
-                raise statuses.ApiStatusError(
+                raise ApiStatusError(
                     400, f"invalid resource version {resource_version!r}"
                 ) from error
             if since < self._floor:
-                raise statuses.gone("The resourceVersion for the provided watch is too old.")
+                raise gone("The resourceVersion for the provided watch is too old.")
             for change in itertools.dropwhile(lambda c: c.rv <= since, self._history):
                 if change.resource == resource:
                     event = watcher.event_for(change)
@@ -742,7 +750,7 @@ class Store:
         count = 0
         for watcher in list(self.watchers):
             if expire:
-                error = statuses.gone(f"too old resource version: {self._floor} ({self._rv})")
+                error = gone(f"too old resource version: {self._floor} ({self._rv})")
                 watcher.queue.put_nowait((ERROR, error.body()))
             watcher.abort = abort
             watcher.queue.put_nowait(None)
@@ -751,9 +759,9 @@ class Store:
         return count
 
 
-def _too_many(cause: str, retry_after: int) -> statuses.ApiStatusError:
+def _too_many(cause: str, retry_after: int) -> ApiStatusError:
     """eviction.go's 429: the real message, a DisruptionBudget cause."""
-    return statuses.ApiStatusError(
+    return ApiStatusError(
         429,
         "Cannot evict pod as it would violate the pod's disruption budget.",
         causes=[{"reason": "DisruptionBudget", "message": cause}],
@@ -761,7 +769,7 @@ def _too_many(cause: str, retry_after: int) -> statuses.ApiStatusError:
     )
 
 
-class Undecodable(statuses.ApiStatusError):
+class Undecodable(ApiStatusError):
     """A bytes field that is not base64: what kube-apiserver answers for such a body
     (400); `at` is the first byte Go's decoder refuses."""
 
@@ -774,13 +782,13 @@ class Undecodable(statuses.ApiStatusError):
         text = str(value)
         self.at = next((i for i, c in enumerate(text) if c not in _ALPHABET), len(text))
 
-    def of_patch(self, patch: object) -> statuses.ApiStatusError:
+    def of_patch(self, patch: object) -> ApiStatusError:
         """kube-apiserver's answer when a PATCH made the field so: 422 on the patch."""
         why = (
-            f'Invalid value: "{patching.go_text(patch)}": error decoding from json: '
+            f'Invalid value: "{go_text(patch)}": error decoding from json: '
             f"illegal base64 data at input byte {self.at}"
         )
-        return statuses.ApiStatusError(
+        return ApiStatusError(
             422,
             f' "" is invalid: patch: {why}',
             causes=[{"reason": "FieldValueInvalid", "message": why, "field": "patch"}],
@@ -828,13 +836,11 @@ def _check_kind(resource: Resource, new: Obj, old: Obj | None) -> None:
                 raise _undecodable(resource, f"data[{key}]", value)
         kind = new.get("type") or "Opaque"
         if old is not None and kind != (old.get("type") or "Opaque"):
-            raise statuses.invalid(
-                resource.kind, name, f'type: Invalid value: "{kind}": field is immutable'
-            )
+            raise invalid(resource.kind, name, f'type: Invalid value: "{kind}": field is immutable')
         if kind == "kubernetes.io/tls":
             for key in ("tls.crt", "tls.key"):
                 if key not in data:
-                    raise statuses.invalid(resource.kind, name, f"data[{key}]: Required value")
+                    raise invalid(resource.kind, name, f"data[{key}]: Required value")
     elif resource in (MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS):
         for index, webhook in enumerate(new.get("webhooks") or []):
             bundle = (webhook.get("clientConfig") or {}).get("caBundle")

@@ -1,0 +1,509 @@
+"""gpuplace on DRA on the real tier (docs/dra.md, issue 42 point 5): the shipped DRA
+component applied on top of the install (`deploy/components/dra`), `gpuplace node-agent
+--kubelet-plugin=dra` with the DRA DaemonSet's arguments and identity registered as the
+kit's kubelet's DRA plugin (containerd 1.7 with CDI: `up --cdi`), NVML replayed, MPS played
+by the stand-in; claims allocated by kube-scheduler's own DRA allocator (the cluster's
+default scheduler, first fit) against the agent's ResourceSlice; what each container got is
+read back from the running container.
+
+The module borrows the one kubelet node from the device-plugin agent (`KubeletNode.lent`:
+a node is on one path) and gives it back, and runs `gpuplace serve` with the component's
+arguments (`--dra-silence-taints=true`) and a short `--agent-silence-seconds` meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuplace.cluster import dra
+from tests.realcluster import install
+from tests.realcluster.conftest import KubeletNode, Scope, derived_replay
+from tests.realcluster.install import AGENT_NAMESPACE, GPUPLACE, NO_IMAGE_LABEL, Installation
+from tests.realcluster.kit import Cluster, Kubectl, free_port
+from tests.realcluster.objects import gpu_node, pod, running
+from tests.realcluster.processes import HostProcess, with_flags
+from tests.realcluster.sessions import unusable
+from tests.realcluster.test_node_agent import environment, gpu_env, inside, metric
+
+DRA_ACCOUNT = "gpuplace-node-agent-dra"
+DAEMONSET = "gpuplace-node-agent-dra"
+SILENCE = 6
+"""The sidecar's --agent-silence-seconds meanwhile (the agent beats every 2 s)."""
+CDI_DIR = Path("/var/run/cdi")
+DEVICES = "/var/run/nvidia-container-devices"
+PIPE = "/tmp/nvidia-mps"
+
+
+@dataclass
+class DraNode:
+    """The kit's node served by the DRA agent."""
+
+    cluster: Cluster
+    installation: Installation
+    process: HostProcess
+    node: str
+    uuids: list[str]
+    metrics_url: str
+    plugin_dir: Path
+    kubeconfig: Path
+
+    @property
+    def slice_name(self) -> str:
+        return dra.slice_name(self.node)
+
+
+def dra_overlay(installation: Installation) -> Path:
+    """The install's test overlay plus the shipped DRA component, as a user adds it to
+    their overlay; its DaemonSet kept off every node as the test overlay keeps the other
+    (no image here: the agent runs as a host process)."""
+    directory = installation.workdir / "overlay-dra"
+    directory.mkdir(exist_ok=True)
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": ["../overlay"],
+        "components": ["../overlay/shipped/components/dra"],
+        "patches": [
+            {
+                "target": {"kind": "DaemonSet", "name": DAEMONSET},
+                "patch": json.dumps(
+                    [
+                        {
+                            "op": "add",
+                            "path": "/spec/template/spec/nodeSelector/"
+                            + NO_IMAGE_LABEL.replace("/", "~1"),
+                            "value": "true",
+                        }
+                    ]
+                ),
+            }
+        ],
+    }
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def dra_installed(gpuplace: Installation) -> list[dict[str, Any]]:
+    """The DRA component applied (`kubectl apply -k`); the rendered objects."""
+    overlay = dra_overlay(gpuplace)
+    gpuplace.kubectl.run("apply", "-k", str(overlay))
+    rendered = gpuplace.kubectl.run("kustomize", str(overlay)).out
+    return [item for item in yaml.safe_load_all(rendered) if item]
+
+
+def _clean_host(plugin_dir: Path) -> None:
+    """What an agent of an earlier run left on the machine: its checkpoint, our specs."""
+    with contextlib.suppress(FileNotFoundError):
+        (plugin_dir / "checkpoint.json").unlink()
+    for spec in CDI_DIR.glob(f"{dra.DRIVER}-claim_*.json"):
+        spec.unlink()
+
+
+@contextlib.contextmanager
+def dra_serve(gpuplace: Installation, rendered: list[dict[str, Any]]) -> Iterator[None]:
+    """`gpuplace serve` with the DRA component's arguments and a short silence bound."""
+    shipped, kept = gpuplace.serve, gpuplace.rendered
+    shipped.stop()
+    gpuplace.rendered = rendered
+    try:
+        made = install.serve_process(gpuplace)
+    finally:
+        gpuplace.rendered = kept
+    argv = [made.argv[0], *with_flags(made.argv[1:], {"--agent-silence-seconds": str(SILENCE)})]
+    assert "--dra-silence-taints=true" in argv, argv
+    gpuplace.serve = HostProcess(
+        "gpuplace serve (DRA)", argv, gpuplace.workdir / "serve-dra.log", ready_url=made.ready_url
+    )
+    try:
+        gpuplace.serve.start()
+        yield
+    finally:
+        gpuplace.serve.stop()
+        gpuplace.serve = shipped
+        shipped.start()
+
+
+@pytest.fixture(scope="module")
+def dra_node(
+    cluster: Cluster,
+    gpuplace: Installation,
+    dra_installed: list[dict[str, Any]],
+    kubelet_node: KubeletNode,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[DraNode]:
+    if cluster.node_problem is not None:
+        unusable(f"no kubelet node: {cluster.node_problem}")
+    if cluster.cdi_problem is not None:
+        unusable(f"the kubelet node has no CDI (`cluster.sh up --cdi`): {cluster.cdi_problem}")
+    workdir = tmp_path_factory.mktemp("dra")
+    replay, uuids = derived_replay(workdir)
+    node = cluster.node_name
+    kubelet_dir = Path(cluster.env["K8S_DEVICE_PLUGIN_DIR"]).parent
+    plugin_dir = kubelet_dir / "plugins" / dra.DRIVER
+    _clean_host(plugin_dir)
+    port = free_port()
+    process, mps = install.node_agent_process(
+        gpuplace,
+        node,
+        replay,
+        kubelet_dir / "device-plugins",
+        port,
+        daemonset=DAEMONSET,
+        account=DRA_ACCOUNT,
+        rendered=dra_installed,
+        flags={
+            "--device-plugin-dir": None,
+            "--kubelet-plugins-dir": str(kubelet_dir / "plugins"),
+            "--kubelet-registry-dir": str(kubelet_dir / "plugins_registry"),
+            "--cdi-dir": str(CDI_DIR),
+            "--heartbeat-seconds": "2",
+            "--discover-seconds": "1",
+        },
+    )
+    kubeconfig = Path(next(a for a in process.argv if a.startswith("--kubeconfig=")).split("=")[1])
+    with kubelet_node.lent(), dra_serve(gpuplace, dra_installed):
+        try:
+            process.start()
+            yield DraNode(
+                cluster,
+                gpuplace,
+                process,
+                node,
+                uuids,
+                f"http://127.0.0.1:{port}/metrics",
+                plugin_dir,
+                kubeconfig,
+            )
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                if process.alive:
+                    os.kill(process.pid, signal.SIGCONT)
+            process.stop()
+            gpuplace.kubectl.run(
+                "delete", "resourceslice", dra.slice_name(node), "--ignore-not-found"
+            )
+            _clean_host(plugin_dir)
+            shutil.rmtree(mps, ignore_errors=True)
+
+
+# --- what the tests write ----------------------------------------------------------------
+
+
+def share_claim(
+    name: str, namespace: str, milli: int, memory_mib: int, *, pin: str | None = None
+) -> dict[str, Any]:
+    """A ResourceClaim written directly against the DeviceClass, as a user would; `pin`: on
+    that GPU (by UUID) only, as the planner will pin a claim."""
+    body: dict[str, Any] = {
+        "apiVersion": dra.API_VERSION,
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": dra.DEVICE_CLASS,
+                            "capacity": {"requests": dra.capacity_requests(milli, memory_mib)},
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    if pin is not None:
+        exactly = body["spec"]["devices"]["requests"][0]["exactly"]
+        exactly["selectors"] = [{"cel": {"expression": dra.uuid_selector(pin)}}]
+    return body
+
+
+def claiming(name: str, scope: Scope, node: str, claim: str, *, template: bool = False) -> Any:
+    """A pod on the kit's node whose container uses the claim `claim` (or a claim made
+    from the template `claim`)."""
+    body = pod(name, scope.namespace, node_selector={"kubernetes.io/hostname": node})
+    source = "resourceClaimTemplateName" if template else "resourceClaimName"
+    body["spec"]["resourceClaims"] = [{"name": "gpu", source: claim}]
+    body["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    return body
+
+
+def start(kubectl: Kubectl, *objects: dict[str, Any]) -> list[dict[str, Any]]:
+    """Create the objects; return the pods among them once each runs."""
+    kubectl.apply(*objects)
+    found = []
+    for obj in objects:
+        if obj["kind"] != "Pod":
+            continue
+        meta = obj["metadata"]
+        ran = kubectl.wait_object(
+            "pods", meta["name"], running, namespace=meta["namespace"], timeout=120
+        )
+        assert ran is not None
+        found.append(ran)
+    return found
+
+
+def allocation(kubectl: Kubectl, namespace: str, claim: str) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = kubectl.json("-n", namespace, "get", "resourceclaim", claim)[
+        "status"
+    ]["allocation"]["devices"]["results"]
+    return results
+
+
+def share_env(milli: int, memory_mib: int) -> dict[str, str]:
+    return {
+        "NVIDIA_VISIBLE_DEVICES": DEVICES,
+        "CUDA_MPS_PIPE_DIRECTORY": PIPE,
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(-(-milli // 10)),
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={memory_mib}M",
+    }
+
+
+def spec_of(kubectl: Kubectl, namespace: str, claim: str) -> Path:
+    uid = kubectl.json("-n", namespace, "get", "resourceclaim", claim)["metadata"]["uid"]
+    return CDI_DIR / f"{dra.DRIVER}-claim_{uid}.json"
+
+
+def recorded_claims(dra_node: DraNode) -> set[tuple[str, str]]:
+    """(name, namespace) of the claims in the agent's checkpoint (earlier tests' claims may
+    still be there: their namespaces go without waiting)."""
+    recorded = json.loads((dra_node.plugin_dir / "checkpoint.json").read_text())
+    return {(claim["name"], claim["namespace"]) for claim in recorded["claims"]}
+
+
+def until(check: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+# --- the tests ------------------------------------------------------------------------------
+
+
+def test_the_dra_agent_registers_and_publishes_its_nodes_slice(
+    dra_node: DraNode, kubectl: Kubectl
+) -> None:
+    found = kubectl.json("get", "resourceslice", dra_node.slice_name)
+    spec = found["spec"]
+    assert (spec["driver"], spec["nodeName"], spec["pool"]["name"]) == (
+        dra.DRIVER,
+        dra_node.node,
+        dra_node.node,
+    )
+    node_uid = kubectl.json("get", "node", dra_node.node)["metadata"]["uid"]
+    assert found["metadata"]["ownerReferences"][0]["uid"] == node_uid
+    devices = spec["devices"]
+    assert [d["name"] for d in devices] == ["gpu-0", "gpu-1"]
+    assert [d["attributes"]["uuid"]["string"] for d in devices] == dra_node.uuids
+    assert devices[0]["attributes"]["model"] == {"string": "NVIDIA-H100-80GB-HBM3"}
+    assert devices[0]["capacity"]["compute"]["value"] == "1k"  # the API's form of 1000
+    assert all(d["allowMultipleAllocations"] and "taints" not in d for d in devices)
+    assert metric(dra_node.metrics_url, "gpuplace_agent_dra_registered") == 1
+    whoami = kubectl.as_user(dra_node.kubeconfig).json("auth", "whoami")["status"]["userInfo"]
+    assert whoami["username"] == f"system:serviceaccount:{AGENT_NAMESPACE}:{DRA_ACCOUNT}"
+
+
+def test_two_shares_on_one_gpu_run_with_their_limits_and_a_share_that_fits_waits(
+    scope: Scope, kubectl: Kubectl, dra_node: DraNode
+) -> None:
+    ns, node = scope.namespace, dra_node.node
+    thirty, sixty = share_claim("share-30", ns, 300, 8192), share_claim("share-60", ns, 600, 16384)
+    whole = pod("whole", ns, node_selector={"kubernetes.io/hostname": node})
+    whole["spec"]["containers"][0]["resources"] = {"limits": {dra.EXTENDED_RESOURCE: "1"}}
+    a, b, w = start(
+        kubectl,
+        thirty,
+        sixty,
+        claiming("a", scope, node, "share-30"),
+        claiming("b", scope, node, "share-60"),
+        whole,
+    )
+    # kube-scheduler's first fit: both shares on gpu-0, the whole GPU on gpu-1
+    assert allocation(kubectl, ns, "share-30")[0]["device"] == "gpu-0"
+    assert allocation(kubectl, ns, "share-60")[0]["device"] == "gpu-0"
+    claim = w["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+    assert allocation(kubectl, ns, claim)[0]["device"] == "gpu-1"
+    # the whole of the slice's memory capacity: the agent's packable figure (NVML's total
+    # less the driver's reservation and the MPS server's own memory, docs/dra.md)
+    slice_memory = kubectl.json("get", "resourceslice", dra_node.slice_name)["spec"]["devices"][1][
+        "capacity"
+    ]["memory"]["value"]
+    assert slice_memory == "80960Mi"
+    assert allocation(kubectl, ns, claim)[0]["consumedCapacity"] == {
+        "compute": "1k",
+        "memory": slice_memory,
+    }
+    # each container's environment read back is its grant
+    assert gpu_env(environment(kubectl, a)) == share_env(300, 8192)
+    assert gpu_env(environment(kubectl, b)) == share_env(600, 16384)
+    assert gpu_env(environment(kubectl, w)) == {"NVIDIA_VISIBLE_DEVICES": DEVICES}
+    assert inside(kubectl, a, "ls", DEVICES).split() == [dra_node.uuids[0]]
+    assert inside(kubectl, w, "ls", DEVICES).split() == [dra_node.uuids[1]]
+    assert "control" in inside(kubectl, a, "ls", PIPE).split()  # its GPU's MPS daemon
+    # a third share fits on neither GPU: it waits, with kube-scheduler's reason
+    template = {
+        "apiVersion": dra.API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "share-50", "namespace": ns},
+        "spec": {"spec": share_claim("x", ns, 500, 8192)["spec"]},
+    }
+    kubectl.apply(template, claiming("c", scope, node, "share-50", template=True))
+    message = kubectl.wait_event(ns, "c", "FailedScheduling", timeout=60)
+    assert "cannot allocate all claims" in message, message
+    # deleting a pod calls NodeUnprepareResources (its CDI spec goes) and frees its share
+    spec = spec_of(kubectl, ns, "share-60")
+    unprepared = metric(dra_node.metrics_url, 'gpuplace_agent_dra_unprepare_total{result="ok"}')
+    assert spec.is_file()
+    kubectl.run("-n", ns, "delete", "pod", "b", "--wait=true")
+    until(lambda: not spec.exists(), 60, "share-60's CDI spec to be removed")
+    assert (
+        metric(dra_node.metrics_url, 'gpuplace_agent_dra_unprepare_total{result="ok"}')
+        == unprepared + 1
+    )
+    kubectl.run("-n", ns, "delete", "resourceclaim", "share-60", "--wait=true")
+    c = kubectl.wait_object("pods", "c", running, namespace=ns, timeout=120)
+    assert c is not None
+    claim_c = c["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    assert allocation(kubectl, ns, claim_c)[0]["device"] == "gpu-0"
+    assert gpu_env(environment(kubectl, c)) == share_env(500, 8192)
+
+
+def test_a_restarted_agent_keeps_serving_its_prepared_claims(
+    scope: Scope, kubectl: Kubectl, dra_node: DraNode
+) -> None:
+    ns, node = scope.namespace, dra_node.node
+    (first,) = start(
+        kubectl, share_claim("share-40", ns, 400, 4096), claiming("first", scope, node, "share-40")
+    )
+    spec = spec_of(kubectl, ns, "share-40")
+    dra_node.process.kill()  # a crash, not a shutdown
+    dra_node.process.start()
+    still = kubectl.json("-n", ns, "get", "pod", "first")
+    assert running(still) and still["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert spec.is_file()
+    assert ("share-40", ns) in recorded_claims(dra_node)  # the checkpoint read back
+    # a second pod of the prepared claim starts from the spec the restarted agent kept
+    (second,) = start(kubectl, claiming("second", scope, node, "share-40"))
+    assert gpu_env(environment(kubectl, second)) == share_env(400, 4096)
+    assert gpu_env(environment(kubectl, first)) == share_env(400, 4096)
+    # and once both are gone the restarted agent unprepares it
+    kubectl.run("-n", ns, "delete", "pod", "first", "second", "--wait=true")
+    until(lambda: not spec.exists(), 60, "share-40's CDI spec to be removed")
+    assert ("share-40", ns) not in recorded_claims(dra_node)
+
+
+def _silence_taints(kubectl: Kubectl, name: str) -> list[list[str]]:
+    found = kubectl.json("get", "resourceslice", name)
+    return [
+        [t["key"] for t in device.get("taints") or [] if t["key"] == dra.SILENT_TAINT]
+        for device in found["spec"]["devices"]
+    ]
+
+
+def test_a_silent_agents_devices_get_a_noschedule_taint(
+    scope: Scope, kubectl: Kubectl, dra_node: DraNode
+) -> None:
+    ns, node = scope.namespace, dra_node.node
+    os.kill(dra_node.process.pid, signal.SIGSTOP)  # alive, registered, and silent
+    try:
+        kubectl.watch(
+            ["resourceslices", "--field-selector", f"metadata.name={dra_node.slice_name}"],
+            lambda seen: any(
+                all(
+                    any(
+                        t["key"] == dra.SILENT_TAINT and t["effect"] == "NoSchedule"
+                        for t in device.get("taints") or []
+                    )
+                    for device in obj["spec"]["devices"]
+                )
+                for obj in seen.values()
+            ),
+            timeout=60,
+            what="the sidecar's silence taint on every device",
+        )
+        pinned = share_claim("late", ns, 100, 1024, pin=dra_node.uuids[1])
+        kubectl.apply(pinned, claiming("late", scope, node, "late"))
+        message = kubectl.wait_event(ns, "late", "FailedScheduling", timeout=60)
+        assert "cannot allocate all claims" in message, message
+    finally:
+        os.kill(dra_node.process.pid, signal.SIGCONT)
+    # speaking again, the agent writes its slice as it knows it: no taint
+    until(
+        lambda: _silence_taints(kubectl, dra_node.slice_name) == [[], []],
+        60,
+        "the agent to drop the silence taint",
+    )
+    late = kubectl.wait_object("pods", "late", running, namespace=ns, timeout=120)
+    assert late is not None
+    # pinned to gpu-1 by its UUID, where first fit would have taken gpu-0
+    assert allocation(kubectl, ns, "late")[0]["device"] == "gpu-1"
+
+
+def test_each_identity_writes_only_what_its_policy_allows(
+    scope: Scope, kubectl: Kubectl, dra_node: DraNode
+) -> None:
+    other = scope.node("other")
+    scope.add_nodes(gpu_node(other, model=scope.model, gpus=1))
+    theirs = dra.resource_slice(other, "", [dra.GpuDevice(0, "GPU-x", 1024)])
+    del theirs["metadata"]["ownerReferences"]
+    agent = kubectl.as_user(dra_node.kubeconfig)
+    refused = agent.run("create", "-f", "-", input=json.dumps(theirs), check=False)
+    assert refused.code != 0
+    assert "ValidatingAdmissionPolicy 'gpuplace-node-agent-own-slices'" in refused.err
+    assert "may write only the ResourceSlice of the Node it runs on" in refused.err
+    # the sidecar may add its silence taint, and change nothing else
+    sidecar = dra_node.installation.sa_kubeconfig("gpuplace", "gpuplace")
+    stored = kubectl.json("get", "resourceslice", dra_node.slice_name)
+    stored["spec"]["devices"][0]["attributes"]["model"] = {"string": "forged"}
+    forged = kubectl.as_user(sidecar).run(
+        "replace", "-f", "-", input=json.dumps(stored), check=False
+    )
+    assert forged.code != 0
+    assert "gpuplace's sidecar may only add the taint gpu.gpuplace.io/agent-silent" in forged.err
+
+
+def test_dra_mode_refuses_a_runtime_without_cdi(
+    scope: Scope, kubectl: Kubectl, gpuplace: Installation, dra_installed: list[dict[str, Any]]
+) -> None:
+    """A node whose runtime drops CDI devices (containerd 1.6, what the kit installs by
+    default): the agent says why and does not start (exit 1), so no pod runs uncapped."""
+    old = scope.node("containerd16")
+    scope.add_nodes(gpu_node(old, model=scope.model, gpus=1))
+    kubectl.run(
+        "patch", "node", old, "--subresource=status", "--type=merge", "-p",
+        json.dumps({"status": {"nodeInfo": {"containerRuntimeVersion": "containerd://1.6.20"}}}),
+    )  # fmt: skip
+    kubeconfig = gpuplace.sa_kubeconfig(AGENT_NAMESPACE, DRA_ACCOUNT, kind="Node", name=old)
+    with tempfile.TemporaryDirectory(prefix="dra16", dir="/tmp") as root:
+        done = subprocess.run(
+            [
+                GPUPLACE, "node-agent", "--kubelet-plugin=dra", f"--node-name={old}",
+                f"--kubeconfig={kubeconfig}", "--mps=false", "--metrics-address=127.0.0.1",
+                "--metrics-port=0", f"--kubelet-plugins-dir={root}/plugins",
+                f"--kubelet-registry-dir={root}/registry", f"--cdi-dir={root}/cdi",
+                f"--nvml-replay={derived_replay(Path(root))[0]}",
+            ],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 1, done.stderr[-2000:]
+        assert "containerd://1.6.20 drops CDI devices" in done.stderr, done.stderr[-2000:]
+        assert "containerd >= 1.7.2" in done.stderr
+        assert not Path(root, "registry").exists()  # it never offered itself to the kubelet
+    assert not kubectl.exists("resourceslice", dra.slice_name(old))
