@@ -55,8 +55,10 @@ Complexity: O(C log C) to order C candidates and C calls of `allowed` (cheap: qu
 arithmetic), then O(log C + V) calls of `admits` for V victims before step 4 (each a quota
 check and a plan: `gpuplace.placement.queueing.admitting`; a quota check alone where
 quota refuses), and O(V) at most in step 4 (`needed`); step 5 only when step 4 left two
-victims or more: O(C log C) to sort the candidates by `disruption`, up to C more calls of
-`allowed` and of `could`, and at most `ALONE_TESTS` more of `admits`.
+victims or more: O(C * V) to compare each candidate with the set (`dominates`), O(C log C)
+to sort those that pass by `disruption`, up to C more calls of `allowed` and of `could`,
+and at most `ALONE_TESTS` more of `admits` (the measured cost, docs/performance.md: about
+0.1 s a reclaim of two victims or more at 1,000 nodes, mostly `could`).
 
 Pure: no I/O, no clock; ties go to the workload key.
 """
@@ -162,8 +164,8 @@ def fewest(
     count (`dominates`) and alone would admit the workload. Candidates are tried least
     disruptive first (ties in `order`), so the first one that is allowed alone, passes
     `could` and is admitted is the answer; at most `ALONE_TESTS` of them reach `admits`.
-    O(C log C) to sort, at most C calls of `allowed` and of `could`, at most
-    `ALONE_TESTS` of `admits`."""
+    O(C * V) for `dominates` (V: len(found)), O(C log C) to sort, at most C calls of
+    `allowed` and of `could`, at most `ALONE_TESTS` of `admits`."""
     cost = disruption(found)
     taken = {id(c) for c in found}
     alone = [
