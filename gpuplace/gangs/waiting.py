@@ -11,7 +11,9 @@ number of them may start. A gang whose gated members still show a plan mark or a
 reservation (our own writes not yet seen by the informers) is left for the next round,
 so a half-seen plan is never mistaken for started members. A queued gang (its members
 carry `gpuplace.io/queue`) is its queue's to admit and plan (`gpuplace.queues`): it
-never waits here.
+never waits here. A gang restarting after a member failed waits for nothing until the
+members of its last run have stopped (`held`): then its new members form a new run, and
+none of them joins the old one.
 
 Waiting gangs are tried in `Wait.order`: priority (the highest of their members), then
 age (the oldest member's creation), then name. O(gang pods log gang pods) per round.
@@ -19,6 +21,7 @@ age (the oldest member's creation), then name. O(gang pods log gang pods) per ro
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from gpuplace.cluster import recording
@@ -80,11 +83,15 @@ def waits(
     *,
     told: telling.Told,
     recorder: recording.Recorder | None = None,
+    held: Collection[GangKey] = (),
 ) -> list[Wait]:
     """The gangs that wait now (module docstring), in the store's order; members that
-    cannot join are told why once (`told`)."""
+    cannot join are told why once (`told`). `held`: gangs restarting whose last run still
+    holds GPUs (`gpuplace.gangs.restarting`): none of their members waits yet."""
     found = []
     for key, pods in store.groups().items():
+        if key in held:
+            continue
         live = [pod for pod in pods if pod.live]
         if not live or any(pod.controlled.queue for pod in live):
             continue
