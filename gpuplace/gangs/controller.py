@@ -55,9 +55,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from gpuplace.cluster import assignments, pods, recording
+from gpuplace.cluster import assignments, recording
 from gpuplace.cluster.gang_marks import plan_mark
-from gpuplace.cluster.node_affinity import NodeAffinity
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.controllers import restarts, telling
 from gpuplace.controllers.api import PodApi
@@ -69,7 +68,7 @@ from gpuplace.gangs.conditions import Conditions
 from gpuplace.gangs.evicting import GangPreemptions
 from gpuplace.gangs.metrics import GangMetrics
 from gpuplace.gangs.restarting import Held, Restarts
-from gpuplace.gangs.waiting import Wait, waits
+from gpuplace.gangs.waiting import Wait, planned, waits
 from gpuplace.placement import elastic, gangs
 from gpuplace.placement.choosing import Policy
 from gpuplace.placement.fences import GANG, Fence
@@ -342,28 +341,7 @@ class GangController(Controller[GangSettings, GangKey, PodApi]):
     # --- planning --------------------------------------------------------------------
 
     def _members(self, wait: Wait) -> list[gangs.Member]:
-        inventory = self.sync.ledger.inventory
-        allowed: dict[NodeAffinity, frozenset[str] | None] = {}
-        running = [
-            pod for pod in self.store.members(wait.key) if restarts.started(pod) and pod.live
-        ]
-        result = []
-        for pod in wait.members:
-            assert pod.request is not None
-            if pod.controlled.affinity not in allowed:
-                allowed[pod.controlled.affinity] = pod.controlled.affinity.allowed(
-                    (node.name, node.labels) for node in inventory
-                )
-            result.append(
-                gangs.Member(
-                    pod.uid,
-                    pod.request,
-                    allowed[pod.controlled.affinity],
-                    pod.controlled.tolerations,
-                    pods.domain(pod, running, inventory),
-                )
-            )
-        return result
+        return planned(wait, self.store, self.sync.ledger.inventory)
 
     def _exclude(self, key: GangKey) -> frozenset[str]:
         if self.fences is None or self.fences.current is None or self.fences.owner == key:

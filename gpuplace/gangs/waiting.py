@@ -25,11 +25,15 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from gpuplace.cluster import recording
+from gpuplace.cluster.node_affinity import NodeAffinity
 from gpuplace.cluster.pods import PodRecord
-from gpuplace.controllers import telling
+from gpuplace.cluster.pods import domain as member_domain
+from gpuplace.controllers import restarts, telling
 from gpuplace.controllers.store import PodIndex
 from gpuplace.gangs import events
+from gpuplace.placement import gangs
 from gpuplace.placement.gangs import GangKey
+from gpuplace.placement.inventory import Inventory
 from gpuplace.placement.ledger import Ledger
 
 
@@ -153,3 +157,29 @@ def waits(
             )
         )
     return found
+
+
+def planned(wait: Wait, store: PodIndex[GangKey], inventory: Inventory) -> list[gangs.Member]:
+    """The engine's members for a waiting gang: each pod's request, the nodes its node
+    affinity and selector allow (computed once per distinct affinity), its tolerations,
+    and its gang's topology domain (pinned to where the gang runs, for a replacement or
+    growth: `gpuplace.cluster.pods.domain`). O(members + distinct affinities × nodes)."""
+    allowed: dict[NodeAffinity, frozenset[str] | None] = {}
+    running = [pod for pod in store.members(wait.key) if restarts.started(pod) and pod.live]
+    result = []
+    for pod in wait.members:
+        assert pod.request is not None
+        if pod.controlled.affinity not in allowed:
+            allowed[pod.controlled.affinity] = pod.controlled.affinity.allowed(
+                (node.name, node.labels) for node in inventory
+            )
+        result.append(
+            gangs.Member(
+                pod.uid,
+                pod.request,
+                allowed[pod.controlled.affinity],
+                pod.controlled.tolerations,
+                member_domain(pod, running, inventory),
+            )
+        )
+    return result

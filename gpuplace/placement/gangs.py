@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 from gpuplace.placement import choosing, fit, requests
 from gpuplace.placement.choosing import Choice, Policy
-from gpuplace.placement.inventory import NO_NVLINK
+from gpuplace.placement.inventory import NO_NVLINK, Node
 from gpuplace.placement.ledger import Grant, Ledger, LedgerError, NodeState
 from gpuplace.placement.requests import WHOLE, GpuRequest, Topology
 from gpuplace.placement.taints import UNSCHEDULABLE, Toleration, untolerated
@@ -558,6 +558,19 @@ def domains(ledger: Ledger, key: str) -> dict[str, frozenset[str]]:
         if value is not None:
             found.setdefault(value, set()).add(node.name)
     return {value: frozenset(found[value]) for value in sorted(found)}
+
+
+def domain_room(nodes: Iterable[Node], key: str, request: GpuRequest) -> dict[str, int]:
+    """Per value of node label `key`: how many copies of `request` its nodes would hold
+    when idle (what admission checks a gang keeping to one domain against: a required
+    domain that no value could ever hold refuses the gang). Values in order; nodes
+    without the label are in none. O(nodes × G)."""
+    found: dict[str, int] = {}
+    for node in nodes:
+        value = node.labels.get(key)
+        if value is not None:
+            found[value] = found.get(value, 0) + capacity(NodeState(node), request)[0]
+    return {value: found[value] for value in sorted(found)}
 
 
 def _room(ledger: Ledger, members: Sequence[Member], nodes: Collection[str]) -> int:
