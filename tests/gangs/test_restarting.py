@@ -23,6 +23,18 @@ EXITED = {
     ],
 }
 
+RESTARTED_IN_PLACE = {
+    "containerStatuses": [
+        {
+            "name": "main",
+            "restartCount": 1,
+            "state": {"running": {}},
+            "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+        }
+    ]
+}
+"""A member whose container was OOM-killed and restarted in place (restartPolicy: Always)."""
+
 
 async def started(
     r: Rig, prefix: str, size: int, *, annotations: dict[str, str] | None = None, count: int = 1
@@ -170,17 +182,7 @@ async def test_a_container_restarted_in_place_takes_down_every_member_itself_too
     nodes(server.api, 1, gpus=4)
     async with rig(server, settings=SETTINGS) as r:
         await started(r, "t", 2)
-        restarted = {
-            "containerStatuses": [
-                {
-                    "name": "main",
-                    "restartCount": 1,
-                    "state": {"running": {}},
-                    "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
-                }
-            ]
-        }
-        r.api.patch("pods", "t0", {"status": restarted}, "default", subresource="status")
+        r.api.patch("pods", "t0", {"status": RESTARTED_IN_PLACE}, "default", subresource="status")
         await r.h.synced(lambda: evicted(r.api) == ["t0", "t1"])
         said = await events(r, "GangRestarting")
         assert any(
