@@ -111,6 +111,10 @@ class Controlled:
     disrupted: bool = False
     """It carries the condition `DisruptionTarget=True` (evicted, preempted or deleted by
     a controller)."""
+    ending: bool = False
+    """It ends by itself (`ending`): every container has terminated and none is restarted
+    (`restartPolicy: Never`), so the kubelet makes it Failed or Succeeded, once it has
+    stopped the pod (seen on v1.36: the exit shows first, the phase later)."""
 
 
 UNCONTROLLED = Controlled()
@@ -306,6 +310,7 @@ class Reader:
                 if read.gang
                 else "",
                 disrupted=disruption(status.get("conditions")) is not None,
+                ending=ending(spec, status),
             )
         return PodRecord(
             uid=str(metadata.get("uid") or ""),
@@ -371,6 +376,23 @@ DISRUPTION_TARGET = "DisruptionTarget"
 """The pod condition kube-apiserver's Eviction API (and kube-scheduler's preemption, the
 kubelet's evictions, the taint manager, pod GC) sets on a pod it disrupts; a Job's
 `podFailurePolicy` matches it."""
+
+
+def ending(spec: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    """Every container of the pod has terminated and `restartPolicy` is `Never`: the pod
+    ends by itself (the kubelet sets its terminal phase once it has stopped it), so a
+    gang restart lets it end rather than evict it (an eviction would mark it disrupted,
+    and a Job's `podFailurePolicy` would then not count its failure). O(containers)."""
+    if spec.get("restartPolicy") != "Never":
+        return False
+    statuses = status.get("containerStatuses")
+    if not isinstance(statuses, list) or not statuses:
+        return False
+    return all(
+        isinstance(item, Mapping)
+        and isinstance((item.get("state") or {}).get("terminated"), Mapping)
+        for item in statuses
+    )
 
 
 def disruption(conditions: object) -> str | None:

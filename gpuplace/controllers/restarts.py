@@ -60,7 +60,9 @@ class Broken:
     exited with code 1"."""
     failed_uid: str
     running: tuple[PodRecord, ...]
-    """Members of the run still live (neither finished nor being deleted): to evict."""
+    """Members of the run still live (neither finished nor being deleted) that do not end
+    by themselves (`Controlled.ending`: a member whose containers all exited, the failed
+    one of a Job's pod, is left to end, so its Job counts its failure): to evict."""
     stopping: tuple[PodRecord, ...]
     """Members of the run not finished yet, `running` included: they hold GPUs."""
 
@@ -160,7 +162,7 @@ def broken(
                 why,
                 cause,
                 uid,
-                tuple(pod for pod in stopping if pod.live),
+                tuple(pod for pod in stopping if pod.live and not pod.controlled.ending),
                 stopping,
             )
         )

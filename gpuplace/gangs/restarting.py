@@ -7,7 +7,9 @@ plus the tombstones of started members this process saw deleted before they comp
 and, for a gang whose `gang-on-failure` is `restart`:
 
 1. evicts every live member of the broken run, the failed one too if it still runs (a
-   container restarting in place), through the Eviction API
+   container restarting in place; one whose containers all exited under `restartPolicy:
+   Never` is left to end by itself, `PodRecord.controlled.ending`, so that its Job counts
+   the failure and keeps the pod and its logs), through the Eviction API
    (`gpuplace.controllers.evictions.evict`, the UID as precondition, never a DELETE):
    kube-apiserver writes each one's `DisruptionTarget` condition itself (reason
    `EvictionByEvictionAPI`, kept by the kubelet through termination; an edit of it by

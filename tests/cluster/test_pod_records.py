@@ -178,3 +178,24 @@ def test_a_gang_members_failure_is_read_from_its_status(
 ) -> None:
     """Issue 45: what counts as a member's failure (a success never does)."""
     assert pods.failure_of(status, deleting=deleting) == why
+
+
+@pytest.mark.parametrize(
+    ("policy", "statuses", "ends"),
+    [
+        ("Never", [exited(3)], True),
+        ("Never", [exited(3), {"name": "side", "state": {"running": {}}}], False),
+        ("Never", [], False),
+        ("OnFailure", [exited(3)], False),
+        (None, [exited(3)], False),
+        ("Never", [exited(137, last=True)], False),
+    ],
+)
+def test_a_pod_whose_containers_all_exited_under_never_ends_by_itself(
+    policy: str | None, statuses: list[dict[str, Any]], ends: bool
+) -> None:
+    """Issue 45: the kubelet ends such a pod itself (its phase follows its exit, seconds
+    later on v1.36), so a gang restart leaves it to end rather than evict it."""
+    spec = {} if policy is None else {"restartPolicy": policy}
+    status = {"phase": "Running", "containerStatuses": statuses}
+    assert pods.ending(spec, status) is ends

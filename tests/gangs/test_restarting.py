@@ -142,6 +142,48 @@ async def test_a_failed_member_takes_its_gang_down_and_the_new_members_start_as_
         assert evicted(r.api) == ["t0", "t2"]  # the new run is left alone
 
 
+async def test_a_member_whose_container_exited_is_left_to_end_so_its_job_counts_it(
+    server: localapi.Server,
+) -> None:
+    """On v1.36 the kubelet shows a container's exit before the pod's phase Failed. The
+    failed member of a Job (restartPolicy Never) is not evicted in that window: an
+    eviction would mark it disrupted and the Job's podFailurePolicy would not count the
+    failure against backoffLimit (and it would delete the pod the logs are in). The
+    others are evicted; the new run waits until it has ended too."""
+    nodes(server.api, 1, gpus=4)
+    async with rig(server, settings=SETTINGS) as r:
+        for i in range(3):
+            r.api.create(member(f"t{i}", "t", 3, count=1, extra={"restartPolicy": "Never"}))
+        await r.quiet()
+        assert await r.schedule_ungated() == []
+        for i in range(3):
+            r.api.patch("pods", f"t{i}", {"status": RUNNING}, "default", subresource="status")
+        exited = {**EXITED, "phase": "Running"}
+        r.api.patch("pods", "t1", {"status": exited}, "default", subresource="status")
+        await r.h.synced(lambda: evicted(r.api) == ["t0", "t2"])
+        await r.quiet()
+        await r.rounds(2)
+        assert evicted(r.api) == ["t0", "t2"]
+        t1 = r.api.get("pods", "t1", "default")
+        assert not t1["metadata"].get("deletionTimestamp")
+        assert "DisruptionTarget" not in {c["type"] for c in t1["status"].get("conditions", [])}
+        (failed,) = await events(r, "GangMemberFailed")
+        assert "its 2 other running members are evicted" in failed
+        for i in range(3):
+            r.api.create(member(f"n{i}", "t", 3, count=1))
+        finish(r, "t0")
+        finish(r, "t2")
+        await r.quiet()
+        await r.rounds(2)
+        assert all(gated(r.api.get("pods", f"n{i}", "default")) for i in range(3))
+        r.api.set_phase("default", "t1", "Failed")  # the kubelet has stopped it
+        await r.quiet()
+        assert await r.schedule_ungated() == []
+        await r.quiet()
+        assert not any(gated(r.api.get("pods", f"n{i}", "default")) for i in range(3))
+        check_one_run_holds(r)
+
+
 async def test_a_member_that_succeeds_is_no_failure(server: localapi.Server) -> None:
     nodes(server.api, 1, gpus=4)
     async with rig(server, settings=SETTINGS) as r:
