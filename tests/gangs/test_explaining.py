@@ -4,6 +4,7 @@ members wait for. The real CLI against the local API server."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,11 @@ from gpuplace import cli
 from gpuplace.cluster import keys
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
+from gpuplace.gangs import explaining
 from tests.extender.test_explain import place
-from tests.gangs.rig import member
+from tests.gangs.rig import member, nodes, rig
+from tests.gangs.test_evicting import SETTINGS, evicted
+from tests.gangs.test_restarting import EXITED, started
 
 RACK = "example.com/rack"
 
@@ -57,3 +61,27 @@ def test_a_gang_kept_to_one_rack_says_which_racks_were_tried(
             f"Gang train keeps to one {RACK} (required): its 4 waiting members fit now in "
             f"{RACK}=b (b1 ×2, b2 ×2)."
         ) in out
+
+
+async def test_a_restarting_gangs_new_member_is_told_what_it_waits_for(
+    server: localapi.Server,
+) -> None:
+    """The lines explain adds, on the state the controller decides on: a new member of a
+    gang whose member failed waits for the old run's members still holding GPUs."""
+    nodes(server.api, 1, gpus=4)
+    async with rig(server, settings=SETTINGS) as r:
+        await started(r, "t", 3)
+        r.api.patch("pods", "t1", {"status": EXITED}, "default", subresource="status")
+        await r.h.synced(lambda: evicted(r.api) == ["t0", "t2"])
+        r.api.create(member("n0", "t", 3, count=1))
+        await r.quiet()
+        sync = r.h.sidecar.sync
+        (record,) = [pod for pod in sync.pods.values() if pod.name == "n0"]
+        said = explaining.lines(sync, record, r.controller.policy(), now=time.time())
+        assert said == [
+            "Gang t restarts (member default/t1 failed: its container main exited with code "
+            "3): its new members start as one gang once the 2 members of its last run still "
+            "holding GPUs (default/t0, default/t2) have stopped."
+        ]
+        (other,) = [pod for pod in sync.pods.values() if pod.name == "t0"]
+        assert explaining.lines(sync, other, r.controller.policy(), now=time.time()) == []
