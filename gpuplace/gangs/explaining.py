@@ -46,12 +46,13 @@ def lines(sync: LedgerSync, record: PodRecord, policy: Policy, *, now: float) ->
     )
     if wait is None or record.uid not in {pod.uid for pod in wait.members}:
         return found
-    domain = gangs.domain_of(planned(wait, store, sync.ledger.inventory))
+    asked = planned(wait, store, sync.ledger.inventory)
+    domain = gangs.domain_of(asked)
     if domain is None:
         return found
     policy_word = "required" if domain.required else "preferred"
     where = f"one {domain.key}" + (f" ({domain.key}={domain.value})" if domain.value else "")
-    result = gangs.plan(sync.ledger, policy, planned(wait, store, sync.ledger.inventory))
+    result = gangs.plan(sync.ledger, policy, asked)
     if isinstance(result, gangs.Plan):
         values = sorted(
             {
