@@ -2,8 +2,12 @@
 and our scheduling gate.
 
 The plan mark is the value of the `gpuplace.io/gang-plan` annotation, compact JSON:
-`{"id": "3f9c0a1b2c4d", "members": 4, "node": "gpu-a100-7"}` — the plan it belongs
-to, how many members that plan placed, and this member's node. The member's GPUs are
+`{"id": "3f9c0a1b2c4d", "members": 4, "node": "gpu-a100-7", "run": "3f9c0a1b2c4d"}` —
+the plan it belongs to, how many members that plan placed, this member's node, and the
+*run* of the gang it joins: the id of the plan that started the gang (a replacement or
+an elastic gang's growth joins the run already going; a gang started again after a
+member failed is a new run, `gpuplace.controllers.restarts`). A mark written before runs
+existed has none: its run is its plan's id. The member's GPUs are
 in the assignment annotations (`gpuplace.cluster.assignments`), written in the same
 PATCH, so the ledger rebuilt after a restart holds them exactly as planned. The gate
 `gpuplace.io/gang` holds a member back from kube-scheduler until its gang starts; a queued
@@ -30,10 +34,18 @@ class PlanMark:
     id: str
     members: int
     node: str
+    run: str = ""
+    """The run of the gang this plan belongs to ("": its own, `run_id`)."""
+
+    @property
+    def run_id(self) -> str:
+        """The run: `run`, or this plan's id when it started the run."""
+        return self.run or self.id
 
     def encode(self) -> str:
         return json.dumps(
-            {"id": self.id, "members": self.members, "node": self.node}, separators=(",", ":")
+            {"id": self.id, "members": self.members, "node": self.node, "run": self.run_id},
+            separators=(",", ":"),
         )
 
     @classmethod
@@ -52,7 +64,9 @@ class PlanMark:
             return None
         if not isinstance(members, int) or isinstance(members, bool) or members < 1:
             return None
-        return cls(plan_id, members, node)
+        run = value.get("run")
+        run = run if isinstance(run, str) and run and run != plan_id else ""
+        return cls(plan_id, members, node, run)
 
 
 def plan_mark(pod: Mapping[str, Any]) -> PlanMark | None:

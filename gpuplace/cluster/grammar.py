@@ -24,12 +24,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpuplace.cluster import keys, quantities
 from gpuplace.placement.requests import WHOLE, GpuRequest, Topology
+
+E = TypeVar("E", bound=enum.StrEnum)
 
 MAX_GPU_COUNT = 1024
 MAX_GANG_SIZE = 10_000
@@ -48,12 +50,22 @@ _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _QUEUE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?")
 """A GpuQueue's name that also fits a label value (the pod label and the namespace label
 carry it): a DNS subdomain of at most 63 characters."""
+_LABEL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+"""The prefix of a label key: a DNS subdomain (at most 253 characters)."""
 _DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:h|ms|m|s))+")
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(h|ms|m|s)")
 _UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 
 _GPU_KEYS = (keys.GPU_MEMORY, keys.GPU_MODEL, keys.GPU_TOPOLOGY, keys.CONTAINER, keys.QUEUE)
-_GANG_KEYS = (keys.GANG_NAME, keys.GANG_SIZE, keys.GANG_TIMEOUT, keys.GANG_MIN)
+_GANG_KEYS = (
+    keys.GANG_NAME,
+    keys.GANG_SIZE,
+    keys.GANG_TIMEOUT,
+    keys.GANG_MIN,
+    keys.GANG_ON_FAILURE,
+    keys.GANG_DOMAIN,
+    keys.GANG_DOMAIN_POLICY,
+)
 _KNOWN = frozenset(keys.USER_ANNOTATIONS) | frozenset(keys.SYSTEM_ANNOTATIONS)
 
 
@@ -102,9 +114,28 @@ class GpuTopology(enum.StrEnum):
         return Topology(self.value)
 
 
+class OnFailure(enum.StrEnum):
+    """`gpuplace.io/gang-on-failure`: what a member's failure does to its running gang."""
+
+    RESTART = "restart"
+    """The others are evicted; the members its owner recreates start again as one gang."""
+    CONTINUE = "continue"
+    """The others run on (a replacement joins them)."""
+
+
+class DomainPolicy(enum.StrEnum):
+    """`gpuplace.io/gang-domain-policy`: how strictly the gang keeps to one domain."""
+
+    REQUIRED = "required"
+    """All members in one domain, or the gang waits (never split)."""
+    PREFERRED = "preferred"
+    """One domain when one holds the gang, else as few as hold it."""
+
+
 class Gang(BaseModel):
     """`gang-name`, `gang-size`, `gang-timeout`, `gang-min`: pods that start together or
-    not at all (an elastic gang: at least `gang-min` of them)."""
+    not at all (an elastic gang: at least `gang-min` of them); `gang-on-failure`: whether
+    they end together; `gang-domain` and its policy: whether they sit together."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -117,6 +148,20 @@ class Gang(BaseModel):
     )
     minimum: int = Field(default=0, ge=0, le=MAX_GANG_SIZE)
     """`gang-min`: the fewest members it may start with; 0 (absent) or `size`: all."""
+    on_failure: OnFailure | None = None
+    """`gang-on-failure` as written; None: the default (`failure_policy`)."""
+    domain: str | None = None
+    """`gang-domain`: the node label key whose values are the domains; None: any nodes."""
+    domain_policy: DomainPolicy = DomainPolicy.REQUIRED
+
+    @property
+    def failure_policy(self) -> OnFailure:
+        """`gang-on-failure`, or its default: `restart` for a gang that needs every member
+        (a data-parallel job hangs without one), `continue` for an elastic one (it runs
+        with fewer by design)."""
+        if self.on_failure is not None:
+            return self.on_failure
+        return OnFailure.CONTINUE if self.elastic else OnFailure.RESTART
 
     @model_validator(mode="after")
     def _minimum_fits(self) -> Self:
@@ -325,14 +370,7 @@ def _models(raw: str) -> tuple[str, ...]:
 
 
 def _topology(raw: str) -> GpuTopology:
-    text = raw.strip().lower()
-    try:
-        return GpuTopology(text)
-    except ValueError:
-        choices = "|".join(member.value for member in GpuTopology)
-        raise AnnotationError.one(
-            keys.GPU_TOPOLOGY, f"{keys.GPU_TOPOLOGY} must be one of {choices}; got {_shown(raw)}"
-        ) from None
+    return _choice(keys.GPU_TOPOLOGY, GpuTopology, raw)
 
 
 def _gang_name(raw: str) -> str:
@@ -368,6 +406,50 @@ def _duration(raw: str) -> float:
         return seconds
     raise AnnotationError.one(
         keys.GANG_TIMEOUT, f"{keys.GANG_TIMEOUT} must be {form}; got {_shown(raw)}"
+    )
+
+
+def _choice(key: str, kind: type[E], raw: str) -> E:
+    """`raw` as one of `kind`'s values (case and surrounding spaces ignored)."""
+    try:
+        return kind(raw.strip().lower())
+    except ValueError:
+        choices = "|".join(member.value for member in kind)
+        raise AnnotationError.one(
+            key, f"{key} must be one of {choices}; got {_shown(raw)}"
+        ) from None
+
+
+def _on_failure(raw: str) -> OnFailure:
+    return _choice(keys.GANG_ON_FAILURE, OnFailure, raw)
+
+
+def _domain_policy(raw: str) -> DomainPolicy:
+    return _choice(keys.GANG_DOMAIN_POLICY, DomainPolicy, raw)
+
+
+def label_key(raw: str) -> str | None:
+    """`raw` as a Kubernetes label key (an optional DNS-subdomain prefix and `/`, then a
+    name of 1-63 characters), or None when it is not one. O(len(raw))."""
+    text = raw.strip()
+    prefix, slash, name = text.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _LABEL_PREFIX.fullmatch(prefix)):
+        return None
+    if not name or len(name) > 63 or not _LABEL_VALUE.fullmatch(name):
+        return None
+    return text
+
+
+def _domain(raw: str) -> str:
+    found = label_key(raw)
+    if found is not None:
+        return found
+    raise AnnotationError.one(
+        keys.GANG_DOMAIN,
+        f"{keys.GANG_DOMAIN} must be a node label key whose values are the domains (e.g. "
+        '"example.com/rack" or "topology.kubernetes.io/zone"): an optional DNS-subdomain '
+        "prefix and '/', then 1-63 letters, digits, '-', '_' or '.', starting and ending "
+        f"with a letter or digit; got {_shown(raw)}",
     )
 
 
@@ -426,6 +508,9 @@ def parse(annotations: Mapping[str, str]) -> PodGpuSpec | None:
         (keys.GANG_SIZE, "gang_size", _gang_size),
         (keys.GANG_TIMEOUT, "gang_timeout", _duration),
         (keys.GANG_MIN, "gang_min", _gang_min),
+        (keys.GANG_ON_FAILURE, "on_failure", _on_failure),
+        (keys.GANG_DOMAIN, "domain", _domain),
+        (keys.GANG_DOMAIN_POLICY, "domain_policy", _domain_policy),
         (keys.QUEUE, "queue", _queue),
     )
     for key, name, convert in converters:
@@ -456,6 +541,9 @@ def parse(annotations: Mapping[str, str]) -> PodGpuSpec | None:
             size=values["gang_size"],
             timeout_seconds=values.get("gang_timeout", DEFAULT_GANG_TIMEOUT_SECONDS),
             minimum=values.get("gang_min", 0),
+            on_failure=values.get("on_failure"),
+            domain=values.get("domain"),
+            domain_policy=values.get("domain_policy", DomainPolicy.REQUIRED),
         )
     return PodGpuSpec(
         percent=percent,
@@ -498,7 +586,15 @@ def _combination_problems(given: Mapping[str, str], values: Mapping[str, Any]) -
     size, minimum = values.get("gang_size"), values.get("gang_min")
     if size is not None and minimum is not None and minimum > size:
         problems.append(Problem(keys.GANG_MIN, _minimum_above(minimum, size)))
-    for key in (keys.GANG_SIZE, keys.GANG_TIMEOUT, keys.GANG_MIN):
+    if keys.GANG_DOMAIN_POLICY in given and keys.GANG_DOMAIN not in given:
+        problems.append(
+            Problem(
+                keys.GANG_DOMAIN,
+                f"{keys.GANG_DOMAIN_POLICY} needs {keys.GANG_DOMAIN}: the node label whose "
+                'values are the domains the gang keeps to (e.g. "example.com/rack")',
+            )
+        )
+    for key in _GANG_KEYS[1:]:
         if key in given and keys.GANG_NAME not in given:
             problems.append(
                 Problem(

@@ -20,6 +20,15 @@ GANG_TIMEOUT = PREFIX + "gang-timeout"
 GANG_MIN = PREFIX + "gang-min"
 """An elastic gang: it may start with this many members (below `gang-size`) when that is
 all that fits, and grows as GPUs free (docs/queues.md, "Elastic gangs")."""
+GANG_ON_FAILURE = PREFIX + "gang-on-failure"
+"""What a member's failure does to its running gang: `restart` (the others are evicted and
+the gang starts again as one when its owner recreates the members) or `continue` (the
+others run on); docs/gangs.md, "When a member fails"."""
+GANG_DOMAIN = PREFIX + "gang-domain"
+"""A node label key (`example.com/rack`): the gang's members land on nodes with one value
+of it (docs/gangs.md, "One rack or block")."""
+GANG_DOMAIN_POLICY = PREFIX + "gang-domain-policy"
+"""`required` (never split across values of `gang-domain`) or `preferred` (as few as fit)."""
 CONTAINER = PREFIX + "container"
 QUEUE = PREFIX + "queue"
 """The GpuQueue a GPU pod uses (docs/queues.md). The same key is the namespace label that
@@ -37,6 +46,9 @@ USER_ANNOTATIONS = (
     GANG_SIZE,
     GANG_TIMEOUT,
     GANG_MIN,
+    GANG_ON_FAILURE,
+    GANG_DOMAIN,
+    GANG_DOMAIN_POLICY,
     CONTAINER,
     QUEUE,
 )

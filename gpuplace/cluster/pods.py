@@ -29,7 +29,8 @@ from typing import Any
 from gpuplace.cluster import assignments, dra_claims, grammar, keys, taints
 from gpuplace.cluster.gang_marks import PlanMark, gated, plan_mark
 from gpuplace.cluster.node_affinity import NodeAffinity
-from gpuplace.placement.gangs import GangKey
+from gpuplace.placement.gangs import Domain, GangKey
+from gpuplace.placement.inventory import Inventory
 from gpuplace.placement.ledger import Grant
 from gpuplace.placement.requests import GpuRequest
 from gpuplace.placement.taints import Toleration
@@ -59,6 +60,13 @@ class Read:
     """`gang-timeout`, seconds."""
     minimum: int = 0
     """`gang-min` of an elastic gang (`grammar.Gang.elastic_minimum`; 0: every member)."""
+    restart: bool = False
+    """`gang-on-failure` (or its default) is `restart`: a member's failure ends the run of
+    all (`grammar.Gang.failure_policy`)."""
+    domain: str = ""
+    """`gang-domain`: the node label whose values the gang keeps to ("": any nodes)."""
+    domain_required: bool = True
+    """`gang-domain-policy` is `required` (else `preferred`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +100,21 @@ class Controlled:
     """spec.preemptionPolicy ("Never": a gang with this member never preempts)."""
     gang_ready: tuple[str, str] | None = None
     """(status, reason) of its `gpuplace.io/GangReady` condition, if any."""
+    restart: bool = False
+    """Its gang restarts as a whole when a member fails (`Read.restart`)."""
+    domain: str = ""
+    """`gang-domain` ("" for none)."""
+    domain_required: bool = True
+    """`gang-domain-policy` is `required`."""
+    failure: str = ""
+    """Why it has failed, in words for Events ("" while it has not: `failure_of`)."""
+    disrupted: bool = False
+    """It carries the condition `DisruptionTarget=True` (evicted, preempted or deleted by
+    a controller)."""
+    ending: bool = False
+    """It ends by itself (`ending`): every container has terminated and none is restarted
+    (`restartPolicy: Never`), so the kubelet makes it Failed or Succeeded, once it has
+    stopped the pod (seen on v1.36: the exit shows first, the phase later)."""
 
 
 UNCONTROLLED = Controlled()
@@ -285,6 +308,14 @@ class Reader:
                 tolerations=taints.of_pod(pod),
                 preemption_policy=str(spec.get("preemptionPolicy") or ""),
                 gang_ready=gang_ready(status.get("conditions")),
+                restart=read.restart,
+                domain=read.domain,
+                domain_required=read.domain_required,
+                failure=failure_of(status, deleting=bool(metadata.get("deletionTimestamp")))
+                if read.gang
+                else "",
+                disrupted=disruption(status.get("conditions")) is not None,
+                ending=ending(spec, status),
             )
         return PodRecord(
             uid=str(metadata.get("uid") or ""),
@@ -319,7 +350,16 @@ def _read(pod: Mapping[str, Any]) -> tuple[Read, grammar.AnnotationError | None]
         spec = grammar.parse((pod.get("metadata") or {}).get("annotations") or {})
         gang = spec.gang if spec is not None else None
         if gang is not None:
-            read = Read(None, gang.name, gang.size, gang.timeout_seconds, gang.elastic_minimum)
+            read = Read(
+                None,
+                gang.name,
+                gang.size,
+                gang.timeout_seconds,
+                gang.elastic_minimum,
+                restart=gang.failure_policy is grammar.OnFailure.RESTART,
+                domain=gang.domain or "",
+                domain_required=gang.domain_policy is grammar.DomainPolicy.REQUIRED,
+            )
         request = grammar.request_of(pod, spec)
     except grammar.AnnotationError as error:
         return read, error
@@ -337,6 +377,106 @@ def gang_ready(conditions: object) -> tuple[str, str] | None:
         if isinstance(item, Mapping) and item.get("type") == keys.GANG_CONDITION:
             return (str(item.get("status")), str(item.get("reason") or ""))
     return None
+
+
+DISRUPTION_TARGET = "DisruptionTarget"
+"""The pod condition kube-apiserver's Eviction API (and kube-scheduler's preemption, the
+kubelet's evictions, the taint manager, pod GC) sets on a pod it disrupts; a Job's
+`podFailurePolicy` matches it."""
+
+
+def ending(spec: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    """Every container of the pod has terminated and `restartPolicy` is `Never`: the pod
+    ends by itself (the kubelet sets its terminal phase once it has stopped it), so a
+    gang restart lets it end rather than evict it (an eviction would mark it disrupted,
+    and a Job's `podFailurePolicy` would then not count its failure). O(containers)."""
+    if spec.get("restartPolicy") != "Never":
+        return False
+    statuses = status.get("containerStatuses")
+    if not isinstance(statuses, list) or not statuses:
+        return False
+    return all(
+        isinstance(item, Mapping)
+        and isinstance((item.get("state") or {}).get("terminated"), Mapping)
+        for item in statuses
+    )
+
+
+def disruption(conditions: object) -> str | None:
+    """The reason of the pod's `DisruptionTarget=True` condition ("" when it has none), or
+    None without one. O(conditions)."""
+    if not isinstance(conditions, list):
+        return None
+    for item in conditions:
+        if (
+            isinstance(item, Mapping)
+            and item.get("type") == DISRUPTION_TARGET
+            and item.get("status") == "True"
+        ):
+            return str(item.get("reason") or "")
+    return None
+
+
+def _exited(statuses: object) -> str:
+    """The first container that stopped with a non-zero exit code, in words ("" for none):
+    now (`state`), or before the kubelet restarted it (`lastState`)."""
+    if not isinstance(statuses, list):
+        return ""
+    for which in ("state", "lastState"):
+        for item in statuses:
+            if not isinstance(item, Mapping):
+                continue
+            terminated = (item.get(which) or {}).get("terminated")
+            if not isinstance(terminated, Mapping):
+                continue
+            code = terminated.get("exitCode")
+            if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+                why = terminated.get("reason")
+                shown = f" ({why})" if isinstance(why, str) and why and why != "Error" else ""
+                again = " and was restarted" if which == "lastState" else ""
+                return f"its container {item.get('name')} exited with code {code}{shown}{again}"
+    return ""
+
+
+def failure_of(status: Mapping[str, Any], *, deleting: bool) -> str:
+    """Why a gang member counts as failed, for Events ("" while it has not): one of its
+    containers (not an init container: a sidecar's restart is no failure) that exited
+    non-zero, phase Failed (an init container's failure included), a disruption
+    (`DisruptionTarget`), a deletion before it completed. A pod that Succeeded never has
+    failed. O(containers + conditions)."""
+    phase = status.get("phase")
+    if phase == "Succeeded":
+        return ""
+    exited = _exited(status.get("containerStatuses"))
+    if exited:
+        return exited
+    disrupted = disruption(status.get("conditions"))
+    if disrupted is not None:
+        return f"it was disrupted ({disrupted or DISRUPTION_TARGET})"
+    if phase == "Failed":
+        reason, message = status.get("reason"), status.get("message")
+        detail = ": ".join(str(part) for part in (reason, message) if part)
+        return f"it failed ({detail})" if detail else "it failed"
+    if deleting:
+        return "it was deleted before it completed"
+    return ""
+
+
+def domain(pod: PodRecord, running: Iterable[PodRecord], inventory: Inventory) -> Domain | None:
+    """The topology domain a gang member's plan keeps to (`gpuplace.io/gang-domain`), or
+    None: pinned to the value of the gang's `running` members' nodes, so that a
+    replacement or an elastic gang's growth joins the domain the gang runs in.
+    O(running)."""
+    key = pod.controlled.domain
+    if not key:
+        return None
+    value = ""
+    for member in running:
+        node = inventory.get(member.node_name or (member.grant.node if member.grant else ""))
+        if node is not None and key in node.labels:
+            value = node.labels[key]
+            break
+    return Domain(key, pod.controlled.domain_required, value)
 
 
 def started(members: Iterable[PodRecord]) -> list[PodRecord]:

@@ -7,7 +7,10 @@ scheduler would get) and, for the others, why not; then one summary line by reas
 For a pod in a GpuQueue it first says where the pod stands in its queue: admitted, or
 its position and why it waits (quota, cohort, place, ...), from one admission round
 decided on the same state as the queue controller decides it
-(`gpuplace.queues.explaining`; GpuQueues and namespaces are read too).
+(`gpuplace.queues.explaining`; GpuQueues and namespaces are read too). For a gang member
+it says whether its gang restarts and what its new members wait for, and for a gang that
+keeps to one topology domain (`gpuplace.io/gang-domain`) which domains were tried and why
+none holds it (`gpuplace.gangs.explaining`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 from gpuplace import commands
@@ -24,6 +28,7 @@ from gpuplace.commands import queues as queues_command
 from gpuplace.commands import usage as usage_command
 from gpuplace.extender import explaining
 from gpuplace.extender.workloads import PolicyHolder
+from gpuplace.gangs import explaining as explaining_gangs
 from gpuplace.queues import explaining as explaining_queues
 from gpuplace.usage import report
 from gpuplace.usage.gpu_loads import UsageUnavailable
@@ -90,6 +95,7 @@ async def _explain(args: argparse.Namespace, namespace: str, name: str) -> int:
         for gate in (pod.get("spec") or {}).get("schedulingGates") or []
         if isinstance(gate, dict)
     ]
+    gang = explaining_gangs.lines(sync, record, holder.current().policy, now=time.time())
     explanation = explaining.explain(
         sync,
         holder,
@@ -100,6 +106,7 @@ async def _explain(args: argparse.Namespace, namespace: str, name: str) -> int:
         claims=dra_claims.claim_names(pod),
         claims_unread=unread,
     )
+    explanation.headline[1:1] = gang
     used: report.Report | None = None
     unavailable = ""
     if args.prometheus:

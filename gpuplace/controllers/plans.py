@@ -95,16 +95,16 @@ class Plans:
         return self.sync.stamps.next(self.clock())
 
     def annotations(
-        self, grant: Grant, plan_id: str, size: int, count: int, at: datetime
+        self, grant: Grant, plan_id: str, size: int, count: int, at: datetime, *, run: str = ""
     ) -> dict[str, str | None]:
         """What a member's plan write puts on it: the assignment of `grant` (UUIDs from
-        its node), the mark of plan `plan_id` of `size` members on the grant's node, and
-        `gang-count` `count`."""
+        its node), the mark of plan `plan_id` of `size` members on the grant's node in
+        the gang's run `run` ("": the plan starts a run), and `gang-count` `count`."""
         inventory = self.sync.ledger.inventory
         written: dict[str, str | None] = dict(
             assignments.annotations_for(grant, inventory.get(grant.node), at)
         )
-        written[keys.GANG_PLAN] = PlanMark(plan_id, size, grant.node).encode()
+        written[keys.GANG_PLAN] = PlanMark(plan_id, size, grant.node, run).encode()
         written[keys.GANG_COUNT] = str(count)
         return written
 

@@ -137,10 +137,12 @@ class Commits:
         nodes: int,
         *,
         running: int = 0,
+        run: str = "",
     ) -> Outcome:
         """Write a new plan (one `grants` entry per member, already held in the ledger),
         then settle it. A failed write rolls it back and releases the holds. `running`:
-        members of the gang already started (its `gang-count` counts them too)."""
+        members of the gang already started (its `gang-count` counts them too); `run`:
+        the run they started (`gpuplace.cluster.gang_marks`; "": the plan starts one)."""
         plan_id = plans.new_id()
         by_uid = {grant.pod_uid: grant for grant in grants}
         size = len(members)
@@ -150,7 +152,7 @@ class Commits:
 
         async def annotate(pod: PodRecord) -> bool:
             grant = by_uid[pod.uid]
-            annotations = self.plans.annotations(grant, plan_id, size, running + size, at)
+            annotations = self.plans.annotations(grant, plan_id, size, running + size, at, run=run)
             try:
                 metadata = {
                     "uid": pod.uid,
@@ -167,7 +169,8 @@ class Commits:
                 )
                 return False
             bodies[pod.uid] = body
-            return gated(body) and plan_mark(body) == PlanMark(plan_id, size, grant.node)
+            mark = PlanMark(plan_id, size, grant.node, run if run != plan_id else "")
+            return gated(body) and plan_mark(body) == mark
 
         written = await self.writer.each(members, annotate)
         if not all(result is True for result in written):

@@ -50,15 +50,15 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
 from gpuplace.cluster import assignments, recording
 from gpuplace.cluster.gang_marks import plan_mark
-from gpuplace.cluster.node_affinity import NodeAffinity
 from gpuplace.cluster.pods import PodRecord
-from gpuplace.controllers import telling
+from gpuplace.controllers import restarts, telling
 from gpuplace.controllers.api import PodApi
 from gpuplace.controllers.controller import Controller, Parts, Settings
 from gpuplace.controllers.store import PodIndex
@@ -67,7 +67,8 @@ from gpuplace.gangs.committing import Commits, Outcome, Placed, RolledBack
 from gpuplace.gangs.conditions import Conditions
 from gpuplace.gangs.evicting import GangPreemptions
 from gpuplace.gangs.metrics import GangMetrics
-from gpuplace.gangs.waiting import Wait, waits
+from gpuplace.gangs.restarting import Held, Restarts
+from gpuplace.gangs.waiting import Wait, planned, waits
 from gpuplace.placement import elastic, gangs
 from gpuplace.placement.choosing import Policy
 from gpuplace.placement.fences import GANG, Fence
@@ -139,6 +140,17 @@ class GangController(Controller[GangSettings, GangKey, PodApi]):
             else None
         )
         """Preemption for waiting gangs (None without fences or with `preempt` off)."""
+        self.restarts = Restarts(
+            self.api,
+            self.conditions,
+            recorder=self.recorder,
+            told=self._told,
+            clock=clock,
+            registry=registry,
+            retry_seconds=self.settings.preempt_retry_seconds,
+        )
+        """A gang's run that a member's failure ended (`gpuplace.gangs.restarting`)."""
+        sync.pod_listeners.append(self.restarts.listen)
         self._tried: dict[GangKey, tuple[object, ...]] = {}
         self._shortfalls: dict[GangKey, gangs.Shortfall] = {}
         self._timed_out: dict[GangKey, float] = {}
@@ -182,11 +194,24 @@ class GangController(Controller[GangSettings, GangKey, PodApi]):
         self._forget_gone()
 
     async def step(self) -> None:
-        """One round: settle plans in the API, then try waiting gangs in order."""
+        """One round: settle plans in the API, take broken runs down, then try waiting
+        gangs in order."""
         now = self.clock()
         for key, plan_id in self.commits.open_plans():
             await self._told_of(await self.commits.settle(key, plan_id))
-        found = waits(self.store, self.sync.ledger, now, told=self._told, recorder=self.recorder)
+        held = await self.restarts.step(self.store.groups())
+        again = self.restarts.retry_at()
+        if again is not None:
+            self.loop.alarm(again, now)
+        self._tell_held(held.values())
+        found = waits(
+            self.store,
+            self.sync.ledger,
+            now,
+            told=self._told,
+            recorder=self.recorder,
+            held=held.keys(),
+        )
         self.metrics.waiting.set(len(found))
         found.sort(key=Wait.order)
         if self.preemptions is not None:
@@ -208,6 +233,29 @@ class GangController(Controller[GangSettings, GangKey, PodApi]):
             if wait.growing:
                 await self._attempt(wait, now)
         self._forget_gone()
+
+    def _tell_held(self, held: Iterable[Held]) -> None:
+        """Tell the new members of a restarting gang why they wait (once per run)."""
+        for gang in held:
+            waiting = [
+                pod
+                for pod in self.store.members(gang.key)
+                if pod.live and pod.controlled.plan is None and pod.controlled.gang_gated
+            ]
+            names = ", ".join(sorted(str(pod) for pod in gang.stopping)[:4])
+            more = len(gang.stopping) - 4
+            names += f" and {more} more" if more > 0 else ""
+            for pod in waiting:
+                if self._told.first(pod.uid, f"{events.RESTARTING}@{gang.cause}"):
+                    self._emit(
+                        pod,
+                        recording.NORMAL,
+                        events.RESTARTING,
+                        f"gang {gang.key[1]} restarts ({gang.cause}): this member waits until "
+                        f"the {len(gang.stopping)} member{'s' if len(gang.stopping) != 1 else ''}"
+                        f" of its last run still holding GPUs ({names}) have stopped; then "
+                        "its members start again as one gang",
+                    )
 
     def _forget_gone(self) -> None:
         """Drop memos of pods and gangs the API no longer has (bounded memory)."""
@@ -293,24 +341,7 @@ class GangController(Controller[GangSettings, GangKey, PodApi]):
     # --- planning --------------------------------------------------------------------
 
     def _members(self, wait: Wait) -> list[gangs.Member]:
-        inventory = self.sync.ledger.inventory
-        allowed: dict[NodeAffinity, frozenset[str] | None] = {}
-        result = []
-        for pod in wait.members:
-            assert pod.request is not None
-            if pod.controlled.affinity not in allowed:
-                allowed[pod.controlled.affinity] = pod.controlled.affinity.allowed(
-                    (node.name, node.labels) for node in inventory
-                )
-            result.append(
-                gangs.Member(
-                    pod.uid,
-                    pod.request,
-                    allowed[pod.controlled.affinity],
-                    pod.controlled.tolerations,
-                )
-            )
-        return result
+        return planned(wait, self.store, self.sync.ledger.inventory)
 
     def _exclude(self, key: GangKey) -> frozenset[str]:
         if self.fences is None or self.fences.current is None or self.fences.owner == key:
@@ -382,6 +413,7 @@ class GangController(Controller[GangSettings, GangKey, PodApi]):
             if not isinstance(outcome, gangs.Shortfall):
                 plan, grants = outcome
                 planned = [pod for pod in wait.members if pod.uid in plan.choices]
+                run = restarts.current_run(self.store.members(wait.key)) if wait.started else ""
                 await self._told_of(
                     await self.commits.start(
                         wait.key,
@@ -390,6 +422,7 @@ class GangController(Controller[GangSettings, GangKey, PodApi]):
                         grants,
                         len(plan.nodes),
                         running=wait.started,
+                        run=run,
                     )
                 )
                 return

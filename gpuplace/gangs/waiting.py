@@ -11,7 +11,9 @@ number of them may start. A gang whose gated members still show a plan mark or a
 reservation (our own writes not yet seen by the informers) is left for the next round,
 so a half-seen plan is never mistaken for started members. A queued gang (its members
 carry `gpuplace.io/queue`) is its queue's to admit and plan (`gpuplace.queues`): it
-never waits here.
+never waits here. A gang restarting after a member failed waits for nothing until the
+members of its last run have stopped (`held`): then its new members form a new run, and
+none of them joins the old one.
 
 Waiting gangs are tried in `Wait.order`: priority (the highest of their members), then
 age (the oldest member's creation), then name. O(gang pods log gang pods) per round.
@@ -19,14 +21,19 @@ age (the oldest member's creation), then name. O(gang pods log gang pods) per ro
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from gpuplace.cluster import recording
+from gpuplace.cluster.node_affinity import NodeAffinity
 from gpuplace.cluster.pods import PodRecord
-from gpuplace.controllers import telling
+from gpuplace.cluster.pods import domain as member_domain
+from gpuplace.controllers import restarts, telling
 from gpuplace.controllers.store import PodIndex
 from gpuplace.gangs import events
+from gpuplace.placement import gangs
 from gpuplace.placement.gangs import GangKey
+from gpuplace.placement.inventory import Inventory
 from gpuplace.placement.ledger import Ledger
 
 
@@ -80,11 +87,15 @@ def waits(
     *,
     told: telling.Told,
     recorder: recording.Recorder | None = None,
+    held: Collection[GangKey] = (),
 ) -> list[Wait]:
     """The gangs that wait now (module docstring), in the store's order; members that
-    cannot join are told why once (`told`)."""
+    cannot join are told why once (`told`). `held`: gangs restarting whose last run still
+    holds GPUs (`gpuplace.gangs.restarting`): none of their members waits yet."""
     found = []
     for key, pods in store.groups().items():
+        if key in held:
+            continue
         live = [pod for pod in pods if pod.live]
         if not live or any(pod.controlled.queue for pod in live):
             continue
@@ -146,3 +157,29 @@ def waits(
             )
         )
     return found
+
+
+def planned(wait: Wait, store: PodIndex[GangKey], inventory: Inventory) -> list[gangs.Member]:
+    """The engine's members for a waiting gang: each pod's request, the nodes its node
+    affinity and selector allow (computed once per distinct affinity), its tolerations,
+    and its gang's topology domain (pinned to where the gang runs, for a replacement or
+    growth: `gpuplace.cluster.pods.domain`). O(members + distinct affinities × nodes)."""
+    allowed: dict[NodeAffinity, frozenset[str] | None] = {}
+    running = [pod for pod in store.members(wait.key) if restarts.started(pod) and pod.live]
+    result = []
+    for pod in wait.members:
+        assert pod.request is not None
+        if pod.controlled.affinity not in allowed:
+            allowed[pod.controlled.affinity] = pod.controlled.affinity.allowed(
+                (node.name, node.labels) for node in inventory
+            )
+        result.append(
+            gangs.Member(
+                pod.uid,
+                pod.request,
+                allowed[pod.controlled.affinity],
+                pod.controlled.tolerations,
+                member_domain(pod, running, inventory),
+            )
+        )
+    return result

@@ -45,19 +45,52 @@ Pure: no I/O, no clock, no randomness (ties are broken by fixed orders).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuplace.placement import choosing, fit, requests
 from gpuplace.placement.choosing import Choice, Policy
-from gpuplace.placement.inventory import NO_NVLINK
+from gpuplace.placement.inventory import NO_NVLINK, Node
 from gpuplace.placement.ledger import Grant, Ledger, LedgerError, NodeState
 from gpuplace.placement.requests import WHOLE, GpuRequest, Topology
 from gpuplace.placement.taints import UNSCHEDULABLE, Toleration, untolerated
 
 GangKey = tuple[str, str]
 """A gang: (namespace, gang name)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Domain:
+    """What a gang asks of the nodes it spans (`gpuplace.io/gang-domain`): all on nodes
+    with one value of the node label `key` (a rack, a block), as a requirement (never
+    split) or a preference (as few values as hold it)."""
+
+    key: str
+    required: bool = True
+    value: str = ""
+    """The one value to keep to ("": any): a running gang's, so that its replacements
+    and growth join it there (required), or go there first (preferred)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DomainTry:
+    """One domain a gang was planned in and did not fit: for reasons and `explain`."""
+
+    value: str
+    nodes: int
+    placed: int
+    needed: int
+    ever: bool
+    """An idle domain would hold the gang."""
+    reason: str
+
+    def text(self) -> str:
+        """A short line: "3 of 4 fit now (2 nodes)"."""
+        plural = "s" if self.nodes != 1 else ""
+        never = "" if self.ever else ", never all even idle"
+        return f"{self.placed} of {self.needed} fit now ({self.nodes} node{plural}{never})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +106,8 @@ class Member:
     """Its pod's tolerations: nodes with a NoSchedule/NoExecute taint it does not
     tolerate, or cordoned unless it tolerates that, are never planned (kube-scheduler
     would not bind it there; `gpuplace.placement.taints`)."""
+    domain: Domain | None = None
+    """The topology domain its gang keeps to (the same on every member), if any."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +145,8 @@ class Shortfall:
     reasons: Mapping[str, int] = field(default_factory=dict)
     """Why the unplaced members fit nowhere: misfit kind → nodes, for the first
     unplaced group (empty when it fit on some nodes but not enough of them)."""
+    domains: tuple[DomainTry, ...] = ()
+    """For a gang that keeps to one domain: each domain tried, and how far it got."""
 
 
 # --- scratch state ----------------------------------------------------------------------
@@ -253,10 +290,15 @@ def _groups(members: Sequence[Member]) -> list[list[Member]]:
     return sorted(by_key.values(), key=lambda group: _weight(group[0].request), reverse=True)
 
 
-def _candidates(ledger: Ledger, member: Member, exclude: Collection[str]) -> list[tuple[int, str]]:
+def _candidates(
+    ledger: Ledger,
+    member: Member,
+    exclude: Collection[str],
+    only: Collection[str] | None = None,
+) -> list[tuple[int, str]]:
     """(inventory position, name) of the nodes a member may use: its model's, allowed by
-    its node constraints, not excluded, and admitting it (taints, cordon).
-    O(C × taints × tolerations)."""
+    its node constraints, not excluded, in `only` when given (a domain's nodes), and
+    admitting it (taints, cordon). O(C × taints × tolerations)."""
     allowed = member.nodes
     names = choosing.candidates(ledger, member.request)
     order = _order(ledger)
@@ -265,19 +307,27 @@ def _candidates(ledger: Ledger, member: Member, exclude: Collection[str]) -> lis
         (order[name], name)
         for name in names
         if name not in exclude
+        and (only is None or name in only)
         and (allowed is None or name in allowed)
         and name in order
         and inventory[name].admits(member.tolerations)
     )
 
 
-def _kept_off(ledger: Ledger, member: Member, exclude: Collection[str]) -> dict[str, int]:
+def _kept_off(
+    ledger: Ledger,
+    member: Member,
+    exclude: Collection[str],
+    only: Collection[str] | None = None,
+) -> dict[str, int]:
     """Nodes its constraints allow that its tolerations do not, by why. O(C × taints)."""
     allowed = member.nodes
     found: Counter[str] = Counter()
     for name in choosing.candidates(ledger, member.request):
         node = ledger.inventory.get(name)
         if node is None or name in exclude or (allowed is not None and name not in allowed):
+            continue
+        if only is not None and name not in only:
             continue
         taint = untolerated(node.taints, member.tolerations, unschedulable=node.unschedulable)
         if taint is UNSCHEDULABLE:
@@ -299,11 +349,19 @@ class _Planner:
     """One planning pass over a scratch view; see `plan`."""
 
     def __init__(
-        self, ledger: Ledger, policy: Policy, exclude: Collection[str], *, idle: bool
+        self,
+        ledger: Ledger,
+        policy: Policy,
+        exclude: Collection[str],
+        *,
+        idle: bool,
+        only: Collection[str] | None = None,
     ) -> None:
         self.ledger = ledger
         self.policy = policy
         self.exclude = exclude
+        self.only = only
+        """The nodes of the domain planned in (None: every node)."""
         self.scratch = _Scratch(ledger, idle=idle)
         self.choices: dict[str, Choice] = {}
         self.used: dict[str, int] = {}
@@ -316,7 +374,7 @@ class _Planner:
         """Place as many members of the group as possible; returns the unplaced."""
         request = group[0].request
         self.ranks = {}
-        nodes = _candidates(self.ledger, group[0], self.exclude)
+        nodes = _candidates(self.ledger, group[0], self.exclude, self.only)
         position = {name: rank for rank, name in nodes}
         caps: dict[str, tuple[int, int]] = {}
         for _, name in nodes:
@@ -411,8 +469,8 @@ class _Planner:
     def why(self, member: Member) -> dict[str, int]:
         """Misfit kinds over the member's candidate nodes, and the nodes its tolerations
         keep it off (for the reason line). O(C × G)."""
-        kinds: Counter[str] = Counter(_kept_off(self.ledger, member, self.exclude))
-        for _, name in _candidates(self.ledger, member, self.exclude):
+        kinds: Counter[str] = Counter(_kept_off(self.ledger, member, self.exclude, self.only))
+        for _, name in _candidates(self.ledger, member, self.exclude, self.only):
             state = self.scratch.state(name)
             if state is None:
                 continue
@@ -435,15 +493,32 @@ def plan(
     `exclude`: nodes no member may use (e.g. held for another gang). Without `explain`, a
     shortfall skips the passes that find its reason and whether an idle cluster could
     hold the gang (its `reason` is short, `ever` True, `reasons` empty): for callers that
-    only ask whether it fits. Deterministic for equal inputs. See the module docstring for
-    the rules and the complexity.
+    only ask whether it fits. A gang whose members carry a `Domain` is planned in one
+    domain at a time (`_in_domains`). Deterministic for equal inputs. See the module
+    docstring for the rules and the complexity.
     """
     if not members:
         return Plan({}, ())
     uids = [member.uid for member in members]
     if len(set(uids)) != len(uids):
         raise ValueError("gang members must have distinct uids")
-    planner = _Planner(ledger, policy, exclude, idle=False)
+    domain = domain_of(members)
+    if domain is not None:
+        return _in_domains(ledger, policy, members, domain, exclude=exclude, explain=explain)
+    return _plan(ledger, policy, members, exclude=exclude, explain=explain)
+
+
+def _plan(
+    ledger: Ledger,
+    policy: Policy,
+    members: Sequence[Member],
+    *,
+    exclude: Collection[str],
+    explain: bool,
+    only: Collection[str] | None = None,
+) -> Plan | Shortfall:
+    """`plan` over the nodes of `only` (None: all), without domains."""
+    planner = _Planner(ledger, policy, exclude, idle=False, only=only)
     groups = _groups(members)
     for group in groups:
         unplaced = planner.place_group(group)
@@ -461,8 +536,149 @@ def plan(
                 planner=planner,
                 unplaced=unplaced,
                 exclude=exclude,
+                only=only,
             )
     return Plan(dict(planner.choices), tuple(planner.used))
+
+
+# --- topology domains -------------------------------------------------------------------
+
+
+def domain_of(members: Iterable[Member]) -> Domain | None:
+    """The domain the gang asks for (its first member's that asks for one), or None."""
+    return next((member.domain for member in members if member.domain is not None), None)
+
+
+def domains(ledger: Ledger, key: str) -> dict[str, frozenset[str]]:
+    """The domains of node label `key`: value -> the names of the nodes carrying it, in
+    value order. Nodes without the label are in none. O(nodes)."""
+    found: dict[str, set[str]] = {}
+    for node in ledger.inventory:
+        value = node.labels.get(key)
+        if value is not None:
+            found.setdefault(value, set()).add(node.name)
+    return {value: frozenset(found[value]) for value in sorted(found)}
+
+
+def domain_room(nodes: Iterable[Node], key: str, request: GpuRequest) -> dict[str, int]:
+    """Per value of node label `key`: how many copies of `request` its nodes would hold
+    when idle (what admission checks a gang keeping to one domain against: a required
+    domain that no value could ever hold refuses the gang). Values in order; nodes
+    without the label are in none. O(nodes × G)."""
+    found: dict[str, int] = {}
+    for node in nodes:
+        value = node.labels.get(key)
+        if value is not None:
+            found[value] = found.get(value, 0) + capacity(NodeState(node), request)[0]
+    return {value: found[value] for value in sorted(found)}
+
+
+def _room(ledger: Ledger, members: Sequence[Member], nodes: Collection[str]) -> int:
+    """Copies of the gang's heaviest request the nodes could take now (how much room a
+    domain has, for choosing the tightest that fits). O(|nodes| × G)."""
+    request = _groups(members)[0][0].request
+    total = 0
+    for name in nodes:
+        state = ledger.state(name)
+        if state is not None:
+            total += capacity(state, request)[0]
+    return total
+
+
+def _in_domains(
+    ledger: Ledger,
+    policy: Policy,
+    members: Sequence[Member],
+    domain: Domain,
+    *,
+    exclude: Collection[str],
+    explain: bool,
+) -> Plan | Shortfall:
+    """Plan the gang inside one domain of `domain.key`: each domain is planned alone (its
+    nodes only, every other rule as `_plan`), and of those that hold the whole gang the
+    plan spanning the fewest nodes wins, then the tightest domain (least room left for the
+    gang's heaviest request: large domains stay whole), then the value. A domain the gang
+    already runs in (`domain.value`) is the only one tried when required, the first when
+    preferred. When none holds it: a required domain gives a `Shortfall` naming the
+    domains tried and why each fell short (`Shortfall.domains`); a preferred one is then
+    planned in as few domains as hold it: the k roomiest together for k = 2, 3, ..., then
+    on every node (unlabelled ones too).
+
+    O(D × (C + plan on one domain)) for D domains (one `_plan` each, its candidates
+    filtered from the C nodes of the model), plus for a preference that no one domain
+    meets up to D more plans over unions.
+    """
+    every = domains(ledger, domain.key)
+    if domain.value:
+        pinned = {domain.value: every.get(domain.value, frozenset())}
+        every = pinned if domain.required else {**pinned, **every}
+    tried: list[DomainTry] = []
+    best: tuple[tuple[int, int, str], Plan] | None = None
+    for value, nodes in every.items():
+        found = _plan(ledger, policy, members, exclude=exclude, explain=explain, only=nodes)
+        if isinstance(found, Plan):
+            rank = (len(found.nodes), _room(ledger, members, nodes), value)
+            if domain.value and value == domain.value:
+                return found
+            if best is None or rank < best[0]:
+                best = (rank, found)
+            continue
+        tried.append(
+            DomainTry(value, len(nodes), found.placed, found.needed, found.ever, found.reason)
+        )
+    if best is not None:
+        return best[1]
+    if not domain.required:
+        roomiest = sorted(every, key=lambda value: (-_room(ledger, members, every[value]), value))
+        for k in range(2, len(roomiest) + 1):
+            union = frozenset().union(*(every[value] for value in roomiest[:k]))
+            found = _plan(ledger, policy, members, exclude=exclude, explain=False, only=union)
+            if isinstance(found, Plan):
+                return found
+        found = _plan(ledger, policy, members, exclude=exclude, explain=explain)
+        if isinstance(found, Plan):
+            return found
+        return dataclasses.replace(found, domains=tuple(tried))
+    return _no_domain(domain, members, tried, explain)
+
+
+def _no_domain(
+    domain: Domain, members: Sequence[Member], tried: list[DomainTry], explain: bool
+) -> Shortfall:
+    """Why no one domain of a required `domain` holds the gang, naming each tried."""
+    needed = len(members)
+    placed = max((item.placed for item in tried), default=0)
+    ever = any(item.ever for item in tried)
+    where = f"one {domain.key} (gang-domain, required)"
+    if domain.value:
+        where = f"{domain.key}={domain.value}, where the gang runs (gang-domain, required)"
+    if not tried:
+        return Shortfall(
+            f"no node carries the label {domain.key} (gang-domain, required): the gang "
+            f"keeps to one of its values and no node has one; {needed} members wait",
+            0,
+            needed,
+            False,
+        )
+    if not explain:
+        return Shortfall(f"no {where} holds all {needed} gang members now", placed, needed, True)
+    shown = "; ".join(f"{item.value}: {item.text()}" for item in tried[:MAX_DOMAINS_SHOWN])
+    more = len(tried) - MAX_DOMAINS_SHOWN
+    if more > 0:
+        shown += f"; and {more} more"
+    count = f"{len(tried)} domain{'s' if len(tried) != 1 else ''}"
+    if ever:
+        head = f"no {where} holds all {needed} gang members now ({count} tried)"
+    else:
+        head = (
+            f"the gang can never fit in {where}: even with every node idle no domain would "
+            f"hold all {needed} members ({count} tried)"
+        )
+    return Shortfall(f"{head}: {shown}", placed, needed, ever, domains=tuple(tried))
+
+
+MAX_DOMAINS_SHOWN = 6
+"""Domains a shortfall's one line names (all are in `Shortfall.domains`)."""
 
 
 def _shortfall(
@@ -474,10 +690,11 @@ def _shortfall(
     planner: _Planner,
     unplaced: list[Member],
     exclude: Collection[str],
+    only: Collection[str] | None = None,
 ) -> Shortfall:
     placed = len(planner.choices)
     needed = len(members)
-    idle = _Planner(ledger, policy, exclude, idle=True)
+    idle = _Planner(ledger, policy, exclude, idle=True, only=only)
     ever = True
     idle_placed = 0
     for group in groups:
@@ -539,14 +756,36 @@ def fence(
     inventory order), both descending, until their idle capacity covers the group. The
     result is where a starving gang should be given room first: keeping other pods off
     these nodes lets them drain towards the gang. Empty when even an idle cluster could
-    not hold the gang. O(groups × C × G).
+    not hold the gang. A gang that keeps to one domain gets the nodes of one domain: the
+    roomiest now of those that could hold it idle (a preferred domain that none could
+    hold: any nodes). O(groups × C × G), and O(D × that) for D domains.
     """
+    domain = domain_of(members)
+    if domain is None:
+        return _fence(ledger, members, exclude, None)
+    every = domains(ledger, domain.key)
+    if domain.value:
+        every = {domain.value: every.get(domain.value, frozenset())}
+    for value in sorted(every, key=lambda value: (-_room(ledger, members, every[value]), value)):
+        found = _fence(ledger, members, exclude, every[value])
+        if found:
+            return found
+    return () if domain.required else _fence(ledger, members, exclude, None)
+
+
+def _fence(
+    ledger: Ledger,
+    members: Sequence[Member],
+    exclude: Collection[str],
+    only: Collection[str] | None,
+) -> tuple[str, ...]:
+    """`fence` over the nodes of `only` (None: all)."""
     chosen: dict[str, None] = {}
     idle_left: dict[str, NodeState] = {}
     for group in _groups(members):
         request = group[0].request
         rows = []
-        for position, name in _candidates(ledger, group[0], exclude):
+        for position, name in _candidates(ledger, group[0], exclude, only):
             live = ledger.state(name)
             if live is None:
                 continue

@@ -227,7 +227,7 @@ class Inventory:
                         max(known.max_gpus_per_node, count),
                         max(known.max_nvlink_domain, domain),
                     )
-        return Capabilities(per_model)
+        return Capabilities(per_model, tuple(self._nodes.values()))
 
 
 def _largest_domain(node: Node, model: str) -> int:
@@ -249,9 +249,14 @@ class ModelCapability:
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
-    """Per GPU model, the most any node offers: what admission checks a request against."""
+    """Per GPU model, the most any node offers: what admission checks a request against;
+    and the nodes themselves, for what no one node says (how much a topology domain of
+    nodes could hold: `gpuplace.placement.gangs.domain_room`, kept in `memo`)."""
 
     per_model: Mapping[str, ModelCapability]
+    nodes: tuple[Node, ...] = ()
+    memo: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
+    """Answers computed from `nodes`, by question (they hold while this object does)."""
 
     def max_memory_mib(self, models: Iterable[str] = ()) -> int:
         chosen = self._select(models)

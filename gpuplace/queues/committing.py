@@ -126,10 +126,16 @@ class Admitter:
     # --- a gang ------------------------------------------------------------------------
 
     async def gang(
-        self, members: Sequence[PodRecord], grants: Sequence[Grant], *, running: int = 0
+        self,
+        members: Sequence[PodRecord],
+        grants: Sequence[Grant],
+        *,
+        running: int = 0,
+        run: str = "",
     ) -> Written:
         """Write a gang's plan (one held grant per member), then settle it. `running`:
-        members of the gang already admitted (its `gang-count` counts them too)."""
+        members of the gang already admitted (its `gang-count` counts them too); `run`:
+        the run they started ("": this plan starts one; `gpuplace.cluster.gang_marks`)."""
         plan_id = plans.new_id()
         by_uid = {grant.pod_uid: grant for grant in grants}
         size = len(members)
@@ -139,7 +145,9 @@ class Admitter:
 
             async def mark(pod: PodRecord) -> dict[str, Any] | None:
                 grant = by_uid[pod.uid]
-                annotations = self.plans.annotations(grant, plan_id, size, running + size, at)
+                annotations = self.plans.annotations(
+                    grant, plan_id, size, running + size, at, run=run
+                )
 
                 def change(current: dict[str, Any]) -> Patch | None:
                     if plans.marked(current, plan_id) or not _admitting(current):

@@ -58,7 +58,7 @@ from gpuplace.cluster import assignments, kube, recording
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.queue_directory import QueueDirectory
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.controllers import telling
+from gpuplace.controllers import restarts, telling
 from gpuplace.controllers.api import PodApi
 from gpuplace.controllers.controller import Controller, Parts, Settings
 from gpuplace.controllers.store import PodIndex
@@ -459,11 +459,18 @@ class QueueController(Controller[QueueSettings, None, QueueApi]):
         if len(pods) == 1 and not pods[0].controlled.gang_name:
             written = await self.admitter.pod(pods[0], by_uid[pods[0].uid])
         else:
-            running = sum(
-                len(r.uids) for r in found.running if r.key == admission.key and not r.leaving_for
-            )
+            going = [
+                found.pods[uid]
+                for r in found.running
+                if r.key == admission.key and not r.leaving_for
+                for uid in r.uids
+                if uid in found.pods
+            ]
             written = await self.admitter.gang(
-                pods, [by_uid[pod.uid] for pod in pods], running=running
+                pods,
+                [by_uid[pod.uid] for pod in pods],
+                running=len(going),
+                run=restarts.current_run(going),
             )
         self._written_admission(admission, pods, written, now)
 

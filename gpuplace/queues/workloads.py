@@ -21,7 +21,10 @@ round.
   running workload's `missing`, which the engine adds as GPUs free;
 - **aside** (`Aside`): gated workloads a round is not asked about: a gang still missing
   members, a plan being written or settled (the informers lag our own writes: decided
-  next round), members beyond `gang-size`, a pod whose annotations cannot be read.
+  next round), members beyond `gang-size`, a pod whose annotations cannot be read, the
+  new members of a gang restarting after a member failed while members of its last run
+  still hold GPUs (`gpuplace.controllers.restarts`: they are admitted as a new run once
+  none is left, never beside the old one).
 
 Members are `gangs.Member`s: each pod's request, the nodes its affinity and node selector
 allow, less the nodes a starving or preempting gang or a starving queued workload holds
@@ -39,7 +42,10 @@ from dataclasses import dataclass, field
 
 from gpuplace.cluster.node_affinity import NodeAffinity
 from gpuplace.cluster.pods import PodRecord
+from gpuplace.cluster.pods import domain as pods_domain
+from gpuplace.controllers import restarts
 from gpuplace.placement import gangs
+from gpuplace.placement.gangs import GangKey
 from gpuplace.placement.inventory import Inventory
 from gpuplace.placement.queueing import admitting
 
@@ -53,12 +59,13 @@ MEMBERS = "members"
 WRITING = "writing"
 FULL = "full"
 UNREADABLE = "unreadable"
+RESTARTING = "restarting"
 
 
 @dataclass(frozen=True, slots=True)
 class Aside:
     """A gated workload the round is not asked about, and why (`MEMBERS`, `WRITING`,
-    `FULL`, `UNREADABLE`)."""
+    `FULL`, `UNREADABLE`, `RESTARTING`)."""
 
     key: str
     queue: str
@@ -106,10 +113,16 @@ class _Nodes:
         return self._memo[(affinity, fenced)]
 
 
-def member(pod: PodRecord, nodes: _Nodes) -> gangs.Member:
+def member(pod: PodRecord, nodes: _Nodes, running: Sequence[PodRecord] = ()) -> gangs.Member:
+    """The engine's member for a queued pod; `running`: its gang's admitted members (a
+    replacement or growth keeps to the topology domain they run in)."""
     assert pod.request is not None
     return gangs.Member(
-        pod.uid, pod.request, nodes(pod.controlled.affinity, pod.uid), pod.controlled.tolerations
+        pod.uid,
+        pod.request,
+        nodes(pod.controlled.affinity, pod.uid),
+        pod.controlled.tolerations,
+        pods_domain(pod, running, nodes.inventory),
     )
 
 
@@ -123,10 +136,19 @@ def collect(
 ) -> Found:
     """See the module docstring."""
     groups: dict[str, list[PodRecord]] = {}
-    for pod in pods:
+    every = list(pods)
+    restarting = {
+        key: restarts.barrier(restarts.broken(key, members))
+        for key, members in restarts.by_gang(every).items()
+    }
+    for pod in every:
         if pod.controlled.queue and not pod.terminal:
             groups.setdefault(pod.workload, []).append(pod)
-    collector = _Collector(_Nodes(inventory, fenced, fence_members), leaving or {})
+    collector = _Collector(
+        _Nodes(inventory, fenced, fence_members),
+        leaving or {},
+        {key: stopping for key, stopping in restarting.items() if stopping},
+    )
     for group in groups.values():
         group.sort(key=PodRecord.order)
         collector.workload(group)
@@ -145,9 +167,16 @@ class _Group:
 
 
 class _Collector:
-    def __init__(self, nodes: _Nodes, leaving: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        nodes: _Nodes,
+        leaving: Mapping[str, str],
+        restarting: Mapping[GangKey, tuple[PodRecord, ...]],
+    ) -> None:
         self.nodes = nodes
         self.leaving = leaving
+        self.restarting = restarting
+        """Gangs whose broken run's members still hold GPUs (`restarts.barrier`)."""
         self.found = Found()
 
     def workload(self, pods: list[PodRecord]) -> None:
@@ -160,7 +189,21 @@ class _Collector:
             self.found.pods[pod.uid] = pod
         group = _Group(pods[0].workload, pods[0].controlled.queue, admitted, gated)
         _running(self.found, group, self.leaving, self.nodes)
-        if gated:
+        stopping = self.restarting.get(pods[0].gang_key) if pods[0].controlled.gang_name else None
+        if gated and stopping:
+            self.found.aside.append(
+                Aside(
+                    group.key,
+                    group.queue,
+                    tuple(gated),
+                    RESTARTING,
+                    f"gang {pods[0].controlled.gang_name} restarts after a member failed: its "
+                    f"new members are admitted as one workload once the {len(stopping)} "
+                    f"member{'s' if len(stopping) != 1 else ''} of its last run still "
+                    "holding GPUs have stopped",
+                )
+            )
+        elif gated:
             _waiting(self.found, group, self.nodes)
 
 
@@ -193,7 +236,8 @@ def _running(found: Found, group: _Group, leaving: Mapping[str, str], nodes: _No
     if growing and not _writing(gated):
         readable = [pod for pod in gated if pod.request is not None]
         missing = tuple(
-            member(pod, nodes) for pod in readable[: head.controlled.gang_size - len(staying)]
+            member(pod, nodes, staying)
+            for pod in readable[: head.controlled.gang_size - len(staying)]
         )
     found.running.append(
         admitting.Running(
@@ -277,11 +321,12 @@ def _waiting(found: Found, group: _Group, nodes: _Nodes) -> None:
             )
         )
         return
+    running = [pod for pod in admitted if not pod.deleting]
     found.waiting.append(
         admitting.Workload(
             key,
             queue,
-            tuple(member(pod, nodes) for pod in members),
+            tuple(member(pod, nodes, running) for pod in members),
             max(pod.priority for pod in members),
             min(pod.created for pod in members),
             minimum=low if head.elastic and low < len(members) else 0,

@@ -281,6 +281,12 @@ class Reviewer:
                 spec=spec,
             )
         why = capacity.misfit(spec, capabilities)
+        if why is None and spec.gang is not None and spec.gang.domain is not None:
+            try:
+                asked = spec.to_request(*grammar.pod_requests(pod))
+            except grammar.AnnotationError as error:
+                return _invalid(INVALID_POD, error.message, spec)
+            why = capacity.domain_misfit(spec, asked, capabilities)
         if why is not None:
             return _invalid(UNSATISFIABLE, why, spec)
         queued = self._queue(request.namespace, spec)

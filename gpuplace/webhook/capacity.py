@@ -9,7 +9,11 @@ message saying what the cluster does have. Pure.
 from __future__ import annotations
 
 from gpuplace.cluster import grammar, keys
+from gpuplace.placement import gangs, requests
 from gpuplace.placement.inventory import Capabilities, ModelCapability
+from gpuplace.placement.requests import GpuRequest
+
+MAX_DOMAINS_SHOWN = 6
 
 
 def memory_text(mib: int) -> str:
@@ -75,4 +79,48 @@ def misfit(spec: grammar.PodGpuSpec, capabilities: Capabilities) -> str | None:
     return (
         f"no node in the cluster has {spec.count} GPUs{of} with {memory_text(spec.memory_mib)} "
         "of memory each"
+    )
+
+
+def domain_misfit(
+    spec: grammar.PodGpuSpec, request: GpuRequest, capabilities: Capabilities
+) -> str | None:
+    """None unless the pod's gang requires one topology domain (`gang-domain`, policy
+    `required`) and no value of that node label could ever hold it: the members it must
+    start with (`gang-size`, or an elastic gang's `gang-min`), each asking `request`, on
+    that domain's nodes when idle. Then why, naming what each domain holds. O(nodes × G)
+    once per label and request (`Capabilities.memo`), O(1) after."""
+    gang = spec.gang
+    if (
+        gang is None
+        or gang.domain is None
+        or gang.domain_policy is not grammar.DomainPolicy.REQUIRED
+    ):
+        return None
+    question = ("domain_room", gang.domain, request)
+    room = capabilities.memo.get(question)
+    if not isinstance(room, dict):
+        room = gangs.domain_room(capabilities.nodes, gang.domain, request)
+        capabilities.memo[question] = room
+    need = gang.elastic_minimum or gang.size
+    where = f"{keys.GANG_DOMAIN}={gang.domain} ({keys.GANG_DOMAIN_POLICY}: required)"
+    if not room:
+        return (
+            f"{where}: no gpuplace node carries the label {gang.domain}, so no domain could "
+            f"ever hold the gang; label each node with its domain (kubectl label node NODE "
+            f"{gang.domain}=VALUE) or use {keys.GANG_DOMAIN_POLICY}: preferred"
+        )
+    best = max(room.values())
+    if best >= need:
+        return None
+    ranked = sorted(room.items(), key=lambda item: (-item[1], item[0]))
+    shown = ", ".join(f"{value} {count}" for value, count in ranked[:MAX_DOMAINS_SHOWN])
+    if len(ranked) > MAX_DOMAINS_SHOWN:
+        shown += f" and {len(ranked) - MAX_DOMAINS_SHOWN} more"
+    members = f"{need} members" + (f" ({keys.GANG_MIN})" if gang.elastic_minimum else "")
+    return (
+        f"{where}: no {gang.domain} could ever hold the gang's {members} of "
+        f"{requests.describe(request)} each: with every node idle the most one holds is "
+        f"{best} ({shown}); use {keys.GANG_DOMAIN_POLICY}: preferred to let it span domains, "
+        f"or fewer members"
     )

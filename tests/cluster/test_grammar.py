@@ -372,3 +372,83 @@ def test_any_queue_value_parses_to_a_label_value_or_a_named_refusal(raw: str) ->
         return
     assert spec is not None and spec.queue is not None
     assert grammar.queue_name(spec.queue) == spec.queue and len(spec.queue) <= 63
+
+
+GANG = {"gpu_count": "1", "gang_name": "g", "gang_size": "3"}
+
+
+def test_failure_policy_and_domain_join_the_grammar() -> None:
+    """Issue 45: `gang-on-failure` (default restart, continue for an elastic gang),
+    `gang-domain` (a node label key) and `gang-domain-policy` (default required)."""
+    plain = parse(**GANG)
+    assert plain is not None and plain.gang is not None
+    assert plain.gang.failure_policy is grammar.OnFailure.RESTART
+    assert plain.gang.domain is None
+    elastic = parse(**GANG, gang_min="2")
+    assert elastic is not None and elastic.gang is not None
+    assert elastic.gang.failure_policy is grammar.OnFailure.CONTINUE
+    chosen = parse(**GANG, gang_min="2", gang_on_failure=" Restart ")
+    assert chosen is not None and chosen.gang is not None
+    assert chosen.gang.failure_policy is grammar.OnFailure.RESTART
+    racked = parse(**GANG, gang_domain=" example.com/rack ", gang_domain_policy="preferred")
+    assert racked is not None and racked.gang is not None
+    assert racked.gang.domain == "example.com/rack"
+    assert racked.gang.domain_policy is grammar.DomainPolicy.PREFERRED
+    zoned = parse(**GANG, gang_domain="topology.kubernetes.io/zone")
+    assert zoned is not None and zoned.gang is not None
+    assert zoned.gang.domain_policy is grammar.DomainPolicy.REQUIRED
+    assert parse(**GANG, gang_domain="rack") is not None  # no prefix is a label key too
+
+
+@pytest.mark.parametrize(
+    ("values", "field", "fragment"),
+    [
+        (
+            {**GANG, "gang_on_failure": "stop"},
+            P + "gang-on-failure",
+            "gpuplace.io/gang-on-failure must be one of restart|continue; got 'stop'",
+        ),
+        (
+            {**GANG, "gang_domain": "/rack"},
+            P + "gang-domain",
+            "gpuplace.io/gang-domain must be a node label key whose values are the domains",
+        ),
+        ({**GANG, "gang_domain": "Example.com/rack"}, P + "gang-domain", "DNS-subdomain"),
+        ({**GANG, "gang_domain": "a/b/c"}, P + "gang-domain", "got 'a/b/c'"),
+        ({**GANG, "gang_domain": "x" * 64}, P + "gang-domain", "1-63 letters"),
+        (
+            {**GANG, "gang_domain": "r", "gang_domain_policy": "must"},
+            P + "gang-domain-policy",
+            "must be one of required|preferred; got 'must'",
+        ),
+        (
+            {**GANG, "gang_domain_policy": "required"},
+            P + "gang-domain",
+            "gpuplace.io/gang-domain-policy needs gpuplace.io/gang-domain",
+        ),
+        ({"gpu_count": "1", "gang_on_failure": "restart"}, P + "gang-name", "needs"),
+        ({"gpu_count": "1", "gang_domain": "r"}, P + "gang-name", "needs gpuplace.io/gang-name"),
+        ({"gang_domain": "r"}, P + "gang-domain", "without a GPU request"),
+        ({**GANG, "gang_domainn": "r"}, P + "gang-domainn", "did you mean gang-domain?"),
+    ],
+)
+def test_failure_policy_and_domain_refusals_name_the_annotation(
+    values: dict[str, str], field: str, fragment: str
+) -> None:
+    caught = error(**values)
+    assert caught.field == field
+    assert fragment in caught.message
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(max_size=300))
+def test_any_domain_value_parses_to_a_label_key_or_a_named_refusal(raw: str) -> None:
+    try:
+        spec = parse(**GANG, gang_domain=raw)
+    except grammar.AnnotationError as refused:
+        assert refused.field == keys.GANG_DOMAIN and keys.GANG_DOMAIN in str(refused)
+        return
+    assert spec is not None and spec.gang is not None and spec.gang.domain is not None
+    assert grammar.label_key(spec.gang.domain) == spec.gang.domain
+    prefix, _, name = spec.gang.domain.rpartition("/")
+    assert 1 <= len(name) <= 63 and len(prefix) <= 253

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from gpuplace.cluster import grammar, keys, pods
 from gpuplace.cluster.gang_marks import PlanMark
 from gpuplace.dev.localapi import objects
@@ -124,3 +126,76 @@ def test_priority_is_an_int32_whatever_the_pod_says() -> None:
         body = objects.pod("p")
         body["spec"]["priority"] = raw
         assert pods.record(body).priority == read
+
+
+def exited(code: int, *, last: bool = False, reason: str = "Error") -> dict[str, Any]:
+    state = {"terminated": {"exitCode": code, "reason": reason}}
+    key = "lastState" if last else "state"
+    return {"name": "main", key: state, **({"state": {"running": {}}} if last else {})}
+
+
+@pytest.mark.parametrize(
+    ("status", "deleting", "why"),
+    [
+        ({"phase": "Running"}, False, ""),
+        ({"phase": "Succeeded", "containerStatuses": [exited(1)]}, True, ""),
+        (
+            {"phase": "Failed", "containerStatuses": [exited(3)]},
+            False,
+            "its container main exited with code 3",
+        ),
+        (
+            {"phase": "Running", "containerStatuses": [exited(137, last=True, reason="OOMKilled")]},
+            False,
+            "its container main exited with code 137 (OOMKilled) and was restarted",
+        ),
+        ({"phase": "Running", "containerStatuses": [exited(0, last=True)]}, False, ""),
+        (
+            {"phase": "Failed", "reason": "Evicted", "message": "low on memory"},
+            False,
+            "it failed (Evicted: low on memory)",
+        ),
+        (
+            {
+                "phase": "Running",
+                "conditions": [
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "EvictionByEvictionAPI",
+                    }
+                ],
+            },
+            True,
+            "it was disrupted (EvictionByEvictionAPI)",
+        ),
+        ({"phase": "Running"}, True, "it was deleted before it completed"),
+        ({"phase": "Pending", "containerStatuses": "junk"}, False, ""),
+    ],
+)
+def test_a_gang_members_failure_is_read_from_its_status(
+    status: dict[str, Any], deleting: bool, why: str
+) -> None:
+    """Issue 45: what counts as a member's failure (a success never does)."""
+    assert pods.failure_of(status, deleting=deleting) == why
+
+
+@pytest.mark.parametrize(
+    ("policy", "statuses", "ends"),
+    [
+        ("Never", [exited(3)], True),
+        ("Never", [exited(3), {"name": "side", "state": {"running": {}}}], False),
+        ("Never", [], False),
+        ("OnFailure", [exited(3)], False),
+        (None, [exited(3)], False),
+        ("Never", [exited(137, last=True)], False),
+    ],
+)
+def test_a_pod_whose_containers_all_exited_under_never_ends_by_itself(
+    policy: str | None, statuses: list[dict[str, Any]], ends: bool
+) -> None:
+    """Issue 45: the kubelet ends such a pod itself (its phase follows its exit, seconds
+    later on v1.36), so a gang restart leaves it to end rather than evict it."""
+    spec = {} if policy is None else {"restartPolicy": policy}
+    status = {"phase": "Running", "containerStatuses": statuses}
+    assert pods.ending(spec, status) is ends

@@ -212,9 +212,11 @@ def member(
     priority: int | None = None,
     namespace: str = "default",
     extra: dict[str, Any] | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A gang member as the webhook leaves it: gang annotations, label and gate."""
-    annotations = {keys.GANG_NAME: gang, keys.GANG_SIZE: str(size)}
+    """A gang member as the webhook leaves it: gang annotations (and `annotations`),
+    label and gate."""
+    annotations = {keys.GANG_NAME: gang, keys.GANG_SIZE: str(size), **(annotations or {})}
     if timeout is not None:
         annotations[keys.GANG_TIMEOUT] = timeout
     pod = objects.pod(

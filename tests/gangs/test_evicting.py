@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from gpuplace.cluster import keys
 from gpuplace.cluster.gang_marks import gated, plan_mark
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
@@ -38,11 +39,22 @@ async def running(
 
 
 async def runner(
-    r: Rig, name: str, gang: str, size: int, *, count: int, priority: int
+    r: Rig,
+    name: str,
+    gang: str,
+    size: int,
+    *,
+    count: int,
+    priority: int,
+    annotations: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """A running gang of `size` members (planned, ungated and bound like any gang)."""
     for i in range(size):
-        r.api.create(member(f"{name}{i}", gang, size, count=count, priority=priority))
+        r.api.create(
+            member(
+                f"{name}{i}", gang, size, count=count, priority=priority, annotations=annotations
+            )
+        )
     await r.quiet()
     assert await r.schedule_ungated() == []
     for pod in r.gang_pods(gang):
@@ -387,19 +399,21 @@ async def test_a_preemption_attempt_makes_a_bounded_number_of_plans(
 async def test_a_replacement_member_preempts_at_its_gangs_lowest_priority(
     server: localapi.Server,
 ) -> None:
-    """A started gang of priority 0 lost a member; its replacement has priority 100. The
-    gang's priority is its lowest member's, running ones included: 0, so the priority-50
-    pods that took the lost member's GPUs are not evicted for it."""
+    """A started gang of priority 0 (that runs on without a member: `gang-on-failure:
+    continue`) lost a member; its replacement has priority 100. The gang's priority is
+    its lowest member's, running ones included: 0, so the priority-50 pods that took the
+    lost member's GPUs are not evicted for it."""
     nodes(server.api, 2)
     async with rig(server, settings=SETTINGS) as r:
-        old = await runner(r, "g", "g", 2, count=4, priority=0)
+        carry_on = {keys.GANG_ON_FAILURE: "continue"}
+        old = await runner(r, "g", "g", 2, count=4, priority=0, annotations=carry_on)
         lost = old[1]["metadata"]["name"]
         where = old[1]["spec"]["nodeName"]
         r.api.delete("pods", lost, "default")
         await r.quiet()
         for i in range(4):
             await running(r, f"mid{i}", where, priority=50)
-        r.api.create(member("g-new", "g", 2, count=4, priority=100))
+        r.api.create(member("g-new", "g", 2, count=4, priority=100, annotations=carry_on))
         await r.quiet()
         await r.rounds(3)
         assert evicted(r.api) == []

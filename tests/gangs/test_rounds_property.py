@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import io
 import random
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import pytest
@@ -77,12 +77,19 @@ def check_ledger(r: Rig) -> None:
         assert all(memory >= 0 for memory in state.free_memory)
 
 
-async def scenario(steps: list[tuple[Any, ...]], pauses: list[float]) -> None:
+@contextlib.asynccontextmanager
+async def served(nodes: int) -> AsyncIterator[localapi.Server]:
+    """A local API server with the shipped RBAC and `nodes` 4-GPU nodes gpu-0, gpu-1, ..."""
     async with localapi.serve(
         localapi.FakeApi(bookmark_interval=0.2, access=localapi.Access.shipped())
     ) as server:
-        for i in range(3):
+        for i in range(nodes):
             server.api.create(objects.node(f"gpu-{i}", gpus=4))
+        yield server
+
+
+async def scenario(steps: list[tuple[Any, ...]], pauses: list[float]) -> None:
+    async with served(3) as server:
         counter = 0
         gang_settings = GangSettings(poll_seconds=0.1, settle_seconds=0.002)
         async with contextlib.AsyncExitStack() as stack:

@@ -16,6 +16,7 @@ def node(
     cpu: int = 64_000,
     ram: int = 262_144,
     nvlink: tuple[int, ...] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> Node:
     domains = nvlink if nvlink is not None else (-1,) * gpus
     return Node(
@@ -26,6 +27,7 @@ def node(
             Gpu(index=i, model=model, memory_mib=memory, uuid=f"GPU-{name}-{i}", nvlink=domains[i])
             for i in range(gpus)
         ),
+        labels=dict(labels or {}),
     )
 
 

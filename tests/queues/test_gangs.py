@@ -5,6 +5,8 @@ free and gives back its extras first to a reclaim."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from gpuplace.cluster import keys
@@ -18,6 +20,16 @@ from tests.queues.rig import Rig, events, gpuqueue, namespace, nodes, queued, ri
 from tests.queues.test_reclaiming import deleting, kubelet_finishes
 
 
+@asynccontextmanager
+async def team_a(server: localapi.Server, nominal: str, nodes_count: int) -> AsyncIterator[Rig]:
+    """A rig over `nodes_count` 4-GPU nodes and team-a's GpuQueue of `nominal` GPUs."""
+    nodes(server.api, nodes_count, gpus=4)
+    namespace(server.api, "team-a", team="a")
+    server.api.create(gpuqueue("team-a", nominal))
+    async with rig(server) as r:
+        yield r
+
+
 def members(r: Rig, gang: str, namespace: str = "team-a") -> list[dict[str, Any]]:
     return [
         pod
@@ -29,10 +41,7 @@ def members(r: Rig, gang: str, namespace: str = "team-a") -> list[dict[str, Any]
 async def test_a_queued_gang_is_admitted_whole_then_started_by_the_gang_controller(
     server: localapi.Server,
 ) -> None:
-    nodes(server.api, 2, gpus=4)
-    namespace(server.api, "team-a", team="a")
-    server.api.create(gpuqueue("team-a", "6"))
-    async with rig(server) as r:
+    async with team_a(server, "6", 2) as r:
         # three of four members: the gang waits, holding nothing
         for i in range(3):
             r.api.create(queued(f"w{i}", "team-a", count=2, gang="train", size=4))
@@ -77,10 +86,7 @@ async def test_a_queued_gang_is_admitted_whole_then_started_by_the_gang_controll
 
 
 async def test_an_elastic_gang_starts_with_what_fits_and_grows(server: localapi.Server) -> None:
-    nodes(server.api, 1, gpus=4)
-    namespace(server.api, "team-a", team="a")
-    server.api.create(gpuqueue("team-a", "8"))
-    async with rig(server) as r:
+    async with team_a(server, "8", 1) as r:
         r.api.create(objects.pod("outside", "default", percent=None, count=2))
         assert await r.schedule() == []
         for i in range(4):
@@ -136,3 +142,47 @@ def test_the_webhook_gives_an_elastic_member_its_count_through_the_downward_api(
     assert env["valueFrom"]["fieldRef"]["fieldPath"] == (
         f"metadata.annotations['{keys.GANG_COUNT}']"
     )
+
+
+async def test_a_queued_gang_that_loses_a_member_restarts_through_its_queue(
+    server: localapi.Server,
+) -> None:
+    """Issue 45: a queued gang's member fails; the gang controller evicts the others, and
+    the members its owner creates again wait behind the queue gate until the old run has
+    stopped (quota and room free beside it notwithstanding), then are admitted whole as a
+    new run, through the queue."""
+    async with team_a(server, "8", 2) as r:
+        for i in range(3):
+            r.api.create(queued(f"w{i}", "team-a", count=1, gang="train", size=3))
+        await r.quiet()
+        await eventually(lambda: not any(gated(pod) for pod in members(r, "train")), 30.0)
+        assert await r.schedule() == []
+        first = {plan_mark(pod).run_id for pod in members(r, "train")}  # type: ignore[union-attr]
+        failed = {
+            "phase": "Failed",
+            "containerStatuses": [{"name": "main", "state": {"terminated": {"exitCode": 1}}}],
+        }
+        r.api.patch("pods", "w1", {"status": failed}, "team-a", subresource="status")
+        await eventually(lambda: deleting(r.api) == ["w0", "w2"], 30.0)
+        for i in range(3):
+            r.api.create(queued(f"n{i}", "team-a", count=1, gang="train", size=3))
+        await r.quiet()
+        await r.quiet()
+        assert not [name for name in r.admitted() if name.startswith("n")]
+        said = await events(r, "team-a", "QueueWaiting")
+        assert any("gang train restarts after a member failed" in message for message in said)
+        kubelet_finishes(r.api)
+        await r.quiet()
+        await eventually(
+            lambda: (
+                not any(
+                    gated(pod) for pod in members(r, "train") if pod["metadata"]["name"][0] == "n"
+                )
+            ),
+            30.0,
+        )
+        new = [pod for pod in members(r, "train") if pod["metadata"]["name"][0] == "n"]
+        runs = {plan_mark(pod).run_id for pod in new}  # type: ignore[union-attr]
+        assert len(runs) == 1 and not runs & first
+        assert await r.schedule() == []
+        r.check()

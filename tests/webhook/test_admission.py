@@ -8,7 +8,8 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from gpuplace.cluster import keys
+from gpuplace.cluster import keys, nodes
+from gpuplace.dev.localapi import objects
 from gpuplace.placement.inventory import Capabilities
 from gpuplace.webhook import admission, reviews
 from gpuplace.webhook.config import WebhookConfig
@@ -49,15 +50,21 @@ def test_pod_changed_after_mutation_is_caught(reviewer: admission.Reviewer) -> N
     assert "(still to set: schedulerName)" in decision.message
 
 
-def test_unsatisfiable_request(reviewer: admission.Reviewer) -> None:
-    pod = mutated(reviewer, helpers.pod({keys.GPU_PERCENT: "50", keys.GPU_MEMORY: "100Gi"}))
+def unsatisfiable(reviewer: admission.Reviewer, annotations: dict[str, str]) -> str:
+    """The message of the webhook's refusal of a pod that could never run (422)."""
+    pod = mutated(reviewer, helpers.pod(annotations))
     decision = reviewer.validate(request(helpers.review(pod)))
     assert (decision.allowed, decision.reason, decision.code) == (
         False,
         admission.UNSATISFIABLE,
         422,
     )
-    assert decision.message == (
+    return decision.message
+
+
+def test_unsatisfiable_request(reviewer: admission.Reviewer) -> None:
+    message = unsatisfiable(reviewer, {keys.GPU_PERCENT: "50", keys.GPU_MEMORY: "100Gi"})
+    assert message == (
         "no GPU in the cluster has 100Gi of memory (gpuplace.io/gpu-memory); the largest has 79Gi"
     )
 
@@ -305,3 +312,56 @@ def test_an_init_container_may_not_ask_for_slots(reviewer: admission.Reviewer) -
     decision = reviewer.mutate(request(helpers.review(pod)))
     assert not decision.allowed
     assert keys.RESOURCE_GPU in decision.message and "(other)" in decision.message
+
+
+def racked(gpus: dict[str, tuple[int, str | None]]) -> admission.Reviewer:
+    """A reviewer over A100 nodes named by `gpus`: name -> (GPUs, rack label or None)."""
+    listed = []
+    for name, (count, rack) in gpus.items():
+        node = objects.node(name, gpus=count)
+        if rack is not None:
+            node["metadata"]["labels"]["example.com/rack"] = rack
+        listed.append(node)
+    return admission.Reviewer(
+        WebhookConfig(), FixedCapabilities(nodes.inventory(listed).capabilities())
+    )
+
+
+def gang_member(size: int, **extra: str) -> dict[str, str]:
+    return {
+        keys.GPU_COUNT: "1",
+        keys.GANG_NAME: "train",
+        keys.GANG_SIZE: str(size),
+        keys.GANG_DOMAIN: "example.com/rack",
+        **extra,
+    }
+
+
+def test_a_gang_no_domain_could_ever_hold_is_refused_at_admission() -> None:
+    """Issue 45: racks of 3 and 4 GPUs; a required gang of 5 one-GPU members could never
+    fit in one: refused, naming what each rack holds; 4 members pass, and so do 5 that
+    only prefer one rack."""
+    reviewer = racked({"a1": (3, "a"), "b1": (2, "b"), "b2": (2, "b"), "x": (8, None)})
+    assert unsatisfiable(reviewer, gang_member(5)) == (
+        "gpuplace.io/gang-domain=example.com/rack (gpuplace.io/gang-domain-policy: required): "
+        "no example.com/rack could ever hold the gang's 5 members of 1 whole GPU each: with "
+        "every node idle the most one holds is 4 (b 4, a 3); use "
+        "gpuplace.io/gang-domain-policy: preferred to let it span domains, or fewer members"
+    )
+    for fits in (
+        gang_member(4),
+        gang_member(5, **{keys.GANG_DOMAIN_POLICY: "preferred"}),
+        gang_member(5, **{keys.GANG_MIN: "4"}),
+    ):
+        pod = mutated(reviewer, helpers.pod(fits))
+        decision = reviewer.validate(request(helpers.review(pod)))
+        assert decision.allowed, decision.message
+
+
+def test_a_gang_domain_no_node_carries_is_refused_saying_how_to_label() -> None:
+    reviewer = racked({"x": (8, None)})
+    pod = mutated(reviewer, helpers.pod(gang_member(2)))
+    decision = reviewer.validate(request(helpers.review(pod)))
+    assert not decision.allowed
+    assert "no gpuplace node carries the label example.com/rack" in decision.message
+    assert "kubectl label node NODE example.com/rack=VALUE" in decision.message
