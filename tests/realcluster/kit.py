@@ -18,6 +18,7 @@ saw last. Nothing here knows gpuplace.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import selectors
@@ -25,13 +26,14 @@ import signal
 import socket
 import ssl
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[2]
 KIT = ROOT.parent / "shared" / "k8s"
@@ -69,6 +71,10 @@ def kit_missing() -> str | None:
 
 
 PORT_TRIES = 3
+KUBELET_LOCK = Path(
+    os.environ.get("GPUPLACE_KUBELET_LOCK", Path(tempfile.gettempdir()) / "gpuplace-kubelet.lock")
+)
+"""The machine has one kubelet: a tier that starts the node holds this lock until `down`."""
 """Control-plane starts tried with fresh ports when a component exits at start."""
 APISERVER_FLAGS = ("--enable-aggregator-routing=true",)
 """Added to the kit's kube-apiserver: it then calls a webhook's Service at one of the
@@ -331,6 +337,19 @@ def _brief(seen: Objects) -> dict[str, Any]:
     }
 
 
+def inherited(path: Path) -> bool:
+    """Whether this process has `path` open already: `flock(1) path pytest ...` passes its
+    locked descriptor on, and a second lock of our own on it would wait for ever."""
+    target = str(path.resolve())
+    fds = Path("/proc/self/fd")
+    with contextlib.suppress(OSError):
+        for fd in fds.iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) == target:
+                    return True
+    return False
+
+
 @dataclass
 class Cluster:
     """One cluster of the kit, started by `up` and stopped by `down`."""
@@ -346,6 +365,8 @@ class Cluster:
     --cdi`); the DRA tests need it, the device-plugin tests run either way."""
     kubelet: subprocess.Popen[bytes] | None = None
     """A kubelet `restart_kubelet` started (reaped at `down`)."""
+    kubelet_lock: IO[str] | None = None
+    """`KUBELET_LOCK`, open and locked from `add_node` to `down`."""
 
     @classmethod
     def up(cls, state: Path, *, node: bool = True, wait_seconds: int = 300) -> Cluster:
@@ -383,7 +404,12 @@ class Cluster:
         14), so that the DRA tests and the device-plugin tests share the one node. Where
         `--cdi` fails (no containerd >= 1.7.2 to be had), the node is started without CDI
         and `cdi_problem` says why. A failure leaves `node_problem` set and the control
-        plane running."""
+        plane running. The node is started under `KUBELET_LOCK` (an exclusive flock, the
+        one `flock(1)` takes, held until `down`): a second tier on this machine waits for
+        the kubelet instead of failing on it."""
+        if self.kubelet_lock is None and not inherited(KUBELET_LOCK):
+            self.kubelet_lock = KUBELET_LOCK.open("a")
+            fcntl.flock(self.kubelet_lock, fcntl.LOCK_EX)
         self._add_node(cdi=True)
         if self.node_problem is not None:
             self.cdi_problem = self.node_problem
@@ -443,6 +469,9 @@ class Cluster:
         if self.kubelet is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.kubelet.wait(timeout=30)
+        if self.kubelet_lock is not None:
+            self.kubelet_lock.close()  # closing the file releases its flock
+            self.kubelet_lock = None
 
     @property
     def etcd_url(self) -> str:
