@@ -240,7 +240,10 @@ class LedgerSync:
             if current is not None:
                 log.info("node left gpuplace", extra={"node": record.name})
                 self.ledger.remove_node(record.name)
-        elif current is None or current != node:
+        elif current is None or current != node or current.labels != node.labels:
+            # labels are not part of a Node's equality (the engine's caches compare nodes
+            # by what they hold), but the gang planner reads them (node affinity, topology
+            # domains) and the webhook (the DRA label): a relabelled node is a new node
             self._closing(current, node)
             self.ledger.put_node(node)
             for uid in list(self._claims_on.get(record.name, ())):

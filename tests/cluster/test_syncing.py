@@ -193,6 +193,23 @@ def test_node_leaving_gpuplace_leaves_the_inventory(sync: LedgerSync) -> None:
     assert broken.problem and "n1" not in sync.ledger.inventory
 
 
+def test_a_relabelled_node_is_seen_with_its_new_labels(sync: LedgerSync) -> None:
+    """A node labelled into a rack after the sidecar started, or one whose DRA label went
+    (its agent moved back to the device plugin): nothing else changed, and the ledger kept
+    the old labels, so gang members asking for the label never found the node (seen on the
+    real tier: a gang waited "no node matches the pod's node affinity" after the DRA tests
+    relabelled the kit's node)."""
+    sync.put_node(node_record("n1", labels={keys.NODE_DRA: "true"}))
+    generation = sync.ledger.generation
+    sync.put_node(node_record("n1", labels={"example.com/rack": "a"}))
+    node = sync.ledger.inventory.get("n1")
+    assert node is not None
+    assert node.labels.get("example.com/rack") == "a" and keys.NODE_DRA not in node.labels
+    assert sync.ledger.generation > generation  # the gang controller plans again
+    sync.put_node(node_record("n1", labels={"example.com/rack": "a"}))
+    assert sync.ledger.generation == generation + 1  # an unchanged node changes nothing
+
+
 def test_workload_window_counts_arrivals_once() -> None:
     sync = LedgerSync(window=2)
     for name in ("a", "b", "a", "c"):
