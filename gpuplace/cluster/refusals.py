@@ -5,7 +5,9 @@ A refusal is an answer that says gpuplace *lacks* something, not that the world 
 - 401 Unauthorized: the credentials are not accepted (expired or wrong token);
 - 403 Forbidden: RBAC does not allow the call (an admission webhook's denial, whose
   message starts `admission webhook "..." denied the request`, is an answer about that
-  object, not a missing permission, and is not counted);
+  object, not a missing permission, and is not counted; nor is the NamespaceLifecycle
+  plugin's "unable to create new content in namespace N because it is being terminated",
+  an answer about that namespace: an Event or an eviction in a namespace on its way out);
 - 404 Not Found, only where the call names something that must exist (`missing=True`
   in `gpuplace.cluster.kube`): a collection (the resource is not served) or the scheduler's Lease
   (wrong namespace or name, or no kube-scheduler running), and only once it has lasted
@@ -64,6 +66,10 @@ BLOCKING: frozenset[tuple[str, str]] = frozenset(
 ADMISSION_DENIAL = "admission webhook "
 """How kube-apiserver begins the message of a webhook's denial (also a 403)."""
 
+NAMESPACE_TERMINATING = "because it is being terminated"
+"""How kube-apiserver's NamespaceLifecycle ends its 403 for a create in a namespace being
+deleted (`unable to create new content in namespace N because it is being terminated`)."""
+
 REFUSED = frozenset({401, 403})
 """Codes that are always a refusal; 404 only where the call says the object must exist."""
 
@@ -108,7 +114,9 @@ class Refusals(Collector):
         `missing`: a 404 means something gpuplace needs does not exist."""
         key = (verb, resource)
         now = self._clock()
-        if code == 403 and message.startswith(ADMISSION_DENIAL):
+        if code == 403 and (
+            message.startswith(ADMISSION_DENIAL) or message.endswith(NAMESPACE_TERMINATING)
+        ):
             return
         if code == 404 and missing:
             since = self._missing_since.setdefault(key, now)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpuplace.cluster import disruptions, kube
+from gpuplace.cluster import disruptions, kube, refusals
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
 
@@ -124,6 +124,14 @@ def freed(sync: LedgerSync, victims: Sequence[PodRecord]) -> Mapping[str, str]:
             gpus = ",".join(map(str, grant.gpus))
             shown[victim.uid] = f"GPU{plural} {gpus} of node {grant.node}"
     return shown
+
+
+def already_going(error: kube.ApiError) -> bool:
+    """The pod needs no eviction: it is gone (404), or its namespace is being deleted
+    and takes it (kube-apiserver's NamespaceLifecycle 403)."""
+    return error.not_found or (
+        error.status == 403 and error.message.endswith(refusals.NAMESPACE_TERMINATING)
+    )
 
 
 def unknown_outcome(error: kube.ApiError) -> bool:

@@ -216,6 +216,9 @@ class Restarts:
                 await self.conditions.set(pod, "False", events.RESTARTING, message)
                 continue
             _, error = done.refusal
+            if evictions.already_going(error):  # deleted meanwhile, or its namespace is
+                self._retry.pop(pod.uid, None)
+                continue
             self.metrics.evictions.labels("refused").inc()
             self._retry[pod.uid] = now + self.retry_seconds
             why = evictions.refusal_text(error)

@@ -40,6 +40,15 @@ def test_a_missing_lease_is_a_refusal_only_once_it_lasts() -> None:
     denied = 'admission webhook "validate.gpuplace.io" denied the request: no'
     found.answered("patch", "pods", 403, "Forbidden", denied)
     assert found.current("patch", "pods") is None  # a verdict on one pod, not RBAC
+    # kube-apiserver v1.36.2's words for an eviction and an Event in a namespace being
+    # deleted (seen on the real tier): an answer about the namespace, not RBAC
+    for resource, name in (("pods/eviction", "pods"), ("events", "events")):
+        going = (
+            f'{name} "tolerant-3" is forbidden: unable to create new content in namespace '
+            "rc-gang-plans-skip-cordon-b796 because it is being terminated"
+        )
+        found.answered("create", resource, 403, "Forbidden", going)
+        assert found.current("create", resource) is None
 
 
 def test_a_refusal_is_logged_once_and_its_end_at_info(caplog: pytest.LogCaptureFixture) -> None:
