@@ -104,6 +104,10 @@ kubelet plugin (DaemonSet gpuplace-node-agent-dra), not the device plugin (docs/
 GANG_GATE = PREFIX + "gang"
 QUEUE_GATE = QUEUE
 """A queued pod waits behind it until its queue admits it (then the gang gate, if any)."""
+PLACE_GATE = PREFIX + "place"
+"""Every other gpuplace pod waits behind it (a moment) until the sidecar's planner has
+chosen its node and GPUs with the engine and handed kube-scheduler that node
+(`gpuplace.planning`, docs/placement.md "Plan, then pin")."""
 
 # --- extended resources -------------------------------------------------------
 RESOURCE_PERCENT = PREFIX + "gpu-percent"

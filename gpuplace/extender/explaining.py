@@ -151,6 +151,15 @@ def explain(
             f"Pending behind the scheduling gate {keys.QUEUE_GATE}: its GpuQueue admits it "
             "when its quota and a free GPU cover it (docs/queues.md)."
         )
+    elif record.gated and keys.PLACE_GATE in gates and keys.GANG_GATE not in gates:
+        others = [gate for gate in gates if gate != keys.PLACE_GATE]
+        first = f" once {', '.join(others)} is removed" if others else ""
+        head.append(
+            f"Pending behind the scheduling gate {keys.PLACE_GATE}: gpuplace's planner "
+            f"chooses its node and GPUs{first} and releases it at once with that node for "
+            "kube-scheduler to try first (docs/placement.md, plan then pin); a pod that stays "
+            "here means no replica's planner leads (gpuplace_plan_controller_leading)."
+        )
     elif record.gated:
         head.append(
             "Pending behind scheduling gates: the gang controller lets it go when its gang "
@@ -268,8 +277,9 @@ def preemption_lines(
             )
         else:
             lines.append(
-                f"Nominated to node {node} by kube-scheduler's preemption; no pod there is "
-                "terminating any more: the next attempt should bind it."
+                f"Nominated to node {node} by kube-scheduler's preemption, or by gpuplace's "
+                "planner (its plan); no pod there is terminating: kube-scheduler tries that "
+                "node first, and every other one if it no longer fits there."
             )
     for condition in conditions:
         if (

@@ -23,6 +23,10 @@ returns the minimal JSON Patch to get there:
 - for a queued pod (`queue`: the GpuQueue `gpuplace.io/queue` or its namespace's label
   names, docs/queues.md) the label `gpuplace.io/queue=<queue>` and the scheduling gate
   `gpuplace.io/queue`, which the queue controller removes when the queue admits it;
+- for every other pod, when the sidecar plans them (`place_gate`, `--plan-pin`), the
+  scheduling gate `gpuplace.io/place`, which the planner removes once it has handed
+  kube-scheduler the node it planned (`gpuplace.planning`): every gpuplace pod is gated at
+  admission, since a gate can be set only then;
 - for a member of an elastic gang (`gang-min` below `gang-size`) the env var
   `GPUPLACE_GANG_COUNT`, the gang's member count when this member starts, read through the
   downward API from the annotation `gpuplace.io/gang-count` its plan carries.
@@ -136,14 +140,16 @@ def build(
     scheduler_name: str,
     *,
     node_agent: bool = False,
+    place_gate: bool = False,
     queue: str = "",
     queue_source: str = "",
 ) -> Mutation:
     """The patch that makes `pod` a gpuplace pod. `container` indexes `spec.containers`
     (see `pods.problems`); `node_agent`: the GPU nodes run the node agent (slots instead
     of env vars); `queue`: the GpuQueue it waits in ("" for none), which `queue_source`
-    (`annotation`, `namespace`) named. Raises `patches.PatchError` on a pod of impossible
-    shape."""
+    (`annotation`, `namespace`) named; `place_gate`: the sidecar plans the pods no gang
+    or queue does (the gate `gpuplace.io/place`). Raises `patches.PatchError` on a pod
+    of impossible shape."""
     patch = patches.Patch(pod)
     warnings: list[str] = []
     _resources(patch, spec, container)
@@ -167,6 +173,8 @@ def build(
     if spec.gang is not None:
         patch.put(("metadata", "labels", keys.GANG_LABEL), spec.gang.name)
         _gate(patch, keys.GANG_GATE)
+    elif place_gate and not queue:
+        _gate(patch, keys.PLACE_GATE)
     if spec.memory_rounded:
         warnings.append(
             f"{keys.GPU_MEMORY} was rounded up to whole MiB: {spec.memory_mib}Mi per GPU"

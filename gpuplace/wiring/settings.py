@@ -37,11 +37,22 @@ S = TypeVar("S", bound=BaseSettings)
 LEASE_PATTERN = r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 
+PLAN_PIN_HELP = (
+    "plan, then pin: the webhook gates every GPU pod that is neither a gang member nor "
+    "queued (gpuplace.io/place), the sidecar plans it with the engine and releases it "
+    "with the planned node handed to kube-scheduler: nominate = as its nominated node "
+    "(status.nominatedNodeName: tried first, every other node if it no longer fits), "
+    "affinity = as its only node (metadata.name pinned in its node affinity: one write, "
+    "but a node that fills meanwhile keeps the pod pending); off = no gate, the "
+    "extender's filter chooses among every node (docs/placement.md)"
+)
+
+
 class SidecarSettings(BaseSettings):
     """The scheduler sidecar's flags (`gpuplace.wiring.sidecar` and its builders read
-    them); each is also an env var GPUPLACE_<NAME>. `gangs` and `queues` are off here (a
-    bare sidecar, as the extender tests build it); `Settings`, the `gpuplace serve`
-    process's, turns them on."""
+    them); each is also an env var GPUPLACE_<NAME>. `gangs`, `queues` and `plan_pin` are
+    off here (a bare sidecar, as the extender tests build it); `Settings`, the `gpuplace
+    serve` process's, turns them on."""
 
     model_config = SettingsConfigDict(env_prefix="GPUPLACE_", frozen=True, extra="ignore")
 
@@ -147,6 +158,10 @@ class SidecarSettings(BaseSettings):
         False,
         description="run the gang controller: plan complete gangs all at once, reserve "
         "their GPUs and remove their scheduling gates together",
+    )
+    plan_pin: Literal["nominate", "affinity", "off"] = Field(
+        "off",
+        description=PLAN_PIN_HELP,
     )
     scheduler_lease: str = Field(
         f"{leader.LEASE_NAMESPACE}/{leader.LEASE_NAME}",
@@ -383,6 +398,7 @@ class Settings(SidecarSettings):
         description="run the gang controller: plan complete gangs all at once, reserve "
         "their GPUs and remove their scheduling gates together",
     )
+    plan_pin: Literal["nominate", "affinity", "off"] = Field("nominate", description=PLAN_PIN_HELP)
     queues: bool = Field(
         True,
         description="run the queue controller: GPU pods whose namespace or annotation names "
