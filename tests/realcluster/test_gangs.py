@@ -6,9 +6,7 @@ under PodDisruptionBudgets, on the kit's real node."""
 
 from __future__ import annotations
 
-import re
 import time
-import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +17,7 @@ from tests.realcluster.objects import (
     bound,
     gpu_node,
     grant,
+    metric,
     observed,
     pod,
     priority_class,
@@ -116,16 +115,6 @@ def test_gang_plans_skip_cordoned_and_tainted_nodes_as_kube_scheduler_does(
     tolerant = members_bound(kubectl, scope.namespace, "tolerant", 4)
     nodes = sorted(grant(obj)["node"] for obj in tolerant.values())
     assert nodes == sorted([free, free, tainted, tainted]), nodes
-
-
-def metric(url: str, name: str) -> float:
-    with urllib.request.urlopen(url, timeout=5) as answer:
-        text = answer.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if re.match(rf"{re.escape(name)}(\{{| )", line)
-    )
 
 
 def test_a_waiting_gang_evicts_all_or_nothing_through_the_eviction_api(
