@@ -32,10 +32,11 @@ RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
 FROM ${PYTHON_IMAGE} AS runtime
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PATH=/opt/gpuplace/bin:${PATH}
+    PIP_DISABLE_PIP_VERSION_CHECK=1
 # The base image's pip installs into a venv that has none (--without-pip), from the wheels
-# of the build stage only (--no-index), mounted for this step and never copied in.
+# of the build stage only (--no-index), mounted for this step and never copied in. The
+# venv goes first on PATH only after this step: before it, the `python` of `python -m pip`
+# would be the venv's own, which has no pip.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m venv --without-pip /opt/gpuplace \
  && python -m pip --python /opt/gpuplace/bin/python install --no-cache-dir --no-index \
@@ -43,6 +44,7 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
  && groupadd --system --gid 65532 gpuplace \
  && useradd --system --uid 65532 --gid 65532 --home-dir /home/gpuplace --create-home \
         --shell /usr/sbin/nologin gpuplace
+ENV PATH=/opt/gpuplace/bin:${PATH}
 WORKDIR /home/gpuplace
 # Numeric, so the kubelet can check runAsNonRoot without reading /etc/passwd.
 USER 65532:65532

@@ -100,6 +100,30 @@ def test_runtime_stage_has_no_build_tools_and_no_source(stages: list[Stage]) -> 
     assert runtime.all("COPY") == [] and runtime.all("ADD") == []
 
 
+def test_the_venv_goes_on_path_only_after_the_base_pip_installed_into_it(
+    stages: list[Stage],
+) -> None:
+    """`python -m pip --python VENV install` must run the base image's python: with the venv
+    already first on PATH (an earlier ENV), `python` is the venv's own, which has no pip,
+    and the step fails with "No module named pip" (found by the first real build,
+    tests/realcluster/test_image_install.py)."""
+    runtime = stages[-1]
+    venv_made = None
+    for index, (keyword, args) in enumerate(runtime.instructions):
+        found = re.search(r"python -m venv --without-pip (\S+)", args)
+        if keyword == "RUN" and found:
+            venv_made = (index, found[1])
+    assert venv_made is not None
+    index, venv = venv_made
+    puts_first = [
+        i
+        for i, (keyword, args) in enumerate(runtime.instructions)
+        if keyword == "ENV" and re.search(rf"PATH={re.escape(venv)}/bin:", args)
+    ]
+    assert puts_first, "the venv's bin is never put on PATH"
+    assert min(puts_first) > index, runtime.instructions
+
+
 def test_runs_as_a_numeric_non_root_user_with_the_gpuplace_entrypoint(stages: list[Stage]) -> None:
     runtime = stages[-1]
     (user,) = runtime.all("USER")

@@ -259,3 +259,14 @@ def test_cert_manager_overlay_needs_cert_manager() -> None:
         play(documented(), "cert-manager")
     kinds = {re.sub(r'.*kind "(\w+)".*', r"\1", error) for error in failed.value.errors}
     assert kinds == {"Certificate", "Issuer"}
+
+
+def test_steps_4_and_5_are_the_lines_the_image_tier_runs() -> None:
+    """The real-cluster tier's install from the image (tests/realcluster/pods.py) plays
+    docs/deploy.md's steps 4 and 5 from its own copies of the lines: they must be the
+    document's, to the character (NODE stands for the node's name in both)."""
+    from tests.realcluster import pods
+
+    text = DOC.read_text()
+    for line in (*pods.CERTS_STEP, *pods.ROLLOUT_STEP):
+        assert f"\n     {line}\n" in text or f"\n   {line}\n" in text, line

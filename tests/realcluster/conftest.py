@@ -32,6 +32,7 @@ import hashlib
 import json
 import re
 import shutil
+import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,25 +40,28 @@ from typing import Any
 
 import pytest
 
-from gpuplace.agent import nvml
 from tests.realcluster import install, kit
 from tests.realcluster.install import Installation
 from tests.realcluster.kit import Cluster, Kubectl
-from tests.realcluster.objects import H100_MIB, SLOTS_PER_GPU, add_nodes
+from tests.realcluster.objects import (
+    GPU_FIXTURES,
+    add_nodes,
+    label_real_node,
+    real_node_reading,
+    wait_agent_devices,
+)
 from tests.realcluster.processes import HostProcess
-from tests.realcluster.sessions import TIMEOUT, unusable
+from tests.realcluster.sessions import TIMEOUT, host_process, unusable
 
 HERE = Path(__file__).resolve().parent
-GPU_FIXTURES = kit.ROOT.parent / "shared" / "fixtures" / "gpu"
-REAL_NODE_GPUS = 2
-REAL_NODE_MODEL = "NVIDIA-H100-80GB-HBM3"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if HERE in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.realcluster)
-            item.add_marker(pytest.mark.timeout(TIMEOUT))
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(TIMEOUT))
 
 
 @pytest.fixture
@@ -94,30 +98,51 @@ class Scope:
         """A node name of this test."""
         return f"{self.namespace}-{suffix}"
 
+    def close(self) -> None:
+        """Remove what the test made: the pods first, waiting (their GPUs go back to the
+        ledger and the kubelet as they go; their grace periods are 0-2 s), then the
+        namespace without waiting for the namespace controller's sweep of the rest."""
+        kubectl, name = self.kubectl, self.namespace
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            kubectl.run(
+                "-n", name, "delete", "pods", "--all", "--wait=true", "--timeout=120s",
+                check=False, timeout=150,
+            )  # fmt: skip
+        kubectl.run("delete", "namespace", name, "--wait=false", check=False)
+        for node in self.nodes:
+            kubectl.run("delete", "node", node, "--wait=false", check=False)
+        for obj in self.cluster_objects:
+            kubectl.run("delete", obj, "--wait=false", check=False)
+
+    @classmethod
+    def made(cls, kubectl: Kubectl, test: str) -> Scope:
+        """A namespace and a GPU model named after `test` (created now)."""
+        slug = re.sub(r"[^a-z0-9]+", "-", test.lower().removeprefix("test_"))[:22].strip("-")
+        tag = hashlib.sha256(test.encode()).hexdigest()[:4]
+        # short enough for `gpuplace explain`'s 40-character columns, with node suffixes
+        name = f"rc-{slug}-{tag}"
+        kubectl.run("create", "namespace", name)
+        return cls(kubectl, name, f"RC-{slug.upper()}-{tag.upper()}")
+
 
 @pytest.fixture
 def scope(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[Scope]:
-    test = request.node.name
-    slug = re.sub(r"[^a-z0-9]+", "-", test.lower().removeprefix("test_"))[:22].strip("-")
-    tag = hashlib.sha256(test.encode()).hexdigest()[:4]
-    # short enough for `gpuplace explain`'s 40-character columns, with node suffixes
-    name = f"rc-{slug}-{tag}"
-    kubectl.run("create", "namespace", name)
-    made = Scope(kubectl, name, f"RC-{slug.upper()}-{tag.upper()}")
+    made = Scope.made(kubectl, request.node.name)
     try:
         yield made
     finally:
-        # the pods first, waiting (their GPUs go back to the ledger and the kubelet as they
-        # go; their grace periods are 0-2 s), then the namespace without waiting for the
-        # namespace controller's sweep of the rest
-        kubectl.run(
-            "-n", name, "delete", "pods", "--all", "--wait=true", "--timeout=120s", check=False
-        )
-        kubectl.run("delete", "namespace", name, "--wait=false", check=False)
-        for node in made.nodes:
-            kubectl.run("delete", "node", node, "--wait=false", check=False)
-        for obj in made.cluster_objects:
-            kubectl.run("delete", obj, "--wait=false", check=False)
+        made.close()
+
+
+def kubelet_node_reading(cluster: Cluster) -> dict[str, Any]:
+    """The NVML reading a node agent replays on the kit's node; the tier cannot run one
+    without the node or the GPU fixture (skip, or fail under CI)."""
+    if cluster.node_problem is not None:
+        unusable(f"no kubelet node: {cluster.node_problem}")
+    readings = GPU_FIXTURES / "nvml-idle.json"
+    if not readings.is_file():
+        unusable(f"GPU fixture {readings} missing")
+    return real_node_reading()
 
 
 @dataclass
@@ -132,12 +157,12 @@ class Agent:
 
 
 def derived_replay(workdir: Path) -> tuple[Path, list[str]]:
-    """NVML of REAL_NODE_GPUS H100s derived from the captured one, written in `workdir`;
-    and their UUIDs."""
+    """NVML of REAL_NODE_GPUS H100s derived from the captured one (`real_node_reading`),
+    written in `workdir`; and their UUIDs."""
     readings = GPU_FIXTURES / "nvml-idle.json"
     if not readings.is_file():
         unusable(f"GPU fixture {readings} missing")
-    derived = nvml.derived(json.loads(readings.read_text()), REAL_NODE_GPUS)
+    derived = real_node_reading()
     replay = workdir / "nvml-derived.json"
     replay.write_text(json.dumps(derived))
     return replay, [gpu["uuid"] for gpu in derived["gpus"]]
@@ -145,17 +170,7 @@ def derived_replay(workdir: Path) -> tuple[Path, list[str]]:
 
 def offered(kubectl: Kubectl, node: str) -> None:
     """Until the kubelet offers the device plugin's slots and the sidecar its GPUs."""
-    slots = str(SLOTS_PER_GPU * REAL_NODE_GPUS)
-    kubectl.watch(
-        ["nodes", "--field-selector", f"metadata.name={node}"],
-        lambda seen: any(
-            (obj["status"].get("allocatable") or {}).get("gpuplace.io/gpu") == slots
-            and "gpuplace.io/gpu-percent" in (obj["status"].get("allocatable") or {})
-            for obj in seen.values()
-        ),
-        timeout=120,
-        what=f"the kubelet to offer {slots} gpuplace.io/gpu and the sidecar its GPUs",
-    )
+    wait_agent_devices(kubectl, node)
 
 
 @dataclass
@@ -193,28 +208,19 @@ def node_agent(
     gpuplace: Installation,
     kubelet_node: KubeletNode,
     tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> Iterator[Agent]:
-    if cluster.node_problem is not None:
-        unusable(f"no kubelet node: {cluster.node_problem}")
+    kubelet_node_reading(cluster)  # the node and the GPU fixture, or skip (fail under CI)
     workdir = tmp_path_factory.mktemp("agent")
     replay, uuids = derived_replay(workdir)
     node = cluster.node_name
     kubectl = gpuplace.kubectl
-    # what GPU Feature Discovery would label on this node, and gpuplace's opt-in
-    kubectl.run(
-        "label",
-        "node",
-        node,
-        "--overwrite",
-        "gpuplace.io/enabled=true",
-        f"nvidia.com/gpu.count={REAL_NODE_GPUS}",
-        f"nvidia.com/gpu.product={REAL_NODE_MODEL}",
-        f"nvidia.com/gpu.memory={H100_MIB}",
-    )
+    label_real_node(kubectl, node, "gpuplace.io/enabled=true")  # and gpuplace's opt-in
     port = kit.free_port()
     process, mps = install.node_agent_process(
         gpuplace, node, replay, Path(cluster.env["K8S_DEVICE_PLUGIN_DIR"]), port
     )
+    host_process(request.config, process)
     try:
         process.start()
         offered(kubectl, node)

@@ -163,16 +163,17 @@ STEPS = ("namespace", "dry-run", "apply")
 """The three lines of README step 3, as docs/deploy.md's install-sequence block has them."""
 
 
-def play(kubectl: Kubectl, line: str, overlay: Path) -> Result:
+def play(kubectl: Kubectl, line: str, overlay: Path, *, timeout: float = 90) -> Result:
     """One documented line (`kubectl ...`, maybe piped into another `kubectl ...`) with
-    the kit's kubectl, the test overlay standing for `my-gpuplace`."""
+    the kit's kubectl, the test overlay standing for `my-gpuplace`; each part may run for
+    `timeout` seconds."""
     stdin: str | None = None
     result: Result | None = None
     for part in line.split("|"):
         argv = shlex.split(part)
         assert argv[0] == "kubectl", line
         args = [str(overlay) if arg == "my-gpuplace" else arg for arg in argv[1:]]
-        result = kubectl.run(*args, input=stdin)
+        result = kubectl.run(*args, input=stdin, timeout=timeout)
         stdin = result.out
     assert result is not None
     return result

@@ -70,6 +70,12 @@ def kit_missing() -> str | None:
 
 PORT_TRIES = 3
 """Control-plane starts tried with fresh ports when a component exits at start."""
+APISERVER_FLAGS = ("--enable-aggregator-routing=true",)
+"""Added to the kit's kube-apiserver: it then calls a webhook's Service at one of the
+Service's ready endpoints (a pod's address on the node's bridge, reachable from the host)
+instead of its ClusterIP, which no kube-proxy leads anywhere here (the kit's fact 9). Only
+gpuplace's pods installed from the image (`tests/realcluster/pods.py`) are called through
+a Service; every other webhook of the tier has a `url`."""
 
 
 def control_plane_ports() -> dict[str, str]:
@@ -354,6 +360,9 @@ class Cluster:
                 "K8S_WAIT_SECONDS": str(wait_seconds),
                 **control_plane_ports(),
                 "NODES": "none",
+                "APISERVER_EXTRA_ARGS": " ".join(
+                    [os.environ.get("APISERVER_EXTRA_ARGS", ""), *APISERVER_FLAGS]
+                ).strip(),
             }
             try:
                 cluster.env = cluster._up("control-plane")
@@ -482,6 +491,31 @@ class Cluster:
     def node_name(self) -> str:
         return self.env["K8S_NODE_NAME"]
 
+    @property
+    def bridge(self) -> str:
+        """The node's pod bridge (cluster.sh's K8S_BRIDGE)."""
+        return self.run_env.get("K8S_BRIDGE", "gpk8s0")
+
+    def ctr(self, *args: str, timeout: float = 300) -> str:
+        """`ctr` on the node's containerd, in the kubelet's namespace (k8s.io); its stdout."""
+        done = subprocess.run(
+            [
+                "ctr",
+                "--address",
+                self.env["CONTAINERD_ADDRESS"],
+                "--namespace",
+                self.env.get("CONTAINERD_NAMESPACE", "k8s.io"),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise AssertionError(f"ctr {' '.join(args)} exited {done.returncode}: {done.stderr}")
+        return done.stdout
+
     def kubectl(self, cwd: Path) -> Kubectl:
         return Kubectl(self.bin_dir / "kubectl", self.kubeconfig, cwd)
 
@@ -512,15 +546,21 @@ class Cluster:
         return status, text
 
     def request_as(
-        self, kubeconfig: Path, method: str, path: str, body: Mapping[str, Any] | None = None
+        self,
+        kubeconfig: Path,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        content_type: str = "application/merge-patch+json",
     ) -> tuple[int, Mapping[str, str], str]:
         """One request of API `path` with the bearer token of `kubeconfig`: (HTTP status,
-        response headers, body). A body is sent as a merge patch."""
+        response headers, body). A body is sent as `content_type` (default a merge patch)."""
         config = json.loads(kubeconfig.read_text())
         token = config["users"][0]["user"]["token"]
         headers = {"Authorization": f"Bearer {token}"}
         if body is not None:
-            headers["Content-Type"] = "application/merge-patch+json"
+            headers["Content-Type"] = content_type
         request = urllib.request.Request(
             self.server + path,
             data=None if body is None else json.dumps(body).encode(),

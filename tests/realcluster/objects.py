@@ -24,12 +24,49 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tests.realcluster.kit import Kubectl
+from gpuplace.agent import nvml
+from tests.realcluster.kit import ROOT, Kubectl
 
 BUSYBOX = "localhost/busybox:local"
 SLOTS_PER_GPU = 100
 H100_MIB = 81559
 """nvidia.com/gpu.memory of an H100 80GB HBM3 as GFD labels it (and NVML reads it)."""
+GPU_FIXTURES = ROOT.parent / "shared" / "fixtures" / "gpu"
+REAL_NODE_GPUS = 2
+REAL_NODE_MODEL = "NVIDIA-H100-80GB-HBM3"
+"""The kit's kubelet node as the node agent plays it: two H100s (GFD's product label)."""
+
+
+def real_node_reading() -> dict[str, Any]:
+    """What the node agent replays on the kit's node: two GPUs derived from the captured
+    H100 (`../shared/fixtures/gpu/nvml-idle.json`)."""
+    readings = GPU_FIXTURES / "nvml-idle.json"
+    return nvml.derived(json.loads(readings.read_text()), REAL_NODE_GPUS)
+
+
+def label_real_node(kubectl: Kubectl, node: str, *opt_in: str) -> None:
+    """What GPU Feature Discovery would label on the kit's node (and `opt_in` labels)."""
+    kubectl.run(
+        "label", "node", node, "--overwrite", *opt_in,
+        f"nvidia.com/gpu.count={REAL_NODE_GPUS}", f"nvidia.com/gpu.product={REAL_NODE_MODEL}",
+        f"nvidia.com/gpu.memory={H100_MIB}",
+    )  # fmt: skip
+
+
+def wait_agent_devices(kubectl: Kubectl, node: str, timeout: float = 120) -> None:
+    """Until the kubelet offers the node agent's `gpuplace.io/gpu` slots on `node` (its
+    device plugin registered) and the sidecar advertises its GPUs there."""
+    slots = str(SLOTS_PER_GPU * REAL_NODE_GPUS)
+    kubectl.watch(
+        ["nodes", "--field-selector", f"metadata.name={node}"],
+        lambda seen: any(
+            (obj["status"].get("allocatable") or {}).get("gpuplace.io/gpu") == slots
+            and "gpuplace.io/gpu-percent" in (obj["status"].get("allocatable") or {})
+            for obj in seen.values()
+        ),
+        timeout=timeout,
+        what=f"the kubelet to offer {slots} gpuplace.io/gpu and the sidecar its GPUs",
+    )
 
 
 def gpu_node(

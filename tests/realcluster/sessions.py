@@ -16,11 +16,17 @@ the session whatever happened:
 - `gpuplace`: the installation with `gpuplace serve` and the gpuplace kube-scheduler
   running (and leading).
 
+The installation from the image (`tests/realcluster/pods.py`, fixture `in_pods` of
+`test_image_install.py`) takes the cluster over: the same names in the same namespace, the
+machine's one kubelet node. Its tests run last in the session (`pytest_collection_modifyitems`
+moves them), and it stops the host processes recorded under `HOST_PROCESSES` first.
+
 Skips: where `../shared/k8s` is absent every test asking for one skips, saying so. Where
 the kit is there but unusable (a binary missing, `up` failing) it skips with the reason,
 and FAILS under `CI=true`. A test that asks for any of them is marked `realcluster`
-(deselect with `-m "not realcluster"`) and gets a timeout of `TIMEOUT` seconds, which
-also covers the session's start; so is a test parametrized with `REAL` (`real_param`).
+(deselect with `-m "not realcluster"`) and gets a timeout of `TIMEOUT` seconds (unless it
+names its own), which also covers the session's start; so is a test parametrized with
+`REAL` (`real_param`).
 """
 
 from __future__ import annotations
@@ -34,16 +40,33 @@ import pytest
 from tests.realcluster import install, kit
 from tests.realcluster.install import Installation
 from tests.realcluster.kit import Cluster
+from tests.realcluster.processes import HostProcess
 
 TIMEOUT = 600
 SESSION_FIXTURES = frozenset({"control_plane", "cluster", "installed", "gpuplace"})
+TAKES_OVER = "in_pods"
+"""The fixture of the installation from the image, which ends the host-process one."""
+HOST_PROCESSES = pytest.StashKey[list[HostProcess]]()
+"""The tier's host processes (serve, its kube-scheduler, the node agent), for `in_pods`
+to stop before it installs the same components as pods."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SESSION_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.realcluster)
-            item.add_marker(pytest.mark.timeout(TIMEOUT))
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(TIMEOUT))
+    # stable: every other test keeps its place, the takeover's keep their order
+    takes_over = [item for item in items if TAKES_OVER in getattr(item, "fixturenames", ())]
+    if takes_over:
+        items[:] = [item for item in items if item not in takes_over] + takes_over
+
+
+def host_process(config: pytest.Config, process: HostProcess) -> HostProcess:
+    """Record a host process of the tier (see `HOST_PROCESSES`); returns it."""
+    config.stash.setdefault(HOST_PROCESSES, []).append(process)
+    return process
 
 
 def real_param(value: Any, *, id: str = "real") -> Any:
@@ -92,8 +115,13 @@ def cluster(control_plane: Cluster) -> Cluster:
 
 
 @pytest.fixture(scope="session")
-def installed(control_plane: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Installation:
-    return install.install(control_plane, tmp_path_factory.mktemp("gpuplace"))
+def installed(
+    control_plane: Cluster, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Installation:
+    made = install.install(control_plane, tmp_path_factory.mktemp("gpuplace"))
+    host_process(request.config, made.serve)
+    host_process(request.config, made.scheduler)
+    return made
 
 
 @pytest.fixture(scope="session")

@@ -10,10 +10,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from tests.realcluster.conftest import REAL_NODE_MODEL, Agent, Scope
+from tests.realcluster.conftest import Agent, Scope
 from tests.realcluster.install import Installation
 from tests.realcluster.kit import Kubectl, Objects
 from tests.realcluster.objects import (
+    REAL_NODE_MODEL,
     bound,
     gpu_node,
     grant,

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.realcluster.conftest import REAL_NODE_GPUS, REAL_NODE_MODEL, Agent, Scope
+from tests.realcluster.conftest import Agent, Scope
 from tests.realcluster.install import AGENT_ACCOUNT, AGENT_NAMESPACE
 from tests.realcluster.kit import Cluster, Kubectl
-from tests.realcluster.objects import gpu_node, grant, pod
+from tests.realcluster.objects import REAL_NODE_GPUS, REAL_NODE_MODEL, gpu_node, grant, pod
 
 DEVICES = "/var/run/nvidia-container-devices"
 

@@ -9,10 +9,10 @@ import re
 import urllib.request
 from typing import Any
 
-from tests.realcluster.conftest import REAL_NODE_MODEL, Agent, Scope
+from tests.realcluster.conftest import Agent, Scope
 from tests.realcluster.install import Installation
 from tests.realcluster.kit import Kubectl
-from tests.realcluster.objects import gpu_node, grant, pod, wait_bound
+from tests.realcluster.objects import REAL_NODE_MODEL, gpu_node, grant, pod, wait_bound
 
 REFUSED = 'failed calling webhook "validate.gpuplace.io"'
 

@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 
 from tests.realcluster import install
-from tests.realcluster.conftest import REAL_NODE_MODEL, Agent, Scope
+from tests.realcluster.conftest import Agent, Scope
 from tests.realcluster.install import Installation
 from tests.realcluster.kit import Kubectl, Objects
 from tests.realcluster.objects import (
+    REAL_NODE_MODEL,
     bound,
     gpu_node,
     grant,
