@@ -8,9 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from tests.realcluster.conftest import Scope
-from tests.realcluster.install import Installation
 from tests.realcluster.kit import Kubectl
-from tests.realcluster.objects import gpu_node, grant, metric, pod, wait_bound, wait_pending
+from tests.realcluster.objects import gpu_node, grant, pod, wait_bound, wait_pending
 
 
 def gpus_of(obj: dict[str, Any]) -> tuple[str, tuple[int, ...]]:
@@ -141,34 +140,3 @@ def test_a_node_opted_out_takes_no_new_gpu_pod_and_keeps_its_grants(
         what=f"{name} to lose gpuplace's resources and label",
     )
     assert left is not None
-
-
-def test_a_planned_node_kube_scheduler_refuses_sends_the_pod_elsewhere(
-    scope: Scope, kubectl: Kubectl, gpuplace: Installation
-) -> None:
-    """Plan, then pin (`--plan-pin nominate`, serve's default): the engine plans the second
-    share onto the first one's GPU, but a pod gpuplace does not manage took that node's CPU
-    meanwhile (bound there by name: the ledger does not see it). kube-scheduler tries the
-    nominated node first, its own filter refuses it, it offers every other node, and the
-    extender's filter drops the stale plan and chooses again: the pod is bound elsewhere,
-    never left pending on a node it cannot use."""
-    scope.add_nodes(
-        gpu_node(scope.node("a"), model=scope.model, gpus=2),
-        gpu_node(scope.node("b"), model=scope.model, gpus=2),
-    )
-    share = {"gpuplace.io/gpu-percent": "25", "gpuplace.io/gpu-model": scope.model}
-    one_cpu = {"requests": {"cpu": "1"}}
-    kubectl.apply(pod("first", scope.namespace, share, resources=one_cpu))
-    first = grant(wait_bound(kubectl, scope.namespace, "first"))["node"]
-    other = scope.node("b") if first == scope.node("a") else scope.node("a")
-    filler = pod("filler", scope.namespace, resources={"requests": {"cpu": "63"}})
-    filler["spec"]["nodeName"] = first
-    kubectl.apply(filler)
-    metrics = f"http://127.0.0.1:{gpuplace.ports.metrics}/metrics"
-    stale = metric(metrics, "gpuplace_extender_stale_plans_total")
-    nominated = metric(metrics, 'gpuplace_plan_releases_total{result="nominated"}')
-    kubectl.apply(pod("second", scope.namespace, share, resources=one_cpu))
-    placed = wait_bound(kubectl, scope.namespace, "second")
-    assert grant(placed)["node"] == other
-    assert metric(metrics, 'gpuplace_plan_releases_total{result="nominated"}') == nominated + 1
-    assert metric(metrics, "gpuplace_extender_stale_plans_total") == stale + 1
