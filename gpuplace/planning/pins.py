@@ -5,7 +5,7 @@ A pin is the write (or writes) that take a pod behind the planner's gate
 `gpuplace.controllers.writing.Writer.write` (UID and resourceVersion preconditions, the
 change recomputed from a fresh read on 409, a no-op once the pod shows it):
 
-- `Nominate` (the default, `--plan-pin nominate`): first `status.nominatedNodeName` = the
+- `Nominate` (`--plan-pin nominate`): first `status.nominatedNodeName` = the
   planned node (pods/status), then the gate removed (the pod). kube-scheduler tries a
   nominated node before any other (KEP-1923: `evaluateNominatedNode`, every filter plugin
   and the extender's filter on that one node); when it passes, the pod is bound there with

@@ -46,13 +46,18 @@ PLAN_PIN_HELP = (
     "but a node that fills meanwhile keeps the pod pending); off = no gate, the "
     "extender's filter chooses among every node (docs/placement.md)"
 )
+PLAN_PIN_DEFAULT = (
+    "; off by default in serve: measured at 1,000 + 1,000 nodes (docs/performance.md), "
+    "neither pin had per-pod p50 and p99 as good as plain pods' (its API writes cost the "
+    "API server more than they save kube-scheduler)"
+)
 
 
 class SidecarSettings(BaseSettings):
     """The scheduler sidecar's flags (`gpuplace.wiring.sidecar` and its builders read
-    them); each is also an env var GPUPLACE_<NAME>. `gangs`, `queues` and `plan_pin` are
-    off here (a bare sidecar, as the extender tests build it); `Settings`, the `gpuplace
-    serve` process's, turns them on."""
+    them); each is also an env var GPUPLACE_<NAME>. `gangs` and `queues` are off here (a
+    bare sidecar, as the extender tests build it); `Settings`, the `gpuplace serve`
+    process's, turns them on. `plan_pin` is off in both (measured: `PLAN_PIN_DEFAULT`)."""
 
     model_config = SettingsConfigDict(env_prefix="GPUPLACE_", frozen=True, extra="ignore")
 
@@ -398,7 +403,9 @@ class Settings(SidecarSettings):
         description="run the gang controller: plan complete gangs all at once, reserve "
         "their GPUs and remove their scheduling gates together",
     )
-    plan_pin: Literal["nominate", "affinity", "off"] = Field("nominate", description=PLAN_PIN_HELP)
+    plan_pin: Literal["nominate", "affinity", "off"] = Field(
+        "off", description=PLAN_PIN_HELP + PLAN_PIN_DEFAULT
+    )
     queues: bool = Field(
         True,
         description="run the queue controller: GPU pods whose namespace or annotation names "
