@@ -244,17 +244,25 @@ PLAN_ROUND = "gpuplace_plan_round_duration_seconds"
 COUNTERS = ("gpuplace_plan_releases", "gpuplace_extender_stale_plans")
 
 
-def extender_histograms(installation: Installation) -> Obj:
-    """The sidecar's own latency per extender verb (its /metrics): calls and mean seconds,
-    by verb and result."""
+def extender_samples(installation: Installation) -> Totals | None:
+    """The sidecar's extender-verb histograms now (its /metrics); None when unreadable."""
     try:
         text = scrape(f"http://127.0.0.1:{installation.ports.metrics}/metrics")
-    except OSError as error:
-        return {"error": str(error)}
-    found = totals(text, [EXTENDER], lambda labels: f"{labels['verb']} {labels['result']}")
+    except OSError:
+        return None
+    return totals(text, [EXTENDER], lambda labels: f"{labels['verb']} {labels['result']}")
+
+
+def extender_histograms(installation: Installation, before: Totals | None) -> Obj:
+    """The sidecar's own latency per extender verb over the burst (since `before`, a
+    reading of `extender_samples`): calls and mean seconds, by verb and result (the
+    session's sidecar may have served other tests' pods before)."""
+    after = extender_samples(installation)
+    if after is None:
+        return {"error": "the sidecar's /metrics could not be read"}
     return {
         key: {"calls": calls, "mean_s": round(mean, 4)}
-        for key, (calls, mean) in means({}, found, EXTENDER).items()
+        for key, (calls, mean) in means(before or {}, after, EXTENDER).items()
     }
 
 
@@ -578,6 +586,7 @@ async def measure(
             flows_before = await asyncio.to_thread(flow_samples, installation)
             schedulers_before = await asyncio.to_thread(schedulers)
             lag_before = await asyncio.to_thread(loop_lag_samples, installation)
+            verbs_before = await asyncio.to_thread(extender_samples, installation)
             cpu_before, burst_began = cpu_seconds(installation), time.monotonic()
             await each(release, order)
             with contextlib.suppress(TimeoutError):
@@ -623,7 +632,7 @@ async def measure(
                     "gpuplace": kinds_of(gpu_pods, timing, namespace),
                     "plain": kinds_of(plain_pods, timing, namespace),
                 },
-                "sidecar_verbs": extender_histograms(installation),
+                "sidecar_verbs": extender_histograms(installation, verbs_before),
                 "planner": planner_report(installation),
                 "sidecar_loop_lag": lag,
                 "api_priority_and_fairness": flows,
