@@ -19,6 +19,7 @@ from tests.realcluster.conftest import Scope
 from tests.realcluster.install import Installation
 from tests.realcluster.kit import Kubectl
 from tests.realcluster.objects import gpu_node, grant, metric, pod, wait_bound
+from tests.realcluster.test_preemption import evicts_the_shares_of_exactly_one_gpu
 
 RELEASES = "gpuplace_plan_releases_total"
 
@@ -141,3 +142,21 @@ def test_a_pinned_pod_binds_to_the_engines_node_and_gpu(
         ]
     assert pinned_nodes(first) and pinned_nodes(first)[0] == [node]
     assert metric(metrics, pinned) == before + 3
+
+
+@pytest.mark.usefixtures("nominate_pin")
+def test_with_the_planner_preemption_still_frees_exactly_one_gpu(
+    scope: Scope, kubectl: Kubectl, gpuplace: Installation
+) -> None:
+    """`--plan-pin nominate`: the four low-priority shares are planned and nominated; the
+    high-priority whole GPU finds no room, so the planner releases it with no node
+    (`unplanned`), kube-scheduler preempts through the extender's preempt verb, and the
+    victims are the two shares of one GPU, as without the planner."""
+    metrics = metrics_of(gpuplace)
+    before = {
+        result: metric(metrics, f'{RELEASES}{{result="{result}"}}')
+        for result in ("nominated", "unplanned")
+    }
+    evicts_the_shares_of_exactly_one_gpu(scope, kubectl)
+    assert metric(metrics, f'{RELEASES}{{result="nominated"}}') == before["nominated"] + 4
+    assert metric(metrics, f'{RELEASES}{{result="unplanned"}}') == before["unplanned"] + 1
