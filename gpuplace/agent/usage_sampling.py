@@ -23,11 +23,14 @@ One sample (`Meter.measure`, in a worker thread: driver calls block):
    device's figure; so are they under MPS when the samples name the MPS server and none
    of its clients (the clients' shares are then unknown);
 5. per pod granted a gpuplace share here (its assignment annotations,
-   `gpuplace.cluster.assignments`) and per granted GPU: the memory granted (the GPU's
-   whole memory for a whole GPU, else the grant's MiB; 0 for a share that asked for none,
-   which MPS leaves unlimited) and the share (milli / 1000; 0 for a memory-only share). A
-   granted pod with no process on a GPU whose process list was read uses 0 bytes there
-   (measured, not assumed).
+   `gpuplace.cluster.assignments`; on a DRA node the claims it uses that the DRA plugin
+   prepared, `claims`: by the pod's claim names, `gpuplace.cluster.dra_claims.claim_names`)
+   and per granted GPU: the memory granted (the GPU's whole memory for a whole GPU, else
+   the grant's MiB: for a claim, what it consumed less the GPU's CUDA context, which its
+   MPS limit holds inside, so that what is granted reads the same on both paths; 0 for a
+   share that asked for none, which MPS leaves unlimited) and the share (milli / 1000; 0
+   for a memory-only share). A granted pod with no process on a GPU whose process list
+   was read uses 0 bytes there (measured, not assumed).
 
 `UsageCollector` builds the metric families at scrape time from the last sample, keeping
 only pods still on this node and not finished, so a pod's series end when it leaves the
@@ -69,9 +72,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuplace.agent import allocating, cgroups, handover
+from gpuplace.agent import allocating, cgroups, handover, preparing
 from gpuplace.agent import nvml as nvml_seam
-from gpuplace.cluster import assignments
+from gpuplace.cluster import assignments, dra_claims, mps_limits
+from gpuplace.placement.inventory import ClientContext
 from gpuplace.placement.requests import WHOLE
 from gpuplace.usage import names
 
@@ -163,6 +167,10 @@ class Meter:
     thread)."""
     since: dict[str, int] = field(default_factory=dict)
     """GPU UUID → newest per-process sample timestamp seen (the driver's microseconds)."""
+    claims: Callable[[], Iterable[preparing.Prepared]] = tuple
+    """The claims the DRA plugin prepared on this node (none without DRA)."""
+    contexts: Callable[[], Mapping[str, ClientContext]] = dict
+    """GPU UUID → its MPS client context as published (a claim's memory holds it)."""
 
     def measure(self, pods: Iterable[Mapping[str, Any]]) -> Sample:
         """One sample; `pods`: this node's pods as the API returns them (a snapshot)."""
@@ -216,6 +224,9 @@ class Meter:
                     row.memory_used = None if used is None else row.memory_used + used
                 row.sm = (row.sm or 0.0) + busy.get(process.pid, 0.0)
         _granted(rows, by_uid, self.node, gpus)
+        _claimed(
+            rows, by_uid, self.node, gpus, claims=list(self.claims()), contexts=self.contexts()
+        )
         made = [
             _pod_use(row, by_uid[row.uid], row.uuid in listed, row.uuid in sm_known)
             for row in rows.values()
@@ -323,8 +334,8 @@ def _granted(
     on_node = [handover.NodeGpu(gpu.index, gpu.uuid) for gpu in gpus]
     by_uuid = {gpu.uuid: gpu for gpu in gpus}
     for uid, pod in by_uid.items():
-        if not _live(pod, node):
-            continue
+        if not _live(pod, node) or dra_claims.named(pod):
+            continue  # a pod on the DRA path holds what its claim does (a plan's annotations aside)
         try:
             grant = assignments.grant_of(pod)
         except assignments.AssignmentError:
@@ -339,6 +350,40 @@ def _granted(
             row.memory_granted = gpu.memory_total if whole else grant.memory_mib * MIB
             row.share_granted = grant.milli / WHOLE
             row.milli_granted = grant.milli
+
+
+def _claimed(
+    rows: dict[tuple[str, str], _Row],
+    by_uid: Mapping[str, Mapping[str, Any]],
+    node: str,
+    gpus: Sequence[GpuUse],
+    *,
+    claims: Sequence[preparing.Prepared],
+    contexts: Mapping[str, ClientContext],
+) -> None:
+    """Adds each pod's grants through the claims it uses that were prepared here to
+    `rows` (a claim two pods share: to each). O(pods × claims per pod + prepared)."""
+    if not claims:
+        return
+    by_name = {(item.claim.namespace, item.claim.name): item for item in claims}
+    by_uuid = {gpu.uuid: gpu for gpu in gpus}
+    for uid, pod in by_uid.items():
+        if not _live(pod, node):
+            continue
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+        for name in dra_claims.claim_names(pod):
+            item = by_name.get((namespace, name))
+            for device in item.devices if item is not None else ():
+                gpu = by_uuid.get(device.uuid)
+                if gpu is None:
+                    continue
+                row = rows.setdefault((uid, device.uuid), _Row(uid, gpu.index, device.uuid))
+                whole = device.milli >= WHOLE
+                context = contexts.get(device.uuid, mps_limits.UNMEASURED.context)
+                asked = max(device.memory_mib - context.mib(device.milli), 0)
+                row.memory_granted = gpu.memory_total if whole else asked * MIB
+                row.share_granted = min(device.milli, WHOLE) / WHOLE
+                row.milli_granted = min(device.milli, WHOLE)
 
 
 def _live(pod: Mapping[str, Any], node: str) -> bool:

@@ -34,7 +34,7 @@ import copy
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -456,10 +456,51 @@ def uuid_selector(uuid: str) -> str:
     return f'device.attributes["{DRIVER}"].{UUID} == {json.dumps(uuid)}'
 
 
-def model_selector(models: Sequence[str]) -> str:
+def uuids_selector(uuids: Iterable[str]) -> str:
+    """A CEL device selector that holds for the GPUs `uuids` only (one: `uuid_selector`),
+    a device without a UUID attribute none of them: how a claim of N GPUs is pinned to the
+    N the engine chose. O(len(uuids))."""
+    options = [uuid_selector(uuid) for uuid in dict.fromkeys(uuids)]
+    if not options:
+        return "false"
+    return f"{_holds_key(UUID)} && ({' || '.join(options)})"
+
+
+_ATTRIBUTES = f'device.attributes["{DRIVER}"]'
+_CAPACITY = f'device.capacity["{DRIVER}"]'
+
+
+def _holds_key(name: str, of: str = _ATTRIBUTES) -> str:
+    """CEL: the device has this driver's attribute (or capacity) `name`. A selector that
+    reads one a device lacks is a CEL runtime error, and kube-scheduler then allocates
+    the claim nowhere ("no such key", seen on v1.36.2): a GPU NVML could say nothing about
+    must read as "not this one", never fail the pod. (`.?name.orValue(x)` does the same
+    on the server; the `in` test is plain CEL, which the tests' evaluator reads too.)"""
+    return f'"{name}" in {of}'
+
+
+def model_selector(models: Iterable[str]) -> str:
     """A CEL device selector that holds for GPUs of any of `models` (GFD product strings),
-    quoted safely (JSON string syntax is CEL's)."""
+    quoted safely (JSON string syntax is CEL's); a GPU without a model attribute is none
+    of them."""
     options = " || ".join(
-        f'device.attributes["{DRIVER}"].{MODEL} == {json.dumps(product(model))}' for model in models
+        f"{_ATTRIBUTES}.{MODEL} == {json.dumps(product(name))}" for name in models
     )
-    return options or "false"
+    return f"{_holds_key(MODEL)} && ({options})" if options else "false"
+
+
+def nvlink_selector() -> str:
+    """A CEL device selector that holds for GPUs in an NVLink domain (`nvlinkDomain` >= 0):
+    with `matchAttribute: NVLINK_CONSTRAINT` it keeps a claim's GPUs in one domain (GPUs in
+    none all read -1, which would match each other)."""
+    return f"{_holds_key(NVLINK_DOMAIN)} && {_ATTRIBUTES}.{NVLINK_DOMAIN} >= 0"
+
+
+def memory_selector(memory_mib: int) -> str:
+    """A CEL device selector that holds for GPUs whose `memory` capacity (what the slice
+    packs) is at least `memory_mib`: how a whole GPU asks for memory (it consumes all of
+    it, so it cannot name a part of it)."""
+    return (
+        f"{_holds_key(MEMORY, _CAPACITY)} && "
+        f'{_CAPACITY}.{MEMORY}.compareTo(quantity("{memory_mib}Mi")) >= 0'
+    )

@@ -108,6 +108,10 @@ PLACE_GATE = PREFIX + "place"
 """Every other gpuplace pod waits behind it (a moment) until the sidecar's planner has
 chosen its node and GPUs with the engine and handed kube-scheduler that node
 (`gpuplace.planning`, docs/placement.md "Plan, then pin")."""
+DRA_GATE = PREFIX + "dra-claim"
+"""A pod on the DRA path waits behind it until the sidecar has created the ResourceClaim
+it names (`gpuplace.cluster.dra_claims`); kube-scheduler never sees a pod whose claim does
+not exist yet (it would wait with no word)."""
 
 # --- extended resources -------------------------------------------------------
 RESOURCE_PERCENT = PREFIX + "gpu-percent"

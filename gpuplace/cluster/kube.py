@@ -39,9 +39,10 @@ MERGE_PATCH = "application/merge-patch+json"
 MAX_LINE = 16 * 1024 * 1024
 """Longest watch event accepted (etcd stores objects up to 1.5 MiB)."""
 
-Kind = Literal["nodes", "pods", "namespaces", "gpuqueues", "resourceslices"]
+Kind = Literal["nodes", "pods", "namespaces", "gpuqueues", "resourceslices", "resourceclaims"]
 """What the informers list and watch (GpuQueues are the custom resource of
-deploy/base/gpuqueue-crd.yaml; ResourceSlices the DRA node agent's own)."""
+deploy/base/gpuqueue-crd.yaml; ResourceSlices the DRA node agent's own; ResourceClaims the
+sidecar's, every namespace's, on the DRA path)."""
 GPUQUEUES = ("gpuplace.io", "v1alpha1", "gpuqueues")
 """Group, version and plural of the GpuQueue custom resource."""
 SLICES = "resourceslices.resource.k8s.io"
@@ -61,6 +62,11 @@ class ApiError(Exception):
     @property
     def conflict(self) -> bool:
         return self.status == 409
+
+    @property
+    def already_exists(self) -> bool:
+        """409 AlreadyExists: a create found an object of that name (`conflict` is any 409)."""
+        return self.status == 409 and self.reason == "AlreadyExists"
 
     @property
     def gone(self) -> bool:
@@ -172,6 +178,8 @@ class Kube:
             return self.core.list_namespace
         if kind == "resourceslices":
             return self.resource.list_resource_slice
+        if kind == "resourceclaims":
+            return self.resource.list_resource_claim_for_all_namespaces
         return self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
 
     async def list_page(
@@ -461,6 +469,21 @@ class Kube:
             ),
             namespace,
             name,
+        )
+
+    async def create_resource_claim(
+        self, namespace: str, body: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """POST a ResourceClaim (the sidecar's, for a pod on the DRA path); 409
+        AlreadyExists when one of that name is there."""
+        return await self._object(
+            "create",
+            CLAIMS,
+            self.resource.create_namespaced_resource_claim(
+                namespace, dict(body), _preload_content=False, _request_timeout=self.timeout
+            ),
+            namespace,
+            str((body.get("metadata") or {}).get("name") or ""),
         )
 
     async def get_resource_slice(self, name: str) -> dict[str, Any]:

@@ -189,6 +189,12 @@ def _or(value: object, unknown: int) -> int:
     return int(value)
 
 
+def is_dra(node: Node) -> bool:
+    """A node on the DRA path: labelled `gpuplace.io/dra=true` (its node agent is the DRA
+    kubelet plugin; its GPUs are held through ResourceClaims only). O(1)."""
+    return str(node.labels.get(keys.NODE_DRA, "")).lower() == "true"
+
+
 def inventory(items: Iterable[Mapping[str, Any]], *, only_enabled: bool = True) -> Inventory:
     """A NodeList's items → Inventory of the gpuplace-enabled nodes. O(GPUs)."""
     return Inventory(parse(item) for item in items if is_enabled(item) or not only_enabled)

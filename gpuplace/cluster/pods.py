@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gpuplace.cluster import assignments, grammar, keys, taints
+from gpuplace.cluster import assignments, dra_claims, grammar, keys, taints
 from gpuplace.cluster.gang_marks import PlanMark, gated, plan_mark
 from gpuplace.cluster.gang_marks import gates as gates_of
 from gpuplace.cluster.node_affinity import NodeAffinity
@@ -150,6 +150,11 @@ class PodRecord:
     controlled: Controlled = UNCONTROLLED
     """What the gang, queue and plan controllers decide with (`UNCONTROLLED`, shared, for
     the pods none keeps)."""
+    claim: str = ""
+    """The ResourceClaim gpuplace's entry of `spec.resourceClaims` names: the pod is on the
+    DRA path (`gpuplace.cluster.dra_claims`); "" for a pod on the device-plugin path."""
+    claim_gated: bool = False
+    """The DRA gate (`keys.DRA_GATE`) is still on it: its claim may not exist yet."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -317,6 +322,8 @@ class Reader:
             minimum=read.minimum,
             created=timestamp(metadata.get("creationTimestamp")),
             controlled=controlled,
+            claim=dra_claims.named(pod),
+            claim_gated=gated(pod, keys.DRA_GATE),
         )
 
 
@@ -418,7 +425,10 @@ def _check_shape(pod: Mapping[str, Any]) -> None:
         if not isinstance(containers, list) or not all(
             isinstance(c, Mapping)
             and isinstance(c.get("resources") or {}, Mapping)
-            and all(isinstance(v or {}, Mapping) for v in (c.get("resources") or {}).values())
+            and all(
+                isinstance(v or {}, list if k == "claims" else Mapping)  # DRA: a list
+                for k, v in (c.get("resources") or {}).items()
+            )
             for c in containers
         ):
             raise bad(f"spec.{field}", "a list of containers")

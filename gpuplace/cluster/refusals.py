@@ -55,6 +55,8 @@ BLOCKING: frozenset[tuple[str, str]] = frozenset(
         ("get", "pods"),  # bind re-reads the pod; the gang controller re-reads members
         ("patch", "pods"),  # no assignment annotations, no ungating of gangs
         ("create", "pods/binding"),  # no pod of ours is ever bound
+        ("list", "resourceclaims"),  # on the DRA path: grants through claims unseen,
+        ("watch", "resourceclaims"),  # so GPUs they hold would be offered again
     }
 )
 """(verb, resource) whose refusal makes the sidecar useless; see the module docstring."""

@@ -5,10 +5,16 @@ the ledger's inventory (closed to new GPU pods while its node agent is silent:
 `check_agents`, which the sidecar calls every few seconds); anything else is not.
 Pods: a managed pod's grant is exactly what its assignment annotations say
 (`gpuplace.cluster.assignments`), CONFIRMED once it is bound to that node, RESERVED before;
-a Succeeded, Failed or deleted pod holds nothing.
+a Succeeded, Failed or deleted pod holds nothing. ResourceClaims (the sidecar's third
+informer, on the DRA path: `gpuplace.cluster.claims`): an allocated claim holds exactly
+what its `status.allocation` says of gpuplace's GPUs, until it is deallocated or deleted
+(kube-scheduler counts it until then too), under its pod's UID for a claim gpuplace made
+(its annotations, if a plan wrote any, then count no more: the claim is what the GPU
+really gives) and under `claim:<UID>` for any other. So grants made through claims and
+through the extender are one ledger: a GPU one holds is never offered by the other.
 A relist rebuilds the ledger from scratch (`Ledger.restore`), so the live ledger and
 one rebuilt after a restart are the same function of the API's state: equal
-`Ledger.snapshot()`s.
+`Ledger.snapshot()`s (nodes, pods and claims alike).
 
 The one thing the API does not hold yet is a *hold*: a grant reserved in memory for
 a pod before its annotations are written (a bind in flight) or by a planner (the gang
@@ -36,12 +42,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplace.cluster import nodes
+from gpuplace.cluster import claims, nodes
+from gpuplace.cluster.claims import ClaimRecord
 from gpuplace.cluster.nodes import NodeRecord
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.placement.choosing import scoring_shape
 from gpuplace.placement.inventory import Inventory, Node
-from gpuplace.placement.ledger import Grant, GrantState, Ledger
+from gpuplace.placement.ledger import Grant, GrantState, Ledger, LedgerError
 from gpuplace.placement.requests import GpuRequest
 
 log = logging.getLogger(__name__)
@@ -133,15 +140,37 @@ class LedgerSync:
         self.node_listeners: list[Callable[[NodeRecord], None]] = []
         self.pod_listeners: list[Callable[[PodRecord | None, PodRecord | None], None]] = []
         """Called with (old, new) after each pod change; new is None on delete."""
+        self.claims: dict[str, ClaimRecord] = {}
+        """Every ResourceClaim the claim informer has, by UID (empty without it)."""
+        self._claim_names: dict[tuple[str, str], str] = {}
+        self._claim_keys: dict[str, tuple[str, ...]] = {}
+        """Claim UID → the ledger keys its grants are under."""
+        self._claimed: dict[str, str] = {}
+        """Pod UID → the UID of the claim gpuplace made for it whose grant it holds: the
+        claim, not the pod's annotations, says what that pod holds."""
+        self._claims_on: dict[str, set[str]] = {}
+        """Node → UIDs of the claims holding GPUs there."""
+        self.claim_listeners: list[Callable[[ClaimRecord | None, ClaimRecord | None], None]] = []
+        """Called with (old, new) after each claim change; new is None on delete."""
         self._clock = clock
         self.nodes_handler = _Nodes(self)
         self.pods_handler = _Pods(self)
+        self.claims_handler = _Claims(self)
 
     # --- reading -------------------------------------------------------------------
 
     def pod(self, namespace: str, name: str) -> PodRecord | None:
         uid = self._names.get((namespace, name))
         return self.pods.get(uid) if uid is not None else None
+
+    def claim(self, namespace: str, name: str) -> ClaimRecord | None:
+        """The ResourceClaim `namespace/name`, if the claim informer has it."""
+        uid = self._claim_names.get((namespace, name))
+        return self.claims.get(uid) if uid is not None else None
+
+    def claim_of(self, record: PodRecord) -> ClaimRecord | None:
+        """The claim gpuplace made for a pod on the DRA path (None: none, or not seen)."""
+        return self.claim(record.namespace, record.claim) if record.claim else None
 
     def hold_of(self, uid: str) -> Hold | None:
         return self._holds.get(uid)
@@ -217,6 +246,8 @@ class LedgerSync:
         elif current is None or current != node:
             self._closing(current, node)
             self.ledger.put_node(node)
+            for uid in list(self._claims_on.get(record.name, ())):
+                self._hold_claim(self.claims[uid])  # its GPUs' CUDA contexts may differ
         for listener in self.node_listeners:
             listener(record)
 
@@ -280,7 +311,12 @@ class LedgerSync:
             return
         self._reasons[uid] = reason
         self.unbound[reason] += 1
-        if reason in (WAITING, UNSCHEDULABLE) and record and record.request is not None:
+        if (
+            reason in (WAITING, UNSCHEDULABLE)
+            and record
+            and record.request is not None
+            and not record.claim  # kube-scheduler's DRA allocator places it, not the extender
+        ):
             shape = scoring_shape(record.request)
             self._waiting[uid] = shape
             self.pending[shape] += 1
@@ -328,7 +364,8 @@ class LedgerSync:
         if self._names.get(record.key) == record.uid:
             del self._names[record.key]
         self._holds.pop(record.uid, None)
-        self.ledger.release(record.uid)
+        if record.uid not in self._claimed:  # its claim holds until it is deleted
+            self.ledger.release(record.uid)
         self._track_waiting(record.uid, None)
         self._unbound.discard(record.uid)
         for listener in self.pod_listeners:
@@ -336,6 +373,9 @@ class LedgerSync:
 
     def _reconcile(self, record: PodRecord) -> None:
         uid = record.uid
+        if uid in self._claimed:
+            self._holds.pop(uid, None)  # its claim says what it holds
+            return
         held = self.ledger.get(uid)
         if record.terminal:
             self._holds.pop(uid, None)
@@ -366,16 +406,15 @@ class LedgerSync:
         self._holds = {
             uid: hold
             for uid, hold in self._holds.items()
-            if (uid in fresh and not fresh[uid].terminal and fresh[uid].grant is None)
+            if (
+                uid in fresh
+                and not fresh[uid].terminal
+                and fresh[uid].grant is None
+                and uid not in self._claimed
+            )
             or (uid not in fresh and uid in self.busy)  # a bind in flight for a newer pod
         }
-        grants = [
-            record.grant
-            for record in fresh.values()
-            if record.grant is not None and not record.terminal
-        ]
-        grants.extend(hold.grant for hold in self._holds.values())
-        self.ledger.restore(grants)
+        self._restore()
         self.requests.clear()
         self.pending.clear()
         self._waiting.clear()
@@ -391,6 +430,131 @@ class LedgerSync:
                 listener(old.get(uid), record)
             for uid, gone in old.items():
                 if uid not in fresh:
+                    listener(gone, None)
+
+    def _restore(self) -> None:
+        """Rebuild the ledger from the pods' grants, the holds and the claims' grants.
+        O(pods + claims)."""
+        grants = [
+            record.grant
+            for record in self.pods.values()
+            if record.grant is not None and not record.terminal and record.uid not in self._claimed
+        ]
+        grants.extend(hold.grant for hold in self._holds.values())
+        for uid, keys in self._claim_keys.items():
+            for grant in self._claim_grants(self.claims[uid]):
+                if grant.pod_uid in keys:
+                    grants.append(grant)
+        self.ledger.restore(grants)
+
+    # --- claims ------------------------------------------------------------------
+
+    def _claim_grants(self, record: ClaimRecord) -> list[Grant]:
+        node = self.ledger.inventory.get(record.node) if record.node else None
+        return claims.grants(record, node, bound=bool(record.reserved))
+
+    def _keys_for(self, record: ClaimRecord) -> tuple[str, ...]:
+        """The keys `record`'s grants go under: all of them, but a pod's UID another
+        claim made for that pod already holds (two such claims: the second is not
+        counted, and said so). O(its grants)."""
+        keys = []
+        for grant in self._claim_grants(record):
+            holder = self._claimed.get(grant.pod_uid)
+            if holder is not None and holder != record.uid:
+                log.warning(
+                    "a second claim made for one pod is not counted",
+                    extra={"claim": str(record), "pod": grant.pod_uid},
+                )
+                continue
+            keys.append(grant.pod_uid)
+        return tuple(keys)
+
+    def _note_keys(self, record: ClaimRecord, keys: tuple[str, ...]) -> None:
+        if not keys:
+            return
+        self._claim_keys[record.uid] = keys
+        self._claims_on.setdefault(record.node, set()).add(record.uid)
+        if record.managed and record.owner in keys:
+            self._claimed[record.owner] = record.uid
+
+    def _release_claim(self, uid: str) -> None:
+        """Give back what a claim held. O(its grants)."""
+        for key in self._claim_keys.pop(uid, ()):
+            self.ledger.release(key)
+            if self._claimed.get(key) == uid:
+                del self._claimed[key]
+        for members in self._claims_on.values():
+            members.discard(uid)
+
+    def _hold_claim(self, record: ClaimRecord) -> None:
+        """Take what `record` holds under its keys, releasing what those keys held before
+        (a pod's planned grant, or a hold, yields to its claim). O(its grants)."""
+        self._release_claim(record.uid)
+        keys = self._keys_for(record)
+        taken = []
+        for grant in self._claim_grants(record):
+            if grant.pod_uid not in keys:
+                continue
+            self._holds.pop(grant.pod_uid, None)
+            self.ledger.release(grant.pod_uid)
+            try:
+                self.ledger.reserve(grant, overcommit=True)
+            except LedgerError as error:
+                log.warning("claim not counted", extra={"claim": str(record), "why": str(error)})
+                continue
+            taken.append(grant.pod_uid)
+        self._note_keys(record, tuple(taken))
+
+    def _owner_changed(self, *records: ClaimRecord | None) -> None:
+        """The pods gpuplace made these claims for: their own grant back where no claim
+        holds for them any more, their waiting reason anew. O(1)."""
+        for record in records:
+            pod = self.pods.get(record.owner) if record is not None and record.managed else None
+            if pod is None:
+                continue
+            self._reconcile(pod)
+            self._track_waiting(pod.uid, pod)
+            self._track_unbound(pod)
+            self.pods_version += 1
+
+    def put_claim(self, record: ClaimRecord) -> None:
+        old = self.claims.get(record.uid)
+        self.claims[record.uid] = record
+        self._claim_names[(record.namespace, record.name)] = record.uid
+        self._hold_claim(record)
+        self._owner_changed(old, record)
+        for listener in self.claim_listeners:
+            listener(old, record)
+
+    def drop_claim(self, record: ClaimRecord) -> None:
+        old = self.claims.pop(record.uid, None) or record
+        if self._claim_names.get((record.namespace, record.name)) == record.uid:
+            del self._claim_names[(record.namespace, record.name)]
+        self._release_claim(record.uid)
+        self._owner_changed(old)
+        for listener in self.claim_listeners:
+            listener(old, None)
+
+    def replace_claims(self, records: Iterable[ClaimRecord]) -> None:
+        old = self.claims
+        self.claims = {record.uid: record for record in records}
+        self._claim_names = {(r.namespace, r.name): uid for uid, r in self.claims.items()}
+        self._claim_keys.clear()
+        self._claimed.clear()
+        self._claims_on.clear()
+        for record in sorted(self.claims.values(), key=lambda r: (r.namespace, r.name)):
+            self._note_keys(record, self._keys_for(record))
+        self._holds = {uid: hold for uid, hold in self._holds.items() if uid not in self._claimed}
+        self.pods_version += 1
+        self._restore()
+        for pod in self.pods.values():
+            self._track_waiting(pod.uid, pod)
+            self._track_unbound(pod)
+        for listener in self.claim_listeners:
+            for uid, record in self.claims.items():
+                listener(old.get(uid), record)
+            for uid, gone in old.items():
+                if uid not in self.claims:
                     listener(gone, None)
 
 
@@ -429,6 +593,22 @@ class _Nodes:
 
     def delete(self, obj: NodeRecord) -> None:
         self._sync.drop_node(obj.name)
+
+
+class _Claims:
+    """The ResourceClaim informer's handler."""
+
+    def __init__(self, sync: LedgerSync) -> None:
+        self._sync = sync
+
+    def replace(self, objects: list[ClaimRecord]) -> None:
+        self._sync.replace_claims(objects)
+
+    def upsert(self, obj: ClaimRecord) -> None:
+        self._sync.put_claim(obj)
+
+    def delete(self, obj: ClaimRecord) -> None:
+        self._sync.drop_claim(obj)
 
 
 class _Pods:

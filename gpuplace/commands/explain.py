@@ -1,13 +1,13 @@
 """`gpuplace explain NAMESPACE/POD`: why a pod is where it is, or why it is pending.
 
-Reads the live state from the API (nodes, managed pods, the pod, its Events), rebuilds
-the ledger exactly as the sidecar does, and prints the policy's view node by node:
-which nodes fit (with the extender score kube-scheduler would get) and, for the others,
-why not; then one summary line by reason kind. For a pod in a GpuQueue it first says
-where the pod stands in its queue: admitted, or its position and why it waits (quota,
-cohort, place, ...), from one admission round decided on the same state as the queue
-controller decides it (`gpuplace.queues.explaining`; GpuQueues and namespaces are read
-too).
+Reads the live state from the API (nodes, managed pods, ResourceClaims where the cluster
+serves them, the pod, its Events), rebuilds the ledger exactly as the sidecar does, and
+prints the policy's view node by node: which nodes fit (with the extender score kube-
+scheduler would get) and, for the others, why not; then one summary line by reason kind.
+For a pod in a GpuQueue it first says where the pod stands in its queue: admitted, or
+its position and why it waits (quota, cohort, place, ...), from one admission round
+decided on the same state as the queue controller decides it
+(`gpuplace.queues.explaining`; GpuQueues and namespaces are read too).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from gpuplace import commands
-from gpuplace.cluster import connecting, keys, kube, mirroring, pods
+from gpuplace.cluster import connecting, dra_claims, keys, kube, mirroring, pods
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.commands import queues as queues_command
 from gpuplace.commands import usage as usage_command
@@ -72,7 +72,7 @@ async def _explain(args: argparse.Namespace, namespace: str, name: str) -> int:
         sync = LedgerSync(
             agent_silence=args.agent_silence_seconds, require_agent=args.require_node_agent
         )
-        await mirroring.Mirror(api, sync).load()
+        unread = await mirroring.Mirror(api, sync, with_claims=True).load(claims_optional=True)
         events = await api.pod_events(namespace, name)
         wait: explaining_queues.PodWait | None = None
         if keys.QUEUE_LABEL in ((pod.get("metadata") or {}).get("labels") or {}):
@@ -91,12 +91,19 @@ async def _explain(args: argparse.Namespace, namespace: str, name: str) -> int:
         if isinstance(gate, dict)
     ]
     explanation = explaining.explain(
-        sync, holder, record, events=events, conditions=conditions, gates=gates
+        sync,
+        holder,
+        record,
+        events=events,
+        conditions=conditions,
+        gates=gates,
+        claims=dra_claims.claim_names(pod),
+        claims_unread=unread,
     )
     used: report.Report | None = None
     unavailable = ""
     if args.prometheus:
-        asked = [item for item in map(report.asked_of, [*managed, pod]) if item is not None]
+        asked = usage_command.asked([*managed, pod])
         try:
             used = await usage_command.read(args, asked)
         except UsageUnavailable as error:

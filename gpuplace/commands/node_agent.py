@@ -367,6 +367,8 @@ async def compose(
             proc,
             own=config.pod_uid or proc.pod_uid("self"),
             servers=supervisor.server_pids if supervisor is not None else frozenset,
+            claims=(lambda: list(dra_side.plugin.prepared.values())) if dra_side else tuple,
+            contexts=lambda: contexts(publisher.discovery),
         ),
         lambda: list(view.pods.values()),
         seconds=config.usage_seconds,

@@ -30,7 +30,7 @@ from typing import Any
 import pydantic
 
 from gpuplace import commands
-from gpuplace.cluster import connecting, keys, kube
+from gpuplace.cluster import connecting, dra_claims, keys, kube
 from gpuplace.usage import prometheus, report
 from gpuplace.usage.gpu_loads import UsageUnavailable
 
@@ -229,6 +229,14 @@ async def read(
     return report.build(usage, asked, rule_of(args), namespace=namespace)
 
 
+def asked(pods: list[dict[str, Any]]) -> list[report.Asked]:
+    """What each pod was granted, from its assignment annotations; a pod on the DRA path is
+    left to the node agent's granted series (its claim's grant: a plan's annotations on it
+    may name other GPUs than kube-scheduler allocated). O(pods)."""
+    found = (report.asked_of(pod) for pod in pods if not dra_claims.named(pod))
+    return [item for item in found if item is not None]
+
+
 async def managed_pods(api: kube.Kube) -> list[dict[str, Any]]:
     """Every pod labelled gpuplace.io/managed=true, page by page."""
     return await api.list_all("pods", label_selector=f"{keys.MANAGED}=true")
@@ -256,7 +264,6 @@ async def _usage(args: argparse.Namespace) -> int:
         pods = await managed_pods(api)
     finally:
         await api.close()
-    asked = [item for item in map(report.asked_of, pods) if item is not None]
-    result = await read(args, asked, namespace=args.namespace or None)
+    result = await read(args, asked(pods), namespace=args.namespace or None)
     print(result.as_json() if args.output == "json" else report.render(result))
     return 0

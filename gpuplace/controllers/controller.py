@@ -10,7 +10,7 @@ capacity holds the extender's filter reads), `recorder` (Events; None: off), `cl
 tell: `LeaseFollower.blocked_reason`, said in an Event on the pods that wait); and its
 `store` (the pods it keeps, `gpuplace.controllers.store`). From those and its `Settings`
 it makes its round loop (`gpuplace.controllers.rounds`, woken by
-every pod and node change of the ledger), its crash-safe writer
+every pod, node and ResourceClaim change of the ledger), its crash-safe writer
 (`gpuplace.controllers.writing`) and its memory of what it told (`telling.Told`).
 What a round does is the controller's own (`gpuplace.gangs.controller`,
 `gpuplace.queues.controller`). No I/O of its own.
@@ -110,6 +110,7 @@ class Controller(Generic[S, K, A]):
         self._told = telling.Told()
         sync.pod_listeners.append(self.loop.poke)  # every pod: the ledger moves too
         sync.node_listeners.append(self.loop.poke)
+        sync.claim_listeners.append(self.loop.poke)  # a DRA claim allocated or freed
 
     @property
     def rounds(self) -> int:

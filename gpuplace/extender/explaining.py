@@ -1,9 +1,14 @@
 """Why a pod is where it is, or why it is pending: node by node, for `gpuplace explain`.
 
 Works on a LedgerSync built from the API (the same state the sidecar decides from, minus
-its in-memory holds) and the same policy. For a pod that already holds GPUs, the nodes
-are scored as if it did not (its own grant is set aside on this private copy), so the
-table shows where it would go now next to where it is. Pure: no I/O, no clock.
+its in-memory holds) and the same policy. A pod the webhook sent to DRA nodes is told by
+its ResourceClaim (gated until the sidecar creates it, waiting for kube-scheduler's DRA
+allocator, or holding the GPU it was allocated) and weighed against the DRA nodes only;
+a pod on the device-plugin path against the other nodes only; a pod without annotations
+that holds gpuplace's GPUs through claims of its own is told what they hold. For a pod
+that already holds GPUs, the nodes are scored as if it did not (its own grant is set
+aside on this private copy), so the table shows where it would go now next to where it
+is. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpuplace.cluster import keys, nodes, recording
+from gpuplace.cluster.claims import ClaimRecord
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender import reasons
@@ -107,6 +113,88 @@ def _grant_text(grant: Grant) -> str:
     return f"GPU{'s' if len(grant.gpus) > 1 else ''} {gpus} ({share}{memory} each)"
 
 
+def _claim_text(claim: ClaimRecord) -> str:
+    """What an allocated claim holds, for a person: `GPU 0 of node n (30%, 8486 MiB
+    each: its MPS memory limit)`."""
+    gpus = ",".join(str(held.gpu) for held in claim.held)
+    first = claim.held[0]
+    memory = f", {first.memory_mib} MiB" if first.memory_mib else ""
+    limit = (
+        ": its MPS memory limit, the CUDA context inside" if memory and first.milli < WHOLE else ""
+    )
+    plural = "s" if len(claim.held) > 1 else ""
+    return (
+        f"GPU{plural} {gpus} of node {claim.node} ({share_text(first.milli)}{memory} each{limit})"
+    )
+
+
+def claims_lines(
+    sync: LedgerSync, namespace: str, names: Sequence[str], unread: str = ""
+) -> list[str]:
+    """What the pod's own ResourceClaims (`names`) hold of gpuplace's GPUs, for a pod
+    without gpuplace annotations. O(claims)."""
+    lines = []
+    for name in names:
+        claim = sync.claim(namespace, name)
+        if claim is not None and claim.held:
+            lines.append(
+                f"Holds {_claim_text(claim)} through ResourceClaim {namespace}/{name} "
+                "(DRA: allocated by kube-scheduler), counted in gpuplace's ledger."
+            )
+    if names and unread and not lines:
+        lines.append(f"Its ResourceClaims could not be read: {unread}.")
+    return lines
+
+
+def _dra_lines(sync: LedgerSync, record: PodRecord, grant: Grant | None, unread: str) -> list[str]:
+    """Where a pod on the DRA path stands, by its claim (None: it is not on it)."""
+    name = f"{record.namespace}/{record.claim}"
+    claim = sync.claim_of(record)
+    if claim is not None and claim.held:
+        where = "Running on" if record.bound else "Allocated, not bound yet:"
+        return [
+            f"{where} {_claim_text(claim)} through its ResourceClaim {name}, allocated by "
+            "kube-scheduler's DRA allocator (first fit over the DRA nodes' devices)."
+        ]
+    if claim is None and unread:
+        return [f"On the DRA path with ResourceClaim {name}, which could not be read: {unread}."]
+    if claim is None and record.claim_gated:
+        return [
+            f"Pending behind the scheduling gate {keys.DRA_GATE}: gpuplace's sidecar creates "
+            f"its ResourceClaim {name} (--dra-claims), then lets it go."
+        ]
+    if claim is None:
+        return [
+            f"Pending: its ResourceClaim {name} does not exist (kube-scheduler does not "
+            "queue it until it does; gpuplace creates it while the pod is gated)."
+        ]
+    planned = (
+        f" gpuplace planned {_grant_text(grant)} on node {grant.node} for it."
+        if grant is not None
+        else ""
+    )
+    gated = " It is also gated: its gang or queue lets it go first." if record.gated else ""
+    return [
+        f"Pending: its ResourceClaim {name} waits for kube-scheduler's DRA allocator, which "
+        f"allocates the first device that fits on a DRA node.{planned}{gated}"
+    ]
+
+
+def _on_path(sync: LedgerSync, record: PodRecord) -> list[str]:
+    """The nodes a pod's path can take it to: the DRA nodes for a pod the webhook sent
+    there, the others for any other pod (where DRA nodes exist, their GPUs are claims'
+    only). O(nodes)."""
+    names = sorted(sync.nodes)
+    dra = {name for name in names if _is_dra(sync.nodes[name])}
+    if record.claim:
+        return [name for name in names if name in dra]
+    return [name for name in names if name not in dra]
+
+
+def _is_dra(record: nodes.NodeRecord) -> bool:
+    return record.node is not None and nodes.is_dra(record.node)
+
+
 def explain(
     sync: LedgerSync,
     holder: PolicyHolder,
@@ -115,9 +203,12 @@ def explain(
     events: Sequence[Mapping[str, Any]] = (),
     conditions: Sequence[Mapping[str, Any]] = (),
     gates: Sequence[str] = (),
+    claims: Sequence[str] = (),
+    claims_unread: str = "",
 ) -> Explanation:
-    """The explanation for one pod (`gates`: the names of its scheduling gates). Mutates
-    `sync` (sets the pod's own grant aside)."""
+    """The explanation for one pod (`gates`: the names of its scheduling gates; `claims`:
+    the ResourceClaims it uses, `claims_unread` why none could be read). Mutates `sync`
+    (sets the pod's own grant aside)."""
     result = Explanation(pod=str(record), headline=[])
     head = result.headline
     if record.terminal:
@@ -128,11 +219,14 @@ def explain(
             head.append(f"Cannot be placed: {record.problem}")
         else:
             head.append("Asks for no GPU (no gpuplace annotations): gpuplace has no say.")
+            head.extend(claims_lines(sync, record.namespace, claims, claims_unread))
         if record.node_name:
             head.append(f"Bound to node {record.node_name}.")
         return result
     grant = sync.ledger.get(record.uid)
-    if record.bound and grant is not None and grant.state is GrantState.CONFIRMED:
+    if record.claim:
+        head.extend(_dra_lines(sync, record, grant, claims_unread))
+    elif record.bound and grant is not None and grant.state is GrantState.CONFIRMED:
         head.append(f"Running on node {grant.node} with {_grant_text(grant)}.")
         head.extend(memory_lines(sync, grant))
     elif record.bound:
@@ -179,7 +273,7 @@ def explain(
     if grant is not None:
         sync.ledger.release(record.uid)
     chooser = holder.current()
-    names = sorted(sync.nodes)
+    names = _on_path(sync, record)
     evaluation = chooser.evaluate(record.request, names)
     scores = choosing.extender_scores(evaluation)
     here = grant.node if grant is not None else record.node_name
@@ -220,6 +314,11 @@ def explain(
     best = [choice.node for choice in evaluation.best()]
     if best:
         result.summary += f"; the policy ({holder.name}) prefers {', '.join(best[:3])}"
+    if record.claim:
+        result.summary += (
+            " (DRA nodes only: kube-scheduler's DRA allocator picks the device, first fit; "
+            "the policy's choice is where gpuplace would put it)"
+        )
     if not evaluation.choices and grant is None and not record.gated:
         head.append(
             "No gpuplace node can take it now; it waits until GPUs free up"

@@ -101,7 +101,8 @@ async def snapshot(
     """List what the controller reads and decide one round on it (module docstring).
     `policy(sync)`: the placement policy over the listed ledger. Raises `kube.ApiError`."""
     sync = LedgerSync(agent_silence=agent_silence, require_agent=require_agent)
-    await mirroring.Mirror(api, sync).load()
+    # the claims too, where the cluster serves them: a DRA pod's GPUs are its claim's
+    await mirroring.Mirror(api, sync, with_claims=True).load(claims_optional=True)
     directory = QueueDirectory()
     for informer in queue_directory.informers(api, directory):
         await informer.relist()

@@ -6,6 +6,13 @@ the annotation and the accepted form. They raise `reviews.ReviewError` only for 
 that is not a usable review (→ HTTP 400). Every reason string is stable: it labels the
 metrics and the audit log.
 
+Which way a GPU pod goes (`Reviewer.path`): with `--dra-claims` off, the device-plugin path
+(extended resources, the extender); otherwise to DRA nodes (a ResourceClaim) when a DRA node
+could hold it and, with `fallback`, no device-plugin node could; the webhook cannot know the
+node, only what each path's nodes could ever hold. A pod the webhook sent to DRA nodes is
+known by its claim entry (`gpuplace.cluster.dra_claims`), so `/validate` judges it on the
+path it took, whatever the inventory says a moment later.
+
 Fast path: a pod without any `gpuplace.io/` annotation is allowed unpatched after one scan
 of its annotation keys. Nothing here does I/O or keeps state between reviews; `dryRun`
 reviews get exactly the same decision.
@@ -17,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuplace.cluster import grammar, keys
+from gpuplace.cluster import dra_claims, grammar, keys
 from gpuplace.webhook import capacity, mutating, patches, pods
 from gpuplace.webhook.config import WebhookConfig
 from gpuplace.webhook.inventory import CapabilitySource
@@ -64,6 +71,11 @@ DENIAL_REASONS = (
     QUEUES_UNKNOWN,
 )
 MAX_PATHS_SHOWN = 6
+
+DEVICE_PLUGIN = "device-plugin"
+DRA = "dra"
+PATHS = (DEVICE_PLUGIN, DRA)
+"""A GPU pod's way to its GPUs: extended resources and the extender, or a ResourceClaim."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +171,29 @@ class Reviewer:
             return _invalid(QUEUE_UNKNOWN, found.refusal, spec)
         return found.queue, found.source
 
+    def path(self, spec: grammar.PodGpuSpec) -> str:
+        """`DRA` or `DEVICE_PLUGIN`: where a new pod asking `spec` goes (module
+        docstring). Not knowing the inventory yet, `prefer` says DRA (the validating
+        webhook then refuses the pod until it is known). O(models)."""
+        mode = self.config.dra_claims
+        if mode == "off":
+            return DEVICE_PLUGIN
+        paths = self.source.paths()
+        if paths is None:
+            return DRA if mode == "prefer" else DEVICE_PLUGIN
+        if capacity.misfit(spec, paths.dra) is not None:
+            return DEVICE_PLUGIN
+        if mode == "prefer" or capacity.misfit(spec, paths.device_plugin) is not None:
+            return DRA
+        return DEVICE_PLUGIN
+
+    def taken(self, pod: Mapping[str, Any]) -> str:
+        """The path a mutated pod took: DRA when it carries gpuplace's claim entry (and
+        claims are on: off, such a pod is judged as the device-plugin path wants it)."""
+        if self.config.dra_claims != "off" and dra_claims.entry(pod) is not None:
+            return DRA
+        return DEVICE_PLUGIN
+
     # --- /mutate ----------------------------------------------------------------------------
 
     def mutate(self, request: AdmissionRequest) -> Decision:
@@ -187,7 +222,14 @@ class Reviewer:
         if isinstance(queued, Decision):
             return queued
         queue, source = queued
-        mutation = _build(pod, spec, container, self.config, queue=queue, source=source)
+        claim = ""
+        if self.path(spec) == DRA:
+            metadata = pod.get("metadata") or {}
+            base = str(metadata.get("name") or metadata.get("generateName") or "")
+            claim = dra_claims.claim_name(base, request.uid)
+        mutation = _build(
+            pod, spec, container, self.config, queue=queue, source=source, claim=claim
+        )
         return _allow(
             MUTATED if mutation.ops else UNCHANGED,
             ops=mutation.ops,
@@ -245,7 +287,23 @@ class Reviewer:
         if isinstance(queued, Decision):
             return queued
         queue, source = queued
-        leftover = _build(pod, spec, container, self.config, queue=queue, source=source)
+        if self.taken(pod) == DRA and not dra_claims.named(pod):
+            return _invalid(
+                INVALID_POD,
+                f"spec.resourceClaims[{dra_claims.ENTRY}] is gpuplace's: it names the "
+                "ResourceClaim gpuplace creates for the pod (resourceClaimName); remove it, "
+                "gpuplace writes it",
+                spec,
+            )
+        leftover = _build(
+            pod,
+            spec,
+            container,
+            self.config,
+            queue=queue,
+            source=source,
+            claim=dra_claims.named(pod) or "-" if self.taken(pod) == DRA else "",
+        )
         if leftover.ops:
             shown = ", ".join(_parts(leftover.patch.paths()))
             return _forbidden(
@@ -357,6 +415,7 @@ def _build(
     *,
     queue: str = "",
     source: str = "",
+    claim: str = "",
 ) -> mutating.Mutation:
     try:
         return mutating.build(
@@ -368,6 +427,9 @@ def _build(
             place_gate=config.place_gate,
             queue=queue,
             queue_source=source,
+            claim=claim,
+            dra_scheduler_name=config.dra_scheduler_name,
+            dra_nodes=config.dra_claims != "off",
         )
     except patches.PatchError as error:
         raise ReviewError(f"request.object has an impossible shape: {error}") from None

@@ -25,3 +25,9 @@ class WebhookConfig:
     """The sidecar of this process plans every GPU pod that is neither a gang member nor
     queued (`--plan-pin`): such a pod gets the scheduling gate `gpuplace.io/place`, which
     the planner removes once it has handed kube-scheduler the planned node."""
+    dra_claims: str = "off"
+    """Which annotated pods go to DRA nodes (`--dra-claims`): `off` (none), `fallback`
+    (those no device-plugin node could hold and a DRA node could), `prefer` (every one a
+    DRA node could hold); see `gpuplace.webhook.admission.Reviewer.path`."""
+    dra_scheduler_name: str = "default-scheduler"
+    """`spec.schedulerName` of a pod sent to DRA nodes: the cluster's DRA allocator."""

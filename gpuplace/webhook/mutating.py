@@ -31,6 +31,18 @@ returns the minimal JSON Patch to get there:
   `GPUPLACE_GANG_COUNT`, the gang's member count when this member starts, read through the
   downward API from the annotation `gpuplace.io/gang-count` its plan carries.
 
+On the DRA path (`claim`: the pod goes to DRA nodes, `gpuplace.cluster.dra_claims`) the pod
+gets instead: no extended resources and no GPU env (the DRA kubelet plugin's CDI spec
+gives the container its GPU and MPS limits from its claim's allocation); the
+`spec.resourceClaims` entry `gpuplace-gpu` naming the claim `claim` (unless it names one
+already) and `resources.claims` on the GPU container; the DRA gate, which the sidecar
+removes once it has created the claim; `spec.schedulerName` = the cluster's DRA allocator
+(`dra_scheduler_name`); required node affinity `gpuplace.io/enabled=true` and
+`gpuplace.io/dra=true` only (what the GPUs must be is the claim's: its selectors and
+capacity). Where DRA nodes exist (`dra_nodes`), a pod on the device-plugin path gets
+`gpuplace.io/dra NotIn [true]` in its affinity, so that no plan (a gang's, a queue's) puts
+it on a DRA node, whose GPUs only claims hold.
+
 Applying `build` to its own output yields no operation (the webhook is reinvoked with
 `reinvocationPolicy: IfNeeded`, and the validating webhook uses this to tell a mutated pod
 from one the mutating webhook never saw). Never used on UPDATE: most of a pod's spec is
@@ -43,7 +55,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplace.cluster import grammar, keys, mps_limits
+from gpuplace.cluster import dra_claims, grammar, keys, mps_limits
 from gpuplace.webhook import patches
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
@@ -72,6 +84,19 @@ class Mutation:
     @property
     def ops(self) -> list[dict[str, Any]]:
         return self.patch.ops
+
+
+DRA_EXPRESSIONS = (
+    {"key": keys.NODE_ENABLED, "operator": "In", "values": ["true"]},
+    {"key": keys.NODE_DRA, "operator": "In", "values": ["true"]},
+)
+"""The required node affinity of a pod on the DRA path."""
+NOT_DRA = {"key": keys.NODE_DRA, "operator": "NotIn", "values": ["true"]}
+"""... and what keeps a pod on the device-plugin path off DRA nodes."""
+DRA_MEMORY_ONLY_WARNING = (
+    "on a DRA node kube-scheduler's allocator may place this memory-only share beside "
+    "compute shares of the same GPU (it allocates first fit, not by gpuplace's rules)"
+)
 
 
 def node_expressions(spec: grammar.PodGpuSpec) -> list[dict[str, Any]]:
@@ -143,20 +168,32 @@ def build(
     place_gate: bool = False,
     queue: str = "",
     queue_source: str = "",
+    claim: str = "",
+    dra_scheduler_name: str = DEFAULT_SCHEDULER,
+    dra_nodes: bool = False,
 ) -> Mutation:
     """The patch that makes `pod` a gpuplace pod. `container` indexes `spec.containers`
     (see `pods.problems`); `node_agent`: the GPU nodes run the node agent (slots instead
     of env vars); `queue`: the GpuQueue it waits in ("" for none), which `queue_source`
-    (`annotation`, `namespace`) named; `place_gate`: the sidecar plans the pods no gang
-    or queue does (the gate `gpuplace.io/place`). Raises `patches.PatchError` on a pod
-    of impossible shape."""
+    (`annotation`, `namespace`) named; `claim`: the pod goes to DRA nodes with this claim
+    ("": the device-plugin path), scheduled by `dra_scheduler_name`; `dra_nodes`: DRA nodes
+    exist (a device-plugin pod is kept off them); `place_gate`: the sidecar plans the
+    device-plugin pods no gang or queue does (the gate `gpuplace.io/place`; a DRA pod is
+    not planned yet). Raises `patches.PatchError` on a pod of impossible shape."""
     patch = patches.Patch(pod)
     warnings: list[str] = []
-    _resources(patch, spec, container)
-    _slots(patch, spec, container, node_agent)
-    _scheduler(patch, scheduler_name, warnings)
-    _affinity(patch, node_expressions(spec))
-    if not node_agent:
+    dra = bool(claim)
+    _resources(patch, spec, container, dra=dra)
+    _slots(patch, spec, container, node_agent and not dra)
+    if dra:
+        _claim(patch, container, claim)
+        _scheduler(patch, dra_scheduler_name, warnings)
+        _affinity(patch, list(DRA_EXPRESSIONS))
+        _gate(patch, keys.DRA_GATE)
+    else:
+        _scheduler(patch, scheduler_name, warnings)
+        _affinity(patch, [*node_expressions(spec), *([NOT_DRA] if dra_nodes else [])])
+    if not node_agent and not dra:
         _env(patch, env_vars(spec), container, warnings)
     if spec.gang is not None and spec.gang.elastic:
         _env(patch, [gang_count_env()], container, warnings)
@@ -173,7 +210,7 @@ def build(
     if spec.gang is not None:
         patch.put(("metadata", "labels", keys.GANG_LABEL), spec.gang.name)
         _gate(patch, keys.GANG_GATE)
-    elif place_gate and not queue:
+    elif place_gate and not queue and not dra:
         _gate(patch, keys.PLACE_GATE)
     if spec.memory_rounded:
         warnings.append(
@@ -181,6 +218,8 @@ def build(
         )
     if spec.memory_only:
         warnings.append(MEMORY_ONLY_WARNING.format(memory=spec.memory_mib))
+        if dra:
+            warnings.append(DRA_MEMORY_ONLY_WARNING)
     if spec.shares and not spec.memory_mib:
         warnings.append(
             f"no {keys.GPU_MEMORY}: no GPU memory is reserved for this pod; "
@@ -200,14 +239,17 @@ def _gate(patch: patches.Patch, name: str) -> None:
         patch.append(("spec", "schedulingGates"), {"name": name})
 
 
-def _resources(patch: patches.Patch, spec: grammar.PodGpuSpec, container: int) -> None:
+def _resources(
+    patch: patches.Patch, spec: grammar.PodGpuSpec, container: int, *, dra: bool = False
+) -> None:
+    """`gpuplace.io/gpu-percent` and `gpu-memory` as the spec says (none on the DRA path)."""
     base = ("spec", "containers", container, "resources")
     for part in ("requests", "limits"):
-        if spec.resource_percent:
+        if spec.resource_percent and not dra:
             patch.put((*base, part, keys.RESOURCE_PERCENT), str(spec.resource_percent))
         else:
             patch.remove((*base, part, keys.RESOURCE_PERCENT))
-        if spec.resource_memory_mib:
+        if spec.resource_memory_mib and not dra:
             patch.put((*base, part, keys.RESOURCE_MEMORY), str(spec.resource_memory_mib))
         else:
             patch.remove((*base, part, keys.RESOURCE_MEMORY))
@@ -224,6 +266,25 @@ def _slots(
             patch.put((*base, part, keys.RESOURCE_GPU), str(spec.count))
         else:
             patch.remove((*base, part, keys.RESOURCE_GPU))
+
+
+def _claim(patch: patches.Patch, container: int, claim: str) -> None:
+    """gpuplace's entry of `spec.resourceClaims` (naming `claim` unless it names one
+    already) and its use by the GPU container."""
+    entries = patch.get(("spec", "resourceClaims"))
+    present = isinstance(entries, list) and any(
+        isinstance(item, Mapping) and item.get("name") == dra_claims.ENTRY for item in entries
+    )
+    if not present:
+        patch.append(
+            ("spec", "resourceClaims"), {"name": dra_claims.ENTRY, "resourceClaimName": claim}
+        )
+    path = ("spec", "containers", container, "resources", "claims")
+    used = patch.get(path)
+    if not isinstance(used, list) or not any(
+        isinstance(item, Mapping) and item.get("name") == dra_claims.ENTRY for item in used
+    ):
+        patch.append(path, {"name": dra_claims.ENTRY})
 
 
 def _scheduler(patch: patches.Patch, scheduler_name: str, warnings: list[str]) -> None:

@@ -253,6 +253,15 @@ class SidecarSettings(BaseSettings):
         "devices NoSchedule (gpu.gpuplace.io/agent-silent) so that kube-scheduler allocates "
         "none of them; needs deploy/components/dra's RBAC (docs/dra.md)",
     )
+    dra_claims: Literal["off", "fallback", "prefer"] = Field(
+        "off",
+        description="which annotated GPU pods the webhook sends to DRA nodes (nodes "
+        "labelled gpuplace.io/dra=true, deploy/components/dra), as a ResourceClaim the "
+        "sidecar creates, instead of the device-plugin path: off = none; fallback = those "
+        "no device-plugin node could ever hold and a DRA node could (on a cluster of DRA "
+        "nodes only: all); prefer = every pod a DRA node could hold; the sidecar then also "
+        "mirrors every ResourceClaim into its ledger (docs/dra.md)",
+    )
     require_node_agent: bool = Field(
         False,
         description="place GPU pods only on nodes whose node agent reports (else nodes "
@@ -349,6 +358,13 @@ class Settings(SidecarSettings):
         description="GPU nodes run gpuplace node-agent: GPU containers request gpuplace.io/gpu "
         "(its device plugin gives them their GPUs and MPS limits) and the webhook writes no "
         "GPU env vars",
+    )
+    dra_scheduler_name: str = Field(
+        "default-scheduler",
+        min_length=1,
+        description="with --dra-claims: spec.schedulerName of the pods sent to DRA nodes, the "
+        "cluster's scheduler that allocates ResourceClaims (one DRA allocator for every "
+        "claim: two schedulers do not see each other's allocations in flight)",
     )
     audit_log: str = Field(
         "-", min_length=1, description="audit log file, one JSON line per review; - = stdout"

@@ -20,7 +20,10 @@ each built by its own module of this room:
 - with `queues`, the GpuQueues and the queue controller (`gpuplace.wiring.queues`; the
   webhook of the same process reads the same `directory`);
 - with `plan_pin`, the planner (`gpuplace.wiring.planning`: plan, then pin; the webhook of
-  the same process gates the pods it plans).
+  the same process gates the pods it plans: those on the device-plugin path);
+- with `dra_claims` (other than `off`), the informer of ResourceClaims beside the pod
+  informer (grants through claims and through the extender: one ledger) and the DRA claim
+  controller (`gpuplace.wiring.claims`: the claims of pods the webhook sent to DRA nodes).
 
 For `gpuplace serve` (see gpuplace.wiring.composing):
 
@@ -59,7 +62,17 @@ from gpuplace.placement.fences import Fences
 from gpuplace.placement.inventory import Capabilities
 from gpuplace.runtime import gc_tuning
 from gpuplace.usage.gpu_loads import LoadReader
-from gpuplace.wiring import extender, gangs, leading, loads, node_agents, planning, queues
+from gpuplace.webhook.inventory import Paths, paths_of
+from gpuplace.wiring import (
+    claims,
+    extender,
+    gangs,
+    leading,
+    loads,
+    node_agents,
+    planning,
+    queues,
+)
 from gpuplace.wiring.settings import SidecarSettings
 
 log = logging.getLogger(__name__)
@@ -110,6 +123,7 @@ class Sidecar:
             registry=registry,
             page_size=settings.list_page_size,
             watch_seconds=settings.watch_timeout_seconds,
+            with_claims=settings.dra_claims != "off",
         )
         self.holder = workloads.PolicyHolder(
             self.sync,
@@ -160,16 +174,21 @@ class Sidecar:
             )
             self.sync.node_listeners.append(self.advertiser.observe)
         self._capabilities: Capabilities | None = None
+        self._paths: Paths | None = None
         self.sync.node_listeners.append(self._nodes_changed)
         registry.register(metering.LedgerCollector(self.sync, self.holder.measured))
         registry.register(api.refusals)  # gpuplace_api_refusals_total
         self.leader = (
             leading.follower(api, settings.scheduler_lease)
-            if settings.gangs or settings.queues or settings.plan_pin != "off"
+            if settings.gangs
+            or settings.queues
+            or settings.dra_claims != "off"
+            or settings.plan_pin != "off"
             else None
         )
         """Whether this replica's kube-scheduler leads (None: always treated as leading,
-        or no controller runs): the gang, queue and plan controllers decide only then."""
+        or no controller runs): the gang, queue, claim and plan controllers decide only
+        then."""
         blocked = self.leader.blocked_reason if self.leader is not None else None
         controlled = Controlled(
             fences=self.fences,
@@ -212,6 +231,20 @@ class Sidecar:
             else None
         )
         """The planner: plan, then pin (None with `plan_pin` off)."""
+        self.claims = (
+            claims.build(
+                api,
+                self.sync,
+                self._policy,
+                recorder=self.recorder,
+                registry=registry,
+                active=controlled["active"],
+                blocked=controlled["blocked"],
+            )
+            if settings.dra_claims != "off"
+            else None
+        )
+        """The DRA claim controller (None with `dra_claims` off)."""
         self.directory = self.queues.directory if self.queues is not None else None
         """The GpuQueues and namespaces (None with `queues` off): the queue controller's,
         and the webhook's `QueueSource` in the same process."""
@@ -250,6 +283,7 @@ class Sidecar:
 
     def _nodes_changed(self, _: object) -> None:
         self._capabilities = None
+        self._paths = None
 
     def capabilities(self) -> Capabilities | None:
         """The largest requests any managed node could hold; None until nodes synced.
@@ -259,6 +293,15 @@ class Sidecar:
         if self._capabilities is None:
             self._capabilities = self.sync.ledger.inventory.capabilities()
         return self._capabilities
+
+    def paths(self) -> Paths | None:
+        """The same per path (device plugin, DRA: `gpuplace.webhook.inventory.Paths`); the
+        webhook's choice of a pod's path reads it. O(1), O(GPUs) after a node change."""
+        if not self.mirror.nodes.synced.is_set():
+            return None
+        if self._paths is None:
+            self._paths = paths_of(self.sync.ledger.inventory)
+        return self._paths
 
     # --- running -----------------------------------------------------------------------
 
@@ -289,6 +332,8 @@ class Sidecar:
             work.extend(self.queues.work())
         if self.planning is not None:
             work.extend(self.planning.work())
+        if self.claims is not None:
+            work.append(self.claims.run())
         return work
 
     @contextlib.asynccontextmanager

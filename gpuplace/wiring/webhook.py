@@ -32,7 +32,7 @@ from gpuplace.runtime import background, jsonlines
 from gpuplace.webhook import app as webhook_app
 from gpuplace.webhook.auditing import AuditLog, Sink
 from gpuplace.webhook.config import WebhookConfig
-from gpuplace.webhook.inventory import CapabilitySource, FixedCapabilities
+from gpuplace.webhook.inventory import CapabilitySource, FixedCapabilities, Paths, paths_of
 from gpuplace.webhook.metrics import WebhookMetrics
 from gpuplace.webhook.queueing import QueueSource
 from gpuplace.webhook.tls import CertificateReloader
@@ -117,6 +117,8 @@ def webhook_config(settings: Settings) -> WebhookConfig:
         node_agent=settings.node_agent,
         # the planner runs in this process's sidecar: none with an offline inventory
         place_gate=settings.plan_pin != "off" and settings.inventory is None,
+        dra_claims=settings.dra_claims,
+        dra_scheduler_name=settings.dra_scheduler_name,
     )
 
 
@@ -157,6 +159,7 @@ class FileInventory:
         self.interval_seconds = interval_seconds
         self._inventory: Inventory | None = None
         self._capabilities: Capabilities | None = None
+        self._paths: Paths | None = None
         self._signature: tuple[int, int, int] | None = None
 
     def inventory(self) -> Inventory | None:
@@ -164,6 +167,9 @@ class FileInventory:
 
     def capabilities(self) -> Capabilities | None:
         return self._capabilities
+
+    def paths(self) -> Paths | None:
+        return self._paths
 
     def _stat(self) -> tuple[int, int, int]:
         status = self.path.stat()
@@ -178,6 +184,7 @@ class FileInventory:
         inventory = read_inventory(self.path)
         self._inventory = inventory
         self._capabilities = inventory.capabilities()
+        self._paths = paths_of(inventory)
         self._signature = signature
         log.info(
             "inventory loaded",

@@ -17,7 +17,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuplace.agent import cgroups, nvml, usage_sampling
+from gpuplace.agent import cgroups, nvml, preparing, usage_sampling
+from gpuplace.cluster import dra_claims
+from gpuplace.placement.inventory import ClientContext
 from gpuplace.usage import names
 from tests.agent.kubelet import gpu_fixture
 from tests.agent.kubelet import pod as granted_pod
@@ -490,3 +492,60 @@ async def test_the_memory_peak_of_the_window_outlives_the_sample_that_saw_it(
     await sampler.sample_once()
     assert value(names.POD_MEMORY_PEAK) == 1 << 30
     assert len(sampler.recent) == 1  # what left the window is not kept
+
+
+# --- pods on a DRA node: their grants are the claims the DRA plugin prepared -------------------
+
+
+def dra_pod(name: str, number: int, claim: str, **planned: Any) -> dict[str, Any]:
+    """A pod of this node on the DRA path, naming `claim`; `planned`: a plan's assignment
+    annotations (milli, memory_mib) on GPU 0 it may carry too."""
+    made = pod(name, number, **planned) if planned else pod(name, number)
+    made["spec"]["resourceClaims"] = [{"name": dra_claims.ENTRY, "resourceClaimName": claim}]
+    return made
+
+
+def prepared(claim: str, number: int, milli: int, memory_mib: int) -> preparing.Prepared:
+    """What the DRA plugin prepared for `claim`: the H100 at `milli` and `memory_mib`
+    consumed (the CUDA context inside)."""
+    device = preparing.PreparedDevice(
+        "gpu", NODE, "gpu-0", None, (f"gpu.gpuplace.io/claim=gpu-0-{number}",), H100, milli,
+        memory_mib,
+    )  # fmt: skip
+    return preparing.Prepared(
+        preparing.ClaimRef("research", claim, uid_of(100 + number)), (device,), {}
+    )
+
+
+def test_dra_pods_read_as_their_claims_the_same_grants_as_annotations(tmp_path: Path) -> None:
+    """The capture's two MPS clients, their pods on the DRA path: their claims consumed
+    8192 + 294 and 4096 + 244 MiB (the H100's context at 30 and 20 %, inside the limit);
+    what is granted reads as on the device-plugin path. A plan's annotations on the pod
+    (another GPU's, say) are not its grant: the claim is."""
+    in_pod(tmp_path, 629, 1)
+    in_pod(tmp_path, 630, 2)
+    in_pod(tmp_path, 663, 9)
+    pods = [
+        dra_pod("big", 1, "big-gpu-1", milli=500, memory_mib=1),
+        dra_pod("small", 2, "small-gpu-2"),
+        pod("gpuplace-node-agent-x7k2p", 9),
+    ]
+    measured = usage_sampling.Meter(
+        nvml.Replay(reading("mps-clients")),
+        NODE,
+        cgroups.Proc(tmp_path),
+        claims=lambda: [prepared("big-gpu-1", 1, 300, 8486), prepared("small-gpu-2", 2, 200, 4340)],
+        contexts=lambda: {H100: ClientContext(144, 5)},
+    )
+    sample = measured.measure(pods)
+    assert by_pod(sample) == {
+        "big": usage_sampling.PodUse(
+            uid_of(1), "research", "big", 0, H100, 2353004544, None, 8192 * MIB, 0.3, 1, 300
+        ),
+        "small": usage_sampling.PodUse(
+            uid_of(2), "research", "small", 0, H100, 1224736768, None, 4096 * MIB, 0.2, 1, 200
+        ),
+    }
+    # without the prepared claims the DRA pods hold nothing here (their plan is no grant)
+    bare = meter(reading("mps-clients"), tmp_path).measure(pods)
+    assert {use.name: use.memory_granted for use in bare.pods} == {"big": None, "small": None}

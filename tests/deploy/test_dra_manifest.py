@@ -14,6 +14,7 @@ import pytest
 
 from gpuplace.cluster import dra, keys
 from gpuplace.wiring.agent_settings import AgentSettings
+from gpuplace.wiring.settings import Settings
 from tests.deploy import rendering
 from tests.deploy.rendering import Obj, container, one, render
 from tests.deploy.test_admission_policy import (
@@ -91,13 +92,17 @@ def test_a_node_is_on_one_path() -> None:
     assert "affinity" not in alone["spec"]["template"]["spec"]
 
 
-def test_the_sidecar_taints_silent_agents_with_the_component_only() -> None:
+def test_the_sidecar_taints_silent_agents_and_writes_claims_with_the_component_only() -> None:
     def args(tree: str) -> list[str]:
         deployment = one(render(tree), "Deployment", "gpuplace")
         return list(container(deployment["spec"]["template"]["spec"], "gpuplace")["args"])
 
     assert "--dra-silence-taints=true" in args(rendering.DRA)
+    assert "--dra-claims=fallback" in args(rendering.DRA)
     assert not any("dra" in arg for arg in args(rendering.NODE_AGENT))
+    # what the flag says is a value `gpuplace serve` takes
+    settings = Settings.model_validate({"dra_claims": "fallback"})
+    assert settings.dra_claims == "fallback"
 
 
 def test_the_device_class_is_shipped_once() -> None:

@@ -88,8 +88,9 @@ DRA_NODE_AGENT: set[Grant] = {
 GPUPLACE_DRA: set[Grant] = {
     ("resource.k8s.io", "resourceslices", "get", ()),
     ("resource.k8s.io", "resourceslices", "update", ()),
-}
-"""ClusterRole `gpuplace-dra`: the sidecar's silence taints (--dra-silence-taints)."""
+} | {("resource.k8s.io", "resourceclaims", verb, ()) for verb in ("get", "list", "watch", "create")}
+"""ClusterRole `gpuplace-dra`: the sidecar's silence taints (--dra-silence-taints), its
+ResourceClaim informer and the claims it creates (--dra-claims)."""
 NAMESPACE_OF = {"gpuplace-node-agent": "kube-system", "gpuplace-node-agent-dra": "kube-system"}
 """Identities outside the gpuplace namespace (the node agent, a node daemon)."""
 
@@ -343,7 +344,6 @@ def api_calls(path: Path = KUBE, clients: dict[str, str] = GROUP_OF) -> set[tupl
 
 AGENT_ONLY = {
     ("", "read_node"),
-    ("resource.k8s.io", "read_namespaced_resource_claim"),
     ("resource.k8s.io", "create_resource_slice"),
     ("resource.k8s.io", "delete_resource_slice"),
     ("resource.k8s.io", "list_resource_slice"),
@@ -352,8 +352,12 @@ AGENT_ONLY = {
 DRA_SIDECAR = {
     ("resource.k8s.io", "read_resource_slice"),
     ("resource.k8s.io", "replace_resource_slice"),
+    ("resource.k8s.io", "list_resource_claim_for_all_namespaces"),
+    ("resource.k8s.io", "create_namespaced_resource_claim"),
+    ("resource.k8s.io", "read_namespaced_resource_claim"),
 }
-"""The sidecar's calls with --dra-silence-taints (granted by components/dra only)."""
+"""The sidecar's calls with --dra-silence-taints and --dra-claims (granted by
+components/dra only; the DRA node agent reads claims too, with its own role)."""
 ONE_OFF_LISTS = {"list_namespaced_pod_disruption_budget": "poddisruptionbudgets"}
 KINDS = {"resource_slice": "resourceslices", "resource_claim": "resourceclaims"}
 """Generated method names whose kind is two words."""
@@ -527,7 +531,9 @@ def test_the_sidecar_writes_slices_only_with_the_dra_component(
     assert added == wanted
     writer = rendering.ROOT / "gpuplace" / "cluster" / "slice_taints.py"
     assert kube_methods_called(writer) == {"get_resource_slice", "replace_resource_slice"}
-    assert {call for _, call in DRA_SIDECAR} == {"read_resource_slice", "replace_resource_slice"}
+    assert {"read_resource_slice", "replace_resource_slice"} <= {call for _, call in DRA_SIDECAR}
+    claimer = rendering.ROOT / "gpuplace" / "wiring" / "claims.py"
+    assert kube_methods_called(claimer) == {"create_resource_claim", "get_resource_claim"}
 
 
 CERTS_CLIENTS = {"core": "", "adm": "admissionregistration.k8s.io"}

@@ -46,6 +46,9 @@ CASES = [
     (GPUPLACE, "delete", "pods/p", "team-a", False),
     (GPUPLACE, "get", "secrets/gpuplace-ca", "gpuplace", False),
     (GPUPLACE, "create", "events", "team-a", True),
+    # ResourceClaims: the DRA component's role only (`gpuplace-dra`, checked below)
+    (GPUPLACE, "list", "resourceclaims.resource.k8s.io", "", False),
+    (GPUPLACE, "create", "resourceclaims.resource.k8s.io", "team-a", False),
     # the stock kube-scheduler: Kubernetes' own roles plus its Lease
     (SCHEDULER, "create", "pods/p/binding", "team-a", True),
     (SCHEDULER, "delete", "pods/p", "team-a", True),
@@ -61,6 +64,8 @@ CASES = [
     ),
     (SCHEDULER, "get", "configmaps/extension-apiserver-authentication", "gpuplace", False),
     (SCHEDULER, "patch", "pods/p", "team-a", False),
+    (SCHEDULER, "update", "resourceclaims.resource.k8s.io/c/status", "team-a", True),
+    (SCHEDULER, "create", "resourceclaims.resource.k8s.io", "team-a", True),
     # the certs job
     (CERTS, "get", "secrets/gpuplace-ca", "gpuplace", True),
     (CERTS, "get", "secrets/other", "gpuplace", False),
@@ -86,6 +91,32 @@ def request_for(verb: str, what: str, namespace: str) -> tuple[str, str, dict[st
     method = method or {"update": "PUT", "patch": "PATCH", "delete": "DELETE"}[verb]
     query = {"watch": "true", "timeoutSeconds": "1"} if verb == "watch" else {}
     return method, path, query
+
+
+DRA_CASES = [
+    (GPUPLACE, verb, "resourceclaims.resource.k8s.io", "", True)
+    for verb in ("list", "watch")
+] + [
+    (GPUPLACE, "create", "resourceclaims.resource.k8s.io", "team-a", True),
+    (GPUPLACE, "get", "resourceclaims.resource.k8s.io/c", "team-a", True),
+    (GPUPLACE, "update", "resourceclaims.resource.k8s.io/c", "team-a", False),
+    (GPUPLACE, "delete", "resourceclaims.resource.k8s.io/c", "team-a", False),
+    (GPUPLACE, "update", "resourceclaims.resource.k8s.io/c/status", "team-a", False),
+    (GPUPLACE, "create", "resourceclaimtemplates.resource.k8s.io", "team-a", False),
+    (GPUPLACE, "update", "resourceslices.resource.k8s.io/s", "", True),
+    (GPUPLACE, "create", "resourceslices.resource.k8s.io", "", False),
+]  # fmt: skip
+"""With deploy/components/dra (overlays/self-managed-dra): the sidecar's claim informer and
+claim controller, nothing more (the real tier applies it in tests/realcluster/test_dra.py,
+where the sidecar runs with it)."""
+
+
+@pytest.mark.parametrize("case", DRA_CASES)
+def test_can_i_with_the_dra_component(case: tuple[User, str, str, str, bool]) -> None:
+    user, verb, what, namespace, allowed = case
+    assert can_i(access.Rbac.shipped("overlays/self-managed-dra"), user, verb, what, namespace) is (
+        allowed
+    )
 
 
 @pytest.mark.parametrize("case", CASES)

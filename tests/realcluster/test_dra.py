@@ -7,8 +7,11 @@ default scheduler, first fit) against the agent's ResourceSlice; what each conta
 read back from the running container.
 
 The module borrows the one kubelet node from the device-plugin agent (`KubeletNode.lent`:
-a node is on one path) and gives it back, and runs `gpuplace serve` with the component's
-arguments (`--dra-silence-taints=true`) and a short `--agent-silence-seconds` meanwhile.
+a node is on one path), labels it `gpuplace.io/dra=true` (and opted in) meanwhile, gives it
+back unlabelled, and runs `gpuplace serve` with the component's arguments
+(`--dra-silence-taints=true`, `--dra-claims=fallback`) and a short `--agent-silence-seconds`
+meanwhile. The tests at the end write pods with the annotations alone: the webhook sends
+them to the DRA node, the sidecar creates their claims, kube-scheduler allocates them.
 """
 
 from __future__ import annotations
@@ -29,12 +32,12 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuplace.cluster import dra
+from gpuplace.cluster import dra, dra_claims, keys
 from tests.realcluster import install
 from tests.realcluster.conftest import KubeletNode, Scope, derived_replay
 from tests.realcluster.install import AGENT_NAMESPACE, GPUPLACE, NO_IMAGE_LABEL, Installation
 from tests.realcluster.kit import Cluster, Kubectl, free_port
-from tests.realcluster.objects import gpu_node, pod, running
+from tests.realcluster.objects import gpu_node, pod, running, wait_bound
 from tests.realcluster.processes import HostProcess, with_flags
 from tests.realcluster.sessions import unusable
 from tests.realcluster.test_node_agent import environment, gpu_env, inside, metric
@@ -176,7 +179,8 @@ def dra_node(
         },
     )
     kubeconfig = Path(next(a for a in process.argv if a.startswith("--kubeconfig=")).split("=")[1])
-    with kubelet_node.lent(), dra_serve(gpuplace, dra_installed):
+    labels = ("gpuplace.io/enabled=true", f"{keys.NODE_DRA}=true")
+    with kubelet_node.lent(), dra_serve(gpuplace, dra_installed), labelled(gpuplace, node, labels):
         try:
             process.start()
             yield DraNode(
@@ -199,6 +203,17 @@ def dra_node(
             )
             _clean_host(plugin_dir)
             shutil.rmtree(mps, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def labelled(gpuplace: Installation, node: str, labels: tuple[str, ...]) -> Iterator[None]:
+    """The node labelled as a DRA node for the block (the device-plugin agent's node after,
+    with `gpuplace.io/enabled` as its own fixture left it)."""
+    gpuplace.kubectl.run("label", "node", node, "--overwrite", *labels)
+    try:
+        yield
+    finally:
+        gpuplace.kubectl.run("label", "node", node, f"{keys.NODE_DRA}-")
 
 
 # --- what the tests write ----------------------------------------------------------------
@@ -507,3 +522,152 @@ def test_dra_mode_refuses_a_runtime_without_cdi(
         assert "containerd >= 1.7.2" in done.stderr
         assert not Path(root, "registry").exists()  # it never offered itself to the kubelet
     assert not kubectl.exists("resourceslice", dra.slice_name(old))
+
+
+# --- the annotations alone (issue 42, points 3-5): the webhook, the sidecar, kube-scheduler ----
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+CONTEXT = {300: 144 + 5 * 30, 600: 144 + 5 * 60, 500: 144 + 5 * 50}
+"""The H100's CUDA context at a share's threads (`mps_limits.MODELS`, as the agent publishes
+it), which a claim gpuplace writes adds to the pod's memory: its MPS limit holds it."""
+
+
+def annotated(name: str, scope: Scope, **asks: str) -> dict[str, Any]:
+    """A pod as a user writes it: annotations only (an H100, so that only the DRA node
+    could hold it and `--dra-claims=fallback` sends it there)."""
+    annotations = {
+        "gpuplace.io/gpu-model": H100,
+        **{k.replace("_", "-"): v for k, v in asks.items()},
+    }
+    return pod(
+        name,
+        scope.namespace,
+        {f"gpuplace.io/{k}" if "/" not in k else k: v for k, v in annotations.items()},
+    )
+
+
+def claim_of(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    """The ResourceClaim gpuplace made for pod `name`."""
+    body = kubectl.json("-n", namespace, "get", "pod", name)
+    claim: dict[str, Any] = kubectl.json(
+        "-n", namespace, "get", "resourceclaim", dra_claims.named(body)
+    )
+    return claim
+
+
+def explain(kubectl: Kubectl, namespace: str, name: str) -> str:
+    done = subprocess.run(
+        [GPUPLACE, "explain", f"{namespace}/{name}", f"--kubeconfig={kubectl.kubeconfig}"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return done.stdout
+
+
+def test_pods_written_with_the_annotations_alone_run_on_the_dra_node_with_their_grants(
+    scope: Scope, kubectl: Kubectl, dra_node: DraNode
+) -> None:
+    ns, node = scope.namespace, dra_node.node
+    a, b, w = start(
+        kubectl,
+        annotated("a", scope, gpu_percent="30", gpu_memory="8Gi"),
+        annotated("b", scope, gpu_percent="60", gpu_memory="16Gi"),
+        annotated("w", scope, gpu_count="1"),
+    )
+    # the webhook named a claim and gated the pod, the sidecar made the claim and ungated it
+    assert [c["name"] for c in a["spec"]["resourceClaims"]] == [dra_claims.ENTRY]
+    assert a["spec"]["containers"][0]["resources"] == {"claims": [{"name": dra_claims.ENTRY}]}
+    assert a["spec"]["schedulerName"] == "default-scheduler" and not a["spec"].get(
+        "schedulingGates"
+    )
+    claim_a = claim_of(kubectl, ns, "a")
+    assert claim_a["metadata"]["ownerReferences"][0]["uid"] == a["metadata"]["uid"]
+    results = claim_a["status"]["allocation"]["devices"]["results"]
+    assert [(r["device"], r["consumedCapacity"]) for r in results] == [
+        ("gpu-0", {"compute": "300", "memory": f"{8192 + CONTEXT[300]}Mi"})
+    ]
+    assert (
+        claim_of(kubectl, ns, "b")["status"]["allocation"]["devices"]["results"][0]["device"]
+        == "gpu-0"
+    )
+    whole = claim_of(kubectl, ns, "w")["status"]["allocation"]["devices"]["results"]
+    assert [r["device"] for r in whole] == ["gpu-1"]
+    # each container's environment read back is its grant (the limit: ask + context)
+    assert gpu_env(environment(kubectl, a)) == share_env(300, 8192 + CONTEXT[300])
+    assert gpu_env(environment(kubectl, b)) == share_env(600, 16384 + CONTEXT[600])
+    assert gpu_env(environment(kubectl, w)) == {"NVIDIA_VISIBLE_DEVICES": DEVICES}
+    assert inside(kubectl, w, "ls", DEVICES).split() == [dra_node.uuids[1]]
+    assert "kube-scheduler's DRA allocator gave it GPU 0 of node" in kubectl.wait_event(
+        ns, "a", "GpusAssigned"
+    )
+    assert kubectl.wait_event(ns, "a", "GpuClaimCreated").startswith(
+        f"created ResourceClaim {ns}/{dra_claims.named(a)} for 30% of one GPU"
+    )
+    # the sidecar's ledger holds them: explain reads it as the sidecar rebuilds it
+    told = explain(kubectl, ns, "a")
+    assert (
+        f"Running on GPU 0 of node {node} (30%, {8192 + CONTEXT[300]} MiB each: its MPS "
+        "memory limit, the CUDA context inside) through its ResourceClaim"
+    ) in told, told
+    row = next(line for line in told.splitlines() if line.startswith(node + " "))
+    assert " 40/0 " in row, told  # a set aside: gpu-0 holds b (60 %), gpu-1 the whole GPU
+    # a third share fits no GPU: it waits, with kube-scheduler's reason, and explain says so
+    kubectl.apply(annotated("c", scope, gpu_percent="50", gpu_memory="8Gi"))
+    message = kubectl.wait_event(ns, "c", "FailedScheduling", timeout=60)
+    assert "cannot allocate all claims" in message, message
+    waiting = explain(kubectl, ns, "c")
+    assert "waits for kube-scheduler's DRA allocator" in waiting, waiting
+    assert "cannot allocate all claims" in waiting, waiting
+    # deleting a pod frees its share: its claim goes with it, and the third one runs
+    claim_b = dra_claims.named(b)
+    spec = spec_of(kubectl, ns, claim_b)
+    kubectl.run("-n", ns, "delete", "pod", "b", "--wait=true")
+    until(lambda: not kubectl.exists("-n", ns, "resourceclaim", claim_b), 60, "b's claim to go")
+    until(lambda: not spec.exists(), 60, "b's CDI spec to be removed (NodeUnprepareResources)")
+    c = kubectl.wait_object("pods", "c", running, namespace=ns, timeout=120)
+    assert c is not None
+    assert (
+        claim_of(kubectl, ns, "c")["status"]["allocation"]["devices"]["results"][0]["device"]
+        == "gpu-0"
+    )
+    assert gpu_env(environment(kubectl, c)) == share_env(500, 8192 + CONTEXT[500])
+
+
+def test_a_mixed_cluster_keeps_each_pod_on_one_path_and_one_ledger(
+    scope: Scope, kubectl: Kubectl, dra_node: DraNode
+) -> None:
+    """A device-plugin node (a Node object, the extender binds there) beside the DRA node:
+    a pod only it could hold takes the device-plugin path (kept off DRA nodes), an H100 pod
+    the DRA path; a claim a user wrote holds its GPU in the same ledger."""
+    ns, node = scope.namespace, dra_node.node
+    plugin = scope.node("plugin")
+    scope.add_nodes(gpu_node(plugin, model=scope.model, gpus=1))
+    mine = share_claim("mine", ns, 1000, 0)  # a user's claim: a whole GPU, first fit: gpu-0
+    start(kubectl, mine, claiming("user", scope, node, "mine"))
+    assert allocation(kubectl, ns, "mine")[0]["device"] == "gpu-0"
+    kubectl.apply(
+        pod("old", ns, {"gpuplace.io/gpu-model": scope.model, "gpuplace.io/gpu-percent": "50"})
+    )
+    (dra_pod,) = start(kubectl, annotated("new", scope, gpu_percent="40", gpu_memory="4Gi"))
+    old = wait_bound(kubectl, ns, "old")
+    assert old["spec"]["nodeName"] == plugin and "resourceClaims" not in old["spec"]
+    terms = old["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert {"key": keys.NODE_DRA, "operator": "NotIn", "values": ["true"]} in terms[
+        "nodeSelectorTerms"
+    ][0]["matchExpressions"]
+    # the DRA pod went to gpu-1: gpu-0 is the user's claim's, in kube-scheduler's books and ours
+    assert (
+        claim_of(kubectl, ns, "new")["status"]["allocation"]["devices"]["results"][0]["device"]
+        == "gpu-1"
+    )
+    told = explain(kubectl, ns, "new")
+    row = next(line for line in told.splitlines() if line.startswith(node + " "))
+    assert " 0/100 " in row, told  # gpu-0: the user's claim; gpu-1: this pod's, set aside
+    assert plugin not in told  # a DRA pod is weighed against DRA nodes only
+    told_old = explain(kubectl, ns, "old")
+    assert f"Running on node {plugin} with GPU 0 (50%" in told_old, told_old
+    assert not any(line.startswith(node + " ") for line in told_old.splitlines()), told_old
+    user_told = explain(kubectl, ns, "user")
+    assert f"Holds GPU 0 of node {node} (whole" in user_told, user_told
+    assert gpu_env(environment(kubectl, dra_pod)) == share_env(400, 4096 + 144 + 5 * 40)

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuplace.cluster import assignments
+from gpuplace.cluster import assignments, dra_claims
+from gpuplace.commands import usage as usage_command
 from gpuplace.dev.localapi import objects
 from gpuplace.placement.ledger import Grant
 from gpuplace.usage import report
@@ -246,3 +247,21 @@ def test_a_pod_exactly_at_the_compute_threshold_is_not_named() -> None:
     asked = [report.Asked("ns", "p0", "n0", (0,), 50, 0)]
     rule = report.Rule(threshold=0.05, headroom=1.0, min_samples=1, percent_step=1)
     assert report.build(usage, asked, rule).over == []
+
+
+def test_a_dra_pods_grant_is_its_claims_not_a_plans_annotations() -> None:
+    """A pod on the DRA path that a queue planned on GPU 1 (its assignment annotations)
+    while kube-scheduler's allocator gave its claim GPU 0 at 30 %: `gpuplace usage` takes
+    its grant from the node agent's series (the prepared claim), not from the annotations."""
+    planned = _pod("dra", 1, 50)
+    planned["spec"]["resourceClaims"] = [
+        {"name": dra_claims.ENTRY, "resourceClaimName": "dra-gpu-0a1b2c3d"}
+    ]
+    plain = _pod("plain", 1, 20)
+    assert [item.pod for item in usage_command.asked([planned, plain])] == ["plain"]
+    series = PodGpuUse(
+        "default", "dra", "n", 0, GIB, GIB, 0.2, 0.2, 300, 8 * GIB, granted_share=0.3
+    )
+    result = report.build(Usage("gpuplace", 3600.0, AT, (series,), ()), [])
+    (row,) = result.pods
+    assert (row.pod, row.gpu, row.asked_percent, row.asked_memory_bytes) == ("dra", 0, 30, 8 * GIB)

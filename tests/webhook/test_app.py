@@ -14,6 +14,7 @@ from cryptography import x509
 from gpuplace.cluster import keys
 from gpuplace.placement.inventory import Capabilities
 from gpuplace.webhook.config import WebhookConfig
+from gpuplace.webhook.inventory import Paths
 from tests.webhook import helpers
 from tests.webhook.conftest import MakeWebhook, Webhook
 
@@ -230,6 +231,9 @@ async def test_a_bug_is_a_500_never_an_allow(
 
     class Broken:
         def capabilities(self) -> Capabilities | None:
+            raise RuntimeError("boom")
+
+        def paths(self) -> Paths | None:
             raise RuntimeError("boom")
 
     from gpuplace.webhook import app as webhook_app

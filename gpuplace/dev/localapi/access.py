@@ -440,6 +440,12 @@ BOOTSTRAP: tuple[Obj, ...] = (
         _rule("create", "authorization.k8s.io", "subjectaccessreviews"),
         _rule(READ, "storage.k8s.io", "csinodes csidrivers csistoragecapacities"),
         _rule(READ, "core", "namespaces"),
+        # dynamic resource allocation, as v1.36.2's bootstrap policy has it
+        _rule(READ, "resource.k8s.io", "deviceclasses resourceslices"),
+        _rule(READ_UPDATE, "resource.k8s.io", "resourceclaims resourceclaims/status"),
+        _rule("create delete", "resource.k8s.io", "resourceclaims"),
+        _rule("patch update", "resource.k8s.io", "resourceclaims/binding"),
+        _rule("update", "core", "pods/finalizers"),
     ),
     _role(
         "ClusterRole",
@@ -456,6 +462,6 @@ BOOTSTRAP: tuple[Obj, ...] = (
     ),
 )
 """The default roles the shipped bindings refer to, as kube-apiserver's bootstrap policy
-(plugin/pkg/auth/authorizer/rbac/bootstrappolicy) creates them; system:kube-scheduler's
-dynamic-resource-allocation rules (resourceclaims, deviceclasses...) are left out: the
-local API serves none of those kinds."""
+(plugin/pkg/auth/authorizer/rbac/bootstrappolicy) creates them (system:kube-scheduler's
+dynamic-resource-allocation rules as `kubectl get clusterrole system:kube-scheduler`
+shows them on v1.36.2)."""

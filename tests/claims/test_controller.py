@@ -1,0 +1,257 @@
+"""The DRA claim controller in a running sidecar (`--dra-claims`) against the local API with
+the RBAC deploy/overlays/self-managed-dra ships: a pod the webhook sent to DRA nodes gets
+its claim and loses its gate; the allocation kube-scheduler writes lands in the one ledger
+(and the extender, asked about that GPU, finds it taken); what blocks a claim is said on
+the pod; explain tells a DRA pod by its claim."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from gpuplace.claims import controller as claims_controller
+from gpuplace.cluster import dra, dra_claims, keys, nodes
+from gpuplace.dev import localapi
+from gpuplace.dev.localapi import objects
+from gpuplace.extender import explaining
+from gpuplace.extender.workloads import PolicyHolder
+from gpuplace.placement.ledger import GrantState
+from gpuplace.webhook import admission, reviews
+from gpuplace.webhook.config import WebhookConfig
+from gpuplace.webhook.inventory import FixedCapabilities, paths_of
+from tests.cluster.conftest import eventually
+from tests.extender.conftest import Harness, harness
+from tests.webhook import helpers
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+DRA_TREE = "overlays/self-managed-dra"
+NAMESPACE = "team-a"
+
+
+def dra_node(name: str = "h100-0", gpus: int = 2) -> dict[str, Any]:
+    return objects.node(
+        name, gpus=gpus, model=H100, gpu_memory_mib=81559, labels={keys.NODE_DRA: "true"}
+    )
+
+
+def plugin_node(name: str = "a100-0") -> dict[str, Any]:
+    return objects.node(name, gpus=2)
+
+
+def webhook_pod(name: str, annotations: dict[str, str], *items: dict[str, Any]) -> dict[str, Any]:
+    """A pod as the mutating webhook leaves it with --dra-claims=fallback over `items`."""
+    inventory = nodes.inventory(items)
+    judge = admission.Reviewer(
+        WebhookConfig(node_agent=True, dra_claims="fallback"),
+        FixedCapabilities(inventory.capabilities(), paths_of(inventory)),
+    )
+    pod = helpers.pod(annotations)
+    pod["metadata"].update(name=name, namespace=NAMESPACE)
+    review = helpers.review(pod, uid=f"review-{name}")
+    decision = judge.mutate(reviews.AdmissionReview.model_validate(review).request)
+    assert decision.allowed, decision.message
+    mutated: dict[str, Any] = jsonpatch.apply_patch(pod, decision.ops)
+    return mutated
+
+
+def allocate(server: localapi.Server, claim: str, node: str, device: str, **consumed: str) -> None:
+    """What kube-scheduler's DRA allocator writes (then it binds the pod)."""
+    server.api.patch(
+        "resource.k8s.io/resourceclaims",
+        claim,
+        {
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {
+                                "request": dra_claims.REQUEST,
+                                "driver": dra.DRIVER,
+                                "pool": node,
+                                "device": device,
+                                "consumedCapacity": consumed,
+                            }
+                        ]
+                    }
+                }
+            }
+        },
+        NAMESPACE,
+        subresource="status",
+    )
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[localapi.Server]:
+    api = localapi.FakeApi(bookmark_interval=0.2, access=localapi.Access.shipped(DRA_TREE))
+    async with localapi.serve(api) as running:
+        running.api.create(dra_node())
+        running.api.create(plugin_node())
+        yield running
+
+
+@pytest.fixture
+async def sidecar(server: localapi.Server) -> AsyncIterator[Harness]:
+    async with harness(server, dra_claims="fallback", scheduler_lease="") as running:
+        await running.synced(lambda: running.sidecar.not_ready_reason() is None)
+        yield running
+
+
+async def test_a_dra_pod_gets_its_claim_its_grant_and_its_event(
+    server: localapi.Server, sidecar: Harness
+) -> None:
+    share = {keys.GPU_PERCENT: "30", keys.GPU_MEMORY: "8Gi", keys.GPU_MODEL: H100}
+    body = webhook_pod("train", share, dra_node(), plugin_node())
+    claim = dra_claims.named(body)
+    created = server.api.create(body)
+    uid = created["metadata"]["uid"]
+    await eventually(lambda: not server.api.get("pods", "train", NAMESPACE)["spec"].get(
+        "schedulingGates"
+    ))  # fmt: skip
+    stored = server.api.get("resource.k8s.io/resourceclaims", claim, NAMESPACE)
+    assert stored["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Pod", "name": "train", "uid": uid, "controller": True}
+    ]
+    assert stored["metadata"]["labels"] == {keys.MANAGED: "true"}
+    exactly = stored["spec"]["devices"]["requests"][0]["exactly"]
+    # 8192 MiB + the H100's context at 30 % of threads (144 + 5 x 30): the whole MPS limit
+    assert exactly["capacity"] == {"requests": {"compute": "300", "memory": "8486Mi"}}
+    assert exactly["selectors"] == [{"cel": {"expression": dra.model_selector([H100])}}]
+    # kube-scheduler allocates it (first fit) and binds the pod
+    allocate(server, claim, "h100-0", "gpu-0", compute="300", memory="8486Mi")
+    server.api.patch(
+        "resource.k8s.io/resourceclaims",
+        claim,
+        {"status": {"reservedFor": [{"resource": "pods", "name": "train", "uid": uid}]}},
+        NAMESPACE,
+        subresource="status",
+    )
+    server.api.bind(NAMESPACE, "train", "h100-0")
+    sync = sidecar.sidecar.sync
+    await eventually(lambda: (g := sync.ledger.get(uid)) is not None and g.node == "h100-0")
+    grant = sync.ledger.get(uid)
+    assert grant is not None
+    assert (grant.gpus, grant.milli, grant.memory_mib) == ((0,), 300, 8192)
+    await eventually(lambda: grant_state(sidecar, uid) is GrantState.CONFIRMED)
+    await eventually(lambda: bool(reasons(server, "train")))
+    assert reasons(server, "train") >= {"GpuClaimCreated", "GpusAssigned"}
+    assigned = message(server, "train", "GpusAssigned")
+    assert assigned == (
+        f"kube-scheduler's DRA allocator gave it GPU 0 of node h100-0 (30%, 8486 MiB each, its "
+        f"MPS memory limit) through ResourceClaim {NAMESPACE}/{claim}"
+    )
+    # the extender, asked about that node for a share that would not fit beside it, says no
+    other = objects.pod("other", NAMESPACE, percent=80)
+    other["metadata"]["uid"] = "uid-other"
+    verdict = await sidecar.filter(other, ["h100-0"])
+    assert "h100-0" in verdict["NodeNames"]  # gpu-1 is free
+    whole = objects.pod("whole", NAMESPACE, percent=100, count=2)
+    whole["metadata"]["uid"] = "uid-whole"
+    verdict = await sidecar.filter(whole, ["h100-0"])
+    assert verdict["NodeNames"] == []  # gpu-0 is the claim's
+    # explain tells the DRA pod by its claim, against the DRA nodes only
+    record = sync.pods[uid]
+    told = explaining.explain(
+        sync, PolicyHolder(sync, "default", refresh_seconds=0.0), record, claims=(claim,)
+    )
+    assert told.headline[0] == (
+        f"Running on GPU 0 of node h100-0 (30%, 8486 MiB each: its MPS memory limit, the CUDA "
+        f"context inside) through its ResourceClaim {NAMESPACE}/{claim}, allocated by "
+        "kube-scheduler's DRA allocator (first fit over the DRA nodes' devices)."
+    )
+    assert [row.node for row in told.rows] == ["h100-0"]
+    # the claim goes (the garbage collector, once the pod is deleted): its GPU is free again
+    server.api.delete("pods", "train", NAMESPACE)
+    server.api.patch(
+        "resource.k8s.io/resourceclaims", claim, {"metadata": {"finalizers": None}}, NAMESPACE
+    )
+    server.api.delete("resource.k8s.io/resourceclaims", claim, NAMESPACE)
+    await eventually(lambda: sync.ledger.get(uid) is None)
+    assert (
+        sidecar.sidecar.registry.get_sample_value(
+            "gpuplace_dra_claims_total", {"result": "created"}
+        )
+        == 1
+    )
+
+
+def grant_state(sidecar: Harness, uid: str) -> GrantState | None:
+    grant = sidecar.sidecar.sync.ledger.get(uid)
+    return grant.state if grant is not None else None
+
+
+def events(server: localapi.Server, pod: str) -> list[dict[str, Any]]:
+    return [
+        event
+        for event in server.api.objects("events", NAMESPACE)
+        if event["involvedObject"]["name"] == pod
+    ]
+
+
+def reasons(server: localapi.Server, pod: str) -> set[str]:
+    return {str(event["reason"]) for event in events(server, pod)}
+
+
+def message(server: localapi.Server, pod: str, reason: str) -> str:
+    return next(str(e["message"]) for e in events(server, pod) if e["reason"] == reason)
+
+
+async def test_a_claim_of_that_name_owned_by_another_is_never_taken(
+    server: localapi.Server, sidecar: Harness
+) -> None:
+    body = webhook_pod("late", {keys.GPU_PERCENT: "30", keys.GPU_MODEL: H100}, dra_node())
+    claim = dra_claims.named(body)
+    server.api.create(
+        {
+            "apiVersion": dra.API_VERSION,
+            "kind": "ResourceClaim",
+            "metadata": {"name": claim, "namespace": NAMESPACE},
+            "spec": {"devices": {"requests": []}},
+        }
+    )
+    server.api.create(body)
+    await eventually(lambda: "GpuClaimBlocked" in reasons(server, "late"))
+    assert "exists and is not this pod's" in message(server, "late", "GpuClaimBlocked")
+    gates = server.api.get("pods", "late", NAMESPACE)["spec"]["schedulingGates"]
+    assert gates == [{"name": keys.DRA_GATE}]  # it stays gated: nothing runs on a stranger's claim
+    blocked = sidecar.sidecar.registry.get_sample_value(
+        "gpuplace_dra_claims_total", {"result": "blocked"}
+    )
+    assert blocked is not None and blocked >= 1
+
+
+async def test_a_claim_created_before_a_restart_is_found_not_made_again(
+    server: localapi.Server, sidecar: Harness
+) -> None:
+    body = webhook_pod("again", {keys.GPU_PERCENT: "50", keys.GPU_MODEL: H100}, dra_node())
+    claim = dra_claims.named(body)
+    server.api.fail("POST", "/resourceclaims$", 500)  # the first creation fails: a round retries
+    created = server.api.create(body)
+    await eventually(
+        lambda: not server.api.get("pods", "again", NAMESPACE)["spec"].get("schedulingGates"),
+        timeout=15.0,
+    )
+    owner = server.api.get("resource.k8s.io/resourceclaims", claim, NAMESPACE)["metadata"][
+        "ownerReferences"
+    ]
+    assert owner[0]["uid"] == created["metadata"]["uid"]
+
+
+async def test_without_the_dra_component_the_sidecar_says_what_rbac_it_lacks() -> None:
+    api = localapi.FakeApi(bookmark_interval=0.2, access=localapi.Access.shipped())
+    async with (
+        localapi.serve(api) as server,
+        harness(server, dra_claims="fallback", scheduler_lease="") as running,
+    ):
+        await eventually(lambda: "resourceclaims" in str(running.sidecar.not_ready_reason()))
+        assert "check its RBAC" in str(running.sidecar.not_ready_reason())
+
+
+def test_the_controller_keeps_dra_pods_only() -> None:
+    body = webhook_pod("p", {keys.GPU_PERCENT: "30"}, dra_node())
+    assert copy.deepcopy(body)["spec"]["schedulingGates"] == [{"name": keys.DRA_GATE}]
+    assert claims_controller.RESULTS == ("created", "existing", "blocked", "refused")
