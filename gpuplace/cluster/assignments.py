@@ -19,7 +19,12 @@ Format (all values strings, as annotations are):
   1000 = whole; 0 = a memory-only share, one GPU with memory, no compute reserved);
 - `gpuplace.io/assigned-memory-mib`: GPU memory granted on each, MiB (`20480`; 0 =
   none asked);
-- `gpuplace.io/assigned-at`: RFC 3339 UTC time of the grant (`2026-11-21T05:44:24Z`);
+- `gpuplace.io/assigned-at`: RFC 3339 UTC time of the grant, to the microsecond
+  (`2026-11-21T05:44:24.048213Z`), as `Stamps` issues it: strictly later than every
+  earlier grant's, so these times order admissions exactly (victims are taken "most
+  recently admitted first"), also within one second and after a restart. Read
+  tolerantly: whole seconds (what gpuplace wrote before) and any count of fraction
+  digits (beyond 6 dropped) read too;
 - `gpuplace.io/mps-memory-limit`: what `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` must hold for a
   share with memory (`0=2317M`: the ask plus the CUDA context the node publishes for the
   granted GPU, `mps_limits.memory_limit`), "" for whole GPUs and shares without memory.
@@ -34,7 +39,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gpuplace.cluster import keys, mps_limits
@@ -130,7 +135,8 @@ def uuids_of(pod: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def assigned_at(pod: Mapping[str, Any]) -> float | None:
-    """The grant's time as a POSIX timestamp, or None when absent or unreadable."""
+    """The grant's time as a POSIX timestamp (to the microsecond, whole seconds for an
+    annotation written so), or None when absent or unreadable."""
     raw = str(_annotations(pod).get(keys.ASSIGNED_AT) or "")
     if not raw:
         return None
@@ -141,7 +147,59 @@ def assigned_at(pod: Mapping[str, Any]) -> float | None:
 
 
 def rfc3339(moment: datetime) -> str:
+    """RFC 3339 UTC in whole seconds, as Kubernetes writes times (conditions, statuses)."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def precise(moment: datetime) -> str:
+    """RFC 3339 UTC to the microsecond (`2026-11-21T05:44:24.048213Z`): `assigned-at`."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+AHEAD = 60.0
+"""Seconds an `assigned-at` read from the API may lie ahead of the caller's clock and
+still push later stamps after it (`Stamps.next`)."""
+
+
+def _micros(seconds: float) -> int:
+    return round(seconds * 1_000_000)
+
+
+class Stamps:
+    """The times of grants written by this process: strictly increasing, so that the
+    order of `assigned-at` is the order of admission (a hybrid logical clock).
+
+    `next(now)` is `now` (the caller's POSIX clock) to the microsecond, unless that is
+    not after the latest stamp it issued or saw (`seen`: the `assigned-at` of every pod
+    the ledger is rebuilt from), then one microsecond after that. So two grants within
+    one microsecond, or with a wall clock that stepped back, still come out in order,
+    and after a restart (or a failover to a host whose clock is a little behind) the
+    new stamps follow every stamp in the API. A seen stamp more than `AHEAD` seconds
+    beyond `now` is not followed: it comes from a clock that was wrong, and following it
+    would date every later grant ahead of time (the reaper reads these times against
+    the clock). O(1) each; no I/O.
+    """
+
+    __slots__ = ("_issued", "_seen")
+
+    def __init__(self) -> None:
+        self._issued = 0
+        """The latest stamp issued, microseconds since the epoch."""
+        self._seen = 0
+        """The latest stamp seen in the API, microseconds since the epoch."""
+
+    def seen(self, at: float | None) -> None:
+        """An `assigned-at` read from the API (POSIX seconds; None: none)."""
+        if at is not None:
+            self._seen = max(self._seen, _micros(at))
+
+    def next(self, now: float) -> datetime:
+        """The stamp of a grant written now (see the class docstring)."""
+        clock = _micros(now)
+        seen = self._seen if self._seen <= clock + _micros(AHEAD) else 0
+        self._issued = max(clock, self._issued + 1, seen + 1)
+        return _EPOCH + timedelta(microseconds=self._issued)
 
 
 def annotations_for(grant: Grant, node: Node | None, at: datetime) -> dict[str, str]:
@@ -159,7 +217,7 @@ def annotations_for(grant: Grant, node: Node | None, at: datetime) -> dict[str, 
         keys.VISIBLE_DEVICES: uuids or indices,
         keys.ASSIGNED_MILLI: str(grant.milli),
         keys.ASSIGNED_MEMORY: str(grant.memory_mib),
-        keys.ASSIGNED_AT: rfc3339(at),
+        keys.ASSIGNED_AT: precise(at),
         keys.MPS_MEMORY_LIMIT: mps_limits.memory_limit(
             grant.milli, grant.memory_mib, len(grant.gpus), context_of(grant, node)
         ),
@@ -189,5 +247,6 @@ def gpus_text(pod: Mapping[str, Any]) -> str:
 
 def restamped(at: datetime) -> dict[str, str]:
     """A merge-patch `metadata.annotations` value that moves the grant's time to `at`
-    (a gang's members, when they are ungated: their grant counts from then)."""
-    return {keys.ASSIGNED_AT: rfc3339(at)}
+    (a gang's members, when they are ungated: their grant counts from then), to the
+    microsecond as `annotations_for` writes it."""
+    return {keys.ASSIGNED_AT: precise(at)}

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuplace.cluster import claims, nodes
+from gpuplace.cluster import assignments, claims, nodes
 from gpuplace.cluster.claims import ClaimRecord
 from gpuplace.cluster.nodes import NodeRecord
 from gpuplace.cluster.pods import PodRecord
@@ -135,6 +135,10 @@ class LedgerSync:
         self._unbound: set[str] = set()
         """UIDs of the pods annotated with a grant and neither bound nor finished (what
         `stale` looks among: a handful, where `pods` can hold 100,000)."""
+        self.stamps = assignments.Stamps()
+        """The times every writer of grants in this process stamps `assigned-at` with
+        (queue admissions, gang plans, binds): after every one the pods show, so the
+        order of admissions survives a restart (`gpuplace.cluster.assignments.Stamps`)."""
         self.ready = asyncio.Event()
         """Set by the composition once both informers have synced."""
         self.node_listeners: list[Callable[[NodeRecord], None]] = []
@@ -352,6 +356,7 @@ class LedgerSync:
             self._arrived(record)
         self.pods[record.uid] = record
         self._names[record.key] = record.uid
+        self.stamps.seen(record.assigned_at)
         self._reconcile(record)
         self._track_waiting(record.uid, record)
         self._track_unbound(record)
@@ -422,6 +427,7 @@ class LedgerSync:
         self._reasons.clear()
         self._unbound.clear()
         for record in fresh.values():
+            self.stamps.seen(record.assigned_at)
             self._arrived(record)
             self._track_waiting(record.uid, record)
             self._track_unbound(record)

@@ -7,7 +7,8 @@ wholly waiting, and every step is a `gpuplace.controllers.writing.Writer` step (
 resourceVersion preconditions, a no-op once the pod shows it), safe to repeat:
 
 - **write** (`Plans.annotations`): a member's assignment annotations
-  (`gpuplace.cluster.assignments`: what a bind writes, stamped `now()`), its plan mark and
+  (`gpuplace.cluster.assignments`: what a bind writes, stamped `now()`, one process-wide
+  clock that orders every grant), its plan mark and
   `gpuplace.io/gang-count` (the members its gang will run with);
 - **read back** (`Plans.present`): the members as the API has them now (the bodies our
   own writes just returned, else fresh reads), those still carrying the plan;
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 
 from gpuplace.cluster import assignments, keys
@@ -100,8 +101,11 @@ class Plans:
         self.clock = clock
 
     def now(self) -> datetime:
-        """The time a grant written now carries (`assigned-at`)."""
-        return datetime.fromtimestamp(self.clock(), UTC)
+        """The time a grant written now carries (`assigned-at`): `clock` to the
+        microsecond, strictly after every grant this process stamped or its pods show
+        (`sync.stamps`, the one clock of every writer of grants here: queue admissions,
+        gang plans and starts, binds; `gpuplace.cluster.assignments.Stamps`). O(1)."""
+        return self.sync.stamps.next(self.clock())
 
     def annotations(
         self, grant: Grant, plan_id: str, size: int, count: int, at: datetime

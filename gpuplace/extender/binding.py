@@ -35,7 +35,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from gpuplace.cluster import assignments, kube, recording
@@ -158,7 +157,7 @@ class Binder:
             fresh = assignments.annotations_for(
                 grant,
                 self.sync.ledger.inventory.get(node),
-                datetime.fromtimestamp(self._wall(), UTC),
+                self.sync.stamps.next(self._wall()),
             )
         await self._binding(record, node, grant, fresh)
         self.sync.confirm(uid)

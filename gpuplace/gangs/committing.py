@@ -237,7 +237,8 @@ class Commits:
             for (pod, _), body in zip(waiting, narrowed, strict=True)
             if body is not None
         ]
-        stamp = assignments.restamped(self.plans.now())  # the members start now, together
+        # the members start now: one `assigned-at` for all, after every earlier one
+        stamp = assignments.restamped(self.plans.now())
         raise_first(
             await self.writer.each(ready, lambda item: self._ungate(item[0], item[1], stamp))
         )

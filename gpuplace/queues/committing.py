@@ -125,7 +125,7 @@ class Admitter:
         plan_id = plans.new_id()
         by_uid = {grant.pod_uid: grant for grant in grants}
         size = len(members)
-        at = self.plans.now()
+        at = self.plans.now()  # one admission: every member is admitted at once
         self.writing.add(plan_id)
         try:
 

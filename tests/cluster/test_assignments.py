@@ -1,7 +1,10 @@
-"""The assignment annotations round-trip exactly, and unreadable ones are refused clearly."""
+"""The assignment annotations round-trip exactly (the grant's time to the microsecond),
+unreadable ones are refused clearly, and the times `Stamps` issues order admissions
+exactly: strictly increasing, after every stamp read back from the API (issue 41)."""
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,7 +17,7 @@ from gpuplace.placement.inventory import Gpu, Node
 from gpuplace.placement.ledger import Grant, GrantState
 from gpuplace.placement.requests import GpuRequest
 
-AT = datetime(2026, 11, 21, 5, 44, 24, tzinfo=UTC)
+AT = datetime(2026, 11, 21, 5, 44, 24, 48213, tzinfo=UTC)
 
 
 def node(gpus: int, uuids: bool) -> Node:
@@ -50,7 +53,7 @@ def test_grant_round_trips_through_annotations(  # noqa: PLR0917 (hypothesis arg
     notes = assignments.annotations_for(grant, node(8, uuids), AT)
     request = GpuRequest(cpu_milli=cpu, host_memory_mib=host)
     assert assignments.grant_of(pod_with(notes, bound="n0" if bound else ""), request) == grant
-    assert notes[keys.ASSIGNED_AT] == "2026-11-21T05:44:24Z"
+    assert notes[keys.ASSIGNED_AT] == "2026-11-21T05:44:24.048213Z"
     if uuids:
         assert notes[keys.VISIBLE_DEVICES] == ",".join(f"GPU-{i:04d}" for i in gpus)
     else:
@@ -114,6 +117,73 @@ def test_a_memory_only_assignment_needs_one_gpu_and_memory(gpus: str, memory: st
     }
     with pytest.raises(assignments.AssignmentError, match="memory-only share"):
         assignments.grant_of(pod_with(notes))
+
+
+@pytest.mark.parametrize(
+    ("written", "seconds"),
+    [
+        ("2026-11-21T05:44:24Z", 0.0),  # whole seconds: what gpuplace wrote before
+        ("2026-11-21T05:44:24.048213Z", 0.048213),
+        ("2026-11-21T05:44:24.5Z", 0.5),
+        ("2026-11-21T05:44:24.048213999Z", 0.048213),  # beyond microseconds: dropped
+        ("2026-11-21T06:44:24.25+01:00", 0.25),
+    ],
+)
+def test_assigned_at_reads_whole_seconds_and_any_fraction(written: str, seconds: float) -> None:
+    whole = datetime(2026, 11, 21, 5, 44, 24, tzinfo=UTC).timestamp()
+    found = assignments.assigned_at(pod_with({keys.ASSIGNED_AT: written}))
+    assert found is not None and abs(found - (whole + seconds)) < 1e-7
+
+
+def test_assigned_at_that_is_no_time_reads_as_none() -> None:
+    assert assignments.assigned_at(pod_with({keys.ASSIGNED_AT: "now"})) is None
+    assert assignments.assigned_at(pod_with({})) is None
+
+
+def written_and_read(moment: datetime) -> float:
+    """`moment` through the annotation and back, as the ledger's rebuild reads it."""
+    at = assignments.assigned_at(pod_with({keys.ASSIGNED_AT: assignments.precise(moment)}))
+    assert at is not None
+    return at
+
+
+CLOCK = st.floats(1.7e9, 1.7e9 + 86400, allow_nan=False)
+
+
+@given(st.lists(CLOCK | st.just(1.7e9), min_size=1, max_size=40))
+def test_stamps_increase_strictly_whatever_the_clock_does(readings: list[float]) -> None:
+    """Equal readings (one microsecond, a frozen test clock), a clock stepping back: the
+    stamps still come out in the order they were issued, and survive the annotation."""
+    stamps = assignments.Stamps()
+    issued = [stamps.next(now) for now in readings]
+    assert all(a < b for a, b in itertools.pairwise(issued))
+    read = [written_and_read(moment) for moment in issued]
+    assert all(a < b for a, b in itertools.pairwise(read))
+    for now, moment in zip(readings, issued, strict=True):
+        assert moment.timestamp() >= now - 1e-6  # never before the clock
+
+
+@given(st.lists(CLOCK, min_size=1, max_size=20), st.floats(0, assignments.AHEAD - 1))
+def test_after_a_restart_stamps_follow_every_one_in_the_api(
+    before: list[float], behind: float
+) -> None:
+    """A new process (or the replica a lease moved to, its clock `behind` by up to
+    `AHEAD`) reads every `assigned-at` from the API; its stamps come after all of them."""
+    old = assignments.Stamps()
+    written = [written_and_read(old.next(now)) for now in before]
+    new = assignments.Stamps()
+    for at in written:
+        new.seen(at)
+    first = written_and_read(new.next(max(before) - behind))
+    assert first > max(written)
+
+
+def test_a_stamp_far_ahead_of_the_clock_is_not_followed() -> None:
+    """One from a clock that was wrong by more than `AHEAD`: later grants are dated by
+    the clock (the reaper reads these times), not after it."""
+    stamps = assignments.Stamps()
+    stamps.seen(2e9)
+    assert stamps.next(1.7e9).timestamp() == 1.7e9
 
 
 def test_a_shares_mps_memory_limit_is_written_at_bind_with_its_gpus_context() -> None:

@@ -110,7 +110,8 @@ def test_team_bs_pod_reclaims_exactly_the_borrowed_pods_needed(scene: QueueOutco
         "team-a/sweep-5",
     ]
     [(claimant, message)] = reasons(third, "QueueReclaiming")
-    assert claimant == "team-b/train-1" and "team-a/sweep-4, team-a/sweep-5" in message
+    # in eviction order, the most recently admitted first (sweep-5 came after sweep-4)
+    assert claimant == "team-b/train-1" and "team-a/sweep-5, team-a/sweep-4" in message
     # they went, the Job replaced them, and the replacements wait in team A's queue
     held = running(third)
     assert "team-a/sweep-4" not in held and "team-a/sweep-5" not in held

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuplace.cluster import keys, pods
+from gpuplace.cluster import assignments, keys, pods
 from gpuplace.cluster.gang_marks import gated
 from gpuplace.cluster.nodes import NodeRecord
 from gpuplace.cluster.syncing import LedgerSync
@@ -56,6 +56,11 @@ def cluster(minimum: int, *, priorities: tuple[int, ...] = (0, 0, 0, 0)) -> Ledg
             assigned_at=100.0 + i,
         )
         sync.upsert_pod(record)
+    return full_n1(sync)
+
+
+def full_n1(sync: LedgerSync) -> LedgerSync:
+    """n1's four GPUs held by pods of priority 300 (no victims there)."""
     for i in range(4):
         uid = f"top{i}"
         record = replace(
@@ -96,6 +101,58 @@ def test_a_waiting_gang_takes_the_newest_extras_first_then_the_whole_gang() -> N
     # a third would leave ddp below gang-min 2: it goes whole
     assert victims(sync, 3) == {"m0", "m1", "m2", "m3"}
     assert victims(sync, 4) == {"m0", "m1", "m2", "m3"}
+
+
+def test_the_newest_extra_is_known_within_one_second() -> None:
+    """Issue 41: ddp's members started m0, m1, m3, m2, within one microsecond even (one
+    clock reading), their `assigned-at` written and read back as the ledger's rebuild
+    does: m2, the last started, is the extra a waiting gang takes, not m3 (the last by
+    name, which a tie in whole seconds gave)."""
+    sync = LedgerSync()
+    for name in ("n0", "n1"):
+        sync.put_node(NodeRecord(name, name, True, node(name, 4)))
+    stamps, now = assignments.Stamps(), 1_700_000_000.0
+    for i in (0, 1, 3, 2):
+        uid = f"m{i}"
+        body = objects.pod(
+            uid, annotations=gang_annotations("ddp", 4, 2), labels={keys.GANG_LABEL: "ddp"}
+        )
+        grant = Grant(uid, "n0", (i,), 1000, 0, 0, 0)
+        body["metadata"]["uid"] = uid
+        body["metadata"]["annotations"].update(
+            assignments.annotations_for(grant, None, stamps.next(now))
+        )
+        body["spec"]["nodeName"] = "n0"
+        body["status"] = {"phase": "Running"}
+        sync.upsert_pod(pods.record(body))
+    full_n1(sync)
+    members = [sync.pods[f"m{i}"] for i in range(4)]
+    assert [m.name for m in pods.started(members)] == ["m0", "m1", "m3", "m2"]
+    assert victims(sync, 1) == {"m2"}
+    assert victims(sync, 2) == {"m2", "m3"}
+
+
+@pytest.mark.parametrize("a7_at", [1.0, 20.0])
+def test_a_waiting_gang_evicts_one_whole_gpu_where_two_shares_free_the_same(
+    a7_at: float,
+) -> None:
+    """Issue 41's cluster for a waiting gang of higher priority (one whole-GPU member):
+    six 50% shares two per GPU on GPUs 0-2, a-7 whole on GPU 3, admitted before or
+    after them: a-7 alone goes (the plan's cost counts pods before start times)."""
+    sync = LedgerSync()
+    sync.put_node(NodeRecord("n0", "n0", True, node("n0", 4)))
+    held = [(f"a-{i}", i // 2, 500, 10.0 + i) for i in range(6)] + [("a-7", 3, 1000, a7_at)]
+    for uid, gpu, milli, at in held:
+        record = replace(
+            pods.record(objects.pod(uid)),
+            uid=uid,
+            node_name="n0",
+            phase="Running",
+            grant=Grant(uid, "n0", (gpu,), milli, 0, 0, 0),
+            assigned_at=at,
+        )
+        sync.upsert_pod(record)
+    assert victims(sync, 1) == {"a-7"}
 
 
 def test_a_gang_that_is_not_elastic_still_goes_whole() -> None:

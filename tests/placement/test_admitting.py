@@ -8,6 +8,7 @@ every victim of a reclaim needed."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -246,6 +247,70 @@ def test_reclaim_evicts_a_gang_whole_and_never_more_than_needed() -> None:
     (reclaim,) = decided.reclaims
     # the most recent first: b-pod alone is not enough, b-gang alone is; b-pod is spared
     assert [(v.key, v.uids) for v in reclaim.victims] == [("b-gang", ("g0", "g1"))]
+
+
+def half_on(uid: str, node_name: str, index: int) -> Grant:
+    return Grant(uid, node_name, (index,), 500, 0, 1000, 1024, GrantState.CONFIRMED)
+
+
+def issue_41(times: dict[str, float]) -> tuple[Ledger, list[QueueSpec], list[Running]]:
+    """Issue 41's cluster: one 4-GPU node, queues a and b of 2 GPUs each in a cohort
+    (a may borrow 2); a runs six 50% shares a-0..a-5, two per GPU on GPUs 0-2, and one
+    whole GPU a-7 on GPU 3, admitted at `times`: a borrows 2."""
+    book = ledger(node("n1", 4))
+    queues = [spec("a", 2, borrowing=2), spec("b", 2)]
+    running = [
+        hold(book, f"a-{i}", "a", half_on(f"a-{i}", "n1", i // 2), admitted=times[f"a-{i}"])
+        for i in range(6)
+    ]
+    running.append(hold(book, "a-7", "a", whole_on("a-7", "n1", 3), admitted=times["a-7"]))
+    return book, queues, running
+
+
+def test_one_victim_where_one_alone_frees_what_two_do() -> None:
+    """Issue 41: b asks one whole GPU inside its nominal. a-7 alone, or a-4 and a-5 (both
+    on GPU 2), give back one GPU of quota and one free GPU: a-7 alone is evicted where it
+    was admitted with them or after them."""
+    # as whole-second `assigned-at` read them: a-4, a-5 and a-7 in one second tie, and
+    # the tie went by name (a-4, a-5 first)
+    tied = {f"a-{i}": 40.0 + (i >= 4) for i in range(6)} | {"a-7": 41.0}
+    # exact times, a-7 last (as the issue's log had it)
+    exact = {f"a-{i}": 40.0 + i / 10 for i in range(6)} | {"a-7": 41.955}
+    for times in (tied, exact):
+        book, queues, running = issue_41(times)
+        decided = run(book, queues, running, [pod("b-1", "b", whole(1))])
+        (reclaim,) = decided.reclaims
+        assert [(v.key, v.uids) for v in reclaim.victims] == [("a-7", ("a-7",))], times
+
+
+def test_one_victim_that_would_lose_more_or_outranks_the_two_is_not_taken() -> None:
+    """The same cluster, but a-7 admitted long before the shares (its loss would throw
+    away 90 GPU-seconds, the two newest shares' 45.5), or of higher priority than them:
+    the two newest shares go, as the order says."""
+    first = {f"a-{i}": 50.0 + i for i in range(6)} | {"a-7": 10.0}
+    book, queues, running = issue_41(first)
+    (reclaim,) = run(book, queues, running, [pod("b-1", "b", whole(1))]).reclaims
+    assert sorted(v.key for v in reclaim.victims) == ["a-4", "a-5"]
+    tied = {f"a-{i}": 40.0 + (i >= 4) for i in range(6)} | {"a-7": 41.0}
+    book, queues, running = issue_41(tied)
+    running[-1] = replace(running[-1], priority=1)
+    (reclaim,) = run(book, queues, running, [pod("b-1", "b", whole(1))]).reclaims
+    assert sorted(v.key for v in reclaim.victims) == ["a-4", "a-5"]
+
+
+def test_a_larger_workload_is_not_stopped_instead_of_two_that_free_enough() -> None:
+    """b asks 2 GPUs: a's two newest 1-GPU pods (on n2) make the room, and so would its
+    8-GPU job alone (on n1). The two go: one victim instead holds more GPU than they do
+    (it would free 6 GPUs nobody asked for)."""
+    book = ledger(node("n1", 8), node("n2", 2))
+    queues = [spec("a", 2), spec("b", 8)]
+    running = [
+        hold(book, "big", "a", whole_on("big", "n1", *range(8)), admitted=1),
+        hold(book, "p1", "a", whole_on("p1", "n2", 0), admitted=50),
+        hold(book, "p2", "a", whole_on("p2", "n2", 1), admitted=51),
+    ]
+    (reclaim,) = run(book, queues, running, [pod("w", "b", whole(2))]).reclaims
+    assert sorted(v.key for v in reclaim.victims) == ["p1", "p2"]
 
 
 def test_reclaim_lower_priority_spares_workloads_of_equal_or_higher_priority() -> None:
@@ -811,6 +876,39 @@ def test_reclaims_keep_every_invariant_and_evict_only_what_is_needed(
     past: dict[str, float],
 ) -> None:
     two_rounds(scenario, reclaims=reclaims, past=past)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(reclaim_scenarios(), scenarios()))
+def test_the_cheap_test_of_a_candidate_alone_never_rules_out_one_that_admits(
+    scenario: tuple[Ledger, list[QueueSpec], list[Workload], list[Workload]],
+) -> None:
+    """Issue 41's step 5 skips, without a plan, the candidates `_Preempting.could`
+    rules out: each of those, alone, would not admit the workload; and the test changes
+    neither the ledger nor the accounts."""
+    book, queues, first, then = scenario
+    decided = admitting.admit(Placer(book, policy()), queues, [], first, now=1.0)
+    running = admitted_as_running(decided, first, 1.0)
+    waiting = [w for w in first if w.key not in {a.key for a in decided.admissions}] + then
+    state = admitting._Round(Placer.scratch(book, policy()), queues, running, 2.0)
+    state.failures = None
+    for workload in waiting:
+        if workload.queue not in state.accounts.specs:
+            continue
+        members = workload.members[: workload.minimum] if workload.elastic else workload.members
+        preempting = admitting._Preempting(state, workload, members, ())
+        before = held(state)
+        for candidate in admitting._candidates(state, workload.queue):
+            if preempting.admits([candidate]):
+                assert preempting.could(candidate), candidate
+        assert held(state) == before
+
+
+def held(state: admitting._Round) -> tuple[object, ...]:
+    """The grants, the nodes' states and the accounts' use (not the ledger's generation,
+    which every what-if moves)."""
+    grants, _, nodes = state_of(state.placer.ledger)
+    return grants, nodes, repr(state.accounts.used)
 
 
 def two_rounds(

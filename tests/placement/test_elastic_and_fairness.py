@@ -94,6 +94,105 @@ def test_victims_admit_the_workload_and_each_one_is_needed(
         assert not admits([c for c in found if c is not spared])
 
 
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 5), st.integers(0, 3), st.booleans(), st.booleans()),
+        max_size=8,
+    ),
+    st.integers(0, 20),
+)
+def test_never_several_victims_where_one_alone_would_do(
+    sizes: list[tuple[int, int, bool, bool]], need: int
+) -> None:
+    """Issue 41: whatever the order's own pick, a set of two victims or more never stands
+    where one allowed candidate alone admits the workload and is no worse a victim on
+    any count (`reclaiming.dominates`: stops no workload where the set stops none, frees
+    no more GPU, loses no more GPU time, outranks none of them); and it disrupts no more
+    than any such one."""
+    candidates = [
+        reclaiming.Candidate(
+            f"w{i}",
+            "b",
+            (f"w{i}",),
+            priority,
+            float(i),
+            shrink,
+            gpu_time=float(size * i),
+            milli=1000 * size,
+        )
+        for i, (size, priority, shrink, _) in enumerate(sizes)
+    ]
+    size = {f"w{i}": s for i, (s, _, _, _) in enumerate(sizes)}
+    allowed = {f"w{i}" for i, (_, _, _, ok) in enumerate(sizes) if ok}
+
+    def admits(chosen: Sequence[reclaiming.Candidate]) -> bool:
+        return sum(size[c.key] for c in chosen) >= need
+
+    found = reclaiming.victims(candidates, admits, lambda c, chosen: c.key in allowed)
+    if found is None or len(found) < 2:
+        return
+    for alone in candidates:
+        if alone.key in allowed and reclaiming.dominates(alone, found) and admits([alone]):
+            assert alone in found or reclaiming.disruption(found) <= reclaiming.disruption([alone])
+
+
+def test_among_single_victims_the_lower_priority_then_the_least_gpu_time_goes() -> None:
+    """Two shares are the order's pick; three whole workloads each alone would admit the
+    workload and are no worse victims than the two: of them the lower priority goes,
+    then, at equal priority, the one whose loss throws away less GPU time."""
+    shares = [
+        reclaiming.Candidate(f"s{i}", "b", (f"s{i}",), 0, 90.0, gpu_time=50.0, milli=500)
+        for i in range(2)
+    ]
+
+    def whole(key: str, priority: int, gpu_time: float) -> reclaiming.Candidate:
+        return reclaiming.Candidate(key, "b", (key,), priority, 90.0, gpu_time=gpu_time, milli=1000)
+
+    def admits(chosen: Sequence[reclaiming.Candidate]) -> bool:
+        keys = {c.key for c in chosen}
+        return {"s0", "s1"} <= keys or any(key.startswith("w") for key in keys)
+
+    def everyone(c: reclaiming.Candidate, chosen: Sequence[reclaiming.Candidate]) -> bool:
+        return True
+
+    wholes = [whole("w-lost-less", 0, 60.0), whole("w-lost-more", 0, 90.0)]
+    found = reclaiming.victims([*shares, *wholes], admits, everyone)
+    assert [c.key for c in found or []] == ["w-lost-less"]
+    wholes.append(whole("w-low", -1, 95.0))  # ordered before the shares: it goes alone
+    found = reclaiming.victims([*shares, *wholes], admits, everyone)
+    assert [c.key for c in found or []] == ["w-low"]
+    outlasting = [whole("w-lost-most", 0, 101.0)]  # would lose more than the two: no
+    found = reclaiming.victims([*shares, *outlasting], admits, everyone)
+    assert sorted(c.key for c in found or []) == ["s0", "s1"]
+
+
+def test_step_five_skips_what_could_not_and_tests_a_bounded_number_alone() -> None:
+    """Two shares, the most recently admitted, are the order's pick; of 100 older whole
+    workloads only w-99 alone admits the workload. It is tried first (the most recent of
+    them) when `could` lets it; when `could` rules it out it reaches no admission test,
+    and of the others, which do not admit, at most `ALONE_TESTS` are tested."""
+    shares = [candidate(f"s{i}", 0, float(200 + i)) for i in range(2)]
+    wholes = [candidate(f"w-{i:02d}", 0, float(i)) for i in range(100)]
+    tested: list[str] = []
+
+    def admits(chosen: Sequence[reclaiming.Candidate]) -> bool:
+        keys = {c.key for c in chosen}
+        if len(chosen) == 1 and chosen[0].key.startswith("w"):
+            tested.append(chosen[0].key)
+        return {"s0", "s1"} <= keys or "w-99" in keys
+
+    def everyone(c: reclaiming.Candidate, chosen: Sequence[reclaiming.Candidate]) -> bool:
+        return True
+
+    found = reclaiming.victims([*shares, *wholes], admits, everyone, lambda c: c.key >= "w-90")
+    assert [c.key for c in found or []] == ["w-99"]
+    assert tested == ["w-99"]  # the most recently admitted first, and it admits
+    tested.clear()
+    found = reclaiming.victims([*shares, *wholes], admits, everyone, lambda c: c.key < "w-99")
+    assert sorted(c.key for c in found or []) == ["s0", "s1"]  # w-99 could not: never tried
+    assert len(tested) == reclaiming.ALONE_TESTS
+
+
 # --- fairness --------------------------------------------------------------------------
 
 

@@ -6,11 +6,24 @@ GPUs once they are gone."""
 from __future__ import annotations
 
 import asyncio
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
-from gpuplace.cluster import keys
+from gpuplace.cluster import assignments, keys
 from gpuplace.dev import localapi
-from tests.queues.rig import FAST, Rig, events, nodes, queued, rig, two_teams
+from tests.gangs.rig import Clock
+from tests.queues.rig import (
+    FAST,
+    Rig,
+    events,
+    gpuqueue,
+    namespace,
+    nodes,
+    queued,
+    rig,
+    two_teams,
+)
 
 
 def deleting(api: localapi.FakeApi) -> list[str]:
@@ -173,4 +186,81 @@ async def test_a_reclaim_in_flight_survives_a_restart(server: localapi.Server) -
         kubelet_finishes(r.api)
         await r.quiet()
         assert r.admitted("team-b") == ["b0", "b1"]
+        r.check()
+
+
+@dataclass
+class Stopped(Clock):
+    """A wall clock that does not move (but by `offset`): every admission reads the same
+    instant, as admissions within one second did in whole-second `assigned-at`."""
+
+    at: float = field(default_factory=lambda: float(int(time.time())))
+
+    def __call__(self) -> float:
+        return self.at + self.offset
+
+
+def lending_teams(api: localapi.FakeApi) -> None:
+    """Issue 41's queues: a and b of 2 GPUs each in one cohort, a may borrow 2."""
+    namespace(api, "team-a", team="a")
+    namespace(api, "team-b", team="b")
+    api.create(gpuqueue("team-a", "2", cohort="research", borrowing="2"))
+    api.create(gpuqueue("team-b", "2", cohort="research"))
+
+
+async def admit_one_by_one(r: Rig, names: list[str]) -> None:
+    for name in names:
+        r.api.create(queued(name, "team-a"))
+        await r.quiet()
+        assert name in r.admitted("team-a")
+    assert await r.schedule() == []
+
+
+def admitted_at(r: Rig, name: str) -> float:
+    found = assignments.assigned_at(r.pod(name))
+    assert found is not None
+    return found
+
+
+async def test_the_most_recently_admitted_goes_first_within_one_second(
+    server: localapi.Server,
+) -> None:
+    """Issue 41: a admits a0..a3 one after another, all within one second (the clock
+    does not move at all): b's pod takes back a3, the last one admitted, not a0 (the
+    first by name, which a tie in whole seconds used to evict)."""
+    nodes(server.api, 1, gpus=4)
+    lending_teams(server.api)
+    async with rig(server, clock=Stopped(), gangs=False) as r:
+        await admit_one_by_one(r, ["a0", "a1", "a2", "a3"])
+        times = [admitted_at(r, f"a{i}") for i in range(4)]
+        assert times == sorted(times) and len(set(times)) == 4
+        assert times[-1] - times[0] < 1.0
+        r.api.create(queued("b0", "team-b"))
+        await r.quiet()
+        assert deleting(r.api) == ["a3"]
+        kubelet_finishes(r.api)
+        await r.quiet()
+        assert r.admitted("team-b") == ["b0"]
+        r.check()
+
+
+async def test_the_admission_order_survives_a_restart_on_a_clock_behind(
+    server: localapi.Server,
+) -> None:
+    """Issue 41, across a restart: a0..a2 are admitted, the sidecar restarts (its ledger
+    and the admission order rebuilt from the pods) on a clock 10 s behind the first
+    one's (a lease moved to a host whose clock is behind), and admits a3: a3 is still
+    the most recently admitted, and the one b's pod takes back."""
+    nodes(server.api, 1, gpus=4)
+    lending_teams(server.api)
+    first = Stopped()
+    async with rig(server, clock=first, gangs=False) as r:
+        await admit_one_by_one(r, ["a0", "a1", "a2"])
+    async with rig(server, clock=Stopped(at=first.at - 10.0), gangs=False) as r:
+        await r.quiet()
+        await admit_one_by_one(r, ["a3"])
+        assert admitted_at(r, "a3") > max(admitted_at(r, f"a{i}") for i in range(3))
+        r.api.create(queued("b0", "team-b"))
+        await r.quiet()
+        assert deleting(r.api) == ["a3"]
         r.check()

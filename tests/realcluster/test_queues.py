@@ -7,7 +7,8 @@ Checked: a queue never uses more than its quota; a queued pod is admitted only w
 GPU is free for it, so every admitted pod is bound (none admitted and unplaceable); a
 queued gang is admitted whole or not at all; a reclaim evicts exactly the borrowed pods
 needed, through the Eviction API, and not while a PodDisruptionBudget forbids it (on the
-kit's real node, where pods run: the API server ignores budgets for Pending pods).
+kit's real node, where pods run: the API server ignores budgets for Pending pods); one
+whole GPU rather than two shares where either frees the same (issue 41).
 
 `gpuplace serve` runs with `--queues=true` for this module (the shipped Deployment leaves
 the queue controller off) and with the Deployment's arguments again after it.
@@ -55,12 +56,22 @@ def queues_on(gpuplace: Installation) -> Iterator[None]:
 
 
 def gpuqueue(
-    name: str, namespace: str, nominal: int, *, model: str, cohort: str | None = None
+    name: str,
+    namespace: str,
+    nominal: int,
+    *,
+    model: str,
+    cohort: str | None = None,
+    borrowing: int | None = None,
 ) -> dict[str, Any]:
-    """A queue of `nominal` whole GPUs of `model` for the pods of `namespace` that name it."""
+    """A queue of `nominal` whole GPUs of `model` for the pods of `namespace` that name it
+    (`borrowing`: its borrowing limit)."""
+    line = {"name": "gpus", "model": model, "nominal": str(nominal)}
+    if borrowing is not None:
+        line["borrowingLimit"] = str(borrowing)
     spec: dict[str, Any] = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-        "resources": [{"name": "gpus", "model": model, "nominal": str(nominal)}],
+        "resources": [line],
     }
     if cohort is not None:
         spec["cohort"] = cohort
@@ -81,6 +92,13 @@ def queued(scope: Scope, name: str, queue: str, gpus: int = 1, **extra: Any) -> 
         **extra.pop("annotations", {}),
     }
     return pod(name, scope.namespace, annotations, **extra)
+
+
+def outside(scope: Scope, kubectl: Kubectl, gpus: int) -> dict[str, Any]:
+    """Pod `outside` (in no queue) holding `gpus` whole GPUs of the test's model, bound."""
+    annotations = {"gpuplace.io/gpu-count": str(gpus), "gpuplace.io/gpu-model": scope.model}
+    kubectl.apply(pod("outside", scope.namespace, annotations))
+    return wait_bound(kubectl, scope.namespace, "outside")
 
 
 def gated(obj: Mapping[str, Any] | None) -> bool:
@@ -141,13 +159,7 @@ def test_quota_holds_and_a_queued_pod_is_admitted_only_where_a_gpu_is_free(
     queue = scope.namespace
     scope.add_nodes(gpu_node(scope.node("a"), model=scope.model, gpus=4))
     scope.create(gpuqueue(queue, scope.namespace, 3, model=scope.model))
-    outside = pod(
-        "outside",
-        scope.namespace,
-        {"gpuplace.io/gpu-count": "2", "gpuplace.io/gpu-model": scope.model},
-    )
-    kubectl.apply(outside)
-    assert not gated(wait_bound(kubectl, scope.namespace, "outside"))
+    assert not gated(outside(scope, kubectl, 2))
     kubectl.apply(*(queued(scope, f"q-{i}", queue) for i in range(3)))
     settled(kubectl, scope, {"outside", "q-0", "q-1"}, {"q-2"})
     why = kubectl.wait_event(scope.namespace, "q-2", "QueueWaiting", contains="(place)")
@@ -173,14 +185,7 @@ def test_a_queued_gang_is_admitted_whole_or_not_at_all(scope: Scope, kubectl: Ku
     gang = {"gpuplace.io/gang-name": "train", "gpuplace.io/gang-size": "3"}
     kubectl.apply(*(queued(scope, f"m-{i}", queue, annotations=gang) for i in range(2)))
     kubectl.wait_event(scope.namespace, "m-0", "QueueWaiting")
-    kubectl.apply(
-        pod(
-            "outside",
-            scope.namespace,
-            {"gpuplace.io/gpu-count": "2", "gpuplace.io/gpu-model": scope.model},
-        )
-    )
-    wait_bound(kubectl, scope.namespace, "outside")
+    outside(scope, kubectl, 2)
     kubectl.apply(queued(scope, "m-2", queue, annotations=gang))
     why = kubectl.wait_event(scope.namespace, "m-2", "QueueWaiting", contains="(place)")
     assert f"GpuQueue {queue}" in why, why
@@ -191,6 +196,46 @@ def test_a_queued_gang_is_admitted_whole_or_not_at_all(scope: Scope, kubectl: Ku
     seen = settled(kubectl, scope, members, set())
     nodes = {obj["spec"]["nodeName"] for obj in seen.values()}
     assert nodes == {scope.node("a")}
+
+
+def test_a_reclaim_evicts_one_whole_gpu_where_two_shares_free_the_same(
+    scope: Scope, kubectl: Kubectl
+) -> None:
+    """Issue 41 on the real control plane: one 4-GPU node, queues a and b of 2 GPUs each
+    in a cohort (a may borrow 2). A pod outside any queue holds all four GPUs while a's
+    six 50% shares a-0..a-5 and one whole GPU a-7 are created, so that they are all
+    admitted in one round (within one second: whole-second `assigned-at` tied them) once
+    it goes: the shares two per GPU on GPUs 0-2, a-7 on GPU 3, admitted last. b then
+    asks one whole GPU inside its nominal: a-7 alone, or two shares of one GPU, give back
+    one GPU of quota and one free GPU, and exactly a-7 is evicted."""
+    a, b = f"{scope.namespace}-a", f"{scope.namespace}-b"
+    scope.add_nodes(gpu_node(scope.node("a"), model=scope.model, gpus=4))
+    scope.create(
+        gpuqueue(a, scope.namespace, 2, model=scope.model, cohort=scope.namespace, borrowing=2),
+        gpuqueue(b, scope.namespace, 2, model=scope.model, cohort=scope.namespace),
+    )
+    outside(scope, kubectl, 4)
+    shares = [f"a-{i}" for i in range(6)]
+    half = {"gpuplace.io/gpu-percent": "50", "gpuplace.io/gpu-model": scope.model, QUEUE: a}
+    kubectl.apply(*(pod(name, scope.namespace, half) for name in shares), queued(scope, "a-7", a))
+    kubectl.wait_event(scope.namespace, "a-7", "QueueWaiting", contains="(place)")
+    kubectl.run("-n", scope.namespace, "delete", "pod", "outside", "--wait=true")
+    seen = settled(kubectl, scope, {*shares, "a-7"}, set())
+    by_name = {key.split("/")[-1]: obj for key, obj in seen.items()}
+    gpus = {name: grant(obj)["gpus"] for name, obj in by_name.items()}
+    assert sorted(gpus[name] for name in shares) == ["0", "0", "1", "1", "2", "2"], gpus
+    assert gpus["a-7"] == "3", gpus
+    stamps = {name: grant(obj)["at"] for name, obj in by_name.items()}
+    assert max(stamps, key=lambda name: stamps[name]) == "a-7", stamps  # admitted last
+    wait_status(kubectl, a, used="4", borrowed="2")
+    kubectl.apply(queued(scope, "b-1", b))
+    reclaim = kubectl.wait_event(scope.namespace, "b-1", "QueueReclaiming")
+    assert f"evicted {scope.namespace}/a-7;" in reclaim, reclaim
+    settled(kubectl, scope, {*shares, "b-1"}, set())  # a-7 is gone, b-1 runs on GPU 3
+    now = pods(kubectl, scope.namespace)
+    assert all("deletionTimestamp" not in now[name]["metadata"] for name in shares), now
+    assert grant(now["b-1"])["gpus"] == "3"
+    wait_status(kubectl, a, used="3", borrowed="1")
 
 
 def test_a_reclaim_evicts_exactly_the_borrowed_pod_needed_and_waits_for_its_budget(

@@ -20,9 +20,10 @@ What is admitted, when, on which GPUs, what a reclaim evicts and how an elastic 
 grows are the controllers' decisions; the scene only reads them back (the pods, their
 Events, the GpuQueues' status). After a step it waits until the sidecar's informers and
 the queue controller's have caught up with the API and two of the controller's rounds in a
-row changed nothing. Each step begins in a new second of the clock: admissions are
-ordered by their `assigned-at` annotation, which counts seconds, and a reclaim takes the
-most recently admitted first.
+row changed nothing. Each step begins in a new second of the clock: a queue orders its
+waiting pods by age, and `metadata.creationTimestamp` counts seconds, so a later step's
+pods are never as old as an earlier one's (admissions themselves are ordered to the
+microsecond by `assigned-at`, which a reclaim's "most recently admitted first" reads).
 """
 
 from __future__ import annotations

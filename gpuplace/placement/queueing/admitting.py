@@ -28,7 +28,8 @@ A *workload* is a pod, or a gang as one unit (all its members; an elastic gang a
    queue tries the ones behind it;
 7. then, for at most `reclaims` waiting workloads refused for their cohort's quota or a
    place, the borrowed workloads to preempt (`reclaiming.victims`, where `admits` is step
-   4 on the ledger and accounts without them): as the queue's `reclaim` policy allows when
+   4 on the ledger and accounts without them; never several where one alone does and is
+   no worse a victim, `reclaiming` step 5): as the queue's `reclaim` policy allows when
    the workload fits inside its queue's nominal quota, and as its `fair_sharing` policy
    allows from queues that would still borrow at least the share its queue reaches
    (`quotas.FairStrategy.FINAL_SHARE`; shares here are `Accounts.fair_share`, the past
@@ -49,9 +50,11 @@ O(R x (GPUs of a grant + B)) to count, O(W log W + W log Q) to order, and per wo
 tried O(models x members + B) for quota plus one plan (O(changed nodes + distinct node
 states) for one pod through the chooser, `gangs.plan` for a gang), x O(log gang size) for
 an elastic gang that does not fit whole; each reclaim looked for adds C cheap checks of
-its candidates and O(log C + V) admission tests (V victims; `reclaiming`), each O(GPUs
-of the victims) to lift and put back their grants (twice for a held workload); at most
-`RECLAIM_TRIES` x `reclaims` workloads are looked at.
+its candidates and O(log C + V) admission tests (V victims; `reclaiming`), and when V
+is two or more C more cheap checks (`_Preempting.could`: quota, the candidate's nodes;
+one plan) and at most `reclaiming.ALONE_TESTS` more tests (candidates tried alone:
+`reclaiming.fewest`), each test O(GPUs of the victims) to lift and put back their grants
+(twice for a held workload); at most `RECLAIM_TRIES` x `reclaims` workloads are looked at.
 
 Pure: no I/O; `now` and every time are the caller's numbers (seconds).
 """
@@ -70,6 +73,7 @@ from gpuplace.placement.gangs import Member, Plan, Shortfall
 from gpuplace.placement.ledger import Grant, Ledger
 from gpuplace.placement.queueing import quotas, reclaiming
 from gpuplace.placement.queueing.quotas import Accounts, Refusal, Use, Verdict
+from gpuplace.placement.requests import WHOLE, GpuRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -592,24 +596,48 @@ an admission test per candidate)."""
 
 def _candidates(state: _Round, queue: str) -> list[reclaiming.Candidate]:
     """Running workloads of the other queues of `queue`'s cohort, not leaving: whole
-    workloads, and each extra member of an elastic gang."""
+    workloads, and each extra member of an elastic gang; each with the GPU its grants
+    hold and its GPU time (that x seconds since each pod started, up to the round's
+    `now`). O(their pods)."""
     spec = state.accounts.specs[queue]
+    ledger = state.placer.ledger
     found = []
+
+    def held(uid: str) -> int:
+        grant = ledger.get(uid)
+        return 0 if grant is None else grant.milli * len(grant.gpus)
+
+    def gpu_time(uid: str, since: float) -> float:
+        return held(uid) / WHOLE * max(state.now - since, 0.0)
+
     for workload in state.running:
         other = state.accounts.specs[workload.queue]
         if workload.leaving_for or other.cohort != spec.cohort or other.name == queue:
             continue
-        found.append(
-            reclaiming.Candidate(
-                workload.key, workload.queue, workload.uids, workload.priority, workload.admitted
-            )
-        )
         started = workload.started or (workload.admitted,) * len(workload.uids)
         pairs = list(zip(workload.uids, started, strict=True))
+        found.append(
+            reclaiming.Candidate(
+                workload.key,
+                workload.queue,
+                workload.uids,
+                workload.priority,
+                workload.admitted,
+                gpu_time=sum(gpu_time(uid, when) for uid, when in pairs),
+                milli=sum(held(uid) for uid in workload.uids),
+            )
+        )
         for uid, when in elastic.extras(pairs, workload.minimum):
             found.append(
                 reclaiming.Candidate(
-                    workload.key, workload.queue, (uid,), workload.priority, when, shrink=True
+                    workload.key,
+                    workload.queue,
+                    (uid,),
+                    workload.priority,
+                    when,
+                    shrink=True,
+                    gpu_time=gpu_time(uid, when),
+                    milli=held(uid),
                 )
             )
     return found
@@ -640,6 +668,16 @@ class _Preempting:
         self._seen: list[reclaiming.Candidate] = []
         self._uids: set[str] = set()
         self._use: dict[str, Use] = {}
+        self._asked: dict[GpuRequest, int] = {}
+        """Members per distinct request (`could`)."""
+        for member in members:
+            self._asked[member.request] = self._asked.get(member.request, 0) + 1
+        self._quota: bool | None = None
+        """Whether its quota covers it with only what is leaving gone (`could`)."""
+        self._capacity: dict[str, tuple[int, ...]] | None = None
+        """With only what is leaving gone: {} when the workload has a place regardless of
+        quota, else per node (and under "" in all) the copies of each of its requests
+        the node could take (`could`; None: not looked at yet)."""
 
     @property
     def possible(self) -> bool:
@@ -731,6 +769,78 @@ class _Preempting:
             uids.update(candidate.uids)
         return _admits_without(self.state, uids, self.workload.queue, self.members)
 
+    def could(self, candidate: reclaiming.Candidate) -> bool:
+        """False where `admits([candidate])` is certainly false, without a plan (what
+        `reclaiming.fewest` asks before it tests a candidate alone): the workload's quota
+        (`_Round.restrict`, the first test of an admission) does not cover it once the
+        candidate and what is leaving are gone; or, where the workload has no place even
+        regardless of quota with only what is leaving gone (one plan per look, kept),
+        the nodes cannot hold its members once the candidate is gone: for some request,
+        the copies the nodes could take (`gangs.capacity`, exact per node; counted once
+        per look, then only the candidate's nodes again) are fewer than the members
+        asking for it. O(buckets + GPUs lifted + the candidate's nodes x GPUs x distinct
+        requests); the first call adds a plan and O(nodes x GPUs x requests)."""
+        state = self.state
+        uids = self.gone | set(candidate.uids)
+        if self._quota is None:
+            self._quota = self._covered(self.gone)
+        if not self._quota and not self._covered(uids):
+            return False  # (covered with only what is leaving gone: covered without more)
+        placer = state.placer
+        if self._capacity is None:
+            lifted = placer.lift(self.gone)
+            try:
+                planned = placer.plan(self.members, explain=False)
+                self._capacity = {} if not isinstance(planned, Shortfall) else self._copies()
+            finally:
+                placer.put_back(lifted)
+        if not self._capacity:
+            return True  # a place there is: only the quota decides
+        lifted = placer.lift(uids)
+        try:
+            nodes = {grant.node for grant in lifted if grant.pod_uid in candidate.uids}
+            after = {name: self._copies_on(name) for name in nodes}
+        finally:
+            placer.put_back(lifted)
+        none = (0,) * len(self._asked)
+        for index, asked in enumerate(self._asked.values()):
+            total = self._capacity[""][index]
+            for name in nodes:
+                total += after[name][index] - self._capacity.get(name, none)[index]
+            if total < asked:
+                return False
+        return True
+
+    def _covered(self, uids: Iterable[str]) -> bool:
+        """Whether the workload's quota (`_Round.restrict`) covers it once `uids` are gone.
+        O(buckets + models x members)."""
+        accounts = self.state.accounts
+        removed = self.removed(uids)
+        for owner, use in removed.items():
+            accounts.charge(owner, use, -1)
+        try:
+            return not isinstance(self.state.restrict(self.workload.queue, self.members), Verdict)
+        finally:
+            for owner, use in removed.items():
+                accounts.charge(owner, use)
+
+    def _copies_on(self, name: str) -> tuple[int, ...]:
+        """Per distinct request (`_asked`'s order), the copies node `name` could take now
+        (0 for a node the ledger does not hold). O(GPUs x requests)."""
+        there = self.state.placer.ledger.state(name)
+        return tuple(
+            0 if there is None else gangs.capacity(there, request)[0] for request in self._asked
+        )
+
+    def _copies(self) -> dict[str, tuple[int, ...]]:
+        """`_copies_on` for every node, and under "" their sums. O(nodes x GPUs x
+        requests)."""
+        ledger = self.state.placer.ledger
+        found = {node.name: self._copies_on(node.name) for node in ledger.inventory}
+        width = len(self._asked)
+        found[""] = tuple(sum(copies[i] for copies in found.values()) for i in range(width))
+        return found
+
 
 def _where(
     state: _Round, workload: Workload, candidates: list[reclaiming.Candidate]
@@ -798,7 +908,9 @@ def _reclaims(
             for group in _where(state, workload, candidates):
                 for strategy in _strategies(state, queue):
                     preempting.strategy = strategy
-                    chosen = reclaiming.victims(group, preempting.admits, preempting.allowed)
+                    chosen = reclaiming.victims(
+                        group, preempting.admits, preempting.allowed, preempting.could
+                    )
                     if chosen is not None:
                         break
                 if chosen is not None:
