@@ -100,6 +100,11 @@ NODE_DRA = PREFIX + "dra"
 """Node label: "true" puts an opted-in node on the DRA path: its node agent is the DRA
 kubelet plugin (DaemonSet gpuplace-node-agent-dra), not the device plugin (docs/dra.md)."""
 
+CLAIM_PINNED = PREFIX + "pinned-gpus"
+"""ResourceClaim annotation: the UUIDs of the GPUs the engine planned the claim on, comma
+separated (the claim's selector asks exactly them; `gpuplace.claims`); absent on a claim
+left to kube-scheduler's first fit."""
+
 # --- scheduling gates ---------------------------------------------------------
 GANG_GATE = PREFIX + "gang"
 QUEUE_GATE = QUEUE

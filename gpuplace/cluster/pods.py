@@ -67,8 +67,9 @@ class Read:
 @dataclass(frozen=True, slots=True)
 class Controlled:
     """What the gang, queue and plan controllers decide with, read for the pods they keep
-    (those labelled `gpuplace.io/gang` or `gpuplace.io/queue`, and those behind the gate
-    `gpuplace.io/place`); every other pod shares `UNCONTROLLED` (one slot of its record,
+    (those labelled `gpuplace.io/gang` or `gpuplace.io/queue`, those behind the gate
+    `gpuplace.io/place`, and those on the DRA path, whose GPUs the claim controller plans);
+    every other pod shares `UNCONTROLLED` (one slot of its record,
     not a dozen)."""
 
     queue: str = ""
@@ -284,7 +285,9 @@ class Reader:
         queue = str(labels.get(keys.QUEUE_LABEL) or "")
         controlled = UNCONTROLLED
         place_gated = bool(spec.get("schedulingGates")) and gated(pod, keys.PLACE_GATE)
-        if gang or queue or place_gated:  # a controller keeps it: read what it decides with
+        claim = dra_claims.named(pod)
+        # a controller keeps it (the claim controller plans a DRA pod): read what it decides with
+        if gang or queue or place_gated or claim:
             controlled = Controlled(
                 queue=queue,
                 gang_name=read.gang,
@@ -322,7 +325,7 @@ class Reader:
             minimum=read.minimum,
             created=timestamp(metadata.get("creationTimestamp")),
             controlled=controlled,
-            claim=dra_claims.named(pod),
+            claim=claim,
             claim_gated=gated(pod, keys.DRA_GATE),
         )
 

@@ -32,9 +32,9 @@ nothing is written then and the pod is planned again.
 
 The first write starts from the pod as the informer last delivered it (`known`: its UID,
 resourceVersion, gates, nominated node and affinity), not a read: a stale
-resourceVersion costs a 409 and one read. A DRA pod's pin (its ResourceClaim created
-with a selector on the planned device, then the gate removed) plugs in here as a third
-`Pin` (docs/dra.md). Owns no state.
+resourceVersion costs a 409 and one read. A DRA pod is not released here: the claim
+controller plans it and pins its ResourceClaim (`gpuplace.claims`, docs/dra.md). Owns no
+state.
 """
 
 from __future__ import annotations

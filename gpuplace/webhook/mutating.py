@@ -178,8 +178,9 @@ def build(
     (`annotation`, `namespace`) named; `claim`: the pod goes to DRA nodes with this claim
     ("": the device-plugin path), scheduled by `dra_scheduler_name`; `dra_nodes`: DRA nodes
     exist (a device-plugin pod is kept off them); `place_gate`: the sidecar plans the
-    device-plugin pods no gang or queue does (the gate `gpuplace.io/place`; a DRA pod is
-    not planned yet). Raises `patches.PatchError` on a pod of impossible shape."""
+    device-plugin pods no gang or queue does (the gate `gpuplace.io/place`; a DRA pod
+    keeps the claim controller's gate, which plans it and pins its claim). Raises
+    `patches.PatchError` on a pod of impossible shape."""
     patch = patches.Patch(pod)
     warnings: list[str] = []
     dra = bool(claim)

@@ -262,6 +262,13 @@ class SidecarSettings(BaseSettings):
         "nodes only: all); prefer = every pod a DRA node could hold; the sidecar then also "
         "mirrors every ResourceClaim into its ledger (docs/dra.md)",
     )
+    dra_pin: Literal["engine", "first-fit"] = Field(
+        "engine",
+        description="with --dra-claims: where a DRA pod's claim lands: engine = on the GPUs "
+        "gpuplace's engine plans (the policy, gangs' and queues' plans), the claim pinned "
+        "to their UUIDs, planned anew when they are taken meanwhile; first-fit = no pin, "
+        "kube-scheduler's DRA allocator takes the first device that fits (docs/dra.md)",
+    )
     require_node_agent: bool = Field(
         False,
         description="place GPU pods only on nodes whose node agent reports (else nodes "

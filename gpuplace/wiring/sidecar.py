@@ -238,6 +238,8 @@ class Sidecar:
                 self._policy,
                 recorder=self.recorder,
                 registry=registry,
+                settings=claims.settings_from(settings),
+                fences=self.fences,
                 active=controlled["active"],
                 blocked=controlled["blocked"],
             )

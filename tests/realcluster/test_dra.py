@@ -581,6 +581,9 @@ def test_pods_written_with_the_annotations_alone_run_on_the_dra_node_with_their_
     )
     claim_a = claim_of(kubectl, ns, "a")
     assert claim_a["metadata"]["ownerReferences"][0]["uid"] == a["metadata"]["uid"]
+    # the engine planned them in creation order (a, b, w), each claim pinned: the devices
+    # below do not depend on the order kube-scheduler allocates them in
+    assert claim_a["metadata"]["annotations"][keys.CLAIM_PINNED] == dra_node.uuids[0]
     results = claim_a["status"]["allocation"]["devices"]["results"]
     assert [(r["device"], r["consumedCapacity"]) for r in results] == [
         ("gpu-0", {"compute": "300", "memory": f"{8192 + CONTEXT[300]}Mi"})
@@ -630,6 +633,45 @@ def test_pods_written_with_the_annotations_alone_run_on_the_dra_node_with_their_
         == "gpu-0"
     )
     assert gpu_env(environment(kubectl, c)) == share_env(500, 8192 + CONTEXT[500])
+
+
+def test_identical_quarter_shares_fill_the_used_gpu_before_the_empty_one_that_sorts_first(
+    scope: Scope, kubectl: Kubectl, dra_node: DraNode
+) -> None:
+    """Plan, then pin on the DRA node (issue 47, point 3): gpu-1 holds a user's 25 % claim
+    (pinned there by UUID), gpu-0 is empty. kube-scheduler's first fit would put each new
+    25 % share on gpu-0, whose name sorts first; the engine fills the used gpu-1 first,
+    each claim pinned to its UUID, and opens gpu-0 only once gpu-1 is full."""
+    ns, node = scope.namespace, dra_node.node
+
+    def others() -> list[str]:
+        items = kubectl.json("get", "resourceclaims", "-A")["items"]
+        return [c["metadata"]["name"] for c in items if c["metadata"]["namespace"] != ns]
+
+    until(lambda: not others(), 120, "earlier tests' claims to go (both GPUs empty)")
+    used = share_claim("used", ns, 250, 4096, pin=dra_node.uuids[1])
+    start(kubectl, used, claiming("user", scope, node, "used"))
+    assert allocation(kubectl, ns, "used")[0]["device"] == "gpu-1"
+    quarters = start(
+        kubectl,
+        *(annotated(f"q{i}", scope, gpu_percent="25", gpu_memory="4Gi") for i in range(3)),
+    )
+    for q in quarters:
+        name = q["metadata"]["name"]
+        claim = claim_of(kubectl, ns, name)
+        assert claim["metadata"]["annotations"][keys.CLAIM_PINNED] == dra_node.uuids[1], name
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert [r["device"] for r in results] == ["gpu-1"], name
+    assert "pinned to the GPU gpuplace planned" in kubectl.wait_event(ns, "q0", "GpuClaimCreated")
+    told = explain(kubectl, ns, "q0")
+    assert "on the GPUs gpuplace's engine planned" in told, told
+    (last,) = start(kubectl, annotated("q3", scope, gpu_percent="25", gpu_memory="4Gi"))
+    claim = claim_of(kubectl, ns, "q3")
+    assert claim["metadata"]["annotations"][keys.CLAIM_PINNED] == dra_node.uuids[0]
+    assert [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]] == ["gpu-0"]
+    assert gpu_env(environment(kubectl, last)) == share_env(250, 4096 + 144 + 5 * 25)
+    user_told = explain(kubectl, ns, "user")
+    assert "the pod's own claim, which gpuplace's engine does not plan" in user_told, user_told
 
 
 def test_a_mixed_cluster_keeps_each_pod_on_one_path_and_one_ledger(

@@ -196,7 +196,7 @@ def test_with_the_planner_every_other_gpu_pod_gets_its_gate() -> None:
     """Plan, then pin: a pod that is neither a gang member nor queued waits behind
     `gpuplace.io/place` (after any gate it had); gang members and queued pods keep their
     own controllers' gates only (those plan them), and so does a pod sent to DRA nodes (the
-    claim controller's gate: its plan, then pin is not built yet)."""
+    claim controller's gate: it plans the pod and pins its claim)."""
     share = spec(gpu_percent="25")
     pod = mutate(helpers.pod(schedulingGates=[{"name": "other.io/x"}]), share, place_gate=True)
     assert pod["spec"]["schedulingGates"] == [{"name": "other.io/x"}, {"name": keys.PLACE_GATE}]
@@ -206,7 +206,7 @@ def test_with_the_planner_every_other_gpu_pod_gets_its_gate() -> None:
     assert gates == [{"name": keys.GANG_GATE}]
     queued = mutate(helpers.pod(), share, place_gate=True, queue="team-a")
     assert queued["spec"]["schedulingGates"] == [{"name": keys.QUEUE_GATE}]
-    # a pod sent to DRA nodes: its claim is the claim controller's, not planned yet
+    # a pod sent to DRA nodes: the claim controller plans it and pins its claim
     dra = mutate(helpers.pod(), share, place_gate=True, claim="p-gpu")
     assert dra["spec"]["schedulingGates"] == [{"name": keys.DRA_GATE}]
 
