@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuplace.cluster import dra, dra_claims, keys
+from gpuplace.cluster import assignments, dra, dra_claims, keys
 from tests.realcluster import install
 from tests.realcluster.conftest import KubeletNode, Scope, derived_replay
 from tests.realcluster.install import AGENT_NAMESPACE, GPUPLACE, NO_IMAGE_LABEL, Installation
@@ -672,6 +672,32 @@ def test_identical_quarter_shares_fill_the_used_gpu_before_the_empty_one_that_so
     assert gpu_env(environment(kubectl, last)) == share_env(250, 4096 + 144 + 5 * 25)
     user_told = explain(kubectl, ns, "user")
     assert "the pod's own claim, which gpuplace's engine does not plan" in user_told, user_told
+
+
+def test_a_gangs_dra_members_get_the_gpus_its_plan_chose(
+    scope: Scope, kubectl: Kubectl, dra_node: DraNode
+) -> None:
+    """A gang of two 50 % DRA members: the gang controller plans both on the DRA node and
+    writes each member's GPUs; only then is each member's claim made, pinned to its planned
+    GPU, and kube-scheduler allocates exactly there (issue 47, point 3)."""
+    ns, node = scope.namespace, dra_node.node
+    members = start(
+        kubectl,
+        *(
+            annotated(f"m{i}", scope, gpu_percent="50", gang_name="pair", gang_size="2")
+            for i in range(2)
+        ),
+    )
+    for member in members:
+        name = member["metadata"]["name"]
+        planned = assignments.grant_of(member)
+        assert planned is not None and planned.node == node, name
+        claim = claim_of(kubectl, ns, name)
+        pinned = [dra_node.uuids[gpu] for gpu in planned.gpus]
+        assert claim["metadata"]["annotations"][keys.CLAIM_PINNED] == ",".join(pinned), name
+        devices = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+        assert devices == [f"gpu-{gpu}" for gpu in planned.gpus], name
+        assert member["spec"]["nodeName"] == node
 
 
 def test_a_mixed_cluster_keeps_each_pod_on_one_path_and_one_ledger(
