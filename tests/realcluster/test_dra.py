@@ -37,7 +37,7 @@ from tests.realcluster import install
 from tests.realcluster.conftest import KubeletNode, Scope, derived_replay
 from tests.realcluster.install import AGENT_NAMESPACE, GPUPLACE, NO_IMAGE_LABEL, Installation
 from tests.realcluster.kit import Cluster, Kubectl, free_port
-from tests.realcluster.objects import gpu_node, pod, running, wait_bound
+from tests.realcluster.objects import gpu_node, pod, priority_class, running, wait_bound
 from tests.realcluster.processes import HostProcess, with_flags
 from tests.realcluster.sessions import unusable
 from tests.realcluster.test_node_agent import environment, gpu_env, inside, metric
@@ -698,6 +698,49 @@ def test_a_gangs_dra_members_get_the_gpus_its_plan_chose(
         devices = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
         assert devices == [f"gpu-{gpu}" for gpu in planned.gpus], name
         assert member["spec"]["nodeName"] == node
+
+
+def test_a_gangs_preemption_frees_the_gpu_its_plan_needs(
+    scope: Scope, kubectl: Kubectl, dra_node: DraNode
+) -> None:
+    """gpu-0 holds a low-priority whole-GPU DRA pod, gpu-1 a 50 % share of the gang's own
+    priority. A gang of two 50 % DRA members fits only where the low pod is: the gang
+    controller evicts it (not the share of equal priority), plans both members on the DRA
+    node, and each member's claim is pinned to the GPU its plan chose and allocated there,
+    one of them on the freed gpu-0 (issue 47, point 3)."""
+    ns, node = scope.namespace, dra_node.node
+    low, high = f"{ns}-low", f"{ns}-high"
+    scope.create(priority_class(low, 100), priority_class(high, 1000))
+
+    def ranked(body: dict[str, Any], priority: str) -> dict[str, Any]:
+        body["spec"]["priorityClassName"] = priority
+        return body
+
+    until(lambda: not kubectl.json("get", "resourceclaims", "-A")["items"], 120, "empty GPUs")
+    start(kubectl, ranked(annotated("low", scope, gpu_count="1"), low))
+    assert [r["device"] for r in allocation(kubectl, ns, dra_claims.named(
+        kubectl.json("-n", ns, "get", "pod", "low")
+    ))] == ["gpu-0"]  # fmt: skip
+    start(kubectl, ranked(annotated("keep", scope, gpu_percent="50"), high))
+    assert [r["device"] for r in claim_of(kubectl, ns, "keep")["status"]["allocation"][
+        "devices"]["results"]] == ["gpu-1"]  # fmt: skip
+    gang = {"gpu_percent": "50", "gang_name": "urgent", "gang_size": "2"}
+    members = start(kubectl, *(ranked(annotated(f"u{i}", scope, **gang), high) for i in range(2)))
+    assert not kubectl.exists("-n", ns, "pod", "low")
+    assert kubectl.exists("-n", ns, "pod", "keep")
+    devices = []
+    for member in members:
+        name = member["metadata"]["name"]
+        planned = assignments.grant_of(member)
+        assert planned is not None and planned.node == node, name
+        claim = claim_of(kubectl, ns, name)
+        assert claim["metadata"]["annotations"][keys.CLAIM_PINNED] == ",".join(
+            dra_node.uuids[gpu] for gpu in planned.gpus
+        ), name
+        found = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+        assert found == [f"gpu-{gpu}" for gpu in planned.gpus], name
+        devices.extend(found)
+    assert "gpu-0" in devices, devices
 
 
 def test_a_mixed_cluster_keeps_each_pod_on_one_path_and_one_ledger(
