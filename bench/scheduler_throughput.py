@@ -54,6 +54,7 @@ GPUS = 8
 GATE = "bench.gpuplace.io/hold"
 PLAIN = "nvidia.com/gpu"
 CONCURRENCY = 32
+JSON_PATCH = "application/json-patch+json"
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -238,20 +239,53 @@ def means(before: Totals, after: Totals, histogram: str) -> dict[str, tuple[int,
 
 
 EXTENDER = "gpuplace_extender_request_duration_seconds"
+PLAN_WAIT = "gpuplace_plan_wait_seconds"
+PLAN_ROUND = "gpuplace_plan_round_duration_seconds"
+COUNTERS = ("gpuplace_plan_releases", "gpuplace_extender_stale_plans")
 
 
-def extender_histograms(installation: Installation) -> Obj:
-    """The sidecar's own latency per extender verb (its /metrics): calls and mean seconds,
-    by verb and result."""
+def extender_samples(installation: Installation) -> Totals | None:
+    """The sidecar's extender-verb histograms now (its /metrics); None when unreadable."""
+    try:
+        text = scrape(f"http://127.0.0.1:{installation.ports.metrics}/metrics")
+    except OSError:
+        return None
+    return totals(text, [EXTENDER], lambda labels: f"{labels['verb']} {labels['result']}")
+
+
+def extender_histograms(installation: Installation, before: Totals | None) -> Obj:
+    """The sidecar's own latency per extender verb over the burst (since `before`, a
+    reading of `extender_samples`): calls and mean seconds, by verb and result (the
+    session's sidecar may have served other tests' pods before)."""
+    after = extender_samples(installation)
+    if after is None:
+        return {"error": "the sidecar's /metrics could not be read"}
+    return {
+        key: {"calls": calls, "mean_s": round(mean, 4)}
+        for key, (calls, mean) in means(before or {}, after, EXTENDER).items()
+    }
+
+
+def planner_report(installation: Installation) -> Obj:
+    """The sidecar's planner since it started (its /metrics): releases by result, plans
+    the extender's filter found stale and chose again, the planner's rounds (count, mean
+    CPU ms) and its wait from a pod being plannable to its release written (mean ms)."""
     try:
         text = scrape(f"http://127.0.0.1:{installation.ports.metrics}/metrics")
     except OSError as error:
         return {"error": str(error)}
-    found = totals(text, [EXTENDER], lambda labels: f"{labels['verb']} {labels['result']}")
-    return {
-        key: {"calls": calls, "mean_s": round(mean, 4)}
-        for key, (calls, mean) in means({}, found, EXTENDER).items()
-    }
+    report: Obj = {}
+    for family in text_string_to_metric_families(text):
+        if family.name in COUNTERS:
+            for sample in family.samples:
+                if sample.name.endswith("_total") and sample.value:
+                    label = sample.labels.get("result", "")
+                    report[f"{family.name}{'/' + label if label else ''}"] = int(sample.value)
+    found = totals(text, [PLAN_WAIT, PLAN_ROUND], lambda _: "")
+    for name, short in ((PLAN_ROUND, "rounds"), (PLAN_WAIT, "wait")):
+        for _, (calls, mean) in means({}, found, name).items():
+            report[short] = {"count": calls, "mean_ms": round(1000 * mean, 2)}
+    return report
 
 
 LOOP_LAG = "gpuplace_event_loop_lag_seconds"
@@ -462,9 +496,11 @@ async def measure(
     *,
     timeout: float = 600,
     cleanup: bool = True,
+    log: Path | None = None,
 ) -> Obj:
     """One run: `nodes` GPU + `nodes` plain nodes, `pods` pods of each kind; see the
-    module docstring. With `cleanup`, removes its namespace and nodes after."""
+    module docstring. With `cleanup`, removes its namespace and nodes after; `log`: the
+    sidecar's log (default the tier's serve.log)."""
     run = secrets.token_hex(3)
     namespace, model = f"bench-{run}", f"BENCH-{run.upper()}"
     jar = aiohttp.TCPConnector(limit=CONCURRENCY * 2)
@@ -528,11 +564,14 @@ async def measure(
             rv = (await api.call("GET", base + "?limit=1"))["metadata"]["resourceVersion"]
             watching = asyncio.create_task(watch_binds(api, namespace, rv, timing, 2 * pods))
             await asyncio.sleep(0.5)  # the watch is open
-            merge = "application/merge-patch+json"
-            ungate = {"spec": {"schedulingGates": None}}
+            # the bench's own gate only (the first: the webhook appends gpuplace's after it)
+            ungate = [
+                {"op": "test", "path": "/spec/schedulingGates/0/name", "value": GATE},
+                {"op": "remove", "path": "/spec/schedulingGates/0"},
+            ]
 
             async def release(name: str) -> None:
-                await api.call("PATCH", f"{base}/{name}", ungate, content_type=merge)
+                await api.call("PATCH", f"{base}/{name}", ungate, content_type=JSON_PATCH)
                 timing.ungated[name] = time.monotonic()
 
             order = [name for pair in zip(gpu_pods, plain_pods, strict=True) for name in pair]
@@ -547,6 +586,7 @@ async def measure(
             flows_before = await asyncio.to_thread(flow_samples, installation)
             schedulers_before = await asyncio.to_thread(schedulers)
             lag_before = await asyncio.to_thread(loop_lag_samples, installation)
+            verbs_before = await asyncio.to_thread(extender_samples, installation)
             cpu_before, burst_began = cpu_seconds(installation), time.monotonic()
             await each(release, order)
             with contextlib.suppress(TimeoutError):
@@ -559,6 +599,11 @@ async def measure(
             )
             cpu = {
                 "burst_s": round(burst_s, 1),
+                "cpu_seconds": {
+                    name: round(cpu_after[name] - cpu_before[name], 1)
+                    for name in cpu_after
+                    if name in cpu_before
+                },
                 "cores_used": {
                     name: round((cpu_after[name] - cpu_before[name]) / burst_s, 2)
                     for name in cpu_after
@@ -587,12 +632,13 @@ async def measure(
                     "gpuplace": kinds_of(gpu_pods, timing, namespace),
                     "plain": kinds_of(plain_pods, timing, namespace),
                 },
-                "sidecar_verbs": extender_histograms(installation),
+                "sidecar_verbs": extender_histograms(installation, verbs_before),
+                "planner": planner_report(installation),
                 "sidecar_loop_lag": lag,
                 "api_priority_and_fairness": flows,
                 "kube_scheduler": scheduling,
                 "cpu": cpu,
-                "serve_log_problems": log_problems(installation.workdir / "serve.log"),
+                "serve_log_problems": log_problems(log or installation.workdir / "serve.log"),
                 "gpuplace_scheduler_exited": exited(installation),
                 "logs": str(installation.workdir),
             }
@@ -621,6 +667,9 @@ def up(scratch: Path, tries: int = 3) -> kit.Cluster:
     raise AssertionError("unreachable")
 
 
+PINS = ("nominate", "affinity", "off")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=300, help="GPU nodes, and as many plain ones")
@@ -628,34 +677,54 @@ def main(argv: list[str] | None = None) -> int:
         "--pods", type=int, default=None, help="pods of each kind (default 2 × nodes)"
     )
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument(
+        "--plan-pin",
+        default="",
+        help="comma-separated `gpuplace serve --plan-pin` values, one run each on the same "
+        f"control plane in this order ({', '.join(PINS)}; default: serve's own default)",
+    )
     args = parser.parse_args(argv)
+    variants = [v for v in args.plan_pin.split(",") if v] or [""]
+    unknown = [v for v in variants if v not in PINS]
+    if unknown:
+        parser.error(f"--plan-pin: unknown {', '.join(unknown)}; one of {', '.join(PINS)}")
     problem = kit.kit_missing()
     if problem is not None:
         print(json.dumps({"error": problem}))
         return 2
     scratch = tempfile.mkdtemp(prefix="gpuplace-bench-")  # kept: the processes' logs
     cluster = up(Path(scratch))
+    results: list[Obj] = []
     try:
         installation = install.install(cluster, Path(scratch))
-        installation.serve.start()
         installation.scheduler.start()
         try:
-            install.wait_leading(installation)
-            result = asyncio.run(
-                measure(
-                    installation,
-                    args.nodes,
-                    args.pods or 2 * args.nodes,
-                    timeout=args.timeout,
-                    cleanup=False,
-                )
-            )
+            for run, variant in enumerate(variants):
+                flags = {"--plan-pin": variant} if variant else {}
+                serve = install.serve_process(installation, flags=flags)
+                serve.log = installation.workdir / f"serve-{run}-{variant or 'default'}.log"
+                installation.serve = serve
+                serve.start()
+                try:
+                    install.wait_leading(installation)
+                    result = asyncio.run(
+                        measure(
+                            installation,
+                            args.nodes,
+                            args.pods or 2 * args.nodes,
+                            timeout=args.timeout,
+                            cleanup=run < len(variants) - 1,
+                            log=serve.log,
+                        )
+                    )
+                finally:
+                    serve.stop()
+                results.append({"plan_pin": variant or "default", **result})
         finally:
             installation.scheduler.stop()
-            installation.serve.stop()
     finally:
         cluster.down()
-    print(json.dumps(result, indent=2))
+    print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
     return 0
 
 

@@ -1,37 +1,64 @@
 """The DRA claim controller: each pod the webhook sent to DRA nodes gets its ResourceClaim,
-then its gate goes.
+pinned to the GPUs gpuplace's engine planned ("plan, then pin" on DRA nodes), then its
+gate goes.
 
 A pod on the DRA path (`gpuplace.cluster.dra_claims`) names a claim by name and waits
 behind the gate `gpuplace.io/dra-claim`. One asyncio task in the sidecar
 (`ClaimController.run`, the controller kit's round loop, deciding only in the replica whose
 kube-scheduler leads, like the gang and queue controllers), woken by every change of the
-managed pods. Each round, for every live pod still behind that gate (its index:
-`dra_pods`):
+managed pods. Each round, for every live pod still behind that gate and no gang or queue
+gate (a gang member or queued pod waits for its controller's plan), highest priority
+first, then the oldest (its index: `dra_pods`):
 
-1. **create** its claim, unless the claim informer already has it (`create_claim`, the one
-   place a pod's claim is written; a planner passes the GPUs it chose to pin it):
-   `dra_claims.claim` from the pod's parsed request, owned by the pod, its memory the ask
-   plus the CUDA context of the DRA GPUs it may land on (`dra_claims.context_mib`);
-   AlreadyExists is read back: a claim of that name owned by this pod (a round that
-   created it before a crash) is its claim, one owned by anything else is not, and the
-   pod waits with an Event saying so (`GpuClaimBlocked`); a creation the API refuses
-   (RBAC, validation) is said the same way and tried again next round;
-2. **ungate**: the gate removed (`gpuplace.controllers.writing.Writer`: UID and
+1. **plan** (synchronously, before anything is awaited, so each pod is planned on the
+   ledger as the earlier ones left it): a gang's or queue's plan where the pod has one
+   (its assignment annotations: the node and GPUs they chose), else the engine's choice
+   for the pod alone (`gpuplace.placement.choosing.Chooser`, the policy in force, the
+   same the extender's filter and the planner make) among the DRA nodes kube-scheduler
+   would offer it (affinity, taints, fences), held in the ledger (owner
+   `gpuplace.cluster.syncing.PLANNED`) until the claim's allocation replaces the hold.
+   No room now: no pin (kube-scheduler's first fit, which says why it waits);
+   `ClaimSettings.pin` `first-fit` never pins;
+2. **create** its claim, unless the claim informer already has it (`create_claim`, the one
+   place a pod's claim is written): `dra_claims.claim` from the pod's parsed request, a
+   CEL selector on the planned GPUs' UUIDs on every alternative (annotation
+   `gpuplace.io/pinned-gpus`), owned by the pod, its memory the ask plus the CUDA
+   context of the GPUs it may land on (`dra_claims.context_mib`); AlreadyExists is read
+   back: a claim of that name owned by this pod (a round that created it before a crash)
+   is its claim, one owned by anything else is not, and the pod waits with an Event
+   saying so (`GpuClaimBlocked`); a creation the API refuses (RBAC, validation) is said
+   the same way and tried again next round;
+3. **ungate**: the gate removed (`gpuplace.controllers.writing.Writer`: UID and
    resourceVersion preconditions, re-read on conflict, a no-op once it is gone). Other
-   gates (a gang's, a queue's) stay: their controllers remove them.
+   gates stay: their controllers remove them.
 
-kube-scheduler's DRA allocator then allocates the claim (first fit) and binds the pod; when
-the claim informer sees the allocation of a claim this controller's pod owns, the pod gets
-the Event `GpusAssigned` naming its GPU, node and share, as the extender's bind writes it.
-Nothing is kept only in memory: what exists is read from the API (the claim, the gate).
-Metrics: `gpuplace_dra_claims_total{result}` (`created`, `existing`, `blocked`, `refused`),
-`gpuplace_claim_controller_leading`. O(pods behind the gate) per round, one API write per
-pod and step.
+kube-scheduler's DRA allocator then allocates the claim exactly on the pinned GPUs
+(re-checking their capacity) and binds the pod; when the claim informer sees the
+allocation of a claim this controller's pod owns, the pod gets the Event `GpusAssigned`
+naming its GPU, node and share, as the extender's bind writes it.
+
+**A race** (the planned GPUs taken meanwhile by what the ledger did not see in time):
+kube-scheduler finds no node (PodScheduled False, Unschedulable) and the claim stays
+unallocated. Each round looks at the released, unbound pods whose pinned claim is in that
+state: the engine plans again (its own hold set aside); other GPUs: the claim is deleted
+(UID precondition; `GpuClaimReplanned`) and, the claim gone, made again next round on the
+new plan (kube-scheduler waits for a claim a pod names to exist); the same GPUs or no room
+now: it stays (room that frees later is seen by a later round). A pod's claim deleted by
+anyone else is made again the same way. A gang's or queue's pinned claim is theirs: it is
+not re-planned here.
+
+Nothing is kept only in memory but the holds: what exists is read from the API (the
+claim, its pin, the gate). Metrics: `gpuplace_dra_claims_total{result}` (`created`,
+`existing`, `blocked`, `refused`, `replanned`), `gpuplace_claim_controller_leading`.
+O(pods on the DRA path + pods planned × (DRA nodes + the chooser's cost)) per round, one
+API write per pod and step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -42,12 +69,15 @@ from gpuplace.cluster import dra_claims, keys, kube, nodes, recording
 from gpuplace.cluster.claims import ClaimRecord
 from gpuplace.cluster.gang_marks import gated
 from gpuplace.cluster.pods import PodRecord
-from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.cluster.syncing import PLANNED, LedgerSync
 from gpuplace.controllers import plans
 from gpuplace.controllers.api import PodApi
 from gpuplace.controllers.controller import Controller, Parts, Settings
 from gpuplace.controllers.store import PodIndex
+from gpuplace.placement import choosing
+from gpuplace.placement.choosing import Chooser
 from gpuplace.placement.inventory import Gpu, Inventory
+from gpuplace.placement.ledger import LedgerError
 from gpuplace.placement.requests import describe, share_text
 
 log = logging.getLogger(__name__)
@@ -56,12 +86,22 @@ CREATED = "created"
 EXISTING = "existing"
 BLOCKED = "blocked"
 REFUSED = "refused"
-RESULTS = (CREATED, EXISTING, BLOCKED, REFUSED)
+REPLANNED = "replanned"
+RESULTS = (CREATED, EXISTING, BLOCKED, REFUSED, REPLANNED)
 """`gpuplace_dra_claims_total{result}`: created now; found (made before, by this or
-another replica); another object's claim of that name; the API refused the creation."""
+another replica); another object's claim of that name; the API refused the creation; a
+pinned claim kube-scheduler could not allocate, deleted to be made again on a new plan."""
+
+PIN_ENGINE = "engine"
+PIN_FIRST_FIT = "first-fit"
+PINS = (PIN_ENGINE, PIN_FIRST_FIT)
+"""`ClaimSettings.pin`: the engine's plan (the default), or none (kube-scheduler's first
+fit over every DRA GPU, as before plan-then-pin; what `simulate --policy dra-first-fit`
+models)."""
 
 CLAIM_CREATED = "GpuClaimCreated"
 CLAIM_BLOCKED = "GpuClaimBlocked"
+CLAIM_REPLANNED = "GpuClaimReplanned"
 GPUS_ASSIGNED = "GpusAssigned"
 """The Event reason the extender's bind writes too: what the pod was given."""
 
@@ -75,6 +115,8 @@ class ClaimApi(PodApi, Protocol):
 
     async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
 
+    async def delete_resource_claim(self, namespace: str, name: str, *, uid: str) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class ClaimSettings(Settings):
@@ -83,6 +125,8 @@ class ClaimSettings(Settings):
 
     poll_seconds: float = 5.0
     settle_seconds: float = 0.05
+    pin: str = PIN_ENGINE
+    """Where a pod's claim lands (`PINS`)."""
 
 
 class ClaimMetrics:
@@ -95,7 +139,9 @@ class ClaimMetrics:
         self.claims = Counter(
             "gpuplace_dra_claims",
             "ResourceClaims of pods on the DRA path, by result: created, existing (made "
-            "before), blocked (the name is another object's claim), refused (by the API).",
+            "before), blocked (the name is another object's claim), refused (by the API), "
+            "replanned (a pinned claim that could not be allocated, deleted to be made on a "
+            "new plan).",
             ["result"],
             registry=registry,
         )
@@ -138,8 +184,14 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
         *,
         registry: CollectorRegistry | None = None,
         settings: ClaimSettings | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.metrics = ClaimMetrics(registry)
+        if settings is not None and settings.pin not in PINS:
+            raise ValueError(f"unknown pin {settings.pin!r}: one of {', '.join(PINS)}")
+        self.rng = rng or random.Random()
+        """The tie-break among GPUs the policy scores alike and has no line for."""
+        self._chooser: Chooser | None = None
         super().__init__(
             "claim",
             parts,
@@ -169,12 +221,18 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
                 )
 
     async def step(self) -> None:
-        """One round (module docstring)."""
-        waiting = [
-            record for record in self.store.pods.values() if record.claim_gated and record.live
-        ]
+        """One round (module docstring): the pods behind the gate, highest priority then
+        the oldest first (each planned on the ledger as the earlier ones left it), then
+        the released pods whose claim is gone or whose pinned claim cannot be allocated."""
+        live = [record for record in self.store.pods.values() if record.live]
+        waiting = sorted(
+            (record for record in live if record.claim_gated and not _planned_elsewhere(record)),
+            key=lambda pod: (-pod.priority, pod.created, pod.namespace, pod.name),
+        )
         self._told.keep(self.store.pods)
-        for result in await self.writer.each(waiting, self._start):
+        self._chooser = None
+        stranded = [record for record in live if self._stranded(record)]
+        for result in await self.writer.each([*waiting, *stranded], self._start):
             if isinstance(result, kube.ApiError):
                 log.warning(
                     "claim round step failed; retrying",
@@ -183,8 +241,26 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
             elif isinstance(result, BaseException):
                 raise result
 
+    def _stranded(self, record: PodRecord) -> bool:
+        """A released, unbound pod whose claim is not there (deleted: made again), or whose
+        pinned claim kube-scheduler found no room for (planned anew)."""
+        if record.claim_gated or record.bound or record.request is None:
+            return False
+        found = self.sync.claim(record.namespace, record.claim)
+        if found is None:
+            return True
+        return bool(
+            found.pinned
+            and found.owner == record.uid
+            and not found.allocated
+            and not found.deleting
+            and record.unschedulable
+        )
+
     async def _start(self, record: PodRecord) -> None:
-        """Create `record`'s claim if it is not there, then remove its gate."""
+        """Create `record`'s claim if it is not there (pinned where the engine or its gang
+        or queue planned it), then remove its gate; a pinned claim that cannot be
+        allocated is deleted when the engine now plans it elsewhere."""
         if record.request is None:
             if self._told.first(record.uid, "unreadable"):
                 self._emit(
@@ -195,7 +271,10 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
                 )
             return
         found = self.sync.claim(record.namespace, record.claim)
-        owner = found.owner if found is not None else await self.create_claim(record)
+        if found is not None and found.owner == record.uid and not record.claim_gated:
+            await self._replan(record, found)
+            return
+        owner = found.owner if found is not None else await self._create(record)
         if owner is None:
             return
         if owner != record.uid:
@@ -210,7 +289,125 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
                     "pod; delete the pod and create it again",
                 )
             return
-        await self.writer.write(record, None, _ungated)
+        if record.claim_gated:
+            await self.writer.write(record, None, _ungated)
+
+    async def _create(self, record: PodRecord) -> str | None:
+        """Plan `record` (synchronously, before anything is awaited) and create its claim
+        on the plan; the plan's hold is dropped when no claim came of it."""
+        pinned = self._plan(record)
+        try:
+            owner = await self.create_claim(record, pinned=pinned)
+        except BaseException:
+            self._unhold(record)
+            raise
+        if owner != record.uid:
+            self._unhold(record)
+        return owner
+
+    async def _replan(self, record: PodRecord, claim: ClaimRecord) -> None:
+        """`claim` is pinned and kube-scheduler found no node for the pod: the planned GPUs
+        were taken meanwhile (by what the ledger did not see in time). The engine plans
+        again; when it chooses other GPUs the claim is deleted (UID precondition) and made
+        next round on the new plan; when it chooses the same ones (kube-scheduler's word
+        is older than the ledger's) or finds no room, the claim stays."""
+        if record.grant is not None:  # a gang's or queue's plan: theirs to change
+            return
+        held = self.sync.hold_of(record.uid)
+        mine = held is not None and held.owner == PLANNED
+        if mine:
+            self.sync.unhold(record.uid)
+        chosen = self._choose(record)
+        if chosen is None or set(chosen[1]) == set(claim.pinned):
+            if mine and held is not None:
+                with contextlib.suppress(LedgerError):  # taken meanwhile: plan anew next round
+                    self.sync.hold(held.grant, seconds=self.settings.hold_seconds, owner=PLANNED)
+            return
+        try:
+            await self.api.delete_resource_claim(record.namespace, record.claim, uid=claim.uid)
+        except kube.ApiError as error:
+            if error.status not in (404, 409):
+                raise
+            return
+        self.metrics.claims.labels(REPLANNED).inc()
+        self._emit(
+            record,
+            recording.NORMAL,
+            CLAIM_REPLANNED,
+            f"kube-scheduler could not allocate ResourceClaim {record.namespace}/"
+            f"{record.claim} on the GPUs gpuplace planned (taken meanwhile): deleted, to be "
+            "made again on a new plan",
+        )
+
+    def _candidates(self, record: PodRecord) -> list[str]:
+        """The DRA nodes kube-scheduler would offer `record`: its affinity and selector
+        allow them, they admit it (taints, cordon), no gang or queued workload holds them.
+        O(nodes)."""
+        inventory = self.sync.ledger.inventory
+        controlled = record.controlled
+        allowed = controlled.affinity.allowed((node.name, node.labels) for node in inventory)
+        fenced = self.fences.nodes if self.fences is not None else frozenset()
+        return [
+            node.name
+            for node in inventory
+            if nodes.is_dra(node)
+            and (allowed is None or node.name in allowed)
+            and node.name not in fenced
+            and node.admits(controlled.tolerations)
+        ]
+
+    def _choose(self, record: PodRecord) -> tuple[choosing.Choice, list[str]] | None:
+        """The engine's choice for `record` among its DRA nodes, and the chosen GPUs'
+        UUIDs; None when none has room now (or a GPU has no UUID to pin). The chooser's
+        cost (`Chooser.choose` with names: O(candidates))."""
+        assert record.request is not None
+        names = self._candidates(record)
+        if not names or record.request.count < 1:
+            return None
+        if self._chooser is None or self._chooser.policy is not self.policy():
+            self._chooser = Chooser(self.sync.ledger, self.policy())
+        chosen = self._chooser.choose(record.request, self.rng, names)
+        if chosen is None:
+            return None
+        node = self.sync.ledger.inventory[chosen.node]
+        uuids = [node.gpus[index].uuid for index in chosen.gpus]
+        return (chosen, uuids) if all(uuids) else None
+
+    def _plan(self, record: PodRecord) -> list[Gpu]:
+        """The GPUs to pin `record`'s claim to: its gang's or queue's plan (its assignment
+        annotations) where it has one, else the engine's choice now, held in the ledger
+        (owner `PLANNED`) until the claim's allocation replaces it; none (first fit) with
+        `pin` first-fit, or no room now (kube-scheduler then says why it waits).
+        Synchronous."""
+        if self.settings.pin != PIN_ENGINE:
+            return []
+        inventory = self.sync.ledger.inventory
+        if record.grant is not None:
+            node = inventory.get(record.grant.node)
+            if node is None or not nodes.is_dra(node):
+                return []
+            gpus = [node.gpus[i] for i in record.grant.gpus if i < len(node.gpus)]
+            return gpus if len(gpus) == len(record.grant.gpus) and all(g.uuid for g in gpus) else []
+        self._unhold(record)  # a plan of ours that came to nothing: plan anew
+        if self.sync.ledger.get(record.uid) is not None:
+            return []
+        chosen = self._choose(record)
+        if chosen is None:
+            return []
+        assert record.request is not None
+        grant = choosing.grant_for(record.uid, chosen[0], record.request)
+        try:
+            self.sync.hold(grant, seconds=self.settings.hold_seconds, owner=PLANNED)
+        except LedgerError as error:  # cannot happen: nothing awaited since the choice
+            log.warning("plan refused by the ledger", extra={"pod": str(record), "why": str(error)})
+            return []
+        node = inventory[chosen[0].node]
+        return [node.gpus[index] for index in chosen[0].gpus]
+
+    def _unhold(self, record: PodRecord) -> None:
+        held = self.sync.hold_of(record.uid)
+        if held is not None and held.owner == PLANNED:
+            self.sync.unhold(record.uid)
 
     async def create_claim(self, record: PodRecord, *, pinned: Sequence[Gpu] = ()) -> str | None:
         """Create the claim of `record` (a pod on the DRA path whose request reads): the one
@@ -263,7 +460,7 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
             recording.NORMAL,
             CLAIM_CREATED,
             f"created ResourceClaim {record.namespace}/{record.claim} for "
-            f"{describe(record.request)}{extra}; kube-scheduler's DRA allocator picks its GPU",
+            f"{describe(record.request)}{extra}; {_where(pinned)}",
         )
         return record.uid
 
@@ -275,6 +472,20 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
         if pod is None or not self.loop.leads():
             return
         self._emit(pod, recording.NORMAL, GPUS_ASSIGNED, assigned_message(new))
+
+
+def _where(pinned: Sequence[Gpu]) -> str:
+    if not pinned:
+        return "kube-scheduler's DRA allocator picks its GPU (first fit)"
+    plural = "s" if len(pinned) > 1 else ""
+    names = ",".join(gpu.uuid for gpu in pinned)
+    return f"pinned to the GPU{plural} gpuplace planned ({names}), which kube-scheduler allocates"
+
+
+def _planned_elsewhere(record: PodRecord) -> bool:
+    """Its gang or queue plans it first: its claim is made on their plan, once their gate
+    is gone."""
+    return record.controlled.gang_gated or record.controlled.queue_gated
 
 
 def _ungated(current: dict[str, Any]) -> dict[str, Any] | None:

@@ -72,6 +72,9 @@ class ClaimRecord:
     reserved: tuple[str, ...] = ()
     """UIDs of the pods in `status.reservedFor`."""
     deleting: bool = False
+    pinned: tuple[str, ...] = ()
+    """The GPU UUIDs the engine pinned it to (annotation `gpuplace.io/pinned-gpus`, on the
+    claims gpuplace makes; none: first fit)."""
     problem: str = ""
     """Why its results cannot be read ("" when fine)."""
 
@@ -93,6 +96,12 @@ def _reserved(status: Mapping[str, Any]) -> tuple[str, ...]:
         for item in found
         if isinstance(item, Mapping) and item.get("resource") == "pods"
     )
+
+
+def _pinned(metadata: Mapping[str, Any]) -> tuple[str, ...]:
+    annotations = metadata.get("annotations")
+    found = annotations.get(keys.CLAIM_PINNED) if isinstance(annotations, Mapping) else None
+    return tuple(part for part in str(found or "").split(",") if part)
 
 
 def record(raw: Mapping[str, Any]) -> ClaimRecord:
@@ -138,6 +147,7 @@ def record(raw: Mapping[str, Any]) -> ClaimRecord:
         allocated=isinstance(status.get("allocation"), Mapping),
         reserved=_reserved(status),
         deleting=bool(metadata.get("deletionTimestamp")),
+        pinned=_pinned(metadata),
         problem=problem,
     )
 

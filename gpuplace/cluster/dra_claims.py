@@ -196,7 +196,7 @@ def claim(
 ) -> dict[str, Any]:
     """The ResourceClaim `namespace/name` for the pod `pod` (UID `pod_uid`) asking
     `request`: owned by the pod, labelled `gpuplace.io/managed=true`; `pinned`: the GPUs'
-    UUIDs it must get (`devices`)."""
+    UUIDs it must get (`devices`), also kept in its annotation `gpuplace.io/pinned-gpus`."""
     return {
         "apiVersion": dra.API_VERSION,
         "kind": "ResourceClaim",
@@ -204,6 +204,7 @@ def claim(
             "name": name,
             "namespace": namespace,
             "labels": {keys.MANAGED: "true"},
+            **({"annotations": {keys.CLAIM_PINNED: ",".join(pinned)}} if pinned else {}),
             "ownerReferences": [
                 {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": pod_uid, "controller": True}
             ],

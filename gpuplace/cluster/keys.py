@@ -112,10 +112,19 @@ NODE_DRA = PREFIX + "dra"
 """Node label: "true" puts an opted-in node on the DRA path: its node agent is the DRA
 kubelet plugin (DaemonSet gpuplace-node-agent-dra), not the device plugin (docs/dra.md)."""
 
+CLAIM_PINNED = PREFIX + "pinned-gpus"
+"""ResourceClaim annotation: the UUIDs of the GPUs the engine planned the claim on, comma
+separated (the claim's selector asks exactly them; `gpuplace.claims`); absent on a claim
+left to kube-scheduler's first fit."""
+
 # --- scheduling gates ---------------------------------------------------------
 GANG_GATE = PREFIX + "gang"
 QUEUE_GATE = QUEUE
 """A queued pod waits behind it until its queue admits it (then the gang gate, if any)."""
+PLACE_GATE = PREFIX + "place"
+"""Every other gpuplace pod waits behind it (a moment) until the sidecar's planner has
+chosen its node and GPUs with the engine and handed kube-scheduler that node
+(`gpuplace.planning`, docs/placement.md "Plan, then pin")."""
 DRA_GATE = PREFIX + "dra-claim"
 """A pod on the DRA path waits behind it until the sidecar has created the ResourceClaim
 it names (`gpuplace.cluster.dra_claims`); kube-scheduler never sees a pod whose claim does

@@ -486,6 +486,23 @@ class Kube:
             str((body.get("metadata") or {}).get("name") or ""),
         )
 
+    async def delete_resource_claim(self, namespace: str, name: str, *, uid: str) -> None:
+        """DELETE of a ResourceClaim, its UID as precondition (the sidecar's, when a
+        pinned claim cannot be allocated and its pod is planned anew)."""
+        await self._ask(
+            "delete",
+            CLAIMS,
+            self.resource.delete_namespaced_resource_claim(
+                name,
+                namespace,
+                body={"preconditions": {"uid": uid}},
+                _preload_content=False,
+                _request_timeout=self.timeout,
+            ),
+            namespace=namespace,
+            name=name,
+        )
+
     async def get_resource_slice(self, name: str) -> dict[str, Any]:
         return await self._object(
             "get",

@@ -4,11 +4,13 @@
 (`gpuplace.cluster.mirroring`): when the event arrives it reads the GPU request
 (`grammar.request_for`), the gang annotations (name, size, timeout, an elastic gang's
 `gang-min`: from the same parse, memoised across pods that share them) and the grant
-(`assignments.grant_of`), and, for the pods the gang and queue controllers keep (those
-labelled `gpuplace.io/gang` or `gpuplace.io/queue`), what they decide with: our gates,
+(`assignments.grant_of`), and, for the pods the gang, queue and plan controllers keep
+(those labelled `gpuplace.io/gang` or `gpuplace.io/queue`, or behind the planner's gate
+`gpuplace.io/place`), what they decide with: the gates (the planner's release also keeps
+the pod's raw `spec.affinity`, which it narrows without a read),
 the plan mark (`gpuplace.cluster.gang_marks`), the node constraints
 (`gpuplace.cluster.node_affinity`), the tolerations, the GangReady condition, the
-preemption policy. So the ledger sync, the extender's verbs and both controllers read
+preemption policy. So the ledger sync, the extender's verbs and the controllers read
 one immutable `PodRecord` per pod version and never parse a pod again (the controllers'
 indexes, `gpuplace.controllers.store`, hold these very records), and the informer's
 cache holds ~1 KB per pod instead of the whole object. A pod whose annotations cannot
@@ -28,6 +30,7 @@ from typing import Any
 
 from gpuplace.cluster import assignments, dra_claims, grammar, keys, taints
 from gpuplace.cluster.gang_marks import PlanMark, gated, plan_mark
+from gpuplace.cluster.gang_marks import gates as gates_of
 from gpuplace.cluster.node_affinity import NodeAffinity
 from gpuplace.placement.gangs import Domain, GangKey
 from gpuplace.placement.inventory import Inventory
@@ -71,9 +74,11 @@ class Read:
 
 @dataclass(frozen=True, slots=True)
 class Controlled:
-    """What the gang and queue controllers decide with, read for the pods they keep (those
-    labelled `gpuplace.io/gang` or `gpuplace.io/queue`); every other pod shares
-    `UNCONTROLLED` (one slot of its record, not a dozen)."""
+    """What the gang, queue and plan controllers decide with, read for the pods they keep
+    (those labelled `gpuplace.io/gang` or `gpuplace.io/queue`, those behind the gate
+    `gpuplace.io/place`, and those on the DRA path, whose GPUs the claim controller plans);
+    every other pod shares `UNCONTROLLED` (one slot of its record,
+    not a dozen)."""
 
     queue: str = ""
     """The queue label: the GpuQueue the webhook queued it in ("" for none)."""
@@ -87,6 +92,13 @@ class Controlled:
     """Our gang gate `gpuplace.io/gang` is in spec.schedulingGates."""
     queue_gated: bool = False
     """The queue's gate is still on it (its queue has not admitted it yet)."""
+    place_gated: bool = False
+    """The planner's gate `gpuplace.io/place` is still on it (`gpuplace.planning`)."""
+    gates: tuple[str, ...] = ()
+    """The names of all its scheduling gates, ours and others', in order."""
+    spec_affinity: Any = dataclasses.field(default=None, compare=False, hash=False)
+    """spec.affinity as the API has it, for a pod behind the planner's gate only (its
+    release narrows it without reading the pod again); None otherwise."""
     plan: PlanMark | None = None
     """The gang plan it carries (`gpuplace.io/gang-plan`), if readable."""
     assigned: bool = False
@@ -149,7 +161,8 @@ class PodRecord:
     """spec.priority (what its PriorityClass resolved to at creation; 0 without), as an
     int32 (`priority_of`: the one reading, for the extender and both controllers)."""
     nominated: str = ""
-    """status.nominatedNodeName: the node kube-scheduler preempted for it ("" for none)."""
+    """status.nominatedNodeName: the node kube-scheduler preempted for it, or the node
+    gpuplace's planner handed it (`gpuplace.planning`) ("" for none)."""
     unschedulable: bool = False
     """kube-scheduler's last try found no node: condition PodScheduled False, reason
     Unschedulable (it tries again when the cluster changes)."""
@@ -159,8 +172,8 @@ class PodRecord:
     created: float = 0.0
     """metadata.creationTimestamp, POSIX seconds (0 when absent)."""
     controlled: Controlled = UNCONTROLLED
-    """What the gang and queue controllers decide with (`UNCONTROLLED`, shared, for the
-    pods neither keeps)."""
+    """What the gang, queue and plan controllers decide with (`UNCONTROLLED`, shared, for
+    the pods none keeps)."""
     claim: str = ""
     """The ResourceClaim gpuplace's entry of `spec.resourceClaims` names: the pod is on the
     DRA path (`gpuplace.cluster.dra_claims`); "" for a pod on the device-plugin path."""
@@ -294,7 +307,10 @@ class Reader:
         gang = str(labels.get(keys.GANG_LABEL) or "")
         queue = str(labels.get(keys.QUEUE_LABEL) or "")
         controlled = UNCONTROLLED
-        if gang or queue:  # a controller keeps it: read what it decides with
+        place_gated = bool(spec.get("schedulingGates")) and gated(pod, keys.PLACE_GATE)
+        claim = dra_claims.named(pod)
+        # a controller keeps it (the claim controller plans a DRA pod): read what it decides with
+        if gang or queue or place_gated or claim:
             controlled = Controlled(
                 queue=queue,
                 gang_name=read.gang,
@@ -302,6 +318,9 @@ class Reader:
                 gang_timeout=read.timeout,
                 gang_gated=gated(pod, keys.GANG_GATE),
                 queue_gated=gated(pod, keys.QUEUE_GATE),
+                place_gated=place_gated,
+                gates=tuple(str(g.get("name") or "") for g in gates_of(pod)),
+                spec_affinity=spec.get("affinity") if place_gated else None,
                 plan=plan_mark(pod),
                 assigned=assignments.assigned(pod),
                 affinity=NodeAffinity.of(pod),
@@ -337,7 +356,7 @@ class Reader:
             minimum=read.minimum,
             created=timestamp(metadata.get("creationTimestamp")),
             controlled=controlled,
-            claim=dra_claims.named(pod),
+            claim=claim,
             claim_gated=gated(pod, keys.DRA_GATE),
         )
 

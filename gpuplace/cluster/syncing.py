@@ -69,6 +69,13 @@ last try found no node (condition PodScheduled=False/Unschedulable); else it wai
 kube-scheduler."""
 
 
+PLANNED = "plan"
+"""The owner of a hold the planner took (`gpuplace.planning`): the grant it chose for a pod
+it handed its node. Unlike a bind's or a gang plan's, it is the engine's preference, not
+a promise: kube-scheduler may find that node unusable, and the extender's filter then
+drops the hold and chooses again (`gpuplace.extender.deciding`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Hold:
     """A grant reserved in memory only, until `deadline` (monotonic seconds)."""

@@ -51,7 +51,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--policy",
         default="default",
-        help=f"policy, or several comma-separated: {', '.join(policies.NAMES)} (default: default)",
+        help="policy, or several comma-separated: "
+        f"{', '.join(policies.NAMES + policies.REPLAY_ONLY)} (default: default; "
+        "dra-first-fit: kube-scheduler's DRA allocator on its own, the first device with "
+        "room in pool, slice and device order, decided directly)",
     )
     parser.add_argument("--seed", type=int, default=42, help="seed of this run (default: 42)")
     parser.add_argument(
@@ -59,6 +62,12 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="decide through the extender's filter, then choose like kube-scheduler "
         "(the node it passed; one of a tie uniformly at random)",
+    )
+    parser.add_argument(
+        "--via-planner",
+        action="store_true",
+        help="decide as the sidecar's planner plans a pod (plan, then pin: its node handed "
+        "to kube-scheduler, which binds it there)",
     )
     parser.add_argument(
         "--memory-only-shares",
@@ -123,13 +132,16 @@ def run(args: argparse.Namespace) -> int:
         print("gpuplace simulate: --gpus goes with --queues", file=sys.stderr)
         return 2
     names = [name.strip() for name in str(args.policy).split(",") if name.strip()]
-    unknown = [name for name in names if name not in policies.NAMES]
+    unknown = [name for name in names if name not in policies.NAMES + policies.REPLAY_ONLY]
     if unknown or not names:
         print(
             f"gpuplace simulate: unknown policy {', '.join(unknown) or '(none)'}; "
-            f"choose from {', '.join(policies.NAMES)}",
+            f"choose from {', '.join(policies.NAMES + policies.REPLAY_ONLY)}",
             file=sys.stderr,
         )
+        return 2
+    if args.via_extender and args.via_planner:
+        print("gpuplace simulate: --via-extender or --via-planner, not both", file=sys.stderr)
         return 2
     if args.plot and commands.lacks("matplotlib", "simulate --plot", "demo"):
         return 2
@@ -179,7 +191,9 @@ def run(args: argparse.Namespace) -> int:
                 pods_name=pods_path.name,
                 policy_name=name,
                 seed=args.seed,
-                extender=args.via_extender,
+                # dra-first-fit is kube-scheduler's own choice: always decided directly
+                extender=args.via_extender and name not in policies.REPLAY_ONLY,
+                planner=args.via_planner and name not in policies.REPLAY_ONLY,
                 priorities=args.priorities,
                 preempt=preempt,
             )
@@ -214,6 +228,7 @@ def run_queues(args: argparse.Namespace) -> int:
         flag
         for flag, value in (
             ("--via-extender", args.via_extender),
+            ("--via-planner", args.via_planner),
             ("--memory-only-shares", args.memory_only_shares is not None),
             ("--priorities", args.priorities > 0),
             ("--decisions", args.decisions),

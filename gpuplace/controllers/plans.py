@@ -14,7 +14,8 @@ resourceVersion preconditions, a no-op once the pod shows it), safe to repeat:
   own writes just returned, else fresh reads), those still carrying the plan;
 - **narrow** (`narrowed`): a gated member's required node affinity pinned to its planned
   node (`gpuplace.controllers.pinning`, what kube-apiserver lets a gated pod tighten);
-- **ungate** (`without_gate`): its scheduling gates less one;
+- **ungate** (`without_gate`): its scheduling gates less one; `released` is both in one
+  write (the queue's admission of a pod alone, the planner's affinity pin);
 - **roll back** (`Plans.clear`): the mark and the assignment cleared from the members
   still carrying the plan that the controller may still undo (`may`: unbound, its gate
   still on), and their holds in the ledger released.
@@ -67,6 +68,18 @@ def narrowed(current: Mapping[str, Any], node: str) -> dict[str, Any] | None:
     """The pod's `spec.affinity` pinned to `node` (`gpuplace.controllers.pinning.narrowed`),
     None when it already is."""
     return pinning.narrowed((current.get("spec") or {}).get("affinity"), node)
+
+
+def released(current: Mapping[str, Any], gate: str, node: str | None) -> dict[str, Any]:
+    """The merge patch's `spec` of a gated pod's release in one write: `gate` removed and,
+    for a `node`, its required node affinity pinned there (kube-apiserver takes both in
+    one update: a gated pod's affinity may narrow in the update that removes its last
+    gate)."""
+    spec: dict[str, Any] = {"schedulingGates": without_gate(current, gate)}
+    affinity = narrowed(current, node) if node is not None else None
+    if affinity is not None:
+        spec["affinity"] = affinity
+    return spec
 
 
 def cleared() -> dict[str, None]:

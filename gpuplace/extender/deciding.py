@@ -18,7 +18,12 @@ pod is bound elsewhere; they appear in neither list of the answer.
 
 A pod that already holds a grant (a reservation: a bind that wrote its assignment but
 not yet its Binding, or a gang plan) is offered only that grant's node, and every
-other node is unresolvable for it, so preemption does not try them either.
+other node is unresolvable for it, so preemption does not try them either. The planner's
+hold (`gpuplace.planning`, plan then pin) is a preference, not a reservation: when
+kube-scheduler does not offer its node (it tried that nominated node first and its own
+filters refused it) or the node's GPUs filled meanwhile, filter drops it and chooses
+again among the nodes offered, as for any pod (a stale plan planned again, never a pod
+held to a node it cannot use).
 
 The evaluation made for a pod's `filter` is kept (by pod UID) and reused by its
 `prioritize` when neither the ledger nor the policy changed in between; otherwise the
@@ -46,7 +51,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gpuplace.cluster import grammar, pods
+from gpuplace.cluster import grammar, pods, syncing
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.extender import node_names, reasons
 from gpuplace.extender.load_polling import LoadBoard
@@ -139,6 +144,12 @@ class Decider:
         """How a pod's annotations read: the process's one `pods.Reader` (the managed-pod
         informer's, `Mirror.reader`: one memo of parsed requests per process), or its own."""
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
+        self.stale_plans = Counter(
+            "gpuplace_extender_stale_plans_total",
+            "Pods whose planned node (the planner's hold) kube-scheduler did not offer, or "
+            "that filled meanwhile: filter dropped the plan and chose again.",
+            registry=registry,
+        )
         self.cache_lookups = Counter(
             "gpuplace_evaluation_cache_total",
             "prioritize calls that reused filter's evaluation (hit) or scored again (miss).",
@@ -209,6 +220,10 @@ class Decider:
         if request is None:
             return Verdict(passed=list(names))
         holding = self.sync.ledger.get(uid) if uid else None
+        if holding is not None and self._plan_gone_stale(uid, holding, names):
+            self.sync.unhold(uid)  # the planner's choice no longer fits: choose again
+            self.stale_plans.inc()
+            holding = None
         if holding is not None:
             return self._reserved(names, request, holding)
         evaluation = self._evaluate(uid, request, names, reuse=False)
@@ -277,6 +292,15 @@ class Decider:
         10, in their order. O(passed), + the tie-break's cost with loads."""
         found = self._tie_broken(list(map(choices.__getitem__, passed)), view)
         return _at_top(passed, list(map(_SCORE, found)))  # every passed node has a choice
+
+    def _plan_gone_stale(self, uid: str, holding: Grant, names: Sequence[str]) -> bool:
+        """The pod's grant is the planner's hold (`syncing.PLANNED`, a preference) and
+        kube-scheduler does not offer its node (its own filters refused it), or a grant
+        the informer brought in since overcommits its GPUs. O(names) once."""
+        hold = self.sync.hold_of(uid)
+        if hold is None or hold.owner != syncing.PLANNED:
+            return False
+        return holding.node not in names or bool(self.sync.ledger.overcommitted(holding))
 
     def _reserved(self, names: Sequence[str], request: GpuRequest, holding: Grant) -> Verdict:
         verdict = Verdict(passed=[], request=request, holding=holding)

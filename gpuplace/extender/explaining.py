@@ -139,7 +139,13 @@ def claims_lines(
         if claim is not None and claim.held:
             lines.append(
                 f"Holds {_claim_text(claim)} through ResourceClaim {namespace}/{name} "
-                "(DRA: allocated by kube-scheduler), counted in gpuplace's ledger."
+                f"({_users_text(claim)}), counted in gpuplace's ledger."
+            )
+        elif claim is not None and not claim.managed and not claim.allocated:
+            lines.append(
+                f"Its own ResourceClaim {namespace}/{name} waits for kube-scheduler's DRA "
+                "allocator, which takes the first device that fits (gpuplace's engine does "
+                "not plan a claim a user writes; the gpuplace.io annotations do)."
             )
     if names and unread and not lines:
         lines.append(f"Its ResourceClaims could not be read: {unread}.")
@@ -154,7 +160,7 @@ def _dra_lines(sync: LedgerSync, record: PodRecord, grant: Grant | None, unread:
         where = "Running on" if record.bound else "Allocated, not bound yet:"
         return [
             f"{where} {_claim_text(claim)} through its ResourceClaim {name}, allocated by "
-            "kube-scheduler's DRA allocator (first fit over the DRA nodes' devices)."
+            f"kube-scheduler's DRA allocator {_chooser_text(claim)}."
         ]
     if claim is None and unread:
         return [f"On the DRA path with ResourceClaim {name}, which could not be read: {unread}."]
@@ -174,10 +180,33 @@ def _dra_lines(sync: LedgerSync, record: PodRecord, grant: Grant | None, unread:
         else ""
     )
     gated = " It is also gated: its gang or queue lets it go first." if record.gated else ""
+    if claim.pinned:
+        return [
+            f"Pending: its ResourceClaim {name} waits for kube-scheduler's DRA allocator, "
+            f"pinned to the GPU{'s' if len(claim.pinned) > 1 else ''} gpuplace planned "
+            f"({', '.join(claim.pinned)}); if they are taken meanwhile, gpuplace plans it "
+            f"anew and makes the claim again.{planned}{gated}"
+        ]
     return [
         f"Pending: its ResourceClaim {name} waits for kube-scheduler's DRA allocator, which "
         f"allocates the first device that fits on a DRA node.{planned}{gated}"
     ]
+
+
+def _users_text(claim: ClaimRecord) -> str:
+    if claim.managed:
+        return "DRA: allocated by kube-scheduler"
+    return (
+        "DRA: kube-scheduler's first fit over the DRA nodes' devices; the pod's own claim, "
+        "which gpuplace's engine does not plan"
+    )
+
+
+def _chooser_text(claim: ClaimRecord) -> str:
+    """Who chose the device of an allocated claim."""
+    if claim.pinned:
+        return "on the GPUs gpuplace's engine planned (the claim pinned to them)"
+    return "(first fit over the DRA nodes' devices: gpuplace had no plan for it)"
 
 
 def _on_path(sync: LedgerSync, record: PodRecord) -> list[str]:
@@ -244,6 +273,15 @@ def explain(
         head.append(
             f"Pending behind the scheduling gate {keys.QUEUE_GATE}: its GpuQueue admits it "
             "when its quota and a free GPU cover it (docs/queues.md)."
+        )
+    elif record.gated and keys.PLACE_GATE in gates and keys.GANG_GATE not in gates:
+        others = [gate for gate in gates if gate != keys.PLACE_GATE]
+        first = f" once {', '.join(others)} is removed" if others else ""
+        head.append(
+            f"Pending behind the scheduling gate {keys.PLACE_GATE}: gpuplace's planner "
+            f"chooses its node and GPUs{first} and releases it at once with that node for "
+            "kube-scheduler to try first (docs/placement.md, plan then pin); a pod that stays "
+            "here means no replica's planner leads (gpuplace_plan_controller_leading)."
         )
     elif record.gated:
         head.append(
@@ -367,8 +405,9 @@ def preemption_lines(
             )
         else:
             lines.append(
-                f"Nominated to node {node} by kube-scheduler's preemption; no pod there is "
-                "terminating any more: the next attempt should bind it."
+                f"Nominated to node {node} by kube-scheduler's preemption, or by gpuplace's "
+                "planner (its plan); no pod there is terminating: kube-scheduler tries that "
+                "node first, and every other one if it no longer fits there."
             )
     for condition in conditions:
         if (

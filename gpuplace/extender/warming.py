@@ -218,5 +218,8 @@ class Warmer:
             complete = await self.fill(self.holder.current())
             self.warm_shapes.set(complete)
             self.warm.set()
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            # that races with the event, and the task would never stop
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.holder.staged_event.wait(), self.interval)
+                async with asyncio.timeout(self.interval):
+                    await self.holder.staged_event.wait()

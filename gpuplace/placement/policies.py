@@ -9,6 +9,10 @@ of equal score within one node (ties: the lowest GPU index).
 - `fgd`: fragmentation gradient descent (Weng et al., ATC '23) as published: the
   fragmentation decrease through a sigmoid, truncated to an integer 0-100.
 - `default`: ours; see `DefaultPolicy`.
+- `dra-first-fit` (replays only, `REPLAY_ONLY`): kube-scheduler's DRA allocator on its
+  own, as a baseline: the first device with room in the order the node agent publishes
+  them, pools by name, then each slice's devices as listed; no scoring
+  (`DraFirstFitPolicy`).
 
 Each `score` is O(types × GPUs) on a fragmentation-memo miss, O(GPUs) otherwise.
 """
@@ -18,7 +22,7 @@ from __future__ import annotations
 import math
 import random
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from gpuplace.placement.fragmentation import MIN_CPU_MILLI, TaskType, Workload
 from gpuplace.placement.ledger import NodeState
@@ -88,6 +92,13 @@ class FirstFitPolicy:
         return ordinal / float(1 << 31)
 
 
+def pool_order(names: Iterable[str]) -> dict[str, int]:
+    """Nodes in the order kube-scheduler's DRA allocator takes their pools: by name (the
+    node agent names a node's one pool after the node, `gpuplace.cluster.dra.pool_name`).
+    O(n log n)."""
+    return {name: position for position, name in enumerate(sorted(names))}
+
+
 class Ranked:
     """A fixed line of nodes for exact ties: `rank` (lower first) where given, else a
     stable hash of the name, so ties pack onto the same nodes instead of spreading."""
@@ -123,6 +134,30 @@ class BestFitPolicy(Ranked):
 
     def prefer(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
         return -float(sum(state.free_milli[index] for index in gpus))
+
+
+class DraFirstFitPolicy(Ranked):
+    """kube-scheduler's own device choice under DRA, which scores no device: the first
+    device that has room, in the order the node agent publishes them. Pools in name order
+    (`rank`: `pool_order`, required), one slice per pool, its devices as listed: by GPU
+    index (`gpu-0`, `gpu-1`, ...; `gpuplace.cluster.dra.slice_spec`). Every fitting node
+    scores alike, so the chooser takes the first in pool order; within it, the GPU set
+    whose first GPU comes first (`prefer`). What fits is the engine's own rule either
+    way (shares by compute and memory, whole GPUs free, a model asked for), so a replay
+    compares where pods go, not what fits."""
+
+    name = "dra-first-fit"
+
+    def __init__(self, rank: Mapping[str, int] | None) -> None:
+        if rank is None:
+            raise ValueError("dra-first-fit needs the pool order (policies.pool_order)")
+        super().__init__(rank)
+
+    def score(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+        return 0.0
+
+    def prefer(self, state: NodeState, request: GpuRequest, gpus: tuple[int, ...]) -> float:
+        return -float(min(gpus)) if gpus else 0.0
 
 
 def _sigmoid(x: float) -> float:
@@ -287,6 +322,12 @@ class DefaultPolicy(Ranked):
 
 
 NAMES = ("default", "fgd", "best-fit", "first-fit", "random")
+"""The sidecar's policies (`--policy`)."""
+REPLAY_ONLY = ("dra-first-fit",)
+"""Baselines a replay may run, never the sidecar (`gpuplace simulate --policy`)."""
+
+
+Made = RandomPolicy | FirstFitPolicy | BestFitPolicy | FgdPolicy | DefaultPolicy | DraFirstFitPolicy
 
 
 def make(
@@ -295,22 +336,22 @@ def make(
     workload: Workload | None = None,
     rng: random.Random | None = None,
     rank: Mapping[str, int] | None = None,
-) -> RandomPolicy | FirstFitPolicy | BestFitPolicy | FgdPolicy | DefaultPolicy:
+) -> Made:
     """The policy called `name`. fgd and default need the typical workload; `rank`
-    (a node's place in line, lower first) is default's last tie-break."""
-    factories: dict[
-        str, Callable[[], RandomPolicy | FirstFitPolicy | BestFitPolicy | FgdPolicy | DefaultPolicy]
-    ]
+    (a node's place in line, lower first) is default's last tie-break, and dra-first-fit's
+    pool order (`pool_order`)."""
+    factories: dict[str, Callable[[], Made]]
     factories = {
         "random": lambda: RandomPolicy(rng or random.Random(0)),
         "first-fit": FirstFitPolicy,
         "best-fit": lambda: BestFitPolicy(rank),
         "fgd": lambda: FgdPolicy(_need(workload, name), rank),
         "default": lambda: DefaultPolicy(_need(workload, name), rank),
+        "dra-first-fit": lambda: DraFirstFitPolicy(rank),
     }
     factory = factories.get(name)
     if factory is None:
-        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(NAMES)}")
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(NAMES + REPLAY_ONLY)}")
     return factory()
 
 

@@ -68,15 +68,6 @@ def _admitting(current: Mapping[str, Any]) -> bool:
     return gated(current, keys.QUEUE_GATE) and not plans.bound(current)
 
 
-def _release(current: Mapping[str, Any], node: str) -> Patch:
-    """The spec part of an admission: affinity pinned to `node`, the queue gate gone."""
-    spec: Patch = {"schedulingGates": plans.without_gate(current, keys.QUEUE_GATE)}
-    affinity = plans.narrowed(current, node)
-    if affinity is not None:
-        spec["affinity"] = affinity
-    return spec
-
-
 class Admitter:
     """The writes of the module docstring for one controller."""
 
@@ -108,7 +99,8 @@ class Admitter:
         def change(current: dict[str, Any]) -> Patch | None:
             if not _admitting(current):
                 return None
-            return {"metadata": {"annotations": annotations}, "spec": _release(current, grant.node)}
+            spec = plans.released(current, keys.QUEUE_GATE, grant.node)
+            return {"metadata": {"annotations": annotations}, "spec": spec}
 
         try:
             body = await self.writer.write(pod, None, change)
@@ -220,7 +212,7 @@ class Admitter:
             def change(current: dict[str, Any]) -> Patch | None:
                 if not plans.marked(current, plan_id) or not _admitting(current):
                     return None
-                return {"spec": _release(current, mark.node)}
+                return {"spec": plans.released(current, keys.QUEUE_GATE, mark.node)}
 
             return await self.writer.write(pod, body, change)
 

@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from gpuplace.cluster import keys
 from gpuplace.placement import choosing, fragmentation, policies, replay, trace
@@ -21,6 +21,10 @@ from gpuplace.placement.choosing import Choice
 from gpuplace.placement.inventory import Inventory, Node
 from gpuplace.placement.ledger import Ledger
 from gpuplace.placement.requests import GpuRequest
+
+if TYPE_CHECKING:
+    from gpuplace.cluster.syncing import LedgerSync
+    from gpuplace.extender.workloads import PolicyHolder
 
 
 def read_nodes(path: Path) -> list[Node]:
@@ -73,6 +77,7 @@ class RunFigures:
     victim_gpus: float = 0.0
     totals_blind: int = 0
     totals_wrong: int = 0
+    via_planner: bool = False
 
 
 Decide = Callable[[Ledger, GpuRequest, str], Choice | None]
@@ -117,6 +122,26 @@ def trace_pod(uid: str, request: GpuRequest) -> dict[str, Any]:
     }
 
 
+def sidecar_policy(
+    chooser: choosing.Chooser,
+    pods: Sequence[trace.TracePod],
+    policy_name: str,
+    rng: random.Random,
+) -> tuple[LedgerSync, PolicyHolder]:
+    """A sidecar's ledger sync over the replay's ledger, having seen every pod of the list,
+    and its policy holder: the policy the sidecar builds from that typical workload, with
+    its own line of nodes (a stable hash of node names)."""
+    from gpuplace.cluster.syncing import LedgerSync
+    from gpuplace.extender.workloads import PolicyHolder
+
+    sync = LedgerSync()
+    sync.ledger = chooser.ledger
+    for pod in pods:
+        sync.requests.append(pod.request())
+    sync.requests_version += 1
+    return sync, PolicyHolder(sync, policy_name, rng=rng)
+
+
 def via_extender(
     chooser: choosing.Chooser,
     pods: Sequence[trace.TracePod],
@@ -131,16 +156,9 @@ def via_extender(
     pods it has seen (here: the pod list); the node line is the sidecar's (a stable hash
     of node names), not the seeded one. CPU-only pods are not gpuplace's in a real
     cluster; the replay places them with the same policy as in direct mode."""
-    from gpuplace.cluster.syncing import LedgerSync
     from gpuplace.extender.deciding import Decider
-    from gpuplace.extender.workloads import PolicyHolder
 
-    sync = LedgerSync()
-    sync.ledger = chooser.ledger
-    for pod in pods:
-        sync.requests.append(pod.request())
-    sync.requests_version += 1
-    holder = PolicyHolder(sync, policy_name, rng=rng)
+    sync, holder = sidecar_policy(chooser, pods, policy_name, rng)
     decider = Decider(sync, holder)
     names = list(chooser.ledger.inventory.names())
 
@@ -156,6 +174,30 @@ def via_extender(
         outcome = decider.best_on(node, verdict.request or request)
         decider.forget(uid)
         return outcome if isinstance(outcome, Choice) else None
+
+    return decide
+
+
+def via_planner(
+    chooser: choosing.Chooser,
+    pods: Sequence[trace.TracePod],
+    policy_name: str,
+    rng: random.Random,
+) -> Decide:
+    """Plan, then pin: every GPU pod is planned as the sidecar's planner plans it
+    (`gpuplace.planning.choice.choose`, on the policy the sidecar builds from the pods it
+    has seen, with its own line of nodes), and kube-scheduler binds it there (the nominated
+    node fits: nothing moves between the plan and the bind in a replay). CPU-only pods are
+    placed with the same policy, as in the other modes."""
+    from gpuplace.planning import choice
+
+    _, holder = sidecar_policy(chooser, pods, policy_name, rng)
+    planner = choosing.Chooser(chooser.ledger, holder.current().policy)
+
+    def decide(ledger: Ledger, request: GpuRequest, uid: str) -> Choice | None:
+        if request.count == 0:
+            return chooser.choose(request, rng)
+        return choice.choose(planner, request, rng, None)
 
     return decide
 
@@ -181,6 +223,7 @@ def run(
     extender: bool,
     priorities: float = 0.0,
     preempt: bool = False,
+    planner: bool = False,
 ) -> tuple[RunFigures, replay.Replay]:
     """One replay of `pods` on `nodes` with one policy and seed; with `priorities` > 0
     that fraction of GPU pods is high priority, and with `preempt` they evict lower ones
@@ -192,11 +235,23 @@ def run(
     rng = random.Random(seed)
     # Direct mode lines nodes up in a seeded order (the paper's simulator); through the
     # extender the line is the sidecar's own, for GPU and CPU-only pods alike.
-    rank = None if extender else node_rank([node.name for node in nodes], seed)
+    # dra-first-fit's line is the DRA allocator's pool order, in every mode.
+    names = [node.name for node in nodes]
+    if policy_name in policies.REPLAY_ONLY:
+        if extender or planner:
+            raise ValueError(f"{policy_name} is kube-scheduler's own allocator: decided directly")
+        rank: dict[str, int] | None = policies.pool_order(names)
+    else:
+        rank = None if extender or planner else node_rank(names, seed)
     policy = policies.make(policy_name, workload=workload, rng=rng, rank=rank)
     ledger = Ledger(Inventory(nodes))
     chooser = choosing.Chooser(ledger, policy)
-    decide = via_extender(chooser, pods, policy_name, rng) if extender else direct(chooser, rng)
+    if extender:
+        decide = via_extender(chooser, pods, policy_name, rng)
+    elif planner:
+        decide = via_planner(chooser, pods, policy_name, rng)
+    else:
+        decide = direct(chooser, rng)
     timings: list[float] = []
 
     def timed(ledger: Ledger, request: GpuRequest, uid: str) -> Choice | None:
@@ -215,6 +270,7 @@ def run(
         policy=policy_name,
         seed=seed,
         via_extender=extender,
+        via_planner=planner,
         arrivals=len(order),
         allocation_at_100=round(result.allocation_at(100), 2),
         allocation_at_130=round(result.allocation_at(130), 2),
@@ -248,18 +304,25 @@ def _quantile(sorted_values: Sequence[float], q: float) -> float:
 
 
 HEADER = (
-    f"{'pods':<28} {'policy':<10} {'seed':>5} {'mode':<8} {'alloc@100':>9} {'alloc@130':>9} "
+    f"{'pods':<28} {'policy':<13} {'seed':>5} {'mode':<8} {'alloc@100':>9} {'alloc@130':>9} "
     f"{'@1st-rej':>8} {'frag%@80':>8} {'fragamt@100':>11} {'rejected':>8} "
     f"{'p50 ms':>7} {'p99 ms':>7}"
 )
 
 
+def mode_of(figures: RunFigures) -> str:
+    """How a run decided: `direct`, through the extender's filter, or the planner's."""
+    if figures.via_extender:
+        return "extender"
+    return "planner" if figures.via_planner else "direct"
+
+
 def row(figures: RunFigures) -> str:
-    mode = "extender" if figures.via_extender else "direct"
+    mode = mode_of(figures)
     if figures.preempt:
         mode += "+pre"
     return (
-        f"{figures.pods:<28} {figures.policy:<10} {figures.seed:>5} {mode:<8} "
+        f"{figures.pods:<28} {figures.policy:<13} {figures.seed:>5} {mode:<8} "
         f"{figures.allocation_at_100:>8.2f}% {figures.allocation_at_130:>8.2f}% "
         f"{figures.allocation_at_first_reject:>7.2f}% {figures.frag_rate_at_80:>7.2f}% "
         f"{figures.frag_amount_at_100:>10.2f}% {figures.rejected:>8} "
@@ -268,7 +331,7 @@ def row(figures: RunFigures) -> str:
 
 
 PREEMPT_HEADER = (
-    f"{'pods':<28} {'policy':<10} {'seed':>5} {'mode':<12} {'high':>6} {'high-rej':>8} "
+    f"{'pods':<28} {'policy':<13} {'seed':>5} {'mode':<12} {'high':>6} {'high-rej':>8} "
     f"{'preempts':>8} {'victims':>7} {'victim-GPUs':>11} {'sched-blind':>11} {'sched-wrong':>11}"
 )
 
@@ -277,9 +340,9 @@ def preempt_row(figures: RunFigures) -> str:
     """The priority figures of a run: high-priority GPU pods, those rejected, preemptions,
     pods evicted and their GPUs, and how many preemptions kube-scheduler alone would have
     got wrong on that node (no victim seen on totals, or victims that free no GPU)."""
-    mode = ("extender" if figures.via_extender else "direct") + ("+pre" if figures.preempt else "")
+    mode = mode_of(figures) + ("+pre" if figures.preempt else "")
     return (
-        f"{figures.pods:<28} {figures.policy:<10} {figures.seed:>5} {mode:<12} "
+        f"{figures.pods:<28} {figures.policy:<13} {figures.seed:>5} {mode:<12} "
         f"{figures.high:>6} {figures.high_rejected:>8} {figures.preemptions:>8} "
         f"{figures.victims:>7} {figures.victim_gpus:>11.2f} {figures.totals_blind:>11} "
         f"{figures.totals_wrong:>11}"

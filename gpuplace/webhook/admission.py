@@ -430,6 +430,7 @@ def _build(
             container,
             config.scheduler_name,
             node_agent=config.node_agent,
+            place_gate=config.place_gate,
             queue=queue,
             queue_source=source,
             claim=claim,

@@ -21,6 +21,10 @@ class WebhookConfig:
     node_agent: bool = False
     """GPU nodes run `gpuplace node-agent`: GPU containers request `gpuplace.io/gpu` and get
     their GPUs and MPS env from its device plugin; the webhook writes no GPU env vars."""
+    place_gate: bool = False
+    """The sidecar of this process plans every GPU pod that is neither a gang member nor
+    queued (`--plan-pin`): such a pod gets the scheduling gate `gpuplace.io/place`, which
+    the planner removes once it has handed kube-scheduler the planned node."""
     dra_claims: str = "off"
     """Which annotated pods go to DRA nodes (`--dra-claims`): `off` (none), `fallback`
     (those no device-plugin node could hold and a DRA node could), `prefer` (every one a

@@ -23,6 +23,10 @@ returns the minimal JSON Patch to get there:
 - for a queued pod (`queue`: the GpuQueue `gpuplace.io/queue` or its namespace's label
   names, docs/queues.md) the label `gpuplace.io/queue=<queue>` and the scheduling gate
   `gpuplace.io/queue`, which the queue controller removes when the queue admits it;
+- for every other pod, when the sidecar plans them (`place_gate`, `--plan-pin`), the
+  scheduling gate `gpuplace.io/place`, which the planner removes once it has handed
+  kube-scheduler the node it planned (`gpuplace.planning`): every gpuplace pod is gated at
+  admission, since a gate can be set only then;
 - for a member of an elastic gang (`gang-min` below `gang-size`) the env var
   `GPUPLACE_GANG_COUNT`, the gang's member count when this member starts, read through the
   downward API from the annotation `gpuplace.io/gang-count` its plan carries.
@@ -161,6 +165,7 @@ def build(
     scheduler_name: str,
     *,
     node_agent: bool = False,
+    place_gate: bool = False,
     queue: str = "",
     queue_source: str = "",
     claim: str = "",
@@ -172,8 +177,10 @@ def build(
     of env vars); `queue`: the GpuQueue it waits in ("" for none), which `queue_source`
     (`annotation`, `namespace`) named; `claim`: the pod goes to DRA nodes with this claim
     ("": the device-plugin path), scheduled by `dra_scheduler_name`; `dra_nodes`: DRA nodes
-    exist (a device-plugin pod is kept off them). Raises `patches.PatchError` on a pod of
-    impossible shape."""
+    exist (a device-plugin pod is kept off them); `place_gate`: the sidecar plans the
+    device-plugin pods no gang or queue does (the gate `gpuplace.io/place`; a DRA pod
+    keeps the claim controller's gate, which plans it and pins its claim). Raises
+    `patches.PatchError` on a pod of impossible shape."""
     patch = patches.Patch(pod)
     warnings: list[str] = []
     dra = bool(claim)
@@ -204,6 +211,8 @@ def build(
     if spec.gang is not None:
         patch.put(("metadata", "labels", keys.GANG_LABEL), spec.gang.name)
         _gate(patch, keys.GANG_GATE)
+    elif place_gate and not queue and not dra:
+        _gate(patch, keys.PLACE_GATE)
     if spec.memory_rounded:
         warnings.append(
             f"{keys.GPU_MEMORY} was rounded up to whole MiB: {spec.memory_mib}Mi per GPU"

@@ -5,7 +5,7 @@
 informer of managed pods through `sync`: `gpuplace.claims.controller.dra_pods`) and the
 controller, deciding while `active()` says so (the sidecar passes the leader gate it shares
 with the gang and queue controllers). Its API is `KubeClaims`: the pod calls of the kit
-and the two ResourceClaim calls, through `gpuplace.cluster.kube.Kube`.
+and the three ResourceClaim calls (create, get, delete), through `gpuplace.cluster.kube.Kube`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.controllers.api import KubePods
 from gpuplace.controllers.controller import Parts
 from gpuplace.placement.choosing import Policy
+from gpuplace.placement.fences import Fences
+from gpuplace.wiring.settings import SidecarSettings
 
 
 class KubeClaims(KubePods):
@@ -35,6 +37,9 @@ class KubeClaims(KubePods):
     async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
         return await self.api.get_resource_claim(namespace, name)
 
+    async def delete_resource_claim(self, namespace: str, name: str, *, uid: str) -> None:
+        await self.api.delete_resource_claim(namespace, name, uid=uid)
+
 
 def build(
     api: kube.Kube,
@@ -44,13 +49,21 @@ def build(
     recorder: recording.Recorder | None,
     registry: CollectorRegistry | None,
     settings: ClaimSettings | None = None,
+    fences: Fences | None = None,
     clock: Callable[[], float] = time.time,
     active: Callable[[], bool] | None = None,
     blocked: Callable[[], str | None] | None = None,
 ) -> ClaimController:
     """The claim controller over `api`, on `sync`'s pods and claims (`policy`: the
-    placement policy in force, which the planning step will use)."""
+    placement policy in force, which plans each claim's GPUs; `fences`: the nodes gangs'
+    and queued workloads hold, never planned for a lone pod)."""
     parts: Parts[ClaimApi] = Parts(
-        KubeClaims(api), sync, policy, recorder, None, clock, active=active, blocked=blocked
+        KubeClaims(api), sync, policy, recorder, fences, clock, active=active, blocked=blocked
     )
     return ClaimController(parts, dra_pods(sync), registry=registry, settings=settings)
+
+
+def settings_from(flags: SidecarSettings) -> ClaimSettings:
+    """The controller's settings as the sidecar's flags set them (`--dra-pin`,
+    `--reservation-timeout-seconds`: how long a plan's hold waits for the allocation)."""
+    return ClaimSettings(pin=flags.dra_pin, hold_seconds=flags.reservation_timeout_seconds)

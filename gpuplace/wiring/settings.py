@@ -37,11 +37,27 @@ S = TypeVar("S", bound=BaseSettings)
 LEASE_PATTERN = r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 
+PLAN_PIN_HELP = (
+    "plan, then pin: the webhook gates every GPU pod that is neither a gang member nor "
+    "queued (gpuplace.io/place), the sidecar plans it with the engine and releases it "
+    "with the planned node handed to kube-scheduler: nominate = as its nominated node "
+    "(status.nominatedNodeName: tried first, every other node if it no longer fits), "
+    "affinity = as its only node (metadata.name pinned in its node affinity: one write, "
+    "but a node that fills meanwhile keeps the pod pending); off = no gate, the "
+    "extender's filter chooses among every node (docs/placement.md)"
+)
+PLAN_PIN_DEFAULT = (
+    "; off by default in serve: measured at 1,000 + 1,000 nodes (docs/performance.md), "
+    "neither pin had per-pod p50 and p99 as good as plain pods' (its API writes cost the "
+    "API server more than they save kube-scheduler)"
+)
+
+
 class SidecarSettings(BaseSettings):
     """The scheduler sidecar's flags (`gpuplace.wiring.sidecar` and its builders read
     them); each is also an env var GPUPLACE_<NAME>. `gangs` and `queues` are off here (a
     bare sidecar, as the extender tests build it); `Settings`, the `gpuplace serve`
-    process's, turns them on."""
+    process's, turns them on. `plan_pin` is off in both (measured: `PLAN_PIN_DEFAULT`)."""
 
     model_config = SettingsConfigDict(env_prefix="GPUPLACE_", frozen=True, extra="ignore")
 
@@ -148,6 +164,10 @@ class SidecarSettings(BaseSettings):
         description="run the gang controller: plan complete gangs all at once, reserve "
         "their GPUs and remove their scheduling gates together",
     )
+    plan_pin: Literal["nominate", "affinity", "off"] = Field(
+        "off",
+        description=PLAN_PIN_HELP,
+    )
     scheduler_lease: str = Field(
         f"{leader.LEASE_NAMESPACE}/{leader.LEASE_NAME}",
         pattern=LEASE_PATTERN,
@@ -241,6 +261,13 @@ class SidecarSettings(BaseSettings):
         "no device-plugin node could ever hold and a DRA node could (on a cluster of DRA "
         "nodes only: all); prefer = every pod a DRA node could hold; the sidecar then also "
         "mirrors every ResourceClaim into its ledger (docs/dra.md)",
+    )
+    dra_pin: Literal["engine", "first-fit"] = Field(
+        "engine",
+        description="with --dra-claims: where a DRA pod's claim lands: engine = on the GPUs "
+        "gpuplace's engine plans (the policy, gangs' and queues' plans), the claim pinned "
+        "to their UUIDs, planned anew when they are taken meanwhile; first-fit = no pin, "
+        "kube-scheduler's DRA allocator takes the first device that fits (docs/dra.md)",
     )
     require_node_agent: bool = Field(
         False,
@@ -398,6 +425,9 @@ class Settings(SidecarSettings):
         True,
         description="run the gang controller: plan complete gangs all at once, reserve "
         "their GPUs and remove their scheduling gates together",
+    )
+    plan_pin: Literal["nominate", "affinity", "off"] = Field(
+        "off", description=PLAN_PIN_HELP + PLAN_PIN_DEFAULT
     )
     queues: bool = Field(
         True,

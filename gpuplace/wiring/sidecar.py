@@ -7,7 +7,7 @@ one informer of nodes and the one of managed pods (`gpuplace.cluster.mirroring`,
 `pods.Reader` is the process's one reading of a pod), the placement policy in force
 (`gpuplace.extender.workloads.PolicyHolder`), the fences of a starving gang or queued
 workload, the Event recorder, the reaper of expired reservations, the node status
-advertiser, and the leader gate of both controllers (`gpuplace.wiring.leading`: they
+advertiser, and the leader gate of the controllers (`gpuplace.wiring.leading`: they
 decide only while this pod's kube-scheduler holds its leader-election Lease,
 `--scheduler-lease`, so that one replica's ledger decides at a time). The features,
 each built by its own module of this room:
@@ -19,6 +19,8 @@ each built by its own module of this room:
 - with `gangs`, the gang controller (`gpuplace.wiring.gangs`);
 - with `queues`, the GpuQueues and the queue controller (`gpuplace.wiring.queues`; the
   webhook of the same process reads the same `directory`);
+- with `plan_pin`, the planner (`gpuplace.wiring.planning`: plan, then pin; the webhook of
+  the same process gates the pods it plans: those on the device-plugin path);
 - with `dra_claims` (other than `off`), the informer of ResourceClaims beside the pod
   informer (grants through claims and through the extender: one ledger) and the DRA claim
   controller (`gpuplace.wiring.claims`: the claims of pods the webhook sent to DRA nodes).
@@ -34,8 +36,9 @@ For `gpuplace serve` (see gpuplace.wiring.composing):
 
 or, in a single aiohttp app: `app.cleanup_ctx.append(sidecar.cleanup_ctx)`. It reads its
 flags from `gpuplace.wiring.settings.SidecarSettings` (the process's `Settings` extends
-them, and is what `gpuplace serve` passes here); `SidecarSettings.gangs` and `queues` are
-off (a bare sidecar, as the extender tests build it), `gpuplace serve` turns them on.
+them, and is what `gpuplace serve` passes here); `SidecarSettings.gangs`, `queues` and
+`plan_pin` are off (a bare sidecar, as the extender tests build it), `gpuplace serve`
+turns them on.
 """
 
 from __future__ import annotations
@@ -60,7 +63,16 @@ from gpuplace.placement.inventory import Capabilities
 from gpuplace.runtime import gc_tuning
 from gpuplace.usage.gpu_loads import LoadReader
 from gpuplace.webhook.inventory import Paths, paths_of
-from gpuplace.wiring import claims, extender, gangs, leading, loads, node_agents, queues
+from gpuplace.wiring import (
+    claims,
+    extender,
+    gangs,
+    leading,
+    loads,
+    node_agents,
+    planning,
+    queues,
+)
 from gpuplace.wiring.settings import SidecarSettings
 
 log = logging.getLogger(__name__)
@@ -71,7 +83,7 @@ them in that time costs those Events, never the stop."""
 
 
 class Controlled(TypedDict):
-    """What the sidecar hands both controllers' builders alike."""
+    """What the sidecar hands every controller's builder alike."""
 
     fences: Fences
     recorder: recording.Recorder | None
@@ -168,11 +180,15 @@ class Sidecar:
         registry.register(api.refusals)  # gpuplace_api_refusals_total
         self.leader = (
             leading.follower(api, settings.scheduler_lease)
-            if settings.gangs or settings.queues or settings.dra_claims != "off"
+            if settings.gangs
+            or settings.queues
+            or settings.dra_claims != "off"
+            or settings.plan_pin != "off"
             else None
         )
         """Whether this replica's kube-scheduler leads (None: always treated as leading,
-        or no controller runs): the gang, queue and claim controllers decide only then."""
+        or no controller runs): the gang, queue, claim and plan controllers decide only
+        then."""
         blocked = self.leader.blocked_reason if self.leader is not None else None
         controlled = Controlled(
             fences=self.fences,
@@ -203,6 +219,18 @@ class Sidecar:
             else None
         )
         """The GpuQueues and the queue controller (None with `queues` off)."""
+        self.planning = (
+            planning.build(
+                api,
+                self.sync,
+                self._policy,
+                settings=planning.settings_from(settings),
+                **controlled,
+            )
+            if settings.plan_pin != "off"
+            else None
+        )
+        """The planner: plan, then pin (None with `plan_pin` off)."""
         self.claims = (
             claims.build(
                 api,
@@ -210,6 +238,8 @@ class Sidecar:
                 self._policy,
                 recorder=self.recorder,
                 registry=registry,
+                settings=claims.settings_from(settings),
+                fences=self.fences,
                 active=controlled["active"],
                 blocked=controlled["blocked"],
             )
@@ -302,6 +332,8 @@ class Sidecar:
             work.extend(self.gangs.work())
         if self.queues is not None:
             work.extend(self.queues.work())
+        if self.planning is not None:
+            work.extend(self.planning.work())
         if self.claims is not None:
             work.append(self.claims.run())
         return work

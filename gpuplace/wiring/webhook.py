@@ -115,6 +115,8 @@ def webhook_config(settings: Settings) -> WebhookConfig:
         max_body_bytes=settings.max_body_bytes,
         read_timeout_seconds=settings.read_timeout_seconds,
         node_agent=settings.node_agent,
+        # the planner runs in this process's sidecar: none with an offline inventory
+        place_gate=settings.plan_pin != "off" and settings.inventory is None,
         dra_claims=settings.dra_claims,
         dra_scheduler_name=settings.dra_scheduler_name,
     )

@@ -34,7 +34,12 @@ NAMESPACE = "team-a"
 
 def dra_node(name: str = "h100-0", gpus: int = 2) -> dict[str, Any]:
     return objects.node(
-        name, gpus=gpus, model=H100, gpu_memory_mib=81559, labels={keys.NODE_DRA: "true"}
+        name,
+        gpus=gpus,
+        model=H100,
+        gpu_memory_mib=81559,
+        uuids=True,  # what the node agent publishes: the claims are pinned by UUID
+        labels={keys.NODE_DRA: "true"},
     )
 
 
@@ -117,11 +122,19 @@ async def test_a_dra_pod_gets_its_claim_its_grant_and_its_event(
         {"apiVersion": "v1", "kind": "Pod", "name": "train", "uid": uid, "controller": True}
     ]
     assert stored["metadata"]["labels"] == {keys.MANAGED: "true"}
+    # the engine's plan: gpu-0 of h100-0 (the default policy, an empty node), held
+    assert stored["metadata"]["annotations"] == {keys.CLAIM_PINNED: "GPU-h100-0-00"}
     exactly = stored["spec"]["devices"]["requests"][0]["exactly"]
     # 8192 MiB + the H100's context at 30 % of threads (144 + 5 x 30): the whole MPS limit
     assert exactly["capacity"] == {"requests": {"compute": "300", "memory": "8486Mi"}}
-    assert exactly["selectors"] == [{"cel": {"expression": dra.model_selector([H100])}}]
-    # kube-scheduler allocates it (first fit) and binds the pod
+    assert exactly["selectors"] == [
+        {"cel": {"expression": dra.uuids_selector(["GPU-h100-0-00"])}},
+        {"cel": {"expression": dra.model_selector([H100])}},
+    ]
+    sync = sidecar.sidecar.sync
+    hold = sync.hold_of(uid)
+    assert hold is not None and (hold.grant.node, hold.grant.gpus) == ("h100-0", (0,))
+    # kube-scheduler allocates it where it is pinned and binds the pod
     allocate(server, claim, "h100-0", "gpu-0", compute="300", memory="8486Mi")
     server.api.patch(
         "resource.k8s.io/resourceclaims",
@@ -131,7 +144,6 @@ async def test_a_dra_pod_gets_its_claim_its_grant_and_its_event(
         subresource="status",
     )
     server.api.bind(NAMESPACE, "train", "h100-0")
-    sync = sidecar.sidecar.sync
     await eventually(lambda: (g := sync.ledger.get(uid)) is not None and g.node == "h100-0")
     grant = sync.ledger.get(uid)
     assert grant is not None
@@ -161,8 +173,10 @@ async def test_a_dra_pod_gets_its_claim_its_grant_and_its_event(
     assert told.headline[0] == (
         f"Running on GPU 0 of node h100-0 (30%, 8486 MiB each: its MPS memory limit, the CUDA "
         f"context inside) through its ResourceClaim {NAMESPACE}/{claim}, allocated by "
-        "kube-scheduler's DRA allocator (first fit over the DRA nodes' devices)."
+        "kube-scheduler's DRA allocator on the GPUs gpuplace's engine planned (the claim "
+        "pinned to them)."
     )
+    assert sync.hold_of(uid) is None  # the claim's allocation took the plan's place
     assert [row.node for row in told.rows] == ["h100-0"]
     # the claim goes (the garbage collector, once the pod is deleted): its GPU is free again
     server.api.delete("pods", "train", NAMESPACE)
@@ -254,4 +268,96 @@ async def test_without_the_dra_component_the_sidecar_says_what_rbac_it_lacks() -
 def test_the_controller_keeps_dra_pods_only() -> None:
     body = webhook_pod("p", {keys.GPU_PERCENT: "30"}, dra_node())
     assert copy.deepcopy(body)["spec"]["schedulingGates"] == [{"name": keys.DRA_GATE}]
-    assert claims_controller.RESULTS == ("created", "existing", "blocked", "refused")
+    assert claims_controller.RESULTS == ("created", "existing", "blocked", "refused", "replanned")
+
+
+def unschedulable(server: localapi.Server, pod: str) -> None:
+    """What kube-scheduler writes when no node fits (its DRA plugin: the pinned GPU is full)."""
+    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    server.api.patch(
+        "pods", pod, {"status": {"conditions": [condition]}}, NAMESPACE, subresource="status"
+    )
+
+
+def users_claim(name: str) -> dict[str, Any]:
+    """A ResourceClaim a user wrote against gpuplace's DeviceClass: one whole GPU."""
+    return {
+        "apiVersion": dra.API_VERSION,
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": dra_claims.REQUEST, "exactly": {"deviceClassName": dra.DRIVER}}
+                ]
+            }
+        },
+    }
+
+
+async def test_a_pinned_claim_whose_gpu_is_taken_meanwhile_is_planned_anew(
+    server: localapi.Server, sidecar: Harness
+) -> None:
+    """A 50 % share is planned on gpu-0 and its claim pinned there; before kube-scheduler
+    allocates it, a user's own claim takes all of gpu-0 (first fit: the engine never saw
+    it coming) and kube-scheduler finds no node for the pod. The controller plans again
+    (gpu-1 has room), deletes the claim and makes it pinned to gpu-1: the pod is never
+    left pending with room in the cluster. The user's claim is served (first fit) and
+    explain says so."""
+    sync = sidecar.sidecar.sync
+    body = webhook_pod("racer", {keys.GPU_PERCENT: "50", keys.GPU_MODEL: H100}, dra_node())
+    claim = dra_claims.named(body)
+    uid = server.api.create(body)["metadata"]["uid"]
+    await eventually(lambda: not server.api.get("pods", "racer", NAMESPACE)["spec"].get(
+        "schedulingGates"
+    ))  # fmt: skip
+    first = server.api.get("resource.k8s.io/resourceclaims", claim, NAMESPACE)
+    assert first["metadata"]["annotations"] == {keys.CLAIM_PINNED: "GPU-h100-0-00"}
+    server.api.create(users_claim("mine"))
+    allocate(server, "mine", "h100-0", "gpu-0", compute="1k", memory="80960Mi")
+    await eventually(lambda: (c := sync.claim(NAMESPACE, "mine")) is not None and bool(c.held))
+    unschedulable(server, "racer")
+
+    def repinned() -> bool:
+        stored = server.api.objects("resource.k8s.io/resourceclaims", NAMESPACE)
+        again = [c for c in stored if c["metadata"]["name"] == claim]
+        return bool(again) and again[0]["metadata"]["uid"] != first["metadata"]["uid"]
+
+    await eventually(repinned, timeout=15.0)
+    second = server.api.get("resource.k8s.io/resourceclaims", claim, NAMESPACE)
+    assert second["metadata"]["annotations"] == {keys.CLAIM_PINNED: "GPU-h100-0-01"}
+    assert second["metadata"]["ownerReferences"][0]["uid"] == uid
+    await eventually(lambda: "GpuClaimReplanned" in reasons(server, "racer"))
+    assert "taken meanwhile" in message(server, "racer", "GpuClaimReplanned")
+    sample = sidecar.sidecar.registry.get_sample_value
+    assert sample("gpuplace_dra_claims_total", {"result": "replanned"}) == 1
+    hold = sync.hold_of(uid)
+    assert hold is not None and hold.grant.gpus == (1,)
+    # the same word again (kube-scheduler's condition is older than the new claim) and the
+    # same plan: the claim stays
+    await eventually(lambda: sync.claim(NAMESPACE, claim) is not None)
+    controller = sidecar.sidecar.claims
+    assert controller is not None
+    await eventually(lambda: sync.pods[uid].unschedulable)
+    seen = controller.rounds
+    await eventually(lambda: controller.rounds >= seen + 2)
+    assert sample("gpuplace_dra_claims_total", {"result": "replanned"}) == 1
+    # explain: the pinned claim waits; the user's own claim was kube-scheduler's first fit
+    told = explaining.explain(
+        sync, PolicyHolder(sync, "default", refresh_seconds=0.0), sync.pods[uid], claims=(claim,)
+    )
+    assert "pinned to the GPU gpuplace planned (GPU-h100-0-01)" in told.headline[0]
+    users = explaining.claims_lines(sync, NAMESPACE, ["mine"])
+    assert users == [
+        "Holds GPU 0 of node h100-0 (whole, 80960 MiB each) through ResourceClaim "
+        f"{NAMESPACE}/mine (DRA: kube-scheduler's first fit over the DRA nodes' devices; the "
+        "pod's own claim, which gpuplace's engine does not plan), counted in gpuplace's "
+        "ledger."
+    ]
+    server.api.create(users_claim("later"))
+    await eventually(lambda: sync.claim(NAMESPACE, "later") is not None)
+    assert explaining.claims_lines(sync, NAMESPACE, ["later"]) == [
+        f"Its own ResourceClaim {NAMESPACE}/later waits for kube-scheduler's DRA allocator, "
+        "which takes the first device that fits (gpuplace's engine does not plan a claim a "
+        "user writes; the gpuplace.io annotations do)."
+    ]

@@ -89,10 +89,10 @@ async def test_a_gang_of_dra_pods_preempts_lower_dra_pods_and_is_planned_on_the_
     server: localapi.Server,
 ) -> None:
     """h100-0's two GPUs are held through the claims of two priority-0 DRA pods. A
-    priority-100 gang of two one-GPU DRA members: their claims are made while the gang
-    gate holds them; the gang controller finds room only by evicting both (their grants
-    are the claims, in the one ledger), plans both members on h100-0 (never a100-0: their
-    affinity says DRA), pins them there and ungates them together."""
+    priority-100 gang of two one-GPU DRA members: the gang controller finds room only by
+    evicting both (their grants are the claims, in the one ledger), plans both members on
+    h100-0 (never a100-0: their affinity says DRA), pins them there and ungates them
+    together; only then are their claims made, each pinned to its planned GPU."""
     async with gang_rig.rig(
         server, settings=SETTINGS, dra_claims="fallback", scheduler_lease=""
     ) as r:
@@ -112,10 +112,10 @@ async def test_a_gang_of_dra_pods_preempts_lower_dra_pods_and_is_planned_on_the_
                 keys.DRA_GATE,
             }
             server.api.create(member)
-        # the claims are made behind the gang gate, which stays
+        # no claim while the gang gate holds them: it is made on the gang's plan
         for i in range(2):
-            await claimed(server, f"w{i}")
-            assert gated(pod_of(server, f"w{i}"), keys.GANG_GATE)
+            assert gated(pod_of(server, f"w{i}"), keys.DRA_GATE)
+            assert dra_claims.named(pod_of(server, f"w{i}")) not in claim_names(server)
         await eventually(lambda: sorted(victims(server)) == ["low0", "low1"], timeout=15)
         freed = await gang_rig.events(r, "GpuPreempted")
         assert freed == [] or all("for gang" in message for message in freed)
@@ -130,6 +130,14 @@ async def test_a_gang_of_dra_pods_preempts_lower_dra_pods_and_is_planned_on_the_
         assert all(mark is not None and mark.node == "h100-0" for mark in marks), marks
         planned = [assignments.grant_of(pod) for pod in members]
         assert sorted(gpu for grant in planned if grant is not None for gpu in grant.gpus) == [0, 1]
+        for i, grant in enumerate(planned):
+            assert grant is not None
+            claim = await claimed(server, f"w{i}")
+            stored = server.api.get("resource.k8s.io/resourceclaims", claim, NAMESPACE)
+            # pinned to the GPU the gang's plan chose for that member
+            assert stored["metadata"]["annotations"] == {
+                keys.CLAIM_PINNED: f"GPU-h100-0-{grant.gpus[0]:02d}"
+            }
         for pod in members:
             terms = pod["spec"]["affinity"]["nodeAffinity"][
                 "requiredDuringSchedulingIgnoredDuringExecution"
@@ -139,6 +147,10 @@ async def test_a_gang_of_dra_pods_preempts_lower_dra_pods_and_is_planned_on_the_
                 in term["matchExpressions"]
                 for term in terms
             ), terms
+
+
+def claim_names(server: localapi.Server) -> set[str]:
+    return {c["metadata"]["name"] for c in server.api.objects("resource.k8s.io/resourceclaims")}
 
 
 def victims(server: localapi.Server) -> list[str]:

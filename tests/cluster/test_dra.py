@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 import re
 from decimal import Decimal
 from pathlib import Path
@@ -20,7 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuplace.cluster import dra
-from gpuplace.placement.requests import WHOLE
+from gpuplace.placement import choosing, policies
+from gpuplace.placement.ledger import Grant
+from gpuplace.placement.requests import WHOLE, GpuRequest
+from tests.placement.clusters import ledger, node
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICE_CLASS = ROOT / "deploy" / "components" / "dra" / "deviceclass.yaml"
@@ -392,3 +396,31 @@ def test_the_slice_the_api_server_stored_is_what_was_published() -> None:
     gpus = [h100(0), h100(1)]
     assert dra.same_devices(stored["spec"], dra.slice_spec("local-node", gpus))
     assert not dra.same_devices(stored["spec"], dra.slice_spec("local-node", gpus[:1]))
+
+
+def test_dra_first_fit_replays_the_order_the_agent_publishes() -> None:
+    """`gpuplace simulate --policy dra-first-fit` stands for kube-scheduler's allocator,
+    which takes pools by name and a slice's devices as listed: the agent's slices list a
+    node's GPUs by index (gpu-2 before gpu-10, whatever order NVML gave), one pool named
+    after the node, and the policy fills GPUs and nodes in exactly that order."""
+    gpus = [h100(index) for index in (10, 2, 0, 11, 1, 3, 4, 5, 6, 7, 8, 9)]
+    names = ["node-b", "node-a10", "node-a2"]
+    slices = {name: dra.slice_spec(name, gpus) for name in names}
+    published = [
+        (spec["pool"]["name"], device["attributes"][dra.INDEX]["int"])
+        for spec in sorted(slices.values(), key=lambda spec: spec["pool"]["name"])
+        for device in spec["devices"]
+    ]
+    assert [name for name, _ in published[:12]] == ["node-a10"] * 12
+    assert [index for _, index in published[:12]] == list(range(12))
+    book = ledger(*(node(name, 12) for name in names))
+    chooser = choosing.Chooser(
+        book, policies.make("dra-first-fit", rank=policies.pool_order(names))
+    )
+    taken = []
+    for number in range(len(published)):
+        chosen = chooser.choose(GpuRequest(milli=600, count=1), random.Random(0))
+        assert chosen is not None
+        book.reserve(Grant(f"pod-{number}", chosen.node, chosen.gpus, 600, 0))
+        taken.append((dra.pool_name(chosen.node), chosen.gpus[0]))
+    assert taken == published

@@ -88,9 +88,13 @@ DRA_NODE_AGENT: set[Grant] = {
 GPUPLACE_DRA: set[Grant] = {
     ("resource.k8s.io", "resourceslices", "get", ()),
     ("resource.k8s.io", "resourceslices", "update", ()),
-} | {("resource.k8s.io", "resourceclaims", verb, ()) for verb in ("get", "list", "watch", "create")}
+} | {
+    ("resource.k8s.io", "resourceclaims", verb, ())
+    for verb in ("get", "list", "watch", "create", "delete")
+}
 """ClusterRole `gpuplace-dra`: the sidecar's silence taints (--dra-silence-taints), its
-ResourceClaim informer and the claims it creates (--dra-claims)."""
+ResourceClaim informer and the claims it creates, and deletes when their pinned GPUs were
+taken meanwhile (--dra-claims)."""
 NAMESPACE_OF = {"gpuplace-node-agent": "kube-system", "gpuplace-node-agent-dra": "kube-system"}
 """Identities outside the gpuplace namespace (the node agent, a node daemon)."""
 
@@ -355,6 +359,7 @@ DRA_SIDECAR = {
     ("resource.k8s.io", "list_resource_claim_for_all_namespaces"),
     ("resource.k8s.io", "create_namespaced_resource_claim"),
     ("resource.k8s.io", "read_namespaced_resource_claim"),
+    ("resource.k8s.io", "delete_namespaced_resource_claim"),
 }
 """The sidecar's calls with --dra-silence-taints and --dra-claims (granted by
 components/dra only; the DRA node agent reads claims too, with its own role)."""
@@ -533,7 +538,11 @@ def test_the_sidecar_writes_slices_only_with_the_dra_component(
     assert kube_methods_called(writer) == {"get_resource_slice", "replace_resource_slice"}
     assert {"read_resource_slice", "replace_resource_slice"} <= {call for _, call in DRA_SIDECAR}
     claimer = rendering.ROOT / "gpuplace" / "wiring" / "claims.py"
-    assert kube_methods_called(claimer) == {"create_resource_claim", "get_resource_claim"}
+    assert kube_methods_called(claimer) == {
+        "create_resource_claim",
+        "get_resource_claim",
+        "delete_resource_claim",
+    }
 
 
 CERTS_CLIENTS = {"core": "", "adm": "admissionregistration.k8s.io"}

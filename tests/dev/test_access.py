@@ -100,7 +100,7 @@ DRA_CASES = [
     (GPUPLACE, "create", "resourceclaims.resource.k8s.io", "team-a", True),
     (GPUPLACE, "get", "resourceclaims.resource.k8s.io/c", "team-a", True),
     (GPUPLACE, "update", "resourceclaims.resource.k8s.io/c", "team-a", False),
-    (GPUPLACE, "delete", "resourceclaims.resource.k8s.io/c", "team-a", False),
+    (GPUPLACE, "delete", "resourceclaims.resource.k8s.io/c", "team-a", True),  # a stale pin
     (GPUPLACE, "update", "resourceclaims.resource.k8s.io/c/status", "team-a", False),
     (GPUPLACE, "create", "resourceclaimtemplates.resource.k8s.io", "team-a", False),
     (GPUPLACE, "update", "resourceslices.resource.k8s.io/s", "", True),

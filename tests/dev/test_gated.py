@@ -102,6 +102,12 @@ CASES = [
          put("/spec/affinity/podAntiAffinity",
              {"preferredDuringSchedulingIgnoredDuringExecution": [ANTI]}),
          ("spec", "FieldValueForbidden", "")),
+    # the planner's affinity pin and the queue's admission: the last gate removed and the
+    # affinity narrowed in the same update (judged against the old, gated pod)
+    Case("ungated-and-narrowed", True, ONE_TERM, None,
+         [{"op": "remove", "path": "/spec/schedulingGates"},
+          *put("/spec/affinity", required({"matchExpressions": [ZONE], "matchFields": [HERE]}))],
+         None),
     Case("affinity-ungated", False, None, None,
          put("/spec/affinity", required({"matchFields": [HERE]})),
          ("spec", "FieldValueForbidden", "")),
@@ -139,3 +145,27 @@ async def test_a_gated_pods_update_is_judged_as_kube_apiserver_judges_it(
         assert message.endswith(wanted_end), message
     else:
         assert FORBIDDEN_SPEC in message, message
+
+
+async def test_a_gated_pods_nominated_node_may_be_set_then_its_gate_removed(
+    server: Served,
+) -> None:
+    """The planner's nominate pin: `status.nominatedNodeName` written through pods/status
+    while the pod is gated (with its resourceVersion as precondition), then the gate
+    removed; the nomination stays."""
+    made = await server.create(pod("p", gates=(GATE,)))
+    rv = made["metadata"]["resourceVersion"]
+    status = {"metadata": {"resourceVersion": rv}, "status": {"nominatedNodeName": "n1"}}
+    answer = await server.patch(server.path("pods", "p", "status"), status)
+    nominated = answer.ok(200)
+    assert nominated["status"]["nominatedNodeName"] == "n1"
+    assert nominated["spec"]["schedulingGates"] == [{"name": GATE}]
+    stale = await server.patch(server.path("pods", "p", "status"), status)
+    assert stale.status == 409, stale.body
+    ungate = {
+        "metadata": {"resourceVersion": nominated["metadata"]["resourceVersion"]},
+        "spec": {"schedulingGates": None},
+    }
+    released = (await server.patch(server.path("pods", "p"), ungate)).ok(200)
+    assert not released["spec"].get("schedulingGates")
+    assert released["status"]["nominatedNodeName"] == "n1"

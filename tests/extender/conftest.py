@@ -96,13 +96,19 @@ class Harness:
         assert status == 200, body
         return str(body["Error"])
 
-    async def schedule(self, pod: dict[str, Any], rng: random.Random | None = None) -> str:
+    async def schedule(
+        self,
+        pod: dict[str, Any],
+        rng: random.Random | None = None,
+        names: list[str] | None = None,
+    ) -> str:
         """What kube-scheduler does with the shipped profile: filter; one node passed:
         bind it (kube-scheduler skips scoring); several (a policy's tie): its own plugin
         scores pick one (drawn from `rng` here; the profile has no prioritizeVerb); bind.
-        Returns the node, or raises AssertionError with filter's reasons when none fits."""
+        `names`: the nodes its own filters passed (default: every node). Returns the node,
+        or raises AssertionError with filter's reasons when none fits."""
         rng = rng or random.Random(0)
-        names = sorted(self.sidecar.sync.nodes)
+        names = sorted(self.sidecar.sync.nodes) if names is None else names
         verdict = await self.filter(pod, names)
         passed = verdict["NodeNames"]
         if not passed:

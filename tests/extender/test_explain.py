@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from gpuplace import cli
-from gpuplace.cluster import assignments, mps_limits, pods, quantities
+from gpuplace.cluster import assignments, keys, mps_limits, pods, quantities
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
 from gpuplace.extender import explaining
+from gpuplace.extender.workloads import PolicyHolder
 from gpuplace.placement import choosing, policies
 from gpuplace.placement.ledger import Grant
 from gpuplace.placement.requests import Topology
@@ -188,7 +189,7 @@ def test_pending_preemption_is_shown_on_both_sides(
     cluster.call(preempting)
     assert explain(cluster, tmp_path, "default/waiting") == 0
     out = capsys.readouterr().out
-    assert "Nominated to node a100-1 by kube-scheduler's preemption" in out
+    assert "Nominated to node a100-1 by kube-scheduler's preemption, or by gpuplace's" in out
     assert explain(cluster, tmp_path, "default/busy-3") == 0
     out = capsys.readouterr().out
     assert "Being preempted: gpuplace: preempting to accommodate" in out
@@ -238,3 +239,17 @@ def test_explain_shows_the_policy_score_and_the_nvlink_preference_apart() -> Non
         state, clusters.whole(2, topology=Topology.PREFERRED), found["nvlink"].gpus
     )
     assert explaining._scored(found["nvlink"]) == (f"one NVLink domain, policy score {plain:.6g}; ")
+
+
+def test_a_pod_behind_the_planners_gate_says_what_it_waits_for() -> None:
+    sync = LedgerSync()
+    holder = PolicyHolder(sync, "best-fit")
+    record = replace(pods.record(objects.pod("p")), uid="p", gated=True)
+    alone = explaining.explain(sync, holder, record, gates=[keys.PLACE_GATE]).headline
+    assert any(
+        line.startswith("Pending behind the scheduling gate gpuplace.io/place") for line in alone
+    )
+    behind = explaining.explain(
+        sync, holder, record, gates=["batch.example/admit", keys.PLACE_GATE]
+    ).headline
+    assert any("once batch.example/admit is removed" in line for line in behind)

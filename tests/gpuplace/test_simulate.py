@@ -171,6 +171,24 @@ def test_priorities_run_each_policy_without_and_with_preemption(tmp_path: Path) 
     assert run("--priorities", "2").returncode == 2
 
 
+def test_the_planner_and_the_dra_allocators_first_fit_replay_side_by_side(
+    tmp_path: Path,
+) -> None:
+    """`--via-planner` decides as the sidecar's planner; dra-first-fit, kube-scheduler's
+    own allocator, is decided directly in the same call; both modes are in the JSON."""
+    figures = tmp_path / "figures.json"
+    args = ["simulate", "--policy", "default,dra-first-fit", "--via-planner"]
+    assert cli.main([*args, "--json", str(figures)]) == 0
+    runs = json.loads(figures.read_text())["runs"]
+    assert [(r["policy"], r["via_planner"]) for r in runs] == [
+        ("default", True),
+        ("dra-first-fit", False),
+    ]
+    assert runs[0]["allocation_at_100"] > runs[1]["allocation_at_100"]
+    both = run("--via-planner", "--via-extender")
+    assert both.returncode == 2 and "not both" in both.stderr
+
+
 def test_unknown_policy_lists_the_choices() -> None:
     result = run("--policy", "fastest")
     assert result.returncode == 2
@@ -186,6 +204,7 @@ def test_help_documents_the_options(flag: str) -> None:
         "--policy",
         "--seed",
         "--via-extender",
+        "--via-planner",
         "--memory-only-shares",
         "--decisions",
         "--priorities",

@@ -144,3 +144,25 @@ def test_requests_refuse_impossible_shapes() -> None:
         GpuRequest(milli=0, count=1)
     with pytest.raises(ValueError, match="0 GPUs"):
         GpuRequest(milli=10, count=0)
+
+
+def test_dra_first_fit_takes_the_first_device_with_room_in_pool_order() -> None:
+    """kube-scheduler's DRA allocator on its own: pools by name (whatever the inventory's
+    order), devices as published (by index); no packing onto a used GPU, no scoring."""
+    book = ledger(node("b", 2), node("a", 2), node("c", 2))
+    rank = policies.pool_order(["b", "a", "c"])
+    policy = policies.make("dra-first-fit", rank=rank)
+    chooser = choosing.Chooser(book, policy)
+    first = chooser.choose(share(300), random.Random(0))
+    assert first is not None and (first.node, first.gpus) == ("a", (0,))
+    book.reserve(Grant("x", "a", (0,), 800, 0))
+    second = chooser.choose(share(300), random.Random(0))
+    assert second is not None and (second.node, second.gpus) == ("a", (1,))
+    book.reserve(Grant("y", "a", (1,), 900, 0))
+    third = chooser.choose(share(300), random.Random(0))
+    assert third is not None and (third.node, third.gpus) == ("b", (0,))
+    # a share that fits the used GPU still goes to the first device with room
+    small = chooser.choose(share(200), random.Random(0))
+    assert small is not None and (small.node, small.gpus) == ("a", (0,))
+    with pytest.raises(ValueError, match="pool order"):
+        policies.make("dra-first-fit")

@@ -42,6 +42,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,10 +220,13 @@ def install(cluster: Cluster, workdir: Path) -> Installation:
     return installation
 
 
-def serve_process(installation: Installation, *, queues: bool = False) -> HostProcess:
+def serve_process(
+    installation: Installation, *, queues: bool = False, flags: Mapping[str, str] | None = None
+) -> HostProcess:
     """`gpuplace serve` with the Deployment's arguments, as ServiceAccount gpuplace; with
     `queues`, plus `--queues=true` (the queue controller: on by default in `gpuplace serve`,
-    so the Deployment runs it too; named so that the queue tests do not rest on a default)."""
+    so the Deployment runs it too; named so that the queue tests do not rest on a default);
+    `flags` set more (the throughput bench's `--plan-pin`)."""
     box = container(installation.rendered, "Deployment", "gpuplace", "gpuplace")
     ports, tls = installation.ports, installation.workdir / "tls"
     kubeconfig = installation.sa_kubeconfig(NAMESPACE, "gpuplace")
@@ -238,6 +242,7 @@ def serve_process(installation: Installation, *, queues: bool = False) -> HostPr
             "--key-file": str(tls / "tls.key"),
             "--kubeconfig": str(kubeconfig),
             **({"--queues": "true"} if queues else {}),
+            **(flags or {}),
         },
     )
     return HostProcess(

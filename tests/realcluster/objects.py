@@ -19,6 +19,8 @@ deletion or eviction of a pod on a node without a kubelet completes at once.
 from __future__ import annotations
 
 import json
+import re
+import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -257,3 +259,14 @@ def observed(kubectl: Kubectl, namespace: str, name: str, allowed: int) -> None:
         )
 
     kubectl.wait_object("poddisruptionbudgets", name, done, namespace=namespace)
+
+
+def metric(url: str, name: str) -> float:
+    """The sum of a metric's samples (every label set) on a /metrics page."""
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        text = answer.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if re.match(rf"{re.escape(name)}(\{{| )", line)
+    )

@@ -32,12 +32,12 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuplace.cluster import dra, dra_claims, keys
+from gpuplace.cluster import assignments, dra, dra_claims, keys
 from tests.realcluster import install
 from tests.realcluster.conftest import KubeletNode, Scope, derived_replay
 from tests.realcluster.install import AGENT_NAMESPACE, GPUPLACE, NO_IMAGE_LABEL, Installation
 from tests.realcluster.kit import Cluster, Kubectl, free_port
-from tests.realcluster.objects import gpu_node, pod, running, wait_bound
+from tests.realcluster.objects import gpu_node, pod, priority_class, running, wait_bound
 from tests.realcluster.processes import HostProcess, with_flags
 from tests.realcluster.sessions import unusable
 from tests.realcluster.test_node_agent import environment, gpu_env, inside, metric
@@ -581,6 +581,9 @@ def test_pods_written_with_the_annotations_alone_run_on_the_dra_node_with_their_
     )
     claim_a = claim_of(kubectl, ns, "a")
     assert claim_a["metadata"]["ownerReferences"][0]["uid"] == a["metadata"]["uid"]
+    # the engine planned them in creation order (a, b, w), each claim pinned: the devices
+    # below do not depend on the order kube-scheduler allocates them in
+    assert claim_a["metadata"]["annotations"][keys.CLAIM_PINNED] == dra_node.uuids[0]
     results = claim_a["status"]["allocation"]["devices"]["results"]
     assert [(r["device"], r["consumedCapacity"]) for r in results] == [
         ("gpu-0", {"compute": "300", "memory": f"{8192 + CONTEXT[300]}Mi"})
@@ -630,6 +633,114 @@ def test_pods_written_with_the_annotations_alone_run_on_the_dra_node_with_their_
         == "gpu-0"
     )
     assert gpu_env(environment(kubectl, c)) == share_env(500, 8192 + CONTEXT[500])
+
+
+def test_identical_quarter_shares_fill_the_used_gpu_before_the_empty_one_that_sorts_first(
+    scope: Scope, kubectl: Kubectl, dra_node: DraNode
+) -> None:
+    """Plan, then pin on the DRA node (issue 47, point 3): gpu-1 holds a user's 25 % claim
+    (pinned there by UUID), gpu-0 is empty. kube-scheduler's first fit would put each new
+    25 % share on gpu-0, whose name sorts first; the engine fills the used gpu-1 first,
+    each claim pinned to its UUID, and opens gpu-0 only once gpu-1 is full."""
+    ns, node = scope.namespace, dra_node.node
+
+    def others() -> list[str]:
+        items = kubectl.json("get", "resourceclaims", "-A")["items"]
+        return [c["metadata"]["name"] for c in items if c["metadata"]["namespace"] != ns]
+
+    until(lambda: not others(), 120, "earlier tests' claims to go (both GPUs empty)")
+    used = share_claim("used", ns, 250, 4096, pin=dra_node.uuids[1])
+    start(kubectl, used, claiming("user", scope, node, "used"))
+    assert allocation(kubectl, ns, "used")[0]["device"] == "gpu-1"
+    quarters = start(
+        kubectl,
+        *(annotated(f"q{i}", scope, gpu_percent="25", gpu_memory="4Gi") for i in range(3)),
+    )
+    for q in quarters:
+        name = q["metadata"]["name"]
+        claim = claim_of(kubectl, ns, name)
+        assert claim["metadata"]["annotations"][keys.CLAIM_PINNED] == dra_node.uuids[1], name
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert [r["device"] for r in results] == ["gpu-1"], name
+    assert "pinned to the GPU gpuplace planned" in kubectl.wait_event(ns, "q0", "GpuClaimCreated")
+    told = explain(kubectl, ns, "q0")
+    assert "on the GPUs gpuplace's engine planned" in told, told
+    (last,) = start(kubectl, annotated("q3", scope, gpu_percent="25", gpu_memory="4Gi"))
+    claim = claim_of(kubectl, ns, "q3")
+    assert claim["metadata"]["annotations"][keys.CLAIM_PINNED] == dra_node.uuids[0]
+    assert [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]] == ["gpu-0"]
+    assert gpu_env(environment(kubectl, last)) == share_env(250, 4096 + 144 + 5 * 25)
+    user_told = explain(kubectl, ns, "user")
+    assert "the pod's own claim, which gpuplace's engine does not plan" in user_told, user_told
+
+
+def test_a_gangs_dra_members_get_the_gpus_its_plan_chose(
+    scope: Scope, kubectl: Kubectl, dra_node: DraNode
+) -> None:
+    """A gang of two 50 % DRA members: the gang controller plans both on the DRA node and
+    writes each member's GPUs; only then is each member's claim made, pinned to its planned
+    GPU, and kube-scheduler allocates exactly there (issue 47, point 3)."""
+    ns, node = scope.namespace, dra_node.node
+    members = start(
+        kubectl,
+        *(
+            annotated(f"m{i}", scope, gpu_percent="50", gang_name="pair", gang_size="2")
+            for i in range(2)
+        ),
+    )
+    for member in members:
+        name = member["metadata"]["name"]
+        planned = assignments.grant_of(member)
+        assert planned is not None and planned.node == node, name
+        claim = claim_of(kubectl, ns, name)
+        pinned = [dra_node.uuids[gpu] for gpu in planned.gpus]
+        assert claim["metadata"]["annotations"][keys.CLAIM_PINNED] == ",".join(pinned), name
+        devices = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+        assert devices == [f"gpu-{gpu}" for gpu in planned.gpus], name
+        assert member["spec"]["nodeName"] == node
+
+
+def test_a_gangs_preemption_frees_the_gpu_its_plan_needs(
+    scope: Scope, kubectl: Kubectl, dra_node: DraNode
+) -> None:
+    """gpu-0 holds a low-priority whole-GPU DRA pod, gpu-1 a 50 % share of the gang's own
+    priority. A gang of two 50 % DRA members fits only where the low pod is: the gang
+    controller evicts it (not the share of equal priority), plans both members on the DRA
+    node, and each member's claim is pinned to the GPU its plan chose and allocated there,
+    one of them on the freed gpu-0 (issue 47, point 3)."""
+    ns, node = scope.namespace, dra_node.node
+    low, high = f"{ns}-low", f"{ns}-high"
+    scope.create(priority_class(low, 100), priority_class(high, 1000))
+
+    def ranked(body: dict[str, Any], priority: str) -> dict[str, Any]:
+        body["spec"]["priorityClassName"] = priority
+        return body
+
+    until(lambda: not kubectl.json("get", "resourceclaims", "-A")["items"], 120, "empty GPUs")
+    start(kubectl, ranked(annotated("low", scope, gpu_count="1"), low))
+    assert [r["device"] for r in allocation(kubectl, ns, dra_claims.named(
+        kubectl.json("-n", ns, "get", "pod", "low")
+    ))] == ["gpu-0"]  # fmt: skip
+    start(kubectl, ranked(annotated("keep", scope, gpu_percent="50"), high))
+    assert [r["device"] for r in claim_of(kubectl, ns, "keep")["status"]["allocation"][
+        "devices"]["results"]] == ["gpu-1"]  # fmt: skip
+    gang = {"gpu_percent": "50", "gang_name": "urgent", "gang_size": "2"}
+    members = start(kubectl, *(ranked(annotated(f"u{i}", scope, **gang), high) for i in range(2)))
+    assert not kubectl.exists("-n", ns, "pod", "low")
+    assert kubectl.exists("-n", ns, "pod", "keep")
+    devices = []
+    for member in members:
+        name = member["metadata"]["name"]
+        planned = assignments.grant_of(member)
+        assert planned is not None and planned.node == node, name
+        claim = claim_of(kubectl, ns, name)
+        assert claim["metadata"]["annotations"][keys.CLAIM_PINNED] == ",".join(
+            dra_node.uuids[gpu] for gpu in planned.gpus
+        ), name
+        found = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+        assert found == [f"gpu-{gpu}" for gpu in planned.gpus], name
+        devices.extend(found)
+    assert "gpu-0" in devices, devices
 
 
 def test_a_mixed_cluster_keeps_each_pod_on_one_path_and_one_ledger(

@@ -8,10 +8,8 @@ restarting as one gang, and a gang kept to one rack (issue 45)."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import time
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from tests.realcluster.objects import (
     bound,
     gpu_node,
     grant,
+    metric,
     observed,
     pod,
     priority_class,
@@ -122,16 +121,6 @@ def test_gang_plans_skip_cordoned_and_tainted_nodes_as_kube_scheduler_does(
     tolerant = members_bound(kubectl, scope.namespace, "tolerant", 4)
     nodes = sorted(grant(obj)["node"] for obj in tolerant.values())
     assert nodes == sorted([free, free, tainted, tainted]), nodes
-
-
-def metric(url: str, name: str) -> float:
-    with urllib.request.urlopen(url, timeout=5) as answer:
-        text = answer.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if re.match(rf"{re.escape(name)}(\{{| )", line)
-    )
 
 
 def test_a_waiting_gang_evicts_all_or_nothing_through_the_eviction_api(

@@ -17,6 +17,11 @@ def test_a_higher_priority_pod_evicts_the_shares_of_exactly_one_gpu(
     """Two GPUs, each full with two low-priority 50% shares. A high-priority pod wants a
     whole GPU: node totals say any two shares free 100%, but only the two of one GPU free
     a GPU. Exactly those two go; the other GPU's keep running."""
+    evicts_the_shares_of_exactly_one_gpu(scope, kubectl)
+
+
+def evicts_the_shares_of_exactly_one_gpu(scope: Scope, kubectl: Kubectl) -> None:
+    """The test above (test_planning runs it with the planner too)."""
     name = scope.node("a")
     scope.add_nodes(gpu_node(name, model=scope.model, gpus=2))
     low, high = f"{scope.namespace}-low", f"{scope.namespace}-high"

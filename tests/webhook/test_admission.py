@@ -297,11 +297,15 @@ def test_with_the_node_agent_mutated_pods_validate(capabilities: Capabilities) -
     decision = reviewer.validate(request(helpers.review(pod)))
     assert (decision.allowed, decision.reason) == (True, admission.VALID)
     # a pod mutated without the agent lacks the slots: the agent-mode validator says so
-    plain = mutated(
+    verdict = reviewer.validate(request(helpers.review(plainly_mutated(capabilities))))
+    assert (verdict.allowed, verdict.reason) == (False, admission.NOT_MUTATED)
+
+
+def plainly_mutated(capabilities: Capabilities) -> dict[str, Any]:
+    """A share as the default configuration's webhook mutates it."""
+    return mutated(
         admission.Reviewer(WebhookConfig(), FixedCapabilities(capabilities)), helpers.pod(SHARE)
     )
-    verdict = reviewer.validate(request(helpers.review(plain)))
-    assert (verdict.allowed, verdict.reason) == (False, admission.NOT_MUTATED)
 
 
 def test_an_init_container_may_not_ask_for_slots(reviewer: admission.Reviewer) -> None:
@@ -365,3 +369,16 @@ def test_a_gang_domain_no_node_carries_is_refused_saying_how_to_label() -> None:
     assert not decision.allowed
     assert "no gpuplace node carries the label example.com/rack" in decision.message
     assert "kubectl label node NODE example.com/rack=VALUE" in decision.message
+
+
+def test_with_the_planner_mutated_pods_are_gated_and_validate(capabilities: Capabilities) -> None:
+    """`--plan-pin`: the pod is stored behind the planner's gate; one the mutating webhook
+    did not gate (it failed open) is refused, since a gate can be added only at CREATE."""
+    reviewer = admission.Reviewer(WebhookConfig(place_gate=True), FixedCapabilities(capabilities))
+    pod = mutated(reviewer, helpers.pod(SHARE))
+    assert pod["spec"]["schedulingGates"] == [{"name": keys.PLACE_GATE}]
+    decision = reviewer.validate(request(helpers.review(pod)))
+    assert (decision.allowed, decision.reason) == (True, admission.VALID)
+    verdict = reviewer.validate(request(helpers.review(plainly_mutated(capabilities))))
+    assert (verdict.allowed, verdict.reason) == (False, admission.NOT_MUTATED)
+    assert "schedulingGates" in verdict.message

@@ -24,13 +24,16 @@ def spec(**values: str) -> grammar.PodGpuSpec:
     return parsed
 
 
-def mutate(pod: dict[str, Any], gpu: grammar.PodGpuSpec, container: int = 0) -> dict[str, Any]:
+def mutate(
+    pod: dict[str, Any], gpu: grammar.PodGpuSpec, container: int = 0, **options: Any
+) -> dict[str, Any]:
     before = copy.deepcopy(pod)
-    mutation = mutating.build(pod, gpu, container, "gpuplace")
+    mutation = mutating.build(pod, gpu, container, "gpuplace", **options)
     assert pod == before
     patched: dict[str, Any] = jsonpatch.apply_patch(pod, mutation.ops)
     assert patched == mutation.patch.doc
-    assert not mutating.build(patched, gpu, container, "gpuplace").ops, "not idempotent"
+    again = mutating.build(patched, gpu, container, "gpuplace", **options)
+    assert not again.ops, "not idempotent"
     kubernetes_validate.validate(patched, helpers.schema_version(), strict=True)
     return patched
 
@@ -189,6 +192,25 @@ def test_gang_member_gets_gate_and_label() -> None:
     assert pod["spec"]["schedulingGates"] == [{"name": keys.GANG_GATE}]
 
 
+def test_with_the_planner_every_other_gpu_pod_gets_its_gate() -> None:
+    """Plan, then pin: a pod that is neither a gang member nor queued waits behind
+    `gpuplace.io/place` (after any gate it had); gang members and queued pods keep their
+    own controllers' gates only (those plan them), and so does a pod sent to DRA nodes (the
+    claim controller's gate: it plans the pod and pins its claim)."""
+    share = spec(gpu_percent="25")
+    pod = mutate(helpers.pod(schedulingGates=[{"name": "other.io/x"}]), share, place_gate=True)
+    assert pod["spec"]["schedulingGates"] == [{"name": "other.io/x"}, {"name": keys.PLACE_GATE}]
+    assert not mutate(helpers.pod(), share)["spec"].get("schedulingGates")
+    member = spec(gpu_count="1", gang_name="train-7", gang_size="4")
+    gates = mutate(helpers.pod(), member, place_gate=True)["spec"]["schedulingGates"]
+    assert gates == [{"name": keys.GANG_GATE}]
+    queued = mutate(helpers.pod(), share, place_gate=True, queue="team-a")
+    assert queued["spec"]["schedulingGates"] == [{"name": keys.QUEUE_GATE}]
+    # a pod sent to DRA nodes: the claim controller plans it and pins its claim
+    dra = mutate(helpers.pod(), share, place_gate=True, claim="p-gpu")
+    assert dra["spec"]["schedulingGates"] == [{"name": keys.DRA_GATE}]
+
+
 def test_user_env_var_is_replaced_and_warned() -> None:
     gpu = spec(gpu_percent="30", gpu_memory="1Gi")
     container = {
@@ -318,9 +340,9 @@ _affinities: st.SearchStrategy[dict[str, Any] | None] = st.sampled_from(
 
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow], deadline=None)
-@given(st.one_of(_specs, _memory_only_specs), _envs, _affinities, st.booleans())
+@given(st.one_of(_specs, _memory_only_specs), _envs, _affinities, st.booleans(), st.booleans())
 def test_any_gpu_pod_mutates_to_a_valid_fixpoint(
-    values: dict[str, str], env: list[dict[str, str]], affinity: Any, labelled: bool
+    values: dict[str, str], env: list[dict[str, str]], affinity: Any, labelled: bool, plan: bool
 ) -> None:
     if keys.GANG_NAME not in values:
         values.pop(keys.GANG_SIZE, None)
@@ -333,7 +355,10 @@ def test_any_gpu_pod_mutates_to_a_valid_fixpoint(
     pod = helpers.pod(values, containers=[container], **extra)
     if labelled:
         pod["metadata"]["labels"] = {"app": "x"}
-    mutate(pod, gpu)
+    patched = mutate(pod, gpu, place_gate=plan)
+    gates = [gate["name"] for gate in patched["spec"].get("schedulingGates") or []]
+    # every gpuplace pod is gated at admission when the planner runs: by its gang, or by it
+    assert not plan or gates == [keys.GANG_GATE if gpu.gang is not None else keys.PLACE_GATE]
 
 
 def test_mutation_refuses_impossible_shapes() -> None:
