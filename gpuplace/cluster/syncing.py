@@ -247,10 +247,13 @@ class LedgerSync:
             if current is not None:
                 log.info("node left gpuplace", extra={"node": record.name})
                 self.ledger.remove_node(record.name)
-        elif current is None or current != node or current.labels != node.labels:
-            # labels are not part of a Node's equality (the engine's caches compare nodes
-            # by what they hold), but the gang planner reads them (node affinity, topology
-            # domains) and the webhook (the DRA label): a relabelled node is a new node
+        elif current is not None and current == node and current.labels != node.labels:
+            # labels are not part of a Node's equality (nothing the ledger counts), but the
+            # gang and queue planners read them (node affinity, topology domains) and the
+            # webhook (the DRA label): swapped in without a new generation, so the scoring
+            # caches keep what they hold
+            self.ledger.relabel(node)
+        elif current is None or current != node:
             self._closing(current, node)
             self.ledger.put_node(node)
             for uid in list(self._claims_on.get(record.name, ())):

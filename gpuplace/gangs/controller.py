@@ -352,6 +352,7 @@ class GangController(Controller[GangSettings, GangKey, PodApi]):
         fence = self.fences.version if self.fences is not None else 0
         return (
             self.sync.ledger.generation,
+            self.sync.ledger.relabelled,
             tuple(pod.uid for pod in wait.members),
             fence,
             id(policy),

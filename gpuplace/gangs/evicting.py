@@ -288,6 +288,7 @@ class GangPreemptions:
         priority = gang_priority([*members, *running])
         signature = (
             self.sync.ledger.generation,
+            self.sync.ledger.relabelled,
             self.sync.pods_version,
             tuple(m.uid for m in members),
             priority,

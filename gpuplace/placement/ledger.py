@@ -180,7 +180,16 @@ class NodeState:
 class Ledger:
     """Grants by pod UID over an inventory, with per-node free state."""
 
-    __slots__ = ("_base", "_changes", "_clock", "_epoch", "_grants", "_states", "inventory")
+    __slots__ = (
+        "_base",
+        "_changes",
+        "_clock",
+        "_epoch",
+        "_grants",
+        "_states",
+        "inventory",
+        "relabelled",
+    )
 
     CHANGE_LOG_LIMIT = 1 << 16
     """Changes the log holds at most; when full it drops its older half, so a reader
@@ -190,6 +199,9 @@ class Ledger:
         self.inventory = inventory
         self._grants: dict[str, Grant] = {}
         self._clock = 0
+        self.relabelled = 0
+        """Grows on every `relabel`: what reads nodes' labels (node affinity, topology
+        domains) compares it beside `generation`."""
         self._epoch = 0
         self._base = 0
         """Position (since the epoch began) of the log's first entry."""
@@ -338,6 +350,17 @@ class Ledger:
         for grant in self._grants.values():
             if grant.node == node.name and _on(node, grant):
                 self._apply(state, grant, -1)
+
+    def relabel(self, node: Node) -> None:
+        """Replace a node by one that differs only in its labels (`Node`'s equality leaves
+        them out): the free state, its version and `generation` stay, for nothing the
+        ledger counts changed; `relabelled` grows. O(GPUs of the node)."""
+        state = self._states.get(node.name)
+        if state is None or state.node != node:
+            raise LedgerError(f"node {node.name}: relabel changes more than its labels")
+        self.inventory.put(node)
+        state.node = node
+        self.relabelled += 1
 
     def remove_node(self, name: str) -> None:
         """Forget a node; grants on it stay recorded until their pods go. O(1)."""

@@ -363,6 +363,7 @@ class QueueController(Controller[QueueSettings, None, QueueApi]):
         queued = bool(self.store.pods)
         signature = (
             self.sync.ledger.generation if queued else None,
+            self.sync.ledger.relabelled if queued else None,
             self.sync.pods_version if queued else None,
             self.store.version,
             self.directory.version,
