@@ -6,9 +6,10 @@ A pod on the DRA path (`gpuplace.cluster.dra_claims`) names a claim by name and 
 behind the gate `gpuplace.io/dra-claim`. One asyncio task in the sidecar
 (`ClaimController.run`, the controller kit's round loop, deciding only in the replica whose
 kube-scheduler leads, like the gang and queue controllers), woken by every change of the
-managed pods. Each round, for every live pod still behind that gate and no gang or queue
-gate (a gang member or queued pod waits for its controller's plan), highest priority
-first, then the oldest (its index: `dra_pods`):
+managed pods. Each round, for every live pod whose last gate left is that one (a gang
+member or queued pod waits for its controller's plan; a pod another component gates, a
+batch system, waits for it as the planner's pods do: the plan is made when the pod can
+run), highest priority first, then the oldest (its index: `dra_pods`):
 
 1. **plan** (synchronously, before anything is awaited, so each pod is planned on the
    ledger as the earlier ones left it): a gang's or queue's plan where the pod has one
@@ -226,7 +227,7 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
         the released pods whose claim is gone or whose pinned claim cannot be allocated."""
         live = [record for record in self.store.pods.values() if record.live]
         waiting = sorted(
-            (record for record in live if record.claim_gated and not _planned_elsewhere(record)),
+            (record for record in live if record.claim_gated and not _waits_for_others(record)),
             key=lambda pod: (-pod.priority, pod.created, pod.namespace, pod.name),
         )
         self._told.keep(self.store.pods)
@@ -482,10 +483,13 @@ def _where(pinned: Sequence[Gpu]) -> str:
     return f"pinned to the GPU{plural} gpuplace planned ({names}), which kube-scheduler allocates"
 
 
-def _planned_elsewhere(record: PodRecord) -> bool:
-    """Its gang or queue plans it first: its claim is made on their plan, once their gate
-    is gone."""
-    return record.controlled.gang_gated or record.controlled.queue_gated
+def _waits_for_others(record: PodRecord) -> bool:
+    """Another gate than the claim's is still on it: its gang's or queue's (they plan it
+    first: its claim is made on their plan, once their gate is gone) or another
+    component's (a batch system's: the plan is made when the pod can run, as the
+    planner's is; a plan held for a pod that cannot be scheduled yet would keep its GPUs
+    from pods that can)."""
+    return record.controlled.gates != (keys.DRA_GATE,)
 
 
 def _ungated(current: dict[str, Any]) -> dict[str, Any] | None:

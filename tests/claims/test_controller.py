@@ -17,6 +17,7 @@ from gpuplace.claims import controller as claims_controller
 from gpuplace.cluster import dra, dra_claims, keys, nodes
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
+from gpuplace.dev.localapi.statuses import ApiStatusError
 from gpuplace.extender import explaining
 from gpuplace.extender.workloads import PolicyHolder
 from gpuplace.placement.ledger import GrantState
@@ -212,6 +213,40 @@ def reasons(server: localapi.Server, pod: str) -> set[str]:
 
 def message(server: localapi.Server, pod: str, reason: str) -> str:
     return next(str(e["message"]) for e in events(server, pod) if e["reason"] == reason)
+
+
+async def test_a_pod_another_component_gates_gets_its_claim_once_that_gate_goes(
+    server: localapi.Server, sidecar: Harness
+) -> None:
+    """A batch system's gate before ours: no claim and no hold while it is on (the plan is
+    made when the pod can run), then the claim, pinned, and our gate gone; theirs first."""
+    body = webhook_pod("batch", {keys.GPU_PERCENT: "50", keys.GPU_MODEL: H100}, dra_node())
+    body["spec"]["schedulingGates"].insert(0, {"name": "kueue.x-k8s.io/admission"})
+    claim = dra_claims.named(body)
+    uid = server.api.create(body)["metadata"]["uid"]
+    sync = sidecar.sidecar.sync
+    await eventually(lambda: sync.pods.get(uid) is not None)
+    # rounds run on every pod change; give several the chance to (wrongly) plan it
+    other = webhook_pod("free", {keys.GPU_PERCENT: "50", keys.GPU_MODEL: H100}, dra_node())
+    server.api.create(other)
+    await eventually(lambda: not server.api.get("pods", "free", NAMESPACE)["spec"].get(
+        "schedulingGates"
+    ))  # fmt: skip
+    assert sync.hold_of(uid) is None
+    with pytest.raises(ApiStatusError):
+        server.api.get("resource.k8s.io/resourceclaims", claim, NAMESPACE)
+    gates = server.api.get("pods", "batch", NAMESPACE)["spec"]["schedulingGates"]
+    assert [gate["name"] for gate in gates] == ["kueue.x-k8s.io/admission", keys.DRA_GATE]
+    server.api.patch(
+        "pods", "batch", {"spec": {"schedulingGates": [{"name": keys.DRA_GATE}]}}, NAMESPACE
+    )
+    await eventually(lambda: not server.api.get("pods", "batch", NAMESPACE)["spec"].get(
+        "schedulingGates"
+    ))  # fmt: skip
+    stored = server.api.get("resource.k8s.io/resourceclaims", claim, NAMESPACE)
+    assert keys.CLAIM_PINNED in stored["metadata"]["annotations"]
+    hold = sync.hold_of(uid)
+    assert hold is not None and hold.grant.node == "h100-0"
 
 
 async def test_a_claim_of_that_name_owned_by_another_is_never_taken(
