@@ -44,11 +44,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuplace.cluster import dra, keys
 from tests.realcluster import install, kit
 from tests.realcluster.install import Installation
-from tests.realcluster.objects import SLOTS_PER_GPU, gpu_node
+from tests.realcluster.objects import H100_MIB, SLOTS_PER_GPU, gpu_node
 
 GPUS = 8
 GATE = "bench.gpuplace.io/hold"
@@ -110,20 +112,40 @@ async def each(
     return await asyncio.gather(*(one(item) for item in items))
 
 
-async def add_node(api: Api, node: Obj, extra: Mapping[str, str]) -> None:
+async def add_node(api: Api, node: Obj, extra: Mapping[str, str]) -> Obj:
+    """Create `node` with a kubelet-like status offering `extra`; the Node as created."""
     name = node["metadata"]["name"]
-    await api.call("POST", "/api/v1/nodes", node)
+    created: Obj = await api.call("POST", "/api/v1/nodes", node)
     merge = "application/merge-patch+json"
     await api.call(
         "PATCH", f"/api/v1/nodes/{name}/status", kubelet_status(extra), content_type=merge
     )
     # the API server taints every new Node not-ready; no node-lifecycle controller lifts it
     await api.call("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": None}}, content_type=merge)
+    return created
 
 
-def gpu_pod(name: str, model: str) -> Obj:
+def dra_gpus(name: str, model: str) -> list[dra.GpuDevice]:
+    """What the DRA node agent would publish for a bench DRA node: its GPUs with the UUIDs
+    `gpu_node` writes to `gpuplace.io/gpus` (the claims are pinned by them), no NVLink."""
+    return [
+        dra.GpuDevice(index, f"GPU-{name}-{index}", H100_MIB, model=model, numa=0, nvlink_domain=-1)
+        for index in range(GPUS)
+    ]
+
+
+async def add_slice(api: Api, node: Obj, model: str) -> None:
+    """The node's ResourceSlice as the DRA node agent writes it (owned by the Node)."""
+    meta = node["metadata"]
+    body = dra.resource_slice(meta["name"], meta["uid"], dra_gpus(meta["name"], model))
+    await api.call("POST", "/apis/resource.k8s.io/v1/resourceslices", body)
+
+
+def gpu_pod(name: str, model: str, percent: int | None = None) -> Obj:
+    """A pod of gpuplace's: one whole GPU, or a share of `percent` of one, of `model`."""
     spec = pod_spec({})
-    annotations = {"gpuplace.io/gpu-count": "1", "gpuplace.io/gpu-model": model}
+    ask = {keys.GPU_PERCENT: str(percent)} if percent else {keys.GPU_COUNT: "1"}
+    annotations = {**ask, keys.GPU_MODEL: model}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -241,7 +263,7 @@ def means(before: Totals, after: Totals, histogram: str) -> dict[str, tuple[int,
 EXTENDER = "gpuplace_extender_request_duration_seconds"
 PLAN_WAIT = "gpuplace_plan_wait_seconds"
 PLAN_ROUND = "gpuplace_plan_round_duration_seconds"
-COUNTERS = ("gpuplace_plan_releases", "gpuplace_extender_stale_plans")
+COUNTERS = ("gpuplace_plan_releases", "gpuplace_extender_stale_plans", "gpuplace_dra_claims")
 
 
 def extender_samples(installation: Installation) -> Totals | None:
@@ -341,6 +363,40 @@ def flow_samples(installation: Installation) -> Totals:
     return totals(text, FLOW_METRICS, lambda labels: labels.get("flow_schema", ""))
 
 
+WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
+
+
+def write_counts(installation: Installation) -> dict[str, float]:
+    """kube-apiserver's writes so far (`apiserver_request_total`), by verb and resource
+    (`PATCH pods/status`), whoever wrote them."""
+    text = scrape(installation.cluster.server + "/metrics", admin_tls(installation))
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "apiserver_request":
+            continue
+        for sample in family.samples:
+            labels = sample.labels
+            if not sample.name.endswith("_total") or labels.get("verb") not in WRITES:
+                continue
+            resource = labels.get("resource", "")
+            if labels.get("subresource"):
+                resource += "/" + labels["subresource"]
+            key = f"{labels['verb']} {resource}"
+            found[key] = found.get(key, 0.0) + sample.value
+    return found
+
+
+def writes_report(before: Mapping[str, float], after: Mapping[str, float], pods: int) -> Obj:
+    """The writes the burst made, by verb and resource, and per pod bound: what each
+    path's pods cost the API server (the bench's own ungates among them)."""
+    made = {key: int(after[key] - before.get(key, 0.0)) for key in sorted(after)}
+    made = {key: count for key, count in made.items() if count > 0}
+    return {
+        "by_verb": made,
+        "per_pod": round(sum(made.values()) / pods, 2) if pods else None,
+    }
+
+
 def flow_report(before: Totals, after: Totals) -> Obj:
     """Per FlowSchema, over the burst: requests, mean queue wait and mean execution (s):
     where kube-apiserver made each identity's requests wait."""
@@ -352,11 +408,18 @@ def flow_report(before: Totals, after: Totals) -> Obj:
     return report
 
 
-ATTEMPT, EXTENSION_POINT, ALGORITHM = (
+ATTEMPT, EXTENSION_POINT, ALGORITHM, PLUGIN = (
     "scheduler_scheduling_attempt_duration_seconds",
     "scheduler_framework_extension_point_duration_seconds",
     "scheduler_scheduling_algorithm_duration_seconds",
+    "scheduler_plugin_execution_duration_seconds",
 )
+RATE_LIMITER = "rest_client_rate_limiter_duration_seconds"
+"""client-go's wait in the process's own API rate limiter (`clientConnection.qps`/`burst`,
+50/100 by default), per request: the time a write waited before it was even sent."""
+DRA_PLUGIN = "DynamicResources"
+"""kube-scheduler's DRA plugin: its time per extension point is DRA's allocator (plugin
+times are sampled, one scheduling cycle in ten by default)."""
 
 
 def scheduler_samples(installation: Installation, port: int) -> Totals:
@@ -370,18 +433,31 @@ def scheduler_samples(installation: Installation, port: int) -> Totals:
         text = scrape(f"https://127.0.0.1:{port}/metrics", tls)
     except OSError:
         return {}
-    return totals(
+    found = totals(
         text,
         (ATTEMPT, EXTENSION_POINT, ALGORITHM),
         lambda labels: labels.get("extension_point", "attempt"),
     )
+    plugin = totals(
+        text, (PLUGIN,), lambda labels: f"{labels['plugin']} {labels['extension_point']}"
+    )
+    found.update(
+        {key: value for key, value in plugin.items() if key[1].startswith(DRA_PLUGIN + " ")}
+    )
+    found.update(totals(text, (RATE_LIMITER,), lambda labels: f"rate limiter {labels['verb']}"))
+    return found
 
 
 def scheduler_report(before: Totals, after: Totals) -> Obj:
     """Per extension point, whole attempts (the cycle and the bind) and the algorithm
     (filter, the extenders' calls and score: the part of the cycle a pod waits for
     alone) over the burst: calls and mean ms."""
-    found = {**means(before, after, EXTENSION_POINT), **means(before, after, ATTEMPT)}
+    found = {
+        **means(before, after, EXTENSION_POINT),
+        **means(before, after, ATTEMPT),
+        **means(before, after, PLUGIN),
+        **means(before, after, RATE_LIMITER),
+    }
     for value in means(before, after, ALGORITHM).values():  # one series: no labels
         found["algorithm"] = value
     return {
@@ -497,12 +573,16 @@ async def measure(
     timeout: float = 600,
     cleanup: bool = True,
     log: Path | None = None,
+    dra_nodes: bool = False,
+    percent: int | None = None,
 ) -> Obj:
-    """One run: `nodes` GPU + `nodes` plain nodes, `pods` pods of each kind; see the
-    module docstring. With `cleanup`, removes its namespace and nodes after; `log`: the
-    sidecar's log (default the tier's serve.log)."""
+    """One run: `nodes` GPU + `nodes` plain nodes (+ `nodes` DRA nodes with `dra_nodes`),
+    `pods` pods of each kind, gpuplace's asking a share of `percent` (None: a whole GPU);
+    see the module docstring. With `cleanup`, removes its namespace and nodes after; `log`:
+    the sidecar's log (default the tier's serve.log)."""
     run = secrets.token_hex(3)
     namespace, model = f"bench-{run}", f"BENCH-{run.upper()}"
+    dra_model = f"{model}-DRA"
     jar = aiohttp.TCPConnector(limit=CONCURRENCY * 2)
     async with aiohttp.ClientSession(connector=jar) as session:
         api = Api(installation.cluster.server, session, admin_tls(installation))
@@ -515,11 +595,13 @@ async def measure(
                 await asyncio.sleep(0.1)
         gpu_names = [f"{namespace}-gpu-{i}" for i in range(nodes)]
         plain_names = [f"{namespace}-plain-{i}" for i in range(nodes)]
+        dra_names = [f"{namespace}-dra-{i}" for i in range(nodes if dra_nodes else 0)]
         began = time.monotonic()
         slots = {"gpuplace.io/gpu": str(SLOTS_PER_GPU * GPUS)}
         plain_slots = {PLAIN: str(GPUS)}
+        ours = {"bench-gpuplace": run}
         made_nodes: list[tuple[Obj, Mapping[str, str]]] = [
-            (gpu_node(name, model=model, gpus=GPUS), slots) for name in gpu_names
+            (gpu_node(name, model=model, gpus=GPUS, labels=ours), slots) for name in gpu_names
         ]
         for name in plain_names:
             labels = {"kubernetes.io/hostname": name, "bench": run}
@@ -529,40 +611,54 @@ async def measure(
                 "metadata": {"name": name, "labels": labels},
             }
             made_nodes.append((plain, plain_slots))
+        dra_label = {keys.NODE_DRA: "true"}
+        for name in dra_names:  # no device plugin: the kubelet offers no GPU resource
+            labels = {**ours, **dra_label}
+            made = gpu_node(name, model=dra_model, gpus=GPUS, nvlink=[-1] * GPUS, labels=labels)
+            made_nodes.append((made, {}))
 
         async def create_node(made: tuple[Obj, Mapping[str, str]]) -> None:
-            await add_node(api, *made)
+            created = await add_node(api, *made)
+            if created["metadata"]["name"] in dra_names:
+                await add_slice(api, created, dra_model)
 
         timing = Timing()
         gpu_pods: list[str] = []
+        dra_pods: list[str] = []
         try:
             await each(create_node, made_nodes)
             # the sidecar knows a GPU node once it advertises its GPUs on the node's status
-            selector = f"nvidia.com/gpu.product={model}"
+            selector = f"bench-gpuplace={run}"
+            expected = len(gpu_names) + len(dra_names)
             while True:
                 listed = await api.call("GET", f"/api/v1/nodes?labelSelector={selector}")
                 ready = [
                     n
                     for n in listed["items"]
-                    if "gpuplace.io/gpu-percent" in (n["status"].get("allocatable") or {})
+                    if keys.RESOURCE_PERCENT in (n["status"].get("allocatable") or {})
                 ]
-                if len(ready) == nodes:
+                if len(ready) == expected:
                     break
                 if time.monotonic() - began > timeout:
-                    raise TimeoutError(f"the sidecar advertised {len(ready)} of {nodes} GPU nodes")
+                    raise TimeoutError(
+                        f"the sidecar advertised {len(ready)} of {expected} GPU nodes"
+                    )
                 await asyncio.sleep(0.5)
             nodes_s = time.monotonic() - began
             gpu_pods = [f"g{i}" for i in range(pods)]
             plain_pods = [f"p{i}" for i in range(pods)]
+            dra_pods = [f"d{i}" for i in range(pods if dra_nodes else 0)]
             base = f"/api/v1/namespaces/{namespace}/pods"
-            bodies = [gpu_pod(n, model) for n in gpu_pods] + [plain_pod(n) for n in plain_pods]
+            bodies = [gpu_pod(n, model, percent) for n in gpu_pods]
+            bodies += [plain_pod(n) for n in plain_pods]
+            bodies += [gpu_pod(n, dra_model, percent) for n in dra_pods]
 
             async def create_pod(body: Obj) -> None:
                 await api.call("POST", base, body)
 
             await each(create_pod, bodies)
             rv = (await api.call("GET", base + "?limit=1"))["metadata"]["resourceVersion"]
-            watching = asyncio.create_task(watch_binds(api, namespace, rv, timing, 2 * pods))
+            watching = asyncio.create_task(watch_binds(api, namespace, rv, timing, len(bodies)))
             await asyncio.sleep(0.5)  # the watch is open
             # the bench's own gate only (the first: the webhook appends gpuplace's after it)
             ungate = [
@@ -574,7 +670,8 @@ async def measure(
                 await api.call("PATCH", f"{base}/{name}", ungate, content_type=JSON_PATCH)
                 timing.ungated[name] = time.monotonic()
 
-            order = [name for pair in zip(gpu_pods, plain_pods, strict=True) for name in pair]
+            kinds = [gpu_pods, plain_pods] + ([dra_pods] if dra_pods else [])
+            order = [name for row in zip(*kinds, strict=True) for name in row]
             ports = {
                 "gpuplace": installation.ports.scheduler,
                 "plain": int(installation.cluster.run_env["K8S_SCHEDULER_PORT"]),
@@ -584,6 +681,7 @@ async def measure(
                 return {kind: scheduler_samples(installation, port) for kind, port in ports.items()}
 
             flows_before = await asyncio.to_thread(flow_samples, installation)
+            writes_before = await asyncio.to_thread(write_counts, installation)
             schedulers_before = await asyncio.to_thread(schedulers)
             lag_before = await asyncio.to_thread(loop_lag_samples, installation)
             verbs_before = await asyncio.to_thread(extender_samples, installation)
@@ -592,6 +690,11 @@ async def measure(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(watching, timeout)
             flows = flow_report(flows_before, await asyncio.to_thread(flow_samples, installation))
+            writes = writes_report(
+                writes_before,
+                await asyncio.to_thread(write_counts, installation),
+                len(timing.bound),
+            )
             cpu_after, burst_s = cpu_seconds(installation), time.monotonic() - burst_began
             schedulers_after = await asyncio.to_thread(schedulers)
             lag = loop_lag_report(
@@ -615,23 +718,36 @@ async def measure(
                 for kind in ports
             }
             gpu, plain = summary(gpu_pods, timing), summary(plain_pods, timing)
-            ratio = None
-            if gpu.get("pods_per_second") and plain.get("pods_per_second"):
-                ratio = round(gpu["pods_per_second"] / plain["pods_per_second"], 3)
+
+            def ratio(kind: Obj) -> float | None:
+                if kind.get("pods_per_second") and plain.get("pods_per_second"):
+                    return round(float(kind["pods_per_second"] / plain["pods_per_second"]), 3)
+                return None
+
+            placed = {
+                "gpuplace": kinds_of(gpu_pods, timing, namespace),
+                "plain": kinds_of(plain_pods, timing, namespace),
+            }
+            through_dra: Obj = {}
+            if dra_pods:
+                dra_kind = summary(dra_pods, timing)
+                through_dra = {"dra": dra_kind, "dra_throughput_ratio": ratio(dra_kind)}
+                placed["dra"] = kinds_of(dra_pods, timing, namespace)
             return {
                 "nodes": {
                     "gpu": nodes,
                     "plain": nodes,
+                    "dra": len(dra_names),
                     "gpus_per_node": GPUS,
                     "setup_s": round(nodes_s, 1),
                 },
+                "ask": f"{percent}% of a GPU" if percent else "one whole GPU",
                 "gpuplace": gpu,
                 "plain": plain,
-                "throughput_ratio": ratio,
-                "placed_on": {
-                    "gpuplace": kinds_of(gpu_pods, timing, namespace),
-                    "plain": kinds_of(plain_pods, timing, namespace),
-                },
+                "throughput_ratio": ratio(gpu),
+                **through_dra,
+                "placed_on": placed,
+                "api_writes": writes,
                 "sidecar_verbs": extender_histograms(installation, verbs_before),
                 "planner": planner_report(installation),
                 "sidecar_loop_lag": lag,
@@ -646,14 +762,14 @@ async def measure(
             if cleanup:
                 # the sidecar's GpusAssigned events first: a namespace being deleted refuses
                 # them (403), which the tier counts as RBAC refusing gpuplace a call
-                assigned = sum(name in timing.bound for name in gpu_pods)
+                assigned = sum(name in timing.bound for name in gpu_pods + dra_pods)
                 await events_written(api, namespace, "GpusAssigned", assigned)
                 await api.call("DELETE", f"/api/v1/namespaces/{namespace}")
 
                 async def delete_node(name: str) -> None:
                     await api.call("DELETE", f"/api/v1/nodes/{name}")
 
-                await each(delete_node, gpu_names + plain_names)
+                await each(delete_node, gpu_names + plain_names + dra_names)
 
 
 def up(scratch: Path, tries: int = 3) -> kit.Cluster:
@@ -683,9 +799,25 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated `gpuplace serve --plan-pin` values, one run each on the same "
         f"control plane in this order ({', '.join(PINS)}; default: serve's own default)",
     )
+    parser.add_argument(
+        "--dra",
+        action="store_true",
+        help="also N DRA nodes (a ResourceSlice each, as the DRA node agent writes it) and P "
+        "pods of gpuplace's on them, through the DRA component (`deploy/components/dra`: "
+        "`--dra-claims=fallback`, the claim controller plans and pins each claim)",
+    )
+    parser.add_argument(
+        "--percent",
+        type=int,
+        default=None,
+        help="gpuplace's pods ask this share of a GPU (`gpuplace.io/gpu-percent`) instead of "
+        "a whole one (`gpu-count: 1`)",
+    )
     args = parser.parse_args(argv)
+    if args.percent is not None and not 1 <= args.percent <= 100:
+        parser.error("--percent: 1 to 100")
     variants = [v for v in args.plan_pin.split(",") if v] or [""]
-    unknown = [v for v in variants if v not in PINS]
+    unknown = [v for v in variants if v and v not in PINS]
     if unknown:
         parser.error(f"--plan-pin: unknown {', '.join(unknown)}; one of {', '.join(PINS)}")
     problem = kit.kit_missing()
@@ -697,11 +829,17 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Obj] = []
     try:
         installation = install.install(cluster, Path(scratch))
+        rendered = None
+        if args.dra:  # the DRA component on top of the install, as docs/dra.md says
+            overlay = install.dra_overlay(installation)
+            installation.kubectl.run("apply", "-k", str(overlay))
+            text = installation.kubectl.run("kustomize", str(overlay)).out
+            rendered = [item for item in yaml.safe_load_all(text) if item]
         installation.scheduler.start()
         try:
             for run, variant in enumerate(variants):
                 flags = {"--plan-pin": variant} if variant else {}
-                serve = install.serve_process(installation, flags=flags)
+                serve = install.serve_process(installation, flags=flags, rendered=rendered)
                 serve.log = installation.workdir / f"serve-{run}-{variant or 'default'}.log"
                 installation.serve = serve
                 serve.start()
@@ -715,6 +853,8 @@ def main(argv: list[str] | None = None) -> int:
                             timeout=args.timeout,
                             cleanup=run < len(variants) - 1,
                             log=serve.log,
+                            dra_nodes=args.dra,
+                            percent=args.percent,
                         )
                     )
                 finally:

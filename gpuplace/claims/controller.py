@@ -60,7 +60,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -291,7 +291,15 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
                 )
             return
         if record.claim_gated:
-            await self.writer.write(record, None, _ungated)
+            body = None
+            held = self.sync.hold_of(record.uid)
+            if held is not None and held.owner == PLANNED:
+                body = await self.writer.write(
+                    record, None, _nominating(held.grant.node), status=True
+                )
+                if body is None:
+                    return
+            await self.writer.write(record, body, _ungated)
 
     async def _create(self, record: PodRecord) -> str | None:
         """Plan `record` (synchronously, before anything is awaited) and create its claim
@@ -490,6 +498,20 @@ def _waits_for_others(record: PodRecord) -> bool:
     planner's is; a plan held for a pod that cannot be scheduled yet would keep its GPUs
     from pods that can)."""
     return record.controlled.gates != (keys.DRA_GATE,)
+
+
+def _nominating(node: str) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
+    """The pods/status merge patch that nominates `node` while the pod is still behind
+    the DRA gate (None: nothing to do)."""
+
+    def nominate(current: dict[str, Any]) -> dict[str, Any] | None:
+        if not gated(current, keys.DRA_GATE):
+            return None
+        if (current.get("status") or {}).get("nominatedNodeName") == node:
+            return None
+        return {"status": {"nominatedNodeName": node}}
+
+    return nominate
 
 
 def _ungated(current: dict[str, Any]) -> dict[str, Any] | None:

@@ -135,6 +135,8 @@ async def test_a_dra_pod_gets_its_claim_its_grant_and_its_event(
     sync = sidecar.sidecar.sync
     hold = sync.hold_of(uid)
     assert hold is not None and (hold.grant.node, hold.grant.gpus) == ("h100-0", (0,))
+    # the planned node nominated before the gate went: kube-scheduler filters it first
+    assert server.api.get("pods", "train", NAMESPACE)["status"]["nominatedNodeName"] == "h100-0"
     # kube-scheduler allocates it where it is pinned and binds the pod
     allocate(server, claim, "h100-0", "gpu-0", compute="300", memory="8486Mi")
     server.api.patch(

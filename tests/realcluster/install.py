@@ -220,14 +220,53 @@ def install(cluster: Cluster, workdir: Path) -> Installation:
     return installation
 
 
+DRA_DAEMONSET = "gpuplace-node-agent-dra"
+
+
+def dra_overlay(installation: Installation) -> Path:
+    """The install's test overlay plus the shipped DRA component, as a user adds it to
+    their overlay; its DaemonSet kept off every node as the test overlay keeps the other
+    (no image here: the agent runs as a host process)."""
+    directory = installation.workdir / "overlay-dra"
+    directory.mkdir(exist_ok=True)
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": ["../overlay"],
+        "components": ["../overlay/shipped/components/dra"],
+        "patches": [
+            {
+                "target": {"kind": "DaemonSet", "name": DRA_DAEMONSET},
+                "patch": json.dumps(
+                    [
+                        {
+                            "op": "add",
+                            "path": "/spec/template/spec/nodeSelector/"
+                            + NO_IMAGE_LABEL.replace("/", "~1"),
+                            "value": "true",
+                        }
+                    ]
+                ),
+            }
+        ],
+    }
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return directory
+
+
 def serve_process(
-    installation: Installation, *, queues: bool = False, flags: Mapping[str, str] | None = None
+    installation: Installation,
+    *,
+    queues: bool = False,
+    flags: Mapping[str, str] | None = None,
+    rendered: list[dict[str, Any]] | None = None,
 ) -> HostProcess:
     """`gpuplace serve` with the Deployment's arguments, as ServiceAccount gpuplace; with
     `queues`, plus `--queues=true` (the queue controller: on by default in `gpuplace serve`,
     so the Deployment runs it too; named so that the queue tests do not rest on a default);
-    `flags` set more (the throughput bench's `--plan-pin`)."""
-    box = container(installation.rendered, "Deployment", "gpuplace", "gpuplace")
+    `flags` set more (the throughput bench's `--plan-pin`); `rendered`: the Deployment of
+    another rendering (the DRA component's, `dra_overlay`) instead of the install's."""
+    box = container(rendered or installation.rendered, "Deployment", "gpuplace", "gpuplace")
     ports, tls = installation.ports, installation.workdir / "tls"
     kubeconfig = installation.sa_kubeconfig(NAMESPACE, "gpuplace")
     args = with_flags(

@@ -32,10 +32,11 @@ from typing import Any
 import pytest
 import yaml
 
+from bench import scheduler_throughput
 from gpuplace.cluster import assignments, dra, dra_claims, keys
 from tests.realcluster import install
 from tests.realcluster.conftest import KubeletNode, Scope, derived_replay
-from tests.realcluster.install import AGENT_NAMESPACE, GPUPLACE, NO_IMAGE_LABEL, Installation
+from tests.realcluster.install import AGENT_NAMESPACE, GPUPLACE, Installation
 from tests.realcluster.kit import Cluster, Kubectl, free_port
 from tests.realcluster.objects import gpu_node, pod, priority_class, running, wait_bound
 from tests.realcluster.processes import HostProcess, with_flags
@@ -43,7 +44,7 @@ from tests.realcluster.sessions import unusable
 from tests.realcluster.test_node_agent import environment, gpu_env, inside, metric
 
 DRA_ACCOUNT = "gpuplace-node-agent-dra"
-DAEMONSET = "gpuplace-node-agent-dra"
+DAEMONSET = install.DRA_DAEMONSET
 SILENCE = 6
 """The sidecar's --agent-silence-seconds meanwhile (the agent beats every 2 s)."""
 CDI_DIR = Path("/var/run/cdi")
@@ -69,41 +70,10 @@ class DraNode:
         return dra.slice_name(self.node)
 
 
-def dra_overlay(installation: Installation) -> Path:
-    """The install's test overlay plus the shipped DRA component, as a user adds it to
-    their overlay; its DaemonSet kept off every node as the test overlay keeps the other
-    (no image here: the agent runs as a host process)."""
-    directory = installation.workdir / "overlay-dra"
-    directory.mkdir(exist_ok=True)
-    kustomization = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "resources": ["../overlay"],
-        "components": ["../overlay/shipped/components/dra"],
-        "patches": [
-            {
-                "target": {"kind": "DaemonSet", "name": DAEMONSET},
-                "patch": json.dumps(
-                    [
-                        {
-                            "op": "add",
-                            "path": "/spec/template/spec/nodeSelector/"
-                            + NO_IMAGE_LABEL.replace("/", "~1"),
-                            "value": "true",
-                        }
-                    ]
-                ),
-            }
-        ],
-    }
-    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    return directory
-
-
 @pytest.fixture(scope="module")
 def dra_installed(gpuplace: Installation) -> list[dict[str, Any]]:
     """The DRA component applied (`kubectl apply -k`); the rendered objects."""
-    overlay = dra_overlay(gpuplace)
+    overlay = install.dra_overlay(gpuplace)
     gpuplace.kubectl.run("apply", "-k", str(overlay))
     rendered = gpuplace.kubectl.run("kustomize", str(overlay)).out
     return [item for item in yaml.safe_load_all(rendered) if item]
@@ -120,13 +90,9 @@ def _clean_host(plugin_dir: Path) -> None:
 @contextlib.contextmanager
 def dra_serve(gpuplace: Installation, rendered: list[dict[str, Any]]) -> Iterator[None]:
     """`gpuplace serve` with the DRA component's arguments and a short silence bound."""
-    shipped, kept = gpuplace.serve, gpuplace.rendered
+    shipped = gpuplace.serve
     shipped.stop()
-    gpuplace.rendered = rendered
-    try:
-        made = install.serve_process(gpuplace)
-    finally:
-        gpuplace.rendered = kept
+    made = install.serve_process(gpuplace, rendered=rendered)
     argv = [made.argv[0], *with_flags(made.argv[1:], {"--agent-silence-seconds": str(SILENCE)})]
     assert "--dra-silence-taints=true" in argv, argv
     gpuplace.serve = HostProcess(
@@ -782,3 +748,25 @@ def test_a_mixed_cluster_keeps_each_pod_on_one_path_and_one_ledger(
     user_told = explain(kubectl, ns, "user")
     assert f"Holds GPU 0 of node {node} (whole" in user_told, user_told
     assert gpu_env(environment(kubectl, dra_pod)) == share_env(400, 4096 + 144 + 5 * 40)
+
+
+async def test_the_throughput_bench_binds_dra_pods_through_their_pinned_claims(
+    dra_node: DraNode,
+) -> None:
+    """`bench/scheduler_throughput.py --dra` at a tiny size on the DRA serve, so that it
+    cannot rot: its DRA nodes (Node objects with the slice the agent would write) take
+    its DRA pods, each through a claim the controller pinned, beside the extender's and
+    the plain pods; the figures that say what bounds DRA mode are there."""
+    result = await scheduler_throughput.measure(
+        dra_node.installation, nodes=2, pods=3, timeout=120, dra_nodes=True, percent=50
+    )
+    for kind in ("gpuplace", "plain", "dra"):
+        assert (result[kind]["pods"], result[kind]["bound"]) == (3, 3), result
+    assert result["placed_on"] == {"gpuplace": "gpu", "plain": "plain", "dra": "dra"}
+    assert result["ask"] == "50% of a GPU"
+    assert result["planner"]["gpuplace_dra_claims/created"] >= 3, result
+    writes = result["api_writes"]["by_verb"]
+    assert writes["POST resourceclaims"] == 3, writes  # one claim a DRA pod
+    # kube-scheduler's DRA plugin (the allocator) is timed in the cluster's scheduler
+    plain = result["kube_scheduler"]["plain"]
+    assert any(key.startswith("DynamicResources ") for key in plain), plain
