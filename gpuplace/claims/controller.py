@@ -29,7 +29,10 @@ run), highest priority first, then the oldest (its index: `dra_pods`):
    is its claim, one owned by anything else is not, and the pod waits with an Event
    saying so (`GpuClaimBlocked`); a creation the API refuses (RBAC, validation) is said
    the same way and tried again next round;
-3. **ungate**: the gate removed (`gpuplace.controllers.writing.Writer`: UID and
+3. **ungate**: for a plan of its own (not a gang's or queue's: they narrowed the pod's
+   affinity already), the planned node nominated first (`status.nominatedNodeName`, so
+   kube-scheduler filters that node first and alone, not every node for the one the pin
+   passes; docs/dra.md), then the gate removed (`gpuplace.controllers.writing.Writer`: UID and
    resourceVersion preconditions, re-read on conflict, a no-op once it is gone). Other
    gates stay: their controllers remove them.
 
@@ -44,13 +47,17 @@ unallocated. Each round looks at the released, unbound pods whose pinned claim i
 state: the engine plans again (its own hold set aside); other GPUs: the claim is deleted
 (UID precondition; `GpuClaimReplanned`) and, the claim gone, made again next round on the
 new plan (kube-scheduler waits for a claim a pod names to exist); the same GPUs or no room
-now: it stays (room that frees later is seen by a later round). A pod's claim deleted by
+now: it stays (room that frees later is seen by a later round); the same GPUs while
+kube-scheduler has refused them for `ClaimSettings.remake_seconds`: the claim is deleted
+and made again on them, once per pod (kube-scheduler, which refused a pin with room once
+in a 600-pod burst, would otherwise try the pod again only after 5 minutes; a new claim
+requeues it at once). A pod's claim deleted by
 anyone else is made again the same way. A gang's or queue's pinned claim is theirs: it is
 not re-planned here.
 
 Nothing is kept only in memory but the holds: what exists is read from the API (the
 claim, its pin, the gate). Metrics: `gpuplace_dra_claims_total{result}` (`created`,
-`existing`, `blocked`, `refused`, `replanned`), `gpuplace_claim_controller_leading`.
+`existing`, `blocked`, `refused`, `replanned`, `remade`), `gpuplace_claim_controller_leading`.
 O(pods on the DRA path + pods planned × (DRA nodes + the chooser's cost)) per round, one
 API write per pod and step.
 """
@@ -60,6 +67,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -88,7 +96,8 @@ EXISTING = "existing"
 BLOCKED = "blocked"
 REFUSED = "refused"
 REPLANNED = "replanned"
-RESULTS = (CREATED, EXISTING, BLOCKED, REFUSED, REPLANNED)
+REMADE = "remade"
+RESULTS = (CREATED, EXISTING, BLOCKED, REFUSED, REPLANNED, REMADE)
 """`gpuplace_dra_claims_total{result}`: created now; found (made before, by this or
 another replica); another object's claim of that name; the API refused the creation; a
 pinned claim kube-scheduler could not allocate, deleted to be made again on a new plan."""
@@ -128,6 +137,9 @@ class ClaimSettings(Settings):
     settle_seconds: float = 0.05
     pin: str = PIN_ENGINE
     """Where a pod's claim lands (`PINS`)."""
+    remake_seconds: float = 10.0
+    """How long kube-scheduler may refuse a pinned claim whose GPUs the engine still finds
+    room on before the claim is made again once, on the same GPUs (module docstring)."""
 
 
 class ClaimMetrics:
@@ -142,7 +154,8 @@ class ClaimMetrics:
             "ResourceClaims of pods on the DRA path, by result: created, existing (made "
             "before), blocked (the name is another object's claim), refused (by the API), "
             "replanned (a pinned claim that could not be allocated, deleted to be made on a "
-            "new plan).",
+            "new plan), remade (one kube-scheduler refused on GPUs with room, made again "
+            "once on the same ones so that it tries the pod again).",
             ["result"],
             registry=registry,
         )
@@ -193,6 +206,9 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
         self.rng = rng or random.Random()
         """The tie-break among GPUs the policy scores alike and has no line for."""
         self._chooser: Chooser | None = None
+        self._refused_since: dict[str, float] = {}
+        """Pod UID -> when a round first found kube-scheduler refusing its pinned claim
+        while the engine still chose those GPUs."""
         super().__init__(
             "claim",
             parts,
@@ -233,6 +249,8 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
         self._told.keep(self.store.pods)
         self._chooser = None
         stranded = [record for record in live if self._stranded(record)]
+        uids = {record.uid for record in stranded}
+        self._refused_since = {u: t for u, t in self._refused_since.items() if u in uids}
         for result in await self.writer.each([*waiting, *stranded], self._start):
             if isinstance(result, kube.ApiError):
                 log.warning(
@@ -327,7 +345,8 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
         if mine:
             self.sync.unhold(record.uid)
         chosen = self._choose(record)
-        if chosen is None or set(chosen[1]) == set(claim.pinned):
+        remake = chosen is not None and set(chosen[1]) == set(claim.pinned) and self._remake(record)
+        if not remake and (chosen is None or set(chosen[1]) == set(claim.pinned)):
             if mine and held is not None:
                 with contextlib.suppress(LedgerError):  # taken meanwhile: plan anew next round
                     self.sync.hold(held.grant, seconds=self.settings.hold_seconds, owner=PLANNED)
@@ -338,6 +357,18 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
             if error.status not in (404, 409):
                 raise
             return
+        if remake:
+            self.metrics.claims.labels(REMADE).inc()
+            self._emit(
+                record,
+                recording.NORMAL,
+                CLAIM_REPLANNED,
+                f"kube-scheduler could not allocate ResourceClaim {record.namespace}/"
+                f"{record.claim} though the GPUs gpuplace planned have room in its ledger: "
+                "deleted, to be made again on them once, so that kube-scheduler tries the pod "
+                "again now (it would wait up to 5 minutes)",
+            )
+            return
         self.metrics.claims.labels(REPLANNED).inc()
         self._emit(
             record,
@@ -347,6 +378,16 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
             f"{record.claim} on the GPUs gpuplace planned (taken meanwhile): deleted, to be "
             "made again on a new plan",
         )
+
+    def _remake(self, record: PodRecord) -> bool:
+        """kube-scheduler has refused `record`'s pin for `remake_seconds` while the engine
+        still finds room on those GPUs, and its claim was not made again for that before:
+        make it again, once (a new claim requeues the pod in kube-scheduler at once)."""
+        now = time.monotonic()
+        since = self._refused_since.setdefault(record.uid, now)
+        if now - since < self.settings.remake_seconds:
+            return False
+        return self._told.first(record.uid, REMADE)
 
     def _candidates(self, record: PodRecord) -> list[str]:
         """The DRA nodes kube-scheduler would offer `record`: its affinity and selector

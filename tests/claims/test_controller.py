@@ -6,7 +6,9 @@ the pod; explain tells a DRA pod by its claim."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -306,6 +308,55 @@ def test_the_controller_keeps_dra_pods_only() -> None:
     body = webhook_pod("p", {keys.GPU_PERCENT: "30"}, dra_node())
     assert copy.deepcopy(body)["spec"]["schedulingGates"] == [{"name": keys.DRA_GATE}]
     assert claims_controller.RESULTS == ("created", "existing", "blocked", "refused", "replanned")
+
+
+async def test_a_pin_kube_scheduler_refuses_with_room_is_made_again_once(
+    server: localapi.Server, sidecar: Harness
+) -> None:
+    """kube-scheduler refuses a pinned claim though its GPU has room (seen once in a
+    600-pod burst on v1.36.2; it would try the pod again only after 5 minutes): once the
+    refusal has lasted `remake_seconds` and the engine still chooses that GPU, the claim
+    is made again on it, so that kube-scheduler requeues the pod, and only once however
+    long the pod stays unschedulable (a reason the engine does not see must not remake it
+    every round)."""
+    controller = sidecar.sidecar.claims
+    assert controller is not None
+    controller.settings = dataclasses.replace(controller.settings, remake_seconds=0.3)
+    body = webhook_pod("refused", {keys.GPU_PERCENT: "50", keys.GPU_MODEL: H100}, dra_node())
+    claim = dra_claims.named(body)
+    uid = server.api.create(body)["metadata"]["uid"]
+    await eventually(lambda: not server.api.get("pods", "refused", NAMESPACE)["spec"].get(
+        "schedulingGates"
+    ))  # fmt: skip
+    first = server.api.get("resource.k8s.io/resourceclaims", claim, NAMESPACE)
+    pin = first["metadata"]["annotations"][keys.CLAIM_PINNED]
+    sync = sidecar.sidecar.sync
+    unschedulable(server, "refused")
+    await eventually(lambda: sync.pods[uid].unschedulable)
+
+    def uid_now() -> str | None:
+        stored = server.api.objects("resource.k8s.io/resourceclaims", NAMESPACE)
+        again = [c for c in stored if c["metadata"]["name"] == claim]
+        return str(again[0]["metadata"]["uid"]) if again else None
+
+    await eventually(lambda: uid_now() not in (None, first["metadata"]["uid"]), timeout=15.0)
+    second = server.api.get("resource.k8s.io/resourceclaims", claim, NAMESPACE)
+    assert second["metadata"]["annotations"][keys.CLAIM_PINNED] == pin  # the same GPU
+    sample = sidecar.sidecar.registry.get_sample_value
+    assert sample("gpuplace_dra_claims_total", {"result": "remade"}) == 1
+    assert sample("gpuplace_dra_claims_total", {"result": "replanned"}) == 0
+    await eventually(lambda: "GpuClaimReplanned" in reasons(server, "refused"))
+    assert "have room in its ledger" in message(server, "refused", "GpuClaimReplanned")
+    # still unschedulable: rounds go by, well past remake_seconds, and the claim stays
+    await eventually(lambda: sync.claim(NAMESPACE, claim) is not None)
+    for poke in ("1", "2", "3"):  # a pod change wakes a round
+        seen = controller.rounds
+        await asyncio.sleep(0.4)
+        labels = {"metadata": {"labels": {"poke": poke}}}
+        server.api.patch("pods", "refused", labels, NAMESPACE)
+        await eventually(lambda: controller.rounds > seen, timeout=10.0)  # noqa: B023
+    assert uid_now() == second["metadata"]["uid"]
+    assert sample("gpuplace_dra_claims_total", {"result": "remade"}) == 1
 
 
 def unschedulable(server: localapi.Server, pod: str) -> None:
