@@ -307,7 +307,14 @@ async def test_without_the_dra_component_the_sidecar_says_what_rbac_it_lacks() -
 def test_the_controller_keeps_dra_pods_only() -> None:
     body = webhook_pod("p", {keys.GPU_PERCENT: "30"}, dra_node())
     assert copy.deepcopy(body)["spec"]["schedulingGates"] == [{"name": keys.DRA_GATE}]
-    assert claims_controller.RESULTS == ("created", "existing", "blocked", "refused", "replanned")
+    assert claims_controller.RESULTS == (
+        "created",
+        "existing",
+        "blocked",
+        "refused",
+        "replanned",
+        "remade",
+    )
 
 
 async def test_a_pin_kube_scheduler_refuses_with_room_is_made_again_once(
@@ -322,13 +329,7 @@ async def test_a_pin_kube_scheduler_refuses_with_room_is_made_again_once(
     controller = sidecar.sidecar.claims
     assert controller is not None
     controller.settings = dataclasses.replace(controller.settings, remake_seconds=0.3)
-    body = webhook_pod("refused", {keys.GPU_PERCENT: "50", keys.GPU_MODEL: H100}, dra_node())
-    claim = dra_claims.named(body)
-    uid = server.api.create(body)["metadata"]["uid"]
-    await eventually(lambda: not server.api.get("pods", "refused", NAMESPACE)["spec"].get(
-        "schedulingGates"
-    ))  # fmt: skip
-    first = server.api.get("resource.k8s.io/resourceclaims", claim, NAMESPACE)
+    claim, uid, first = await released_half_share(server, "refused")
     pin = first["metadata"]["annotations"][keys.CLAIM_PINNED]
     sync = sidecar.sidecar.sync
     unschedulable(server, "refused")
@@ -357,6 +358,20 @@ async def test_a_pin_kube_scheduler_refuses_with_room_is_made_again_once(
         await eventually(lambda: controller.rounds > seen, timeout=10.0)  # noqa: B023
     assert uid_now() == second["metadata"]["uid"]
     assert sample("gpuplace_dra_claims_total", {"result": "remade"}) == 1
+
+
+async def released_half_share(
+    server: localapi.Server, name: str
+) -> tuple[str, str, dict[str, Any]]:
+    """A 50 % H100 share on the DRA path, created and released by the claim controller:
+    its claim's name, the pod's UID, its claim as first made."""
+    body = webhook_pod(name, {keys.GPU_PERCENT: "50", keys.GPU_MODEL: H100}, dra_node())
+    claim = dra_claims.named(body)
+    uid = str(server.api.create(body)["metadata"]["uid"])
+    await eventually(lambda: not server.api.get("pods", name, NAMESPACE)["spec"].get(
+        "schedulingGates"
+    ))  # fmt: skip
+    return claim, uid, server.api.get("resource.k8s.io/resourceclaims", claim, NAMESPACE)
 
 
 def unschedulable(server: localapi.Server, pod: str) -> None:
@@ -393,13 +408,7 @@ async def test_a_pinned_claim_whose_gpu_is_taken_meanwhile_is_planned_anew(
     left pending with room in the cluster. The user's claim is served (first fit) and
     explain says so."""
     sync = sidecar.sidecar.sync
-    body = webhook_pod("racer", {keys.GPU_PERCENT: "50", keys.GPU_MODEL: H100}, dra_node())
-    claim = dra_claims.named(body)
-    uid = server.api.create(body)["metadata"]["uid"]
-    await eventually(lambda: not server.api.get("pods", "racer", NAMESPACE)["spec"].get(
-        "schedulingGates"
-    ))  # fmt: skip
-    first = server.api.get("resource.k8s.io/resourceclaims", claim, NAMESPACE)
+    claim, uid, first = await released_half_share(server, "racer")
     assert first["metadata"]["annotations"] == {keys.CLAIM_PINNED: "GPU-h100-0-00"}
     server.api.create(users_claim("mine"))
     allocate(server, "mine", "h100-0", "gpu-0", compute="1k", memory="80960Mi")
