@@ -312,11 +312,20 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
             body = None
             held = self.sync.hold_of(record.uid)
             if held is not None and held.owner == PLANNED:
-                body = await self.writer.write(
-                    record, None, _nominating(held.grant.node), status=True
-                )
-                if body is None:
-                    return
+                try:
+                    body = await self.writer.write(
+                        record, None, _nominating(held.grant.node), status=True
+                    )
+                except kube.ApiError as error:
+                    # the nomination only spares kube-scheduler a search: never a reason
+                    # to keep the pod gated (an RBAC without pods/status, a webhook down)
+                    log.warning(
+                        "nominating the planned node failed; releasing the pod without it",
+                        extra={"pod": str(record), "status": error.status, "why": error.reason},
+                    )
+                else:
+                    if body is None:
+                        return
             await self.writer.write(record, body, _ungated)
 
     async def _create(self, record: PodRecord) -> str | None:

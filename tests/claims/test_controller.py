@@ -253,6 +253,20 @@ async def test_a_pod_another_component_gates_gets_its_claim_once_that_gate_goes(
     assert hold is not None and hold.grant.node == "h100-0"
 
 
+async def test_a_refused_nomination_still_releases_the_pod(
+    server: localapi.Server, sidecar: Harness
+) -> None:
+    """The nomination only spares kube-scheduler a search: when the API refuses it (an
+    RBAC without pods/status), the pod is released all the same, its claim pinned."""
+    server.api.fail("PATCH", "/pods/nominee/status$", 403, times=50)
+    _, uid, first = await released_half_share(server, "nominee")
+    assert keys.CLAIM_PINNED in first["metadata"]["annotations"]
+    pod = server.api.get("pods", "nominee", NAMESPACE)
+    assert not (pod.get("status") or {}).get("nominatedNodeName")
+    hold = sidecar.sidecar.sync.hold_of(uid)
+    assert hold is not None and hold.grant.node == "h100-0"
+
+
 async def test_a_claim_of_that_name_owned_by_another_is_never_taken(
     server: localapi.Server, sidecar: Harness
 ) -> None:
