@@ -51,9 +51,10 @@ now: it stays (room that frees later is seen by a later round); the same GPUs wh
 kube-scheduler has refused them for `ClaimSettings.remake_seconds`: the claim is deleted
 and made again on them, once per pod (kube-scheduler, which refused a pin with room once
 in a 600-pod burst, would otherwise try the pod again only after 5 minutes; a new claim
-requeues it at once). A pod's claim deleted by
-anyone else is made again the same way. A gang's or queue's pinned claim is theirs: it is
-not re-planned here.
+requeues it at once). A pod's claim deleted by anyone else is made again the same way.
+A gang's or queue's member keeps its plan's node (its affinity names it, and cannot change
+once ungated): the engine chooses again among that node's GPUs only, and its claim is made
+again on those (the plan's node stays theirs to change).
 
 Nothing is kept only in memory but the holds: what exists is read from the API (the
 claim, its pin, the gate). Metrics: `gpuplace_dra_claims_total{result}` (`created`,
@@ -206,6 +207,9 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
         self.rng = rng or random.Random()
         """The tie-break among GPUs the policy scores alike and has no line for."""
         self._chooser: Chooser | None = None
+        self._repinned: dict[str, tuple[str, tuple[int, ...]]] = {}
+        """Gang or queue member's pod UID -> (its plan's node, the GPUs there its claim is
+        made on instead of their plan's, taken meanwhile)."""
         self._refused_since: dict[str, float] = {}
         """Pod UID -> when a round first found kube-scheduler refusing its pinned claim
         while the engine still chose those GPUs."""
@@ -251,6 +255,7 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
         stranded = [record for record in live if self._stranded(record)]
         uids = {record.uid for record in stranded}
         self._refused_since = {u: t for u, t in self._refused_since.items() if u in uids}
+        self._repinned = {u: pin for u, pin in self._repinned.items() if u in self.store.pods}
         for result in await self.writer.each([*waiting, *stranded], self._start):
             if isinstance(result, kube.ApiError):
                 log.warning(
@@ -346,14 +351,19 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
         were taken meanwhile (by what the ledger did not see in time). The engine plans
         again; when it chooses other GPUs the claim is deleted (UID precondition) and made
         next round on the new plan; when it chooses the same ones (kube-scheduler's word
-        is older than the ledger's) or finds no room, the claim stays."""
-        if record.grant is not None:  # a gang's or queue's plan: theirs to change
-            return
-        held = self.sync.hold_of(record.uid)
+        is older than the ledger's) or finds no room, the claim stays. A gang's or queue's
+        member keeps the node their plan chose (its affinity names that node, and cannot be
+        changed now): the engine chooses again among that node's GPUs only, and the claim is
+        made next round on those (`_repinned`); their plan's node is theirs to change."""
+        member = record.grant is not None
+        held = None if member else self.sync.hold_of(record.uid)
         mine = held is not None and held.owner == PLANNED
         if mine:
             self.sync.unhold(record.uid)
-        chosen = self._choose(record)
+        if record.grant is not None:
+            chosen = self._choose(record, [record.grant.node])
+        else:
+            chosen = self._choose(record)
         remake = chosen is not None and set(chosen[1]) == set(claim.pinned) and self._remake(record)
         if not remake and (chosen is None or set(chosen[1]) == set(claim.pinned)):
             if mine and held is not None:
@@ -366,6 +376,8 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
             if error.status not in (404, 409):
                 raise
             return
+        if member and chosen is not None:
+            self._repinned[record.uid] = (chosen[0].node, tuple(chosen[0].gpus))
         if remake:
             self.metrics.claims.labels(REMADE).inc()
             self._emit(
@@ -379,13 +391,14 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
             )
             return
         self.metrics.claims.labels(REPLANNED).inc()
+        where = "on other GPUs of the node its plan chose" if member else "on a new plan"
         self._emit(
             record,
             recording.NORMAL,
             CLAIM_REPLANNED,
             f"kube-scheduler could not allocate ResourceClaim {record.namespace}/"
             f"{record.claim} on the GPUs gpuplace planned (taken meanwhile): deleted, to be "
-            "made again on a new plan",
+            f"made again {where}",
         )
 
     def _remake(self, record: PodRecord) -> bool:
@@ -415,12 +428,15 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
             and node.admits(controlled.tolerations)
         ]
 
-    def _choose(self, record: PodRecord) -> tuple[choosing.Choice, list[str]] | None:
-        """The engine's choice for `record` among its DRA nodes, and the chosen GPUs'
-        UUIDs; None when none has room now (or a GPU has no UUID to pin). The chooser's
-        cost (`Chooser.choose` with names: O(candidates))."""
+    def _choose(
+        self, record: PodRecord, names: list[str] | None = None
+    ) -> tuple[choosing.Choice, list[str]] | None:
+        """The engine's choice for `record` among `names` (default: its DRA nodes), and the
+        chosen GPUs' UUIDs; None when none has room now (or a GPU has no UUID to pin). The
+        chooser's cost (`Chooser.choose` with names: O(candidates))."""
         assert record.request is not None
-        names = self._candidates(record)
+        if names is None:
+            names = self._candidates(record)
         if not names or record.request.count < 1:
             return None
         if self._chooser is None or self._chooser.policy is not self.policy():
@@ -445,7 +461,11 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
             node = inventory.get(record.grant.node)
             if node is None or not nodes.is_dra(node):
                 return []
-            gpus = [node.gpus[i] for i in record.grant.gpus if i < len(node.gpus)]
+            indexes = record.grant.gpus
+            repinned = self._repinned.get(record.uid)
+            if repinned is not None and repinned[0] == node.name:
+                indexes = repinned[1]  # their plan's node, GPUs a race left free there
+            gpus = [node.gpus[i] for i in indexes if i < len(node.gpus)]
             return gpus if len(gpus) == len(record.grant.gpus) and all(g.uuid for g in gpus) else []
         self._unhold(record)  # a plan of ours that came to nothing: plan anew
         if self.sync.ledger.get(record.uid) is not None:

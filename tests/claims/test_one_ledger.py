@@ -20,6 +20,8 @@ from tests.claims.test_controller import (
     allocate,
     dra_node,
     plugin_node,
+    unschedulable,
+    users_claim,
     webhook_pod,
 )
 from tests.cluster.conftest import eventually
@@ -209,3 +211,49 @@ def waiting(server: localapi.Server, pod: str) -> list[str]:
         for event in server.api.objects("events", NAMESPACE)
         if event["involvedObject"]["name"] == pod and event["reason"] == events.WAITING
     ]
+
+
+async def test_a_gang_members_pin_taken_meanwhile_moves_to_free_gpus_of_its_planned_node(
+    server: localapi.Server,
+) -> None:
+    """A gang of two 50 % DRA members is planned on h100-0 and their claims pinned there;
+    a user's claim then takes the whole GPU member w0 was pinned to (first fit: the engine
+    never saw it coming) and kube-scheduler finds no node for w0. Its affinity names
+    h100-0 for good, so the engine chooses again among h100-0's GPUs only: the claim is
+    made again on the other GPU, and w0 is not left pending with room on its node."""
+    async with gang_rig.rig(
+        server, settings=SETTINGS, dra_claims="fallback", scheduler_lease=""
+    ) as r:
+        sync = r.h.sidecar.sync
+        gang = {keys.GANG_NAME: "pair", keys.GANG_SIZE: "2", keys.GPU_PERCENT: "50"}
+        for i in range(2):
+            server.api.create(dra_pod(f"w{i}", gang))
+        claims = [await claimed(server, f"w{i}") for i in range(2)]
+        first = server.api.get("resource.k8s.io/resourceclaims", claims[0], NAMESPACE)
+        pin = first["metadata"]["annotations"][keys.CLAIM_PINNED]
+        taken = int(pin.rsplit("-", 1)[1])
+        grant = assignments.grant_of(pod_of(server, "w0"))
+        assert grant is not None and grant.node == "h100-0" and grant.gpus == (taken,)
+        server.api.create(users_claim("mine"))
+        allocate(server, "mine", "h100-0", f"gpu-{taken}", **WHOLE_H100)
+        await eventually(lambda: (c := sync.claim(NAMESPACE, "mine")) is not None and bool(c.held))
+        unschedulable(server, "w0")
+
+        def repinned() -> str | None:
+            stored = server.api.objects("resource.k8s.io/resourceclaims", NAMESPACE)
+            again = [c for c in stored if c["metadata"]["name"] == claims[0]]
+            if not again or again[0]["metadata"]["uid"] == first["metadata"]["uid"]:
+                return None
+            return str(again[0]["metadata"]["annotations"][keys.CLAIM_PINNED])
+
+        await eventually(lambda: repinned() is not None, timeout=15.0)
+        assert repinned() == f"GPU-h100-0-{1 - taken:02d}"
+        told = [
+            event["message"]
+            for event in server.api.objects("events", NAMESPACE)
+            if event.get("reason") == "GpuClaimReplanned"
+        ]
+        assert any("other GPUs of the node its plan chose" in message for message in told), told
+        # the gang's plan is not touched: its node and the member's affinity stay
+        mark = plan_mark(pod_of(server, "w0"))
+        assert mark is not None and mark.node == "h100-0"
