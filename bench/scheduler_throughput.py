@@ -20,6 +20,7 @@ cores each process used during the burst (what the machine spent where). Prints 
 
     .venv/bin/python -m bench.scheduler_throughput --nodes 300   # 300 + 300 nodes, 600 + 600 pods
     .venv/bin/python -m bench.scheduler_throughput --nodes 1000 --pods 2000
+    .venv/bin/python -m bench.scheduler_throughput --nodes 300 --dra --percent 50   # + DRA
 
 `measure` is what the tier's smoke test runs at a tiny size on the session's cluster.
 """
@@ -32,6 +33,7 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import ssl
 import statistics
 import sys
@@ -51,6 +53,7 @@ from gpuplace.cluster import dra, keys
 from tests.realcluster import install, kit
 from tests.realcluster.install import Installation
 from tests.realcluster.objects import H100_MIB, SLOTS_PER_GPU, gpu_node
+from tests.realcluster.processes import HostProcess
 
 GPUS = 8
 GATE = "bench.gpuplace.io/hold"
@@ -786,6 +789,47 @@ def up(scratch: Path, tries: int = 3) -> kit.Cluster:
 PINS = ("nominate", "affinity", "off")
 
 
+def restart_cluster_scheduler(cluster: kit.Cluster, scratch: Path, qps: int) -> HostProcess:
+    """The kit's own kube-scheduler (the default profile, the cluster's DRA allocator)
+    again with `clientConnection.qps: qps`, `burst: 2 × qps` (the kit writes its
+    configuration with client-go's defaults, 50 and 100, and kube-scheduler refuses a
+    second `clientConnection` appended to it): the kit's process stopped, the same
+    binary, configuration, port and identity started here, its PID in the kit's pid file
+    (so the CPU figures and `cluster.sh down` find it)."""
+    state = cluster.state
+    config = yaml.safe_load((state / "scheduler-config.yaml").read_text())
+    config["clientConnection"].update(qps=qps, burst=2 * qps)
+    path = scratch / "cluster-scheduler-config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    pid_file = state / "pids" / "kube-scheduler.pid"
+    old = int(pid_file.read_text())
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(old, signal.SIGTERM)
+    for _ in range(150):
+        if not Path(f"/proc/{old}").exists():
+            break
+        time.sleep(0.2)
+    kubeconfig = str(state / "scheduler.kubeconfig")
+    port = cluster.run_env["K8S_SCHEDULER_PORT"]
+    process = HostProcess(
+        f"kube-scheduler (the cluster's, qps {qps})",
+        [
+            str(cluster.bin_dir / "kube-scheduler"),
+            f"--config={path}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--v=1",
+        ],
+        scratch / "cluster-scheduler.log",
+    )
+    process.start()
+    assert process.process is not None
+    pid_file.write_text(f"{process.process.pid}\n")
+    return process
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=300, help="GPU nodes, and as many plain ones")
@@ -813,6 +857,13 @@ def main(argv: list[str] | None = None) -> int:
         help="gpuplace's pods ask this share of a GPU (`gpuplace.io/gpu-percent`) instead of "
         "a whole one (`gpu-count: 1`)",
     )
+    parser.add_argument(
+        "--cluster-scheduler-qps",
+        type=int,
+        default=None,
+        help="run the cluster's kube-scheduler (default profile, DRA allocator) with this "
+        "`clientConnection.qps` (burst twice it) instead of client-go's 50",
+    )
     args = parser.parse_args(argv)
     if args.percent is not None and not 1 <= args.percent <= 100:
         parser.error("--percent: 1 to 100")
@@ -828,6 +879,8 @@ def main(argv: list[str] | None = None) -> int:
     cluster = up(Path(scratch))
     results: list[Obj] = []
     try:
+        if args.cluster_scheduler_qps:
+            restart_cluster_scheduler(cluster, Path(scratch), args.cluster_scheduler_qps)
         installation = install.install(cluster, Path(scratch))
         rendered = None
         if args.dra:  # the DRA component on top of the install, as docs/dra.md says
@@ -859,7 +912,13 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 finally:
                     serve.stop()
-                results.append({"plan_pin": variant or "default", **result})
+                results.append(
+                    {
+                        "plan_pin": variant or "default",
+                        "cluster_scheduler_qps": args.cluster_scheduler_qps or 50,
+                        **result,
+                    }
+                )
         finally:
             installation.scheduler.stop()
     finally:
