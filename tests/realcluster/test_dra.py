@@ -767,6 +767,8 @@ async def test_the_throughput_bench_binds_dra_pods_through_their_pinned_claims(
     assert result["planner"]["gpuplace_dra_claims/created"] >= 3, result
     writes = result["api_writes"]["by_verb"]
     assert writes["POST resourceclaims"] == 3, writes  # one claim a DRA pod
-    # kube-scheduler's DRA plugin (the allocator) is timed in the cluster's scheduler
+    # what the cluster's kube-scheduler writes for each: the allocation, and the Binding
+    assert writes["PUT resourceclaims/status"] >= 3, writes
+    # (its DRA plugin's own times are sampled, one cycle in ten: at 9 cycles maybe none)
     plain = result["kube_scheduler"]["plain"]
-    assert any(key.startswith("DynamicResources ") for key in plain), plain
+    assert plain["attempt"]["calls"] >= 6, plain
