@@ -2,7 +2,8 @@
 
 Every node has 8 GPUs, each held by a 1-GPU pod of priority 0 (bound, running); a
 priority-100 gang of 8 members × 8 whole GPUs must evict 64 of them. Timed, as
-`gpuplace.gangs.evicting.GangPreemptions._plan` runs them on the event loop the
+`gpuplace.controllers.victims.plan` (for `gpuplace.gangs.evicting.GangPreemptions`) runs them
+on the event loop the
 extender's verbs share: `victim_units` (O(pods + grants), once per attempt) and one
 `gpuplace.placement.victim_choice.for_gang` (one pass). One attempt makes at most `PASSES` passes
 (each after a budget refused a unit) and yields to the loop between them, and one gang
@@ -78,7 +79,7 @@ def measure(count: int, repeat: int) -> dict[str, Any]:
     victims = 0
     for _ in range(repeat):
         t0 = time.perf_counter()
-        units = evicting.victim_units(sync, 100)
+        units = victims.victim_units(sync, 100)
         t1 = time.perf_counter()
         found = victim_choice.for_gang(sync.ledger, policy, members, units)
         t2 = time.perf_counter()
@@ -94,9 +95,9 @@ def measure(count: int, repeat: int) -> dict[str, Any]:
         "victim_units_seconds": round(units_median, 4),
         "for_gang_seconds": round(plan_median, 4),
         "longest_blocking_seconds": round(units_median + plan_median, 4),
-        "passes_per_attempt": evicting.PASSES,
+        "passes_per_attempt": victims.PASSES,
         "plans_per_round": evicting.PLANS_PER_ROUND,
-        "round_bound_seconds": round(units_median + plan_median * evicting.PASSES, 3),
+        "round_bound_seconds": round(units_median + plan_median * victims.PASSES, 3),
         "victims": victims,
     }
 

@@ -2,7 +2,9 @@
 
 The gang controller asks `GangPreemptions.attempt` for a complete gang that does not fit
 in free capacity (docs/gangs.md, "Priority and preemption"). Who may preempt and who
-may go, as kube-scheduler's DefaultPreemption decides for one pod:
+may go, as kube-scheduler's DefaultPreemption decides for one pod (the rules and the plan
+are the controller kit's, `gpuplace.controllers.victims`, which the claim controller's
+lone DRA pods preempt by too):
 
 - the gang's priority is its *lowest* member's `spec.priority`, running members
   included (a replacement joining a started gang preempts at the gang's priority, not
@@ -29,8 +31,9 @@ may go, as kube-scheduler's DefaultPreemption decides for one pod:
 
 An attempt:
 
-1. plan (`gpuplace.placement.victim_choice.for_gang`): the victims that make room for every member,
-   only on the GPUs the members take, none beyond need; no plan: evict nothing;
+1. plan (`gpuplace.controllers.victims.plan`, over
+   `gpuplace.placement.victim_choice.for_gang`): the victims that make room for every
+   member, only on the GPUs the members take, none beyond need; no plan: evict nothing;
 2. PodDisruptionBudget pre-check (`gpuplace.controllers.evictions.budget_refusals`, with fresh
    reads of the victims and their namespaces' budgets): a unit with a victim the API server would
    refuse is excluded and the plan made again without it, until one passes or none is
@@ -60,7 +63,6 @@ while `underway(key)` and releases it when the gang starts, times out or goes aw
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -68,10 +70,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gpuplace.cluster import disruptions, kube, pods, recording
+from gpuplace.cluster import kube, recording
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
-from gpuplace.controllers import evictions, telling
+from gpuplace.controllers import evictions, telling, victims
 from gpuplace.placement import gangs, requests, victim_choice
 from gpuplace.placement.choosing import Policy
 from gpuplace.placement.fences import Fence, Fences
@@ -79,14 +81,9 @@ from gpuplace.placement.gangs import GangKey
 
 log = logging.getLogger(__name__)
 
-NEVER = "Never"
 PLANS_PER_ROUND = 1
 """Gangs that may plan a preemption in one controller round (each plan is synchronous
 work on the event loop the extender's verbs share)."""
-PASSES = 8
-"""Plans one attempt makes at most, each without the units a budget refused before."""
-GOING = -(1 << 31)
-"""The priority `victim_units` gives a unit already being deleted (below any int32)."""
 
 
 @dataclass(slots=True)
@@ -101,14 +98,6 @@ class Underway:
     unsure: set[str] = field(default_factory=set)
     """UIDs of victims whose eviction's outcome is unknown (timeout, 502-504): the API
     may have accepted it; counted as terminating once the pod shows deletion."""
-
-
-@dataclass(frozen=True, slots=True)
-class Terminating:
-    """A plan that counts on pods of lower priority already being deleted on its nodes."""
-
-    nodes: frozenset[str]
-    uids: frozenset[str]
 
 
 class GangPreemptionMetrics:
@@ -133,73 +122,6 @@ class GangPreemptionMetrics:
         )
 
 
-def gang_priority(members: Iterable[PodRecord]) -> int:
-    """A gang's priority for preemption: its lowest member's."""
-    return min(member.priority for member in members)
-
-
-def never_preempts(members: Iterable[PodRecord]) -> bool:
-    return any(member.controlled.preemption_policy == NEVER for member in members)
-
-
-def victim_units(
-    sync: LedgerSync, below: int, spare: Iterable[str] = ()
-) -> list[victim_choice.Unit]:
-    """Every unit that may be evicted for a gang of priority `below`: bound, unfinished
-    pods holding a grant, of lower priority; a running gang whole (all its live members
-    lower; the unit is its members holding a grant, never a gated one) or not at all,
-    and each extra member of a running elastic gang alone as well, when it is of lower
-    priority (`gpuplace.placement.victim_choice.extras`: units that share pods are
-    alternatives). `spare`: UIDs never to evict. A unit whose pods are all being
-    deleted already (`deletionTimestamp`) gets the priority `GOING` (the cheapest victim,
-    `going`): its GPUs are on their way back, so the plan counts on them first and the
-    caller waits for them rather than evicting anything. O(pods + grants)."""
-    records = sync.pods
-    spared = set(spare)
-    by_gang: dict[tuple[str, str], list[PodRecord]] = {}
-    for each in records.values():
-        if each.gang and not each.terminal:
-            by_gang.setdefault((each.namespace, each.gang), []).append(each)
-    units: list[victim_choice.Unit] = []
-    seen: set[str] = set()
-    for grant in sync.ledger:
-        record = records.get(grant.pod_uid)
-        if record is None or record.uid in seen or record.terminal or not record.bound:
-            continue
-        if record.node_name != grant.node:
-            continue
-        members = (
-            by_gang.get((record.namespace, record.gang), [record]) if record.gang else [record]
-        )
-        seen.update(member.uid for member in members)
-
-        def unit(of: list[PodRecord]) -> victim_choice.Unit:
-            # only members holding GPUs go: a gated one holds nothing, and evicting a
-            # Pending pod deletes it at once
-            holding = [m for m in of if sync.ledger.get(m.uid) is not None]
-            held = tuple(g for m in holding if (g := sync.ledger.get(m.uid)) is not None)
-            going = all(m.deleting for m in holding)
-            priorities = tuple(GOING if going else m.priority for m in holding)
-            return victim_choice.Unit(tuple(m.uid for m in holding), held, priorities)
-
-        started = [unit([m]) for m in pods.started(members) if sync.ledger.get(m.uid)]
-        spares = [
-            extra
-            for extra in victim_choice.extras(started, record.minimum)
-            if extra.priorities[0] < below and extra.uids[0] not in spared
-        ]
-        units.extend(spares)
-        if any(m.priority >= below or m.uid in spared for m in members):
-            continue
-        units.append(victim_choice.whole(unit(members), spares))
-    return units
-
-
-def going(unit: victim_choice.Unit) -> bool:
-    """The unit's pods are already being deleted (`victim_units`)."""
-    return all(p == GOING for p in unit.priorities)
-
-
 class GangPreemptions:
     """See the module docstring. `attempt` is called by the gang controller's round."""
 
@@ -213,7 +135,7 @@ class GangPreemptions:
         registry: CollectorRegistry | None = None,
         retry_seconds: float = 10.0,
         plans_per_round: int = PLANS_PER_ROUND,
-        passes: int = PASSES,
+        passes: int = victims.PASSES,
     ) -> None:
         self.api = api
         self.sync = sync
@@ -276,7 +198,7 @@ class GangPreemptions:
         `preemptionPolicy: Never`. Returns when to try again (POSIX seconds), or None.
         Never raises on API failures of the pre-check (logged; the gang is tried again
         next round)."""
-        if not members or never_preempts([*members, *running]):
+        if not members or victims.never_preempts([*members, *running]):
             return None
         if any(other != key for other in self.underway):
             return None  # one preemption at a time: the fence is one (module docstring)
@@ -285,7 +207,7 @@ class GangPreemptions:
         underway = self.underway.get(key)
         if underway is not None and now < underway.retry_at:
             return underway.retry_at
-        priority = gang_priority([*members, *running])
+        priority = victims.priority_of([*members, *running])
         signature = (
             self.sync.ledger.generation,
             self.sync.ledger.relabelled,
@@ -304,7 +226,16 @@ class GangPreemptions:
         self._plans_left -= 1
         self._tried[key] = signature
         try:
-            found = await self._plan(planned, policy, priority, exclude)
+            found = await victims.plan(
+                self.api,
+                self.sync,
+                planned,
+                policy,
+                priority,
+                exclude=exclude,
+                passes=self.passes,
+                counted=self.metrics.plans.inc,
+            )
         except kube.ApiError as error:
             log.warning(
                 "gang preemption pre-check failed",
@@ -316,7 +247,7 @@ class GangPreemptions:
         if found is None:
             self._backoff[key] = now + self.retry_seconds
             return None
-        if isinstance(found, Terminating):
+        if isinstance(found, victims.Terminating):
             # their GPUs are on their way back (evicted by this gang before a restart
             # or a lost lease, or deleted by anyone): hold the nodes and wait for them
             if underway is None:
@@ -330,7 +261,7 @@ class GangPreemptions:
             self._tried.pop(key, None)
             self._backoff[key] = now + self.retry_seconds
             return self._backoff[key]
-        eviction, victims = found
+        eviction, chosen = found
         nodes = frozenset(eviction.nodes)
         if underway is None:
             underway = self.underway[key] = Underway(nodes)
@@ -342,84 +273,9 @@ class GangPreemptions:
             members=members,
             priority=priority,
             eviction=eviction,
-            victims=victims,
+            victims=chosen,
             underway=underway,
             now=now,
-        )
-
-    async def _plan(
-        self,
-        planned: Sequence[gangs.Member],
-        policy: Policy,
-        priority: int,
-        exclude: frozenset[str],
-    ) -> tuple[victim_choice.GangEviction, list[PodRecord]] | Terminating | str | None:
-        """The eviction plan that passes the budget pre-check (victims in name order), or
-        the pods of lower priority already terminating on its nodes (wait for them:
-        kube-scheduler's own rule), or why budgets forbid every plan, or None (no plan at
-        all). Each pass excludes at least one more unit; at most `passes` passes.
-
-        Work: one `victim_units` (O(pods + grants)), then per pass one
-        `gpuplace.placement.victim_choice.for_gang` (its own docstring: O(grants) scratch
-        ledgers plus a few gang plans, each O(members × nodes log nodes)) and a GET per new
-        victim and a budget list per new namespace. So one call is O(passes × for_gang), synchronous
-        on the event loop apart from the API reads: ~1.2 s per pass (and 0.6 s for
-        `victim_units`) was measured at 10,000 nodes × 8 GPUs, hence the caps
-        (`passes`, `plans_per_round`, and the back-off of a plan that found nothing);
-        the loop yields between passes, so one stretch without an await is one pass
-        (`bench/gang_preempt_plan.py`)."""
-        spared: set[str] = set()
-        blocked = ""
-        budgets: dict[str, list[disruptions.Budget]] = {}
-        fresh: dict[str, disruptions.Victim | None] = {}
-        every = victim_units(self.sync, priority)
-        for done in range(self.passes):
-            if done:
-                await asyncio.sleep(0)  # let the extender's verbs in between passes
-            units = [u for u in every if not spared.intersection(u.uids)]
-            self.metrics.plans.inc()
-            eviction = victim_choice.for_gang(
-                self.sync.ledger, policy, planned, units, exclude=exclude
-            )
-            if eviction is None or not eviction.units:
-                return blocked or None
-            terminating = self._terminating_on(eviction, priority)
-            if terminating:
-                return Terminating(frozenset(eviction.nodes), terminating)
-            records = sorted(
-                (self.sync.pods[uid] for uid in eviction.uids if uid in self.sync.pods),
-                key=lambda record: record.key,
-            )
-            if len(records) != len(eviction.uids):
-                return None  # a victim went meanwhile: the ledger changes, next round
-            refused = await evictions.budget_refusals(
-                self.api, records, fresh=fresh, budgets=budgets
-            )
-            if refused is None:
-                return None
-            if not refused:
-                return eviction, records
-            blocked = "; ".join(
-                f"{record}: {refused[record.uid]}" for record in records if record.uid in refused
-            )
-            for unit in eviction.units:
-                if any(uid in refused for uid in unit.uids):
-                    spared.update(unit.uids)
-        return blocked  # `passes` plans, each refused by a budget: try again later
-
-    def _terminating_on(
-        self, eviction: victim_choice.GangEviction, priority: int
-    ) -> frozenset[str]:
-        """UIDs of pods of lower priority holding a grant on the plan's nodes that are
-        being deleted. O(grants on those nodes)."""
-        nodes = set(eviction.nodes)
-        records = (
-            self.sync.pods.get(grant.pod_uid) for grant in self.sync.ledger if grant.node in nodes
-        )
-        return frozenset(
-            r.uid
-            for r in records
-            if r is not None and r.deleting and not r.terminal and r.priority < priority
         )
 
     async def _evict(

@@ -10,9 +10,9 @@ from typing import Any
 
 from gpuplace.cluster import keys
 from gpuplace.cluster.gang_marks import gated, plan_mark
+from gpuplace.controllers import victims
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
-from gpuplace.gangs import evicting
 from gpuplace.gangs.controller import GangSettings
 from tests.gangs.rig import Rig, check_grants, events, member, nodes, rig
 
@@ -393,7 +393,7 @@ async def test_a_preemption_attempt_makes_a_bounded_number_of_plans(
         await r.quiet()
         await r.rounds(3)
         assert evicted(r.api) == []
-        assert r.metric("gpuplace_gang_preemption_plans_total") == evicting.PASSES
+        assert r.metric("gpuplace_gang_preemption_plans_total") == victims.PASSES
 
 
 async def test_a_replacement_member_preempts_at_its_gangs_lowest_priority(

@@ -1,7 +1,7 @@
 """A waiting gang of higher priority and a running elastic gang (issue 29, point 4): the
 elastic gang's extra members (beyond `gang-min`, the most recently started first) may be
 evicted one by one before its core; it is never left below `gang-min` unless it goes
-whole. First the plan (`evicting.victim_units` and `victim_choice.for_gang` over a
+whole. First the plan (`victims.victim_units` and `victim_choice.for_gang` over a
 LedgerSync), then the real sidecar and gang controller against the local API."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from gpuplace.cluster import assignments, keys, pods
 from gpuplace.cluster.gang_marks import gated
 from gpuplace.cluster.nodes import NodeRecord
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.controllers import victims as eviction_victims
 from gpuplace.dev import localapi
 from gpuplace.dev.localapi import objects
-from gpuplace.gangs import evicting
 from gpuplace.placement import gangs, policies, victim_choice
 from gpuplace.placement.ledger import Grant
 from gpuplace.placement.requests import GpuRequest
@@ -77,21 +77,22 @@ def full_n1(sync: LedgerSync) -> LedgerSync:
 
 def victims(sync: LedgerSync, members: int, priority: int = 100) -> set[str] | None:
     """Who a waiting gang of `members` one-GPU members would evict (None: nothing)."""
-    units = evicting.victim_units(sync, priority)
+    units = eviction_victims.victim_units(sync, priority)
     waiting = [gangs.Member(f"w{i}", ONE_GPU) for i in range(members)]
     found = victim_choice.for_gang(sync.ledger, policies.make("best-fit"), waiting, units)
     return None if found is None else set(found.uids)
 
 
 def test_extras_are_offered_alone_beside_the_whole_gang() -> None:
-    units = evicting.victim_units(cluster(2), 100)
+    units = eviction_victims.victim_units(cluster(2), 100)
     assert sorted(u.uids for u in units) == [("m0", "m1", "m2", "m3"), ("m2",), ("m3",)]
     assert {u.uids: u.spare for u in units} == {
         ("m0", "m1", "m2", "m3"): 2,
         ("m2",): 1,
         ("m3",): 1,
     }
-    assert [u.uids for u in evicting.victim_units(cluster(0), 100)] == [("m0", "m1", "m2", "m3")]
+    units = eviction_victims.victim_units(cluster(0), 100)
+    assert [u.uids for u in units] == [("m0", "m1", "m2", "m3")]
 
 
 def test_a_waiting_gang_takes_the_newest_extras_first_then_the_whole_gang() -> None:

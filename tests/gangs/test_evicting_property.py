@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from gpuplace.cluster import pods
 from gpuplace.cluster.nodes import NodeRecord
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.controllers import victims
 from gpuplace.dev.localapi import objects
-from gpuplace.gangs import evicting
 from gpuplace.placement import choosing, elastic, gangs, policies, victim_choice
 from gpuplace.placement.ledger import Grant, Ledger, LedgerError
 from gpuplace.placement.requests import GpuRequest
@@ -80,7 +80,7 @@ def test_gang_preemption_plans_evict_only_lower_whole_and_needed_units(
         sync.upsert_pod(record)
         records[uid] = record
     gang_priority = min(priorities)
-    units = evicting.victim_units(sync, gang_priority)
+    units = victims.victim_units(sync, gang_priority)
     in_units = [uid for unit in units for uid in unit.uids]
     mates = {g: [r for r in records.values() if r.gang == g] for g in ("g", "h")}
     spares = {r.uid for r in elastic.extras(pods.started(mates["g"]), minimum)}
