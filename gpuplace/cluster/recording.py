@@ -102,13 +102,17 @@ class Recorder:
             self._queue.put_nowait(pending)
         except asyncio.QueueFull:
             self._queue.get_nowait()
+            self._queue.task_done()  # the dropped one counts as done (`drain` joins)
             self._queue.put_nowait(pending)
             self.events.labels(reason, "dropped").inc()
 
     async def run(self) -> None:
         while True:
             pending = await self._queue.get()
-            await self.write(pending)
+            try:
+                await self.write(pending)
+            finally:
+                self._queue.task_done()
 
     @property
     def queued(self) -> int:
@@ -116,9 +120,15 @@ class Recorder:
         return self._queue.qsize()
 
     async def drain(self) -> None:
-        """Write everything queued now (tests, shutdown)."""
+        """Write everything queued now, and wait for the one `run` is writing (tests,
+        shutdown: an Event taken off the queue but not yet written counts too)."""
         while not self._queue.empty():
-            await self.write(self._queue.get_nowait())
+            pending = self._queue.get_nowait()
+            try:
+                await self.write(pending)
+            finally:
+                self._queue.task_done()
+        await self._queue.join()
 
     async def write(self, pending: _Pending) -> None:
         subject = pending.subject
