@@ -17,13 +17,18 @@ only be *tightened*.
 
 `narrows(old, new)` is the same rule as a check, with kube-apiserver's own messages
 (tests hold every patch the controller sends to it).
+
+`nominating(node, ours)` is the other way a controller points kube-scheduler at its
+planned node: the pods/status merge patch setting `status.nominatedNodeName` (the planner's
+`--plan-pin nominate`, the claim controller's DRA pins), written only while the pod is
+still the caller's to release.
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuplace.cluster.node_affinity import NAME_FIELD, REQUIRED, terms
@@ -32,6 +37,23 @@ from gpuplace.cluster.node_affinity import NAME_FIELD, REQUIRED, terms
 def pin(node: str) -> dict[str, Any]:
     """The field requirement that pins a pod to `node`."""
     return {"key": NAME_FIELD, "operator": "In", "values": [node]}
+
+
+def nominating(
+    node: str, ours: Callable[[dict[str, Any]], bool]
+) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
+    """The change (for `gpuplace.controllers.writing.Writer.write`, `status=True`) that
+    nominates `node` while `ours(current)` holds (its gate still on it); None from it:
+    nothing to do (not ours, or that node nominated already)."""
+
+    def nominate(current: dict[str, Any]) -> dict[str, Any] | None:
+        if not ours(current):
+            return None
+        if (current.get("status") or {}).get("nominatedNodeName") == node:
+            return None
+        return {"status": {"nominatedNodeName": node}}
+
+    return nominate
 
 
 def narrowed(affinity: Mapping[str, Any] | None, node: str) -> dict[str, Any] | None:

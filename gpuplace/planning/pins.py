@@ -45,7 +45,7 @@ from typing import Any, Protocol
 from gpuplace.cluster import keys
 from gpuplace.cluster.gang_marks import gated
 from gpuplace.cluster.pods import PodRecord
-from gpuplace.controllers import plans
+from gpuplace.controllers import pinning, plans
 from gpuplace.controllers.writing import Writer
 
 GATE = keys.PLACE_GATE
@@ -108,15 +108,13 @@ class Nominate:
         body: dict[str, Any] | None = known(pod)
         if node is not None:
 
-            def nominate(current: dict[str, Any]) -> dict[str, Any] | None:
+            def ours(current: dict[str, Any]) -> bool:
                 if not _ours(current):
-                    return None
+                    return False
                 check()
-                if (current.get("status") or {}).get("nominatedNodeName") == node:
-                    return None
-                return {"status": {"nominatedNodeName": node}}
+                return True
 
-            body = await writer.write(pod, body, nominate, status=True)
+            body = await writer.write(pod, body, pinning.nominating(node, ours), status=True)
             if body is None:
                 return None
         return await writer.write(pod, body, _ungate)
