@@ -27,6 +27,7 @@ from typing import Any
 from gpuplace.cluster.nodes import NodeRecord
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.controllers import victims as eviction_victims
 from gpuplace.gangs import evicting
 from gpuplace.placement import gangs, policies, victim_choice
 from gpuplace.placement.ledger import Grant, GrantState
@@ -79,7 +80,7 @@ def measure(count: int, repeat: int) -> dict[str, Any]:
     victims = 0
     for _ in range(repeat):
         t0 = time.perf_counter()
-        units = victims.victim_units(sync, 100)
+        units = eviction_victims.victim_units(sync, 100)
         t1 = time.perf_counter()
         found = victim_choice.for_gang(sync.ledger, policy, members, units)
         t2 = time.perf_counter()
@@ -95,9 +96,9 @@ def measure(count: int, repeat: int) -> dict[str, Any]:
         "victim_units_seconds": round(units_median, 4),
         "for_gang_seconds": round(plan_median, 4),
         "longest_blocking_seconds": round(units_median + plan_median, 4),
-        "passes_per_attempt": victims.PASSES,
+        "passes_per_attempt": eviction_victims.PASSES,
         "plans_per_round": evicting.PLANS_PER_ROUND,
-        "round_bound_seconds": round(units_median + plan_median * victims.PASSES, 3),
+        "round_bound_seconds": round(units_median + plan_median * eviction_victims.PASSES, 3),
         "victims": victims,
     }
 

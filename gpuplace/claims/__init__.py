@@ -2,6 +2,7 @@
 to DRA nodes, created by the sidecar (owned by its pod, from its annotations) before the
 pod's gate `gpuplace.io/dra-claim` goes, and what kube-scheduler's DRA allocator then made
 of it told on the pod (docs/dra.md, "The annotations on DRA nodes"). A peer of the gang and
-queue controllers on the controller kit (`gpuplace.controllers`); the next step, "plan,
-then pin", makes its claims name the GPU the engine plans.
+queue controllers on the controller kit (`gpuplace.controllers`): `controller` (plan,
+then pin: each claim names the GPUs the engine planned), `preempting` (a lone DRA pod's
+preemption, which kube-scheduler does not do for claims).
 """

@@ -18,7 +18,10 @@ run), highest priority first, then the oldest (its index: `dra_pods`):
    same the extender's filter and the planner make) among the DRA nodes kube-scheduler
    would offer it (affinity, taints, fences), held in the ledger (owner
    `gpuplace.cluster.syncing.PLANNED`) until the claim's allocation replaces the hold.
-   No room now: no pin (kube-scheduler's first fit, which says why it waits);
+   No room now: a pod alone preempts lower-priority pods where it may
+   (`gpuplace.claims.preempting`: kube-scheduler never preempts for a claim), its claim
+   pinned to the GPUs its victims free, or it stays gated while budgets forbid every
+   plan; no victims either: no pin (kube-scheduler's first fit, which says why it waits);
    `ClaimSettings.pin` `first-fit` never pins;
 2. **create** its claim, unless the claim informer already has it (`create_claim`, the one
    place a pod's claim is written): `dra_claims.claim` from the pod's parsed request, a
@@ -29,12 +32,12 @@ run), highest priority first, then the oldest (its index: `dra_pods`):
    is its claim, one owned by anything else is not, and the pod waits with an Event
    saying so (`GpuClaimBlocked`); a creation the API refuses (RBAC, validation) is said
    the same way and tried again next round;
-3. **ungate**: for a plan of its own (not a gang's or queue's: they narrowed the pod's
-   affinity already), the planned node nominated first (`status.nominatedNodeName`, so
-   kube-scheduler filters that node first and alone, not every node for the one the pin
-   passes; docs/dra.md), then the gate removed (`gpuplace.controllers.writing.Writer`: UID and
-   resourceVersion preconditions, re-read on conflict, a no-op once it is gone). Other
-   gates stay: their controllers remove them.
+3. **ungate**: for a plan of its own or a preemption's (not a gang's or queue's: they
+   narrowed the pod's affinity already), the planned node nominated first
+   (`status.nominatedNodeName`, so kube-scheduler filters that node first and alone, not
+   every node for the one the pin passes; docs/dra.md), then the gate removed
+   (`gpuplace.controllers.writing.Writer`: UID and resourceVersion preconditions, re-read
+   on conflict, a no-op once it is gone). Other gates stay: their controllers remove them.
 
 kube-scheduler's DRA allocator then allocates the claim exactly on the pinned GPUs
 (re-checking their capacity) and binds the pod; when the claim informer sees the
@@ -54,13 +57,22 @@ in a 600-pod burst, would otherwise try the pod again only after 5 minutes; a ne
 requeues it at once). A pod's claim deleted by anyone else is made again the same way.
 A gang's or queue's member keeps its plan's node (its affinity names it, and cannot change
 once ungated): the engine chooses again among that node's GPUs only, and its claim is made
-again on those (the plan's node stays theirs to change).
+again on those (the plan's node stays theirs to change). A lone preemptor whose pinned
+GPUs have no room plans its preemption again: its victims still terminating give the same
+pin (the claim stays), GPUs a race took once free a new plan with victims of its own (the
+claim made again on it). A pin with room again is held in the ledger, and a round takes
+waiting and released pods together, highest priority first, so a pod planned later in it
+does not take those GPUs.
 
-Nothing is kept only in memory but the holds: what exists is read from the API (the
-claim, its pin, the gate). Metrics: `gpuplace_dra_claims_total{result}` (`created`,
-`existing`, `blocked`, `refused`, `replanned`, `remade`), `gpuplace_claim_controller_leading`.
-O(pods on the DRA path + pods planned × (DRA nodes + the chooser's cost)) per round, one
-API write per pod and step.
+What exists is read from the API (the claim, its pin, the gate, the pods being deleted);
+kept only in memory: the holds, a member's GPUs re-pinned on its plan's node (after a
+restart its claim is made on its plan again and re-pinned at the next refusal), when
+kube-scheduler first refused a pin (a remade pin may be remade once more after a
+restart), and a preemption's back-off. Metrics: `gpuplace_dra_claims_total{result}`
+(`created`, `existing`, `blocked`, `refused`, `replanned`, `remade`),
+`gpuplace_claim_controller_leading`, and the preemption's (`gpuplace.claims.preempting`).
+O(pods on the DRA path + pods planned × (DRA nodes + the chooser's cost)) per round, plus
+one preemption plan at most (`gpuplace.claims.preempting`), one API write per pod and step.
 """
 
 from __future__ import annotations
@@ -69,23 +81,24 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from gpuplace.claims.preempting import PREEMPTION_BLOCKED, LonePreemptions, Wait
 from gpuplace.cluster import dra_claims, keys, kube, nodes, recording
 from gpuplace.cluster.claims import ClaimRecord
 from gpuplace.cluster.gang_marks import gated
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import PLANNED, LedgerSync
-from gpuplace.controllers import plans
+from gpuplace.controllers import pinning, plans
 from gpuplace.controllers.api import PodApi
 from gpuplace.controllers.controller import Controller, Parts, Settings
 from gpuplace.controllers.store import PodIndex
 from gpuplace.placement import choosing
-from gpuplace.placement.choosing import Chooser
+from gpuplace.placement.choosing import Choice, Chooser
 from gpuplace.placement.inventory import Gpu, Inventory
 from gpuplace.placement.ledger import LedgerError
 from gpuplace.placement.requests import describe, share_text
@@ -101,7 +114,8 @@ REMADE = "remade"
 RESULTS = (CREATED, EXISTING, BLOCKED, REFUSED, REPLANNED, REMADE)
 """`gpuplace_dra_claims_total{result}`: created now; found (made before, by this or
 another replica); another object's claim of that name; the API refused the creation; a
-pinned claim kube-scheduler could not allocate, deleted to be made again on a new plan."""
+pinned claim kube-scheduler could not allocate, deleted to be made again on a new plan; one
+kube-scheduler refused on GPUs with room, deleted to be made again once on the same ones."""
 
 PIN_ENGINE = "engine"
 PIN_FIRST_FIT = "first-fit"
@@ -141,6 +155,9 @@ class ClaimSettings(Settings):
     remake_seconds: float = 10.0
     """How long kube-scheduler may refuse a pinned claim whose GPUs the engine still finds
     room on before the claim is made again once, on the same GPUs (module docstring)."""
+    preempt_retry_seconds: float = 10.0
+    """A lone pod's preemption after a refused eviction, a plan budgets blocked or one that
+    found nothing: not planned again sooner (`gpuplace.claims.preempting`)."""
 
 
 class ClaimMetrics:
@@ -202,8 +219,19 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
         rng: random.Random | None = None,
     ) -> None:
         self.metrics = ClaimMetrics(registry)
-        if settings is not None and settings.pin not in PINS:
+        settings = settings or ClaimSettings()
+        if settings.pin not in PINS:
             raise ValueError(f"unknown pin {settings.pin!r}: one of {', '.join(PINS)}")
+        self.preemptions = LonePreemptions(
+            parts.api,
+            parts.sync,
+            recorder=parts.recorder,
+            registry=registry,
+            retry_seconds=settings.preempt_retry_seconds,
+        )
+        """A lone pod's preemption (`gpuplace.claims.preempting`)."""
+        self._nominate: dict[str, str] = {}
+        """Pod UID -> the node a preemption pinned its claim on, to nominate."""
         self.rng = rng or random.Random()
         """The tie-break among GPUs the policy scores alike and has no line for."""
         self._chooser: Chooser | None = None
@@ -217,7 +245,7 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
             "claim",
             parts,
             store,
-            settings=settings or ClaimSettings(),
+            settings=settings,
             leading=self.metrics.leading,
         )
         parts.sync.claim_listeners.append(self._claim_changed)
@@ -246,17 +274,19 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
         the oldest first (each planned on the ledger as the earlier ones left it), then
         the released pods whose claim is gone or whose pinned claim cannot be allocated."""
         live = [record for record in self.store.pods.values() if record.live]
-        waiting = sorted(
-            (record for record in live if record.claim_gated and not _waits_for_others(record)),
-            key=lambda pod: (-pod.priority, pod.created, pod.namespace, pod.name),
-        )
+        waiting = [
+            record for record in live if record.claim_gated and not _waits_for_others(record)
+        ]
         self._told.keep(self.store.pods)
         self._chooser = None
+        self.preemptions.new_round(self.store.pods)
         stranded = [record for record in live if self._stranded(record)]
         uids = {record.uid for record in stranded}
         self._refused_since = {u: t for u, t in self._refused_since.items() if u in uids}
         self._repinned = {u: pin for u, pin in self._repinned.items() if u in self.store.pods}
-        for result in await self.writer.each([*waiting, *stranded], self._start):
+        self._nominate.clear()
+        ordered = sorted([*waiting, *stranded], key=_first)
+        for result in await self.writer.each(ordered, self._start):
             if isinstance(result, kube.ApiError):
                 log.warning(
                     "claim round step failed; retrying",
@@ -316,10 +346,13 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
         if record.claim_gated:
             body = None
             held = self.sync.hold_of(record.uid)
-            if held is not None and held.owner == PLANNED:
+            node = self._nominate.pop(record.uid, None)
+            if node is None and held is not None and held.owner == PLANNED:
+                node = held.grant.node
+            if node is not None:
                 try:
                     body = await self.writer.write(
-                        record, None, _nominating(held.grant.node), status=True
+                        record, None, pinning.nominating(node, _dra_gated), status=True
                     )
                 except kube.ApiError as error:
                     # the nomination only spares kube-scheduler a search: never a reason
@@ -335,8 +368,18 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
 
     async def _create(self, record: PodRecord) -> str | None:
         """Plan `record` (synchronously, before anything is awaited) and create its claim
-        on the plan; the plan's hold is dropped when no claim came of it."""
+        on the plan; the plan's hold is dropped when no claim came of it. A lone pod the
+        engine finds no room for preempts where it may (`_preempt`): its claim is then
+        pinned to the GPUs its victims free, or it stays gated (None) while it must wait."""
         pinned = self._plan(record)
+        if not pinned and self._lone(record):
+            answer = await self._preempt(record)
+            if isinstance(answer, Wait):
+                return None
+            if answer is not None:
+                pinned = self._gpus(answer)
+                if pinned:
+                    self._nominate[record.uid] = answer.node
         try:
             owner = await self.create_claim(record, pinned=pinned)
         except BaseException:
@@ -364,17 +407,22 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
             chosen = self._choose(record, [record.grant.node])
         else:
             chosen = self._choose(record)
+        if chosen is None and self._lone(record):
+            return await self._preempted_again(record, claim)
         remake = chosen is not None and set(chosen[1]) == set(claim.pinned) and self._remake(record)
         if not remake and (chosen is None or set(chosen[1]) == set(claim.pinned)):
             if mine and held is not None:
                 with contextlib.suppress(LedgerError):  # taken meanwhile: plan anew next round
                     self.sync.hold(held.grant, seconds=self.settings.hold_seconds, owner=PLANNED)
+            elif chosen is not None and not member and self.sync.hold_of(record.uid) is None:
+                # a pin with room again (a preemptor's victims gone): held, so that the
+                # pods planned after it in this round do not take those GPUs
+                assert record.request is not None
+                grant = choosing.grant_for(record.uid, chosen[0], record.request)
+                with contextlib.suppress(LedgerError):
+                    self.sync.hold(grant, seconds=self.settings.hold_seconds, owner=PLANNED)
             return
-        try:
-            await self.api.delete_resource_claim(record.namespace, record.claim, uid=claim.uid)
-        except kube.ApiError as error:
-            if error.status not in (404, 409):
-                raise
+        if not await self._delete(record, claim):
             return
         if member and chosen is not None:
             self._repinned[record.uid] = (chosen[0].node, tuple(chosen[0].gpus))
@@ -390,8 +438,13 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
                 "again now (it would wait up to 5 minutes)",
             )
             return
+        self._replanned(
+            record, "on other GPUs of the node its plan chose" if member else "on a new plan"
+        )
+
+    def _replanned(self, record: PodRecord, where: str) -> None:
+        """Counted and told: its pinned claim was deleted, to be made again `where`."""
         self.metrics.claims.labels(REPLANNED).inc()
-        where = "on other GPUs of the node its plan chose" if member else "on a new plan"
         self._emit(
             record,
             recording.NORMAL,
@@ -400,6 +453,65 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
             f"{record.claim} on the GPUs gpuplace planned (taken meanwhile): deleted, to be "
             f"made again {where}",
         )
+
+    def _lone(self, record: PodRecord) -> bool:
+        """A pod alone the engine pins (no gang's or queue's plan, nothing granted yet)."""
+        return (
+            self.settings.pin == PIN_ENGINE
+            and record.grant is None
+            and self.sync.ledger.get(record.uid) is None
+            and self.preemptions.may_preempt(record)
+        )
+
+    async def _preempt(self, record: PodRecord) -> Choice | Wait | None:
+        """A lone pod's preemption on the DRA nodes it may go to
+        (`gpuplace.claims.preempting`): the GPUs to pin its claim to, `Wait`, or None (no
+        victims make room: its claim is made unpinned, as for any pod without room)."""
+        answer = await self.preemptions.attempt(
+            record, self._candidates(record), self.policy(), now=self.clock()
+        )
+        if isinstance(answer, Wait) and answer.why and self._told.first(record.uid, answer.why):
+            self._emit(
+                record,
+                recording.WARNING,
+                PREEMPTION_BLOCKED,
+                "gpuplace finds no room for it but lower-priority pods it could preempt; "
+                f"PodDisruptionBudgets forbid that now ({answer.why[:400]}): it waits and "
+                f"tries again in {self.settings.preempt_retry_seconds:g}s",
+            )
+        return answer
+
+    def _gpus(self, choice: Choice) -> list[Gpu]:
+        """The GPUs `choice` names, when each has a UUID to pin (else none)."""
+        node = self.sync.ledger.inventory.get(choice.node)
+        if node is None:
+            return []
+        gpus = [node.gpus[i] for i in choice.gpus if i < len(node.gpus)]
+        return gpus if len(gpus) == len(choice.gpus) and all(g.uuid for g in gpus) else []
+
+    async def _preempted_again(self, record: PodRecord, claim: ClaimRecord) -> None:
+        """A released lone pod whose pinned GPUs have no room: its preemption's victims
+        still terminating give the same pin (the claim stays); GPUs taken once they were
+        free (or no pin of a preemption yet) give a plan with victims of its own, and the
+        claim is deleted to be made again on it (next round, by `_create`)."""
+        answer = await self._preempt(record)
+        if answer is None or isinstance(answer, Wait):
+            return
+        if {gpu.uuid for gpu in self._gpus(answer)} == set(claim.pinned):
+            return
+        if await self._delete(record, claim):
+            self._replanned(record, "on the GPUs its preemption frees")
+
+    async def _delete(self, record: PodRecord, claim: ClaimRecord) -> bool:
+        """Delete `record`'s claim (UID precondition) to make it again; False when it is
+        gone or replaced already (404, 409: the next round sees what is there)."""
+        try:
+            await self.api.delete_resource_claim(record.namespace, record.claim, uid=claim.uid)
+        except kube.ApiError as error:
+            if error.status not in (404, 409):
+                raise
+            return False
+        return True
 
     def _remake(self, record: PodRecord) -> bool:
         """kube-scheduler has refused `record`'s pin for `remake_seconds` while the engine
@@ -570,18 +682,14 @@ def _waits_for_others(record: PodRecord) -> bool:
     return record.controlled.gates != (keys.DRA_GATE,)
 
 
-def _nominating(node: str) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
-    """The pods/status merge patch that nominates `node` while the pod is still behind
-    the DRA gate (None: nothing to do)."""
+def _first(record: PodRecord) -> tuple[int, float, str, str]:
+    """A round's order: highest priority, then the oldest."""
+    return (-record.priority, record.created, record.namespace, record.name)
 
-    def nominate(current: dict[str, Any]) -> dict[str, Any] | None:
-        if not gated(current, keys.DRA_GATE):
-            return None
-        if (current.get("status") or {}).get("nominatedNodeName") == node:
-            return None
-        return {"status": {"nominatedNodeName": node}}
 
-    return nominate
+def _dra_gated(current: dict[str, Any]) -> bool:
+    """The pod is still behind the DRA gate (the claim controller's to release)."""
+    return gated(current, keys.DRA_GATE)
 
 
 def _ungated(current: dict[str, Any]) -> dict[str, Any] | None:

@@ -51,6 +51,8 @@ class Terminating:
 
     nodes: frozenset[str]
     uids: frozenset[str]
+    eviction: victim_choice.GangEviction
+    """The plan that counts on them (where the members go once they are gone)."""
 
 
 def priority_of(members: Iterable[PodRecord]) -> int:
@@ -172,7 +174,7 @@ async def plan(
             return blocked or None
         terminating = terminating_on(sync, set(eviction.nodes), priority)
         if terminating:
-            return Terminating(frozenset(eviction.nodes), terminating)
+            return Terminating(frozenset(eviction.nodes), terminating, eviction)
         records = sorted(
             (sync.pods[uid] for uid in eviction.uids if uid in sync.pods),
             key=lambda record: record.key,

@@ -666,6 +666,20 @@ def test_a_gangs_dra_members_get_the_gpus_its_plan_chose(
         assert member["spec"]["nodeName"] == node
 
 
+def ranks(scope: Scope, kubectl: Kubectl) -> tuple[str, str]:
+    """Two PriorityClasses of the scope's (100 and 1,000), once both GPUs are empty: their
+    names."""
+    low, high = f"{scope.namespace}-low", f"{scope.namespace}-high"
+    scope.create(priority_class(low, 100), priority_class(high, 1000))
+    until(lambda: not kubectl.json("get", "resourceclaims", "-A")["items"], 120, "empty GPUs")
+    return low, high
+
+
+def ranked(body: dict[str, Any], priority: str) -> dict[str, Any]:
+    body["spec"]["priorityClassName"] = priority
+    return body
+
+
 def test_a_gangs_preemption_frees_the_gpu_its_plan_needs(
     scope: Scope, kubectl: Kubectl, dra_node: DraNode
 ) -> None:
@@ -675,14 +689,7 @@ def test_a_gangs_preemption_frees_the_gpu_its_plan_needs(
     node, and each member's claim is pinned to the GPU its plan chose and allocated there,
     one of them on the freed gpu-0 (issue 47, point 3)."""
     ns, node = scope.namespace, dra_node.node
-    low, high = f"{ns}-low", f"{ns}-high"
-    scope.create(priority_class(low, 100), priority_class(high, 1000))
-
-    def ranked(body: dict[str, Any], priority: str) -> dict[str, Any]:
-        body["spec"]["priorityClassName"] = priority
-        return body
-
-    until(lambda: not kubectl.json("get", "resourceclaims", "-A")["items"], 120, "empty GPUs")
+    low, high = ranks(scope, kubectl)
     start(kubectl, ranked(annotated("low", scope, gpu_count="1"), low))
     assert [r["device"] for r in allocation(kubectl, ns, dra_claims.named(
         kubectl.json("-n", ns, "get", "pod", "low")
@@ -707,6 +714,34 @@ def test_a_gangs_preemption_frees_the_gpu_its_plan_needs(
         assert found == [f"gpu-{gpu}" for gpu in planned.gpus], name
         devices.extend(found)
     assert "gpu-0" in devices, devices
+
+
+def test_a_lone_high_priority_dra_pod_preempts_and_gets_the_gpu_it_frees(
+    scope: Scope, kubectl: Kubectl, dra_node: DraNode
+) -> None:
+    """gpu-0 holds a low-priority whole-GPU DRA pod, gpu-1 a whole-GPU pod of the
+    preemptor's own priority. A lone high-priority whole-GPU DRA pod: kube-scheduler alone
+    answers "Preemption is not helpful" for a claim; the claim controller evicts the low pod
+    (not the one of equal priority), pins the pod's claim to the GPU it frees, and
+    kube-scheduler allocates it there once the low pod is gone (issue 47, point 1)."""
+    ns = scope.namespace
+    low, high = ranks(scope, kubectl)
+    start(kubectl, ranked(annotated("low", scope, gpu_count="1"), low))
+    start(kubectl, ranked(annotated("keep", scope, gpu_count="1"), high))
+    freed = next(
+        int(r["device"].removeprefix("gpu-"))
+        for r in claim_of(kubectl, ns, "low")["status"]["allocation"]["devices"]["results"]
+    )
+    (urgent,) = start(kubectl, ranked(annotated("urgent", scope, gpu_count="1"), high))
+    assert not kubectl.exists("-n", ns, "pod", "low")
+    assert kubectl.exists("-n", ns, "pod", "keep")
+    claim = claim_of(kubectl, ns, "urgent")
+    assert claim["metadata"]["annotations"][keys.CLAIM_PINNED] == dra_node.uuids[freed]
+    found = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+    assert found == [f"gpu-{freed}"]
+    assert urgent["spec"]["nodeName"] == dra_node.node
+    said = kubectl.wait_event(ns, "urgent", "GpuPreemption")
+    assert f"evicted {ns}/low" in said, said
 
 
 def test_a_mixed_cluster_keeps_each_pod_on_one_path_and_one_ledger(
