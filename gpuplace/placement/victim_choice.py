@@ -566,7 +566,9 @@ def for_gang(
        no room and preempt again: if it falls short, step 4 is done again keeping only
        removals after which that plan still succeeds, starting from every unit on the
        plan's nodes when the chosen ones are not enough (at most `STRICT_LIMIT` units);
-       still short: None. The answer's `choices` are that plan's.
+       still short: None. The answer's `choices` are that plan's;
+    6. no victim that plan does without (`_only_needed`: sparing for step 4's nodes may
+       leave one once the gang's own plan moved members).
 
     Units that share pods are alternatives (an elastic gang's extras and the whole gang,
     `extras`): step 2 takes at most one of them per pod, and once it took an extra, the
@@ -629,6 +631,7 @@ def for_gang(
         started = _starts(ledger, policy, members, victims, exclude)
         if started is None:
             return None
+    victims, started = _only_needed(ledger, policy, members, victims, started, exclude=exclude)
     nodes = tuple(dict.fromkeys((*best.nodes, *started.nodes)))
     return GangEviction(tuple(sorted(victims, key=lambda u: u.uids)), started.choices, nodes)
 
@@ -655,6 +658,36 @@ def _spare(
         if test(rest):
             victims = rest
     return victims
+
+
+def _only_needed(
+    ledger: Ledger,
+    policy: Policy,
+    members: Sequence[gangs.Member],
+    victims: list[Unit],
+    started: gangs.Plan,
+    *,
+    exclude: Collection[str],
+) -> tuple[list[Unit], gangs.Plan]:
+    """Step 6 of `for_gang`: no victim the plan the gang starts with does without. A unit
+    whose members still fit on that plan's nodes without it (`place`) and without which
+    the gang's own plan still starts is spared, and the plan made again, until none is
+    left (the plan may move members between nodes, so sparing for one plan's nodes can
+    leave a unit the next one does without). O(V) `place` checks per pass, a gang plan
+    only for a unit `place` can do without, at most V passes (each spares one)."""
+    for _ in range(len(victims)):
+        there = {uid: choice.node for uid, choice in started.choices.items()}
+        for candidate in sorted(victims, key=lambda u: cost([u]), reverse=True):
+            rest = [other for other in victims if other is not candidate]
+            if place(ledger, members, there, rest) is None:
+                continue
+            again = _starts(ledger, policy, members, rest, exclude)
+            if again is not None:
+                victims, started = rest, again
+                break
+        else:
+            break
+    return victims, started
 
 
 def _starts(
