@@ -2,8 +2,8 @@
 
 Every node has 8 GPUs, each held by a 1-GPU pod of priority 0 (bound, running); a
 priority-100 gang of 8 members × 8 whole GPUs must evict 64 of them. Timed, as
-`gpuplace.controllers.victims.plan` (for `gpuplace.gangs.evicting.GangPreemptions`) runs them
-on the event loop the
+`gpuplace.controllers.victims.plan` (for `gpuplace.gangs.evicting.GangPreemptions`, and a
+lone DRA pod's `gpuplace.claims.preempting`) runs them on the event loop the
 extender's verbs share: `victim_units` (O(pods + grants), once per attempt) and one
 `gpuplace.placement.victim_choice.for_gang` (one pass). One attempt makes at most `PASSES` passes
 (each after a budget refused a unit) and yields to the loop between them, and one gang

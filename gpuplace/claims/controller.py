@@ -21,8 +21,11 @@ run), highest priority first, then the oldest (its index: `dra_pods`):
    No room now: a pod alone preempts lower-priority pods where it may
    (`gpuplace.claims.preempting`: kube-scheduler never preempts for a claim), its claim
    pinned to the GPUs its victims free, or it stays gated while budgets forbid every
-   plan; no victims either: no pin (kube-scheduler's first fit, which says why it waits);
-   `ClaimSettings.pin` `first-fit` never pins;
+   plan; it stays gated too while a DRA node it could use is held for another workload
+   (a gang's or queued workload's fence, another lone pod's preemption: an unpinned claim
+   would let kube-scheduler's first fit take what that node is held for); else no pin
+   (kube-scheduler's first fit, which says why it waits); `ClaimSettings.pin` `first-fit`
+   never pins;
 2. **create** its claim, unless the claim informer already has it (`create_claim`, the one
    place a pod's claim is written): `dra_claims.claim` from the pod's parsed request, a
    CEL selector on the planned GPUs' UUIDs on every alternative (annotation
@@ -60,17 +63,20 @@ once ungated): the engine chooses again among that node's GPUs only, and its cla
 again on those (the plan's node stays theirs to change). A lone preemptor whose pinned
 GPUs have no room plans its preemption again: its victims still terminating give the same
 pin (the claim stays), GPUs a race took once free a new plan with victims of its own (the
-claim made again on it). A pin with room again is held in the ledger, and a round takes
-waiting and released pods together, highest priority first, so a pod planned later in it
-does not take those GPUs.
+claim made again on it); so does a lone pod released with an unpinned claim that
+kube-scheduler finds no room for (lower-priority pods may hold GPUs now). A round takes
+waiting and released pods together, highest priority first.
 
 What exists is read from the API (the claim, its pin, the gate, the pods being deleted);
 kept only in memory: the holds, a member's GPUs re-pinned on its plan's node (after a
 restart its claim is made on its plan again and re-pinned at the next refusal), when
 kube-scheduler first refused a pin (a remade pin may be remade once more after a
-restart), and a preemption's back-off. Metrics: `gpuplace_dra_claims_total{result}`
-(`created`, `existing`, `blocked`, `refused`, `replanned`, `remade`),
-`gpuplace_claim_controller_leading`, and the preemption's (`gpuplace.claims.preempting`).
+restart), what `gpuplace.claims.preempting` keeps (victims evicted, back-off, targets),
+and the node a preemption's pin nominates (a restart between the claim and the ungate
+releases the pod without it; kube-scheduler then nominates it itself). Metrics:
+`gpuplace_dra_claims_total{result}` (`created`, `existing`, `blocked`, `refused`,
+`replanned`, `remade`), `gpuplace_claim_controller_leading`, and the preemption's
+(`gpuplace.claims.preempting`).
 O(pods on the DRA path + pods planned × (DRA nodes + the chooser's cost)) per round, plus
 one preemption plan at most (`gpuplace.claims.preempting`), one API write per pod and step.
 """
@@ -279,7 +285,9 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
         ]
         self._told.keep(self.store.pods)
         self._chooser = None
-        self.preemptions.new_round(self.store.pods)
+        inventory = self.sync.ledger.inventory
+        dra_nodes = [node.name for node in inventory if nodes.is_dra(node)]
+        self.preemptions.new_round(self.store.pods, dra_nodes, self.clock())
         stranded = [record for record in live if self._stranded(record)]
         uids = {record.uid for record in stranded}
         self._refused_since = {u: t for u, t in self._refused_since.items() if u in uids}
@@ -297,14 +305,16 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
 
     def _stranded(self, record: PodRecord) -> bool:
         """A released, unbound pod whose claim is not there (deleted: made again), or whose
-        pinned claim kube-scheduler found no room for (planned anew)."""
+        pinned claim kube-scheduler found no room for (planned anew), or a lone pod whose
+        unpinned claim (no room, no victims then) kube-scheduler found no room for (it
+        may preempt now)."""
         if record.claim_gated or record.bound or record.request is None:
             return False
         found = self.sync.claim(record.namespace, record.claim)
         if found is None:
             return True
         return bool(
-            found.pinned
+            (found.pinned or self._lone(record))
             and found.owner == record.uid
             and not found.allocated
             and not found.deleting
@@ -370,7 +380,10 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
         """Plan `record` (synchronously, before anything is awaited) and create its claim
         on the plan; the plan's hold is dropped when no claim came of it. A lone pod the
         engine finds no room for preempts where it may (`_preempt`): its claim is then
-        pinned to the GPUs its victims free, or it stays gated (None) while it must wait."""
+        pinned to the GPUs its victims free, or it stays gated (None) while it must wait;
+        one with no room while a DRA node it could use is held for another workload stays
+        gated too (`_held_off`: unpinned, kube-scheduler's first fit could take the GPUs
+        that node is held for)."""
         pinned = self._plan(record)
         if not pinned and self._lone(record):
             answer = await self._preempt(record)
@@ -380,6 +393,17 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
                 pinned = self._gpus(answer)
                 if pinned:
                     self._nominate[record.uid] = answer.node
+        if not pinned and (why := self._held_off(record)) is not None:
+            if self._told.first(record.uid, f"held {why}"):
+                self._emit(
+                    record,
+                    recording.NORMAL,
+                    CLAIM_BLOCKED,
+                    f"gpuplace finds no room for it on the DRA nodes it may use but {why}: "
+                    "it waits behind its gate (its ResourceClaim is made once that node is "
+                    "free again or room frees elsewhere)",
+                )
+            return None
         try:
             owner = await self.create_claim(record, pinned=pinned)
         except BaseException:
@@ -397,7 +421,12 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
         is older than the ledger's) or finds no room, the claim stays. A gang's or queue's
         member keeps the node their plan chose (its affinity names that node, and cannot be
         changed now): the engine chooses again among that node's GPUs only, and the claim is
-        made next round on those (`_repinned`); their plan's node is theirs to change."""
+        made next round on those (`_repinned`); their plan's node is theirs to change. An
+        unpinned claim (a lone pod, no room then) only gets a preemption's pin
+        (`_preempted_again`)."""
+        if not claim.pinned:
+            await self._preempted_again(record, claim)
+            return
         member = record.grant is not None
         held = None if member else self.sync.hold_of(record.uid)
         mine = held is not None and held.owner == PLANNED
@@ -414,13 +443,6 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
             if mine and held is not None:
                 with contextlib.suppress(LedgerError):  # taken meanwhile: plan anew next round
                     self.sync.hold(held.grant, seconds=self.settings.hold_seconds, owner=PLANNED)
-            elif chosen is not None and not member and self.sync.hold_of(record.uid) is None:
-                # a pin with room again (a preemptor's victims gone): held, so that the
-                # pods planned after it in this round do not take those GPUs
-                assert record.request is not None
-                grant = choosing.grant_for(record.uid, chosen[0], record.request)
-                with contextlib.suppress(LedgerError):
-                    self.sync.hold(grant, seconds=self.settings.hold_seconds, owner=PLANNED)
             return
         if not await self._delete(record, claim):
             return
@@ -523,20 +545,44 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
             return False
         return self._told.first(record.uid, REMADE)
 
+    def _held_off(self, record: PodRecord) -> str | None:
+        """Why a DRA node `record` could go to (affinity, taints) is kept from it now: held
+        for a gang or queued workload (the fence), or for another lone pod's preemption
+        (`LonePreemptions.held`); None when none is, or `record` has a plan of a gang's or
+        queue's, or the engine does not pin. O(nodes)."""
+        if self.settings.pin != PIN_ENGINE or record.grant is not None:
+            return None
+        targets = self.preemptions.held(record.uid)
+        fence = self.fences
+        if not targets and (fence is None or not fence.nodes):
+            return None
+        for name in self._usable(record):
+            if name in targets:
+                return f"node {name} is held for another pod's preemption"
+            blocked = fence.blocks(record.uid, name) if fence is not None else None
+            if blocked is not None:
+                return blocked.removeprefix("gpuplace: ")
+        return None
+
     def _candidates(self, record: PodRecord) -> list[str]:
-        """The DRA nodes kube-scheduler would offer `record`: its affinity and selector
-        allow them, they admit it (taints, cordon), no gang or queued workload holds them.
-        O(nodes)."""
+        """The DRA nodes kube-scheduler would offer `record` (`_usable`) that no gang or
+        queued workload holds (the fence) and no other lone pod's preemption frees GPUs on
+        (`LonePreemptions.held`). O(nodes)."""
+        fenced = self.fences.nodes if self.fences is not None else frozenset()
+        fenced |= self.preemptions.held(record.uid)
+        return [name for name in self._usable(record) if name not in fenced]
+
+    def _usable(self, record: PodRecord) -> list[str]:
+        """The DRA nodes `record`'s affinity and selector allow and that admit it (taints,
+        cordon). O(nodes)."""
         inventory = self.sync.ledger.inventory
         controlled = record.controlled
         allowed = controlled.affinity.allowed((node.name, node.labels) for node in inventory)
-        fenced = self.fences.nodes if self.fences is not None else frozenset()
         return [
             node.name
             for node in inventory
             if nodes.is_dra(node)
             and (allowed is None or node.name in allowed)
-            and node.name not in fenced
             and node.admits(controlled.tolerations)
         ]
 

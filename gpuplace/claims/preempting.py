@@ -9,38 +9,51 @@ of strictly lower priority, a running gang whole, none for `preemptionPolicy: Ne
 never one already being deleted):
 
 1. when the claim controller finds no room for a lone pod (`ClaimController._plan` chose
-   nothing), it asks `LonePreemptions.attempt` with the DRA nodes the pod may go to;
+   nothing) — behind its gate, or released with an unpinned claim kube-scheduler found
+   no room for (no victims then) — it asks `LonePreemptions.attempt` with the DRA nodes
+   the pod may go to;
 2. plan (`gpuplace.controllers.victims.plan`: the pod a gang of one): the victims that
-   make room for it, only on the GPUs it takes, none beyond need; no plan: nothing (its
-   claim is made unpinned, kube-scheduler's first fit says why it waits); PodDisruptionBudgets
-   forbid every plan: the pod stays gated and is tried again after `retry_seconds` (each
-   round plans it again: room that frees meanwhile is taken);
+   make room for it, only on the GPUs it takes, none beyond need. No plan: nothing (its
+   claim is made unpinned, kube-scheduler's first fit says why it waits). The plan's
+   node is the pod's *target* from the moment it is made (before anything is awaited):
+   no other lone pod is planned there until the preemptor is placed, goes, or
+   `target_seconds` pass (`held`; the claim controller keeps a pod that would only fit
+   there behind its gate); PodDisruptionBudgets forbid every plan: the pod stays gated
+   and is tried again after `retry_seconds` (each round plans it again: room that frees
+   meanwhile is taken);
 3. evict the victims through the Eviction API (UID precondition, in name order;
    `gpuplace.controllers.evictions.evict`); the pod's claim is then pinned to the GPUs the
    plan gives it and its node nominated (`status.nominatedNodeName`, as kube-scheduler
    nominates a preemptor), and its gate goes: kube-scheduler's allocator finds no room
    until the victims have terminated, then allocates exactly there. A refused eviction
    stops the evictions (a Warning `GpuPreemptionRefused` says which and why) and the next
-   attempt is not before `retry_seconds`;
-4. while pods of lower priority terminate on the plan's node (evicted by this or another
-   replica before a restart, or deleted by anyone), the plan counts on them and evicts
-   nothing more (`gpuplace.controllers.victims.Terminating`): the claim is pinned to the
-   GPUs they free. So nothing is kept only in memory but the back-off: a restart reads
-   the same from the pods.
+   attempt is not before `retry_seconds`; when none was evicted the pod stays gated;
+4. while the victims it evicted are there (the informer may show their deletion late),
+   or pods of lower priority terminate on the plan's node (evicted by this replica
+   before a restart, or deleted by anyone), nothing more is evicted: the claim is pinned
+   to the GPUs they free (all the plan needs is going), or the pod waits and plans again
+   once they are gone (kube-scheduler's rule for a preemptor whose node has terminating
+   victims).
 
 The claim controller's replanning (`ClaimController._replan`) asks again when a released
 preemptor's pinned GPUs have no room: its victims still terminating give the same pin
 (the claim stays); GPUs a race took once they were free give a new plan, victims
 included, and the claim is made again on it.
 
-Not fenced: a gang's preemption holds the one fence (`gpuplace.placement.fences`), whose
-nodes a lone pod never plans on; the freed GPUs are kept for the preemptor by the claim
-controller's order (highest priority first, its pin held in the ledger once they are
-free) and by kube-scheduler's own (a higher priority first out of its queue).
+Kept only in memory (a restart reads the rest from the pods): the victims evicted (after
+a restart, their deletion shows on the pods), the back-off and the targets (after a
+restart a pod may be planned on a preemptor's node while its victims terminate, the
+preemptor then plans again).
 
-Bounded work per round: at most `plans_per_round` pods plan a preemption in one round,
-each at most `passes` plans; a pod whose plan found nothing plans again only when the
-ledger or a pod record changes, and not before `retry_seconds`.
+Not fenced: a gang's preemption holds the one fence (`gpuplace.placement.fences`), whose
+nodes a lone pod never plans on; a gang's plan may count on GPUs a lone pod's victims
+free (the lone pod then plans again).
+
+Bounded work per round: at most `plans_per_round` pods plan a preemption in one round
+(`Wait` for the others: next round), each at most `passes` plans; none for a pod no bound
+pod of lower priority holds GPUs for on the DRA nodes, or as high as a pod asking the
+same that found no plan this round; a pod whose plan found nothing plans again only when
+the ledger or a pod record changes, and not before `retry_seconds`.
 
 Events: `GpuPreempted` on each victim (the pod, and the GPUs freed), `GpuPreemption` on
 the preemptor (victims, GPUs and node). Metrics: `gpuplace_dra_preemptions_total{result}`
@@ -51,7 +64,7 @@ the preemptor (victims, GPUs and node). Metrics: `gpuplace_dra_preemptions_total
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter
@@ -60,9 +73,9 @@ from gpuplace.cluster import recording
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.controllers import evictions, telling, victims
-from gpuplace.placement import gangs
+from gpuplace.placement import gangs, victim_choice
 from gpuplace.placement.choosing import Choice, Policy
-from gpuplace.placement.requests import describe
+from gpuplace.placement.requests import GpuRequest, describe
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +146,7 @@ class LonePreemptions:
         recorder: recording.Recorder | None = None,
         registry: CollectorRegistry | None = None,
         retry_seconds: float = 10.0,
+        target_seconds: float = 300.0,
         plans_per_round: int = 1,
         passes: int = victims.PASSES,
     ) -> None:
@@ -140,26 +154,47 @@ class LonePreemptions:
         self.sync = sync
         self.recorder = recorder
         self.retry_seconds = retry_seconds
+        self.target_seconds = target_seconds
         self.plans_per_round = plans_per_round
         self.passes = passes
         self.metrics = LonePreemptionMetrics(registry)
         self._memos: dict[str, _Memo] = {}
+        self._targets: dict[str, tuple[str, float]] = {}
+        """Preemptor's UID -> the node its preemption frees GPUs on, and since when
+        (POSIX seconds): no other lone pod is planned there meanwhile (`held`)."""
         self._plans_left = plans_per_round
         self._lowest: int | None = None
-        """The lowest priority among the pods holding grants, this round (None: not read
-        yet): a pod not above it has no victim, and costs no plan."""
+        self._nodes: frozenset[str] = frozenset()
+        self._hopeless: list[tuple[int, GpuRequest, tuple[str, ...]]] = []
 
-    def new_round(self, uids: Iterable[str]) -> None:
-        """A claim controller round starts; `uids`: its live pods (the others' memos go)."""
+    def new_round(self, pods: Mapping[str, PodRecord], nodes: Iterable[str], now: float) -> None:
+        """A claim controller round starts. `pods`: its pods (the others' memos go);
+        `nodes`: those lone pods may go to (their victims are there). A preemptor's target
+        goes once it is placed (bound, or its claim allocated), gone, or after
+        `target_seconds`."""
         self._plans_left = self.plans_per_round
         self._lowest = None
-        alive = set(uids)
-        self._memos = {uid: memo for uid, memo in self._memos.items() if uid in alive}
+        self._nodes = frozenset(nodes)
+        self._hopeless = []
+        self._memos = {uid: memo for uid, memo in self._memos.items() if uid in pods}
+        self._targets = {
+            uid: (node, since)
+            for uid, (node, since) in self._targets.items()
+            if (pod := pods.get(uid)) is not None
+            and pod.live
+            and not pod.bound
+            and self.sync.ledger.get(uid) is None
+            and now - since < self.target_seconds
+        }
+
+    def held(self, uid: str) -> frozenset[str]:
+        """Nodes other lone pods' preemptions free GPUs on: not offered to pod `uid`.
+        O(preemptions)."""
+        return frozenset(node for owner, (node, _) in self._targets.items() if owner != uid)
 
     @staticmethod
     def may_preempt(record: PodRecord) -> bool:
-        """A lone pod (no gang's or queue's plan) that may preempt: kube-scheduler's rule,
-        `preemptionPolicy` not `Never`, and a priority some pod can be below."""
+        """A lone pod (no gang's or queue's plan) whose `preemptionPolicy` is not `Never`."""
         return (
             record.request is not None
             and record.grant is None
@@ -172,15 +207,17 @@ class LonePreemptions:
     ) -> Answer:
         """Preempt for `record` on `nodes` if it may and needs to (module docstring): the
         GPUs its claim is to be pinned to once the victims (evicted now, or already
-        terminating) are gone, or `Wait`, or None (no plan: pin nothing). The last answer
-        again while the ledger and the pods are as that plan saw them, or before its
-        back-off. Raises `kube.ApiError` from the budget pre-check's reads (the round logs
-        it; the pod is tried again next round)."""
+        terminating) are gone, or `Wait`, or None (no victims make room: pin nothing). The
+        last answer again while its victims terminate, while the ledger and the pods are
+        as that plan saw them, or before its back-off. Raises `kube.ApiError` from the
+        budget pre-check's reads (the round logs it; the pod is tried again next round)."""
         if not nodes or not self.may_preempt(record) or record.request is None:
             return None
-        if record.priority <= self._lowest_held():
-            return None  # nothing of lower priority holds a GPU: no victim anywhere
         memo = self._memos.setdefault(record.uid, _Memo())
+        if self._terminating(memo):
+            return memo.answer  # its victims are on their way out: never evicted twice
+        if record.priority <= self._lowest_held():
+            return None  # nothing of lower priority holds a GPU there: no victim
         signature = (
             self.sync.ledger.generation,
             self.sync.ledger.relabelled,
@@ -189,6 +226,9 @@ class LonePreemptions:
         )
         if memo.tried == signature or now < memo.not_before:
             return memo.answer
+        shape = (record.priority, record.request, tuple(nodes))
+        if any(p >= shape[0] and r == shape[1] and n == shape[2] for p, r, n in self._hopeless):
+            return None  # a pod as high asking the same found no plan this round
         if self._plans_left <= 0:
             return Wait()  # another pod planned a preemption this round: next round
         self._plans_left -= 1
@@ -196,18 +236,41 @@ class LonePreemptions:
         try:
             memo.answer = await self._attempt(record, nodes, policy, memo, now=now)
         except BaseException:
-            memo.tried, memo.answer = (), None
+            memo.tried = ()
+            if not memo.evicted:
+                memo.answer = None
             raise
+        if memo.answer is None:
+            self._hopeless.append(shape)
+        blocked = isinstance(memo.answer, Wait) and memo.answer.why is not None
+        if (memo.answer is None or blocked) and not memo.evicted:
+            self._targets.pop(record.uid, None)  # no preemption under way: its node is free
         return memo.answer
 
+    def _terminating(self, memo: _Memo) -> bool:
+        """Victims this replica evicted for the pod are still there (the informer may not
+        show their deletion yet: a plan now would take them for live pods again).
+        O(victims)."""
+        pods = self.sync.pods
+        memo.evicted = {
+            uid for uid in memo.evicted if (pod := pods.get(uid)) is not None and not pod.terminal
+        }
+        return bool(memo.evicted)
+
     def _lowest_held(self) -> int:
-        """The lowest priority among pods holding a grant or hold (once a round,
-        O(grants)); one being deleted counts too (a plan then waits for it)."""
+        """The lowest priority among the bound pods holding grants on the round's nodes
+        (once a round, O(grants)); one being deleted counts too (a plan then waits for it)."""
         if self._lowest is None:
             pods = self.sync.pods
-            held = (pods.get(grant.pod_uid) for grant in self.sync.ledger)
+            held = (
+                pods.get(grant.pod_uid) for grant in self.sync.ledger if grant.node in self._nodes
+            )
             self._lowest = min(
-                (pod.priority for pod in held if pod is not None and not pod.terminal),
+                (
+                    pod.priority
+                    for pod in held
+                    if pod is not None and pod.bound and not pod.terminal
+                ),
                 default=1 << 31,
             )
         return self._lowest
@@ -228,6 +291,13 @@ class LonePreemptions:
             frozenset(nodes),
             record.controlled.tolerations,
         )
+
+        def target(eviction: victim_choice.GangEviction) -> None:
+            choice = eviction.choices.get(record.uid)
+            if choice is not None:  # before the plan's first await: nothing else there
+                since = self._targets.get(record.uid, (choice.node, now))[1]
+                self._targets[record.uid] = (choice.node, since)
+
         found = await victims.plan(
             self.api,
             self.sync,
@@ -236,29 +306,36 @@ class LonePreemptions:
             record.priority,
             passes=self.passes,
             counted=self.metrics.plans.inc,
+            planned_on=target,
         )
         if found is None:
             memo.not_before = now + self.retry_seconds
             return None
+        if isinstance(found, victims.Changed):  # a victim went meanwhile: plan again
+            memo.tried = ()
+            return Wait()
         if isinstance(found, str):  # budgets may change with no pod changing: retry then
             memo.tried, memo.not_before = (), now + self.retry_seconds
             log.info("DRA pod preemption blocked", extra={"pod": str(record), "why": found})
             return Wait(found)
         if isinstance(found, victims.Terminating):
-            return found.eviction.choices.get(record.uid)
+            if all(victims.going(unit) for unit in found.eviction.units):
+                return found.eviction.choices.get(record.uid)  # the GPUs they free
+            return Wait()  # wait for them, then plan again (kube-scheduler's own rule)
         eviction, chosen = found
         choice = eviction.choices.get(record.uid)
         if choice is None:  # cannot happen: a plan places every member
             return None
-        refused = await self._evict(record, choice, chosen, memo)
-        if refused:
+        memo.answer = choice  # before the first eviction: what its victims are for
+        gone = await self._evict(record, choice, chosen, memo)
+        if gone < len(chosen):
             memo.tried, memo.not_before = (), now + self.retry_seconds
-        return choice
+        return choice if gone else Wait()  # none evicted: it waits gated, retried later
 
     async def _evict(
         self, record: PodRecord, choice: Choice, chosen: list[PodRecord], memo: _Memo
-    ) -> bool:
-        """Evict every victim, in order; stop at the first refusal (True then)."""
+    ) -> int:
+        """Evict every victim, in order; stop at the first refusal. How many went."""
         freed = evictions.freed(self.sync, chosen)
         wants = describe(record.request) if record.request is not None else "GPUs"
 
@@ -297,7 +374,7 @@ class LonePreemptions:
                 "have terminated",
             )
         if refusal is None:
-            return False
+            return len(gone)
         victim, error = refusal
         self._emit(
             record,
@@ -307,7 +384,7 @@ class LonePreemptions:
             f"{len(gone)} of {len(chosen)} victims were evicted; tried again in "
             f"{self.retry_seconds:g}s",
         )
-        return True
+        return len(gone)
 
     def _emit(self, pod: PodRecord, kind: str, reason: str, message: str) -> None:
         telling.emit(self.recorder, pod, kind, reason, message)

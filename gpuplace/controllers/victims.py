@@ -46,6 +46,15 @@ GOING = -(1 << 31)
 
 
 @dataclass(frozen=True, slots=True)
+class Changed:
+    """A victim went or was replaced while the plan read it: plan again next round (the
+    ledger changes with it)."""
+
+
+CHANGED = Changed()
+
+
+@dataclass(frozen=True, slots=True)
 class Terminating:
     """A plan that counts on pods of lower priority already being deleted on its nodes."""
 
@@ -143,12 +152,15 @@ async def plan(
     exclude: Collection[str] = frozenset(),
     passes: int = PASSES,
     counted: Callable[[], None] = lambda: None,
-) -> tuple[victim_choice.GangEviction, list[PodRecord]] | Terminating | str | None:
+    planned_on: Callable[[victim_choice.GangEviction], None] = lambda _: None,
+) -> tuple[victim_choice.GangEviction, list[PodRecord]] | Terminating | Changed | str | None:
     """The eviction plan for `planned` (all members or none) that passes the budget
     pre-check (victims in name order), or the pods of lower priority already terminating
-    on its nodes (wait for them), or why budgets forbid every plan, or None (no plan at
-    all). Each pass excludes at least one more unit; at most `passes` passes, `counted`
-    called on each. Raises `kube.ApiError` (the pre-check's reads).
+    on its nodes (wait for them), or `CHANGED` (a victim went meanwhile), or why budgets
+    forbid every plan, or None (no plan at all). Each pass excludes at least one more
+    unit; at most `passes` passes, `counted` called on each, `planned_on` on each plan
+    with victims before anything is awaited (a caller keeps other placements off its
+    nodes meanwhile). Raises `kube.ApiError` (the pre-check's reads).
 
     Work: one `victim_units` (O(pods + grants)), then per pass one
     `gpuplace.placement.victim_choice.for_gang` (its own docstring: O(grants) scratch
@@ -172,6 +184,7 @@ async def plan(
         eviction = victim_choice.for_gang(sync.ledger, policy, planned, units, exclude=exclude)
         if eviction is None or not eviction.units:
             return blocked or None
+        planned_on(eviction)
         terminating = terminating_on(sync, set(eviction.nodes), priority)
         if terminating:
             return Terminating(frozenset(eviction.nodes), terminating, eviction)
@@ -180,10 +193,10 @@ async def plan(
             key=lambda record: record.key,
         )
         if len(records) != len(eviction.uids):
-            return None  # a victim went meanwhile: the ledger changes, next round
+            return CHANGED  # a victim went meanwhile: the ledger changes, next round
         refused = await evictions.budget_refusals(api, records, fresh=fresh, budgets=budgets)
         if refused is None:
-            return None
+            return CHANGED
         if not refused:
             return eviction, records
         blocked = "; ".join(

@@ -244,7 +244,7 @@ class GangPreemptions:
             self._tried.pop(key, None)
             self._backoff[key] = now + self.retry_seconds
             return self._backoff[key]
-        if found is None:
+        if found is None or isinstance(found, victims.Changed):
             self._backoff[key] = now + self.retry_seconds
             return None
         if isinstance(found, victims.Terminating):

@@ -215,4 +215,74 @@ async def test_gpus_a_race_takes_from_a_preemptor_give_it_a_new_plan_with_victim
     assert "its preemption frees" in message(server, "urgent", "GpuClaimReplanned")
 
 
+async def test_a_pod_released_unpinned_preempts_once_a_lower_pod_holds_gpus(
+    server: localapi.Server, sidecar: Harness
+) -> None:
+    """Both GPUs held at the preemptor's own priority: no victim, so its claim is made
+    unpinned (first fit) and it is released. One of them goes and, before kube-scheduler
+    gives the freed GPU to the waiting pod, a priority-0 pod takes it. The waiting pod,
+    still unschedulable, now has a victim: that pod is evicted and its claim made again
+    pinned to the GPU it frees."""
+    await full_node(server, sidecar, [100, 100])
+    server.api.create(dra_pod("urgent", ONE_GPU, priority=100))
+    claim = await claimed(server, "urgent")
+    assert pin_of(server, claim) == ""
+    old = server.api.get("resource.k8s.io/resourceclaims", claim, NAMESPACE)["metadata"]["uid"]
+    unschedulable(server, "urgent")
+    low0 = dra_claims.named(pod_of(server, "low0"))
+    server.api.delete("pods", "low0", NAMESPACE)  # it completed: the pod and its claim go
+    collect_garbage(server)
+    if low0 in {
+        c["metadata"]["name"] for c in server.api.objects("resource.k8s.io/resourceclaims")
+    }:
+        server.api.delete("resource.k8s.io/resourceclaims", low0, NAMESPACE)
+    server.api.create(dra_pod("sneak", ONE_GPU))
+    await running_on(server, "sneak", "gpu-0")
+    await eventually(lambda: victims(server) == ["sneak"], timeout=15.0)
+
+    def remade() -> bool:
+        stored = server.api.objects("resource.k8s.io/resourceclaims", NAMESPACE)
+        return any(c["metadata"]["name"] == claim and c["metadata"]["uid"] != old for c in stored)
+
+    await eventually(remade, timeout=15.0)
+    assert pin_of(server, claim) == "GPU-h100-0-00"
+    assert "its preemption frees" in message(server, "urgent", "GpuClaimReplanned")
+
+
+async def test_while_a_preemption_is_under_way_lower_pods_keep_off_its_node(
+    server: localapi.Server, sidecar: Harness
+) -> None:
+    """gpu-0 holds a priority-0 50 % share, gpu-1 a whole GPU of priority 100. A priority-100
+    pod of one whole GPU evicts the share and is pinned to gpu-0. While the share
+    terminates, a priority-0 50 % pod would fit only in gpu-0's free half — the GPU the
+    preemption frees: it is not planned there but waits behind its gate, told why (an
+    unpinned claim would let kube-scheduler's first fit take it too). Once the preemptor
+    is placed, the node is free to it again."""
+    server.api.create(dra_pod("low", {keys.GPU_PERCENT: "50"}))
+    low = await claimed(server, "low")
+    asked = server.api.get("resource.k8s.io/resourceclaims", low, NAMESPACE)["spec"]["devices"]
+    half = asked["requests"][0]["exactly"]["capacity"]["requests"]
+    allocate(server, low, "h100-0", "gpu-0", **half)
+    server.api.bind(NAMESPACE, "low", "h100-0")
+    server.api.create(dra_pod("keep", ONE_GPU, priority=100))
+    await running_on(server, "keep", "gpu-1")
+    sync = sidecar.sidecar.sync
+    await eventually(lambda: len(list(sync.ledger)) == 2)
+    server.api.create(dra_pod("urgent", ONE_GPU, priority=100))
+    claim = await claimed(server, "urgent")
+    assert victims(server) == ["low"]
+    assert pin_of(server, claim) == "GPU-h100-0-00"
+    server.api.create(dra_pod("small", {keys.GPU_PERCENT: "50"}))
+    await eventually(lambda: "GpuClaimBlocked" in reasons(server, "small"), timeout=10.0)
+    said = message(server, "small", "GpuClaimBlocked")
+    assert "node h100-0 is held for another pod's preemption" in said, said
+    assert gated(pod_of(server, "small"), keys.DRA_GATE)
+    assert collect_garbage(server) == ["low"]
+    allocate(server, claim, "h100-0", "gpu-0", **WHOLE_H100)
+    server.api.bind(NAMESPACE, "urgent", "h100-0")
+    small = await claimed(server, "small")  # no room left: unpinned, first fit
+    assert pin_of(server, small) == ""
+    assert victims(server) == ["low"]
+
+
 __all__ = ["sidecar"]
