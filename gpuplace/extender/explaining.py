@@ -397,11 +397,25 @@ def preemption_lines(
             for other in sync.pods.values()
             if other.node_name == node and other.deleting and not other.terminal
         )
-        if going:
+        if going and record.claim:
+            shown = ", ".join(going[:5]) + (f" and {len(going) - 5} more" if len(going) > 5 else "")
+            lines.append(
+                f"Preemption under way: gpuplace's claim controller nominated node {node} and "
+                f"evicted {shown} there for it (kube-scheduler does not preempt for a "
+                "ResourceClaim); its claim is pinned to the GPUs they free, which "
+                "kube-scheduler allocates once they have terminated."
+            )
+        elif going:
             shown = ", ".join(going[:5]) + (f" and {len(going) - 5} more" if len(going) > 5 else "")
             lines.append(
                 f"Preemption under way: kube-scheduler nominated node {node} and is evicting "
                 f"{shown} there; gpuplace holds the GPUs they free for this pod until it binds."
+            )
+        elif record.claim:
+            lines.append(
+                f"Nominated to node {node} by gpuplace's claim controller (its plan, or a "
+                "preemption whose victims are gone); no pod there is terminating: "
+                "kube-scheduler tries that node first."
             )
         else:
             lines.append(
@@ -427,7 +441,7 @@ def preemption_lines(
         ):
             lines.append(
                 "Being evicted through the Eviction API (a GpuPreempted Event names the gang "
-                "it makes room for, if gpuplace evicted it)."
+                "or the DRA pod it makes room for, if gpuplace evicted it)."
             )
     return lines
 

@@ -12,6 +12,8 @@ import dataclasses
 from gpuplace.cluster import dra_claims, keys
 from gpuplace.cluster.gang_marks import gated
 from gpuplace.dev import localapi
+from gpuplace.extender import explaining
+from gpuplace.extender.workloads import PolicyHolder
 from tests.claims.test_controller import (
     NAMESPACE,
     allocate,
@@ -74,13 +76,22 @@ async def test_a_lone_dra_pod_evicts_one_lower_pod_and_is_pinned_to_the_gpu_it_f
     sample = sidecar.sidecar.registry.get_sample_value
     assert sample("gpuplace_dra_preemptions_total", {"result": "complete"}) == 1
     assert sample("gpuplace_dra_preemption_victims_total") == 1
+    sync = sidecar.sidecar.sync
+    uid = str(pod_of(server, "urgent")["metadata"]["uid"])
+    await eventually(lambda: sync.pods[uid].nominated == "h100-0")
+    await eventually(lambda: any(p.name == "low0" and p.deleting for p in sync.pods.values()))
+    told = explaining.explain(
+        sync, PolicyHolder(sync, "default", refresh_seconds=0.0), sync.pods[uid], claims=(claim,)
+    )
+    assert (
+        "Preemption under way: gpuplace's claim controller nominated node h100-0 and evicted "
+        f"{NAMESPACE}/low0 there for it"
+    ) in " ".join(told.headline), told.headline
     # kube-scheduler finds no room while low0 terminates; then it is gone and allocated
     unschedulable(server, "urgent")
     assert collect_garbage(server) == ["low0"]
     allocate(server, claim, "h100-0", "gpu-0", **WHOLE_H100)
     server.api.bind(NAMESPACE, "urgent", "h100-0")
-    uid = str(pod_of(server, "urgent")["metadata"]["uid"])
-    sync = sidecar.sidecar.sync
     await eventually(lambda: (g := sync.ledger.get(uid)) is not None and g.gpus == (0,))
     assert victims(server) == ["low0"]  # nothing more
 
