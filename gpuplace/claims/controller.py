@@ -395,13 +395,14 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
                     self._nominate[record.uid] = answer.node
         if not pinned and (why := self._held_off(record)) is not None:
             if self._told.first(record.uid, f"held {why}"):
+                waits = "it waits behind its gate" if record.claim_gated else "it waits"
                 self._emit(
                     record,
                     recording.NORMAL,
                     CLAIM_BLOCKED,
                     f"gpuplace finds no room for it on the DRA nodes it may use but {why}: "
-                    "it waits behind its gate (its ResourceClaim is made once that node is "
-                    "free again or room frees elsewhere)",
+                    f"{waits} (its ResourceClaim is made once that node is free again or room "
+                    "frees elsewhere)",
                 )
             return None
         try:
@@ -436,6 +437,13 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
             chosen = self._choose(record, [record.grant.node])
         else:
             chosen = self._choose(record)
+        if chosen is None and mine and held is not None:
+            try:  # its own GPUs still have room (its node held meanwhile, say): it stays
+                self.sync.hold(held.grant, seconds=self.settings.hold_seconds, owner=PLANNED)
+            except LedgerError:
+                pass
+            else:
+                return
         if chosen is None and self._lone(record):
             return await self._preempted_again(record, claim)
         remake = chosen is not None and set(chosen[1]) == set(claim.pinned) and self._remake(record)
@@ -489,9 +497,15 @@ class ClaimController(Controller[ClaimSettings, None, ClaimApi]):
         """A lone pod's preemption on the DRA nodes it may go to
         (`gpuplace.claims.preempting`): the GPUs to pin its claim to, `Wait`, or None (no
         victims make room: its claim is made unpinned, as for any pod without room)."""
-        answer = await self.preemptions.attempt(
-            record, self._candidates(record), self.policy(), now=self.clock()
-        )
+        if not self.preemptions.worth(record):
+            return None  # no bound pod of lower priority holds DRA GPUs: spare the O(nodes)
+        inventory = self.sync.ledger.inventory
+        names = [  # a pin needs UUIDs: never evict for GPUs that cannot be pinned
+            name
+            for name in self._candidates(record)
+            if all(gpu.uuid for gpu in inventory[name].gpus)
+        ]
+        answer = await self.preemptions.attempt(record, names, self.policy(), now=self.clock())
         if isinstance(answer, Wait) and answer.why and self._told.first(record.uid, answer.why):
             self._emit(
                 record,

@@ -17,23 +17,26 @@ never one already being deleted):
    claim is made unpinned, kube-scheduler's first fit says why it waits). The plan's
    node is the pod's *target* from the moment it is made (before anything is awaited):
    no other lone pod is planned there until the preemptor is placed, goes, or
-   `target_seconds` pass (`held`; the claim controller keeps a pod that would only fit
-   there behind its gate); PodDisruptionBudgets forbid every plan: the pod stays gated
-   and is tried again after `retry_seconds` (each round plans it again: room that frees
-   meanwhile is taken);
+   `target_seconds` pass (`held`; the claim controller keeps any lone pod without room
+   elsewhere that could use that node behind its gate); PodDisruptionBudgets forbid
+   every plan: the pod stays gated and is tried again after `retry_seconds` (each round
+   plans it again: room that frees meanwhile is taken);
 3. evict the victims through the Eviction API (UID precondition, in name order;
    `gpuplace.controllers.evictions.evict`); the pod's claim is then pinned to the GPUs the
    plan gives it and its node nominated (`status.nominatedNodeName`, as kube-scheduler
    nominates a preemptor), and its gate goes: kube-scheduler's allocator finds no room
    until the victims have terminated, then allocates exactly there. A refused eviction
-   stops the evictions (a Warning `GpuPreemptionRefused` says which and why) and the next
-   attempt is not before `retry_seconds`; when none was evicted the pod stays gated;
-4. while the victims it evicted are there (the informer may show their deletion late),
-   or pods of lower priority terminate on the plan's node (evicted by this replica
-   before a restart, or deleted by anyone), nothing more is evicted: the claim is pinned
-   to the GPUs they free (all the plan needs is going), or the pod waits and plans again
-   once they are gone (kube-scheduler's rule for a preemptor whose node has terminating
-   victims).
+   stops the evictions (a Warning `GpuPreemptionRefused` says which and why): the pod is
+   not pinned to GPUs a victim still holds but waits (gated, or its claim stays), and
+   plans again once those evicted are gone, not before `retry_seconds`; an eviction
+   without an answer counts as one that went once the pod shows its deletion;
+4. while the victims it evicted are there (the informer may show their deletion late; a
+   DRA victim's claim holds its GPUs until the garbage collector deletes it), or pods of
+   lower priority terminate on the plan's node (evicted by this replica before a
+   restart, or deleted by anyone; claims of pods already gone count too), nothing more
+   is evicted: the claim is pinned to the GPUs they free (all the plan needs is going),
+   or the pod waits and plans again once they are gone (kube-scheduler's rule for a
+   preemptor whose node has terminating victims).
 
 The claim controller's replanning (`ClaimController._replan`) asks again when a released
 preemptor's pinned GPUs have no room: its victims still terminating give the same pin
@@ -47,10 +50,12 @@ preemptor then plans again).
 
 Not fenced: a gang's preemption holds the one fence (`gpuplace.placement.fences`), whose
 nodes a lone pod never plans on; a gang's plan may count on GPUs a lone pod's victims
-free (the lone pod then plans again).
+free (whichever of the two kube-scheduler places first gets them; the other plans
+again).
 
 Bounded work per round: at most `plans_per_round` pods plan a preemption in one round
-(`Wait` for the others: next round), each at most `passes` plans; none for a pod no bound
+(the others get no pin now: an unpinned claim, and they may preempt once kube-scheduler
+finds no room for it), each at most `passes` plans; none for a pod no bound
 pod of lower priority holds GPUs for on the DRA nodes, or as high as a pod asking the
 same that found no plan this round; a pod whose plan found nothing plans again only when
 the ledger or a pod record changes, and not before `retry_seconds`.
@@ -109,6 +114,10 @@ class _Memo:
     """No new plan before this (POSIX seconds): after a refusal, a plan budgets blocked
     or one that found nothing."""
     evicted: set[str] = field(default_factory=set)
+    """UIDs of its victims whose eviction the API accepted."""
+    unsure: set[str] = field(default_factory=set)
+    """UIDs of victims whose eviction's outcome is unknown (timeout, 502-504): counted as
+    going once the pod shows its deletion."""
 
 
 class LonePreemptionMetrics:
@@ -192,6 +201,15 @@ class LonePreemptions:
         O(preemptions)."""
         return frozenset(node for owner, (node, _) in self._targets.items() if owner != uid)
 
+    def worth(self, record: PodRecord) -> bool:
+        """`record` may preempt and some bound pod of lower priority holds GPUs on the
+        round's nodes (or a preemption of its own is under way). O(1) after the round's
+        first call."""
+        if not self.may_preempt(record):
+            return False
+        memo = self._memos.get(record.uid)
+        return bool(memo and memo.evicted) or record.priority > self._lowest_held()
+
     @staticmethod
     def may_preempt(record: PodRecord) -> bool:
         """A lone pod (no gang's or queue's plan) whose `preemptionPolicy` is not `Never`."""
@@ -207,15 +225,29 @@ class LonePreemptions:
     ) -> Answer:
         """Preempt for `record` on `nodes` if it may and needs to (module docstring): the
         GPUs its claim is to be pinned to once the victims (evicted now, or already
-        terminating) are gone, or `Wait`, or None (no victims make room: pin nothing). The
-        last answer again while its victims terminate, while the ledger and the pods are
-        as that plan saw them, or before its back-off. Raises `kube.ApiError` from the
-        budget pre-check's reads (the round logs it; the pod is tried again next round)."""
+        terminating) are gone, or `Wait`, or None (no victims make room, or another pod
+        planned this round: pin nothing now). The last answer again while its victims
+        are there, while the ledger and the pods are as that plan saw them, or before its
+        back-off. Its target goes with an answer of None or a budget's `Wait`. Raises
+        `kube.ApiError` from the budget pre-check's reads (the round logs it; the pod is
+        tried again next round)."""
+        memo = self._memos.setdefault(record.uid, _Memo())
+        answer = await self._answer(record, nodes, policy, memo, now=now)
+        blocked = isinstance(answer, Wait) and answer.why is not None
+        if (answer is None or blocked) and not memo.evicted:
+            self._targets.pop(record.uid, None)  # no preemption under way: its node is free
+        return answer
+
+    async def _answer(
+        self, record: PodRecord, nodes: Sequence[str], policy: Policy, memo: _Memo, *, now: float
+    ) -> Answer:
         if not nodes or not self.may_preempt(record) or record.request is None:
             return None
-        memo = self._memos.setdefault(record.uid, _Memo())
-        if self._terminating(memo):
-            return memo.answer  # its victims are on their way out: never evicted twice
+        if self._terminating(memo):  # its victims are on their way out: never evicted twice
+            answer = memo.answer
+            if isinstance(answer, Choice) and answer.node not in nodes:
+                return Wait()  # its node is held or gone meanwhile: not pinned there now
+            return answer
         if record.priority <= self._lowest_held():
             return None  # nothing of lower priority holds a GPU there: no victim
         signature = (
@@ -230,7 +262,7 @@ class LonePreemptions:
         if any(p >= shape[0] and r == shape[1] and n == shape[2] for p, r, n in self._hopeless):
             return None  # a pod as high asking the same found no plan this round
         if self._plans_left <= 0:
-            return Wait()  # another pod planned a preemption this round: next round
+            return None  # another pod planned this round: unpinned now, it may preempt later
         self._plans_left -= 1
         memo.tried = signature
         try:
@@ -242,18 +274,24 @@ class LonePreemptions:
             raise
         if memo.answer is None:
             self._hopeless.append(shape)
-        blocked = isinstance(memo.answer, Wait) and memo.answer.why is not None
-        if (memo.answer is None or blocked) and not memo.evicted:
-            self._targets.pop(record.uid, None)  # no preemption under way: its node is free
         return memo.answer
 
     def _terminating(self, memo: _Memo) -> bool:
-        """Victims this replica evicted for the pod are still there (the informer may not
-        show their deletion yet: a plan now would take them for live pods again).
-        O(victims)."""
+        """Victims this replica evicted for the pod are still there: their pod not
+        finished (the informer may not show its deletion yet), or their grant still in the
+        ledger (a DRA victim's claim outlives its pod until the garbage collector deletes
+        it); a plan now would take their GPUs for another's and evict again. A victim whose
+        eviction's outcome is unknown counts once its pod shows its deletion. O(victims)."""
         pods = self.sync.pods
-        memo.evicted = {
-            uid for uid in memo.evicted if (pod := pods.get(uid)) is not None and not pod.terminal
+
+        def there(uid: str) -> bool:
+            pod = pods.get(uid)
+            return (pod is not None and not pod.terminal) or self.sync.ledger.get(uid) is not None
+
+        memo.unsure = {uid for uid in memo.unsure if there(uid)}
+        memo.evicted = {uid for uid in memo.evicted if there(uid)}
+        memo.evicted |= {
+            uid for uid in memo.unsure if (pod := pods.get(uid)) is None or pod.deleting
         }
         return bool(memo.evicted)
 
@@ -328,9 +366,12 @@ class LonePreemptions:
             return None
         memo.answer = choice  # before the first eviction: what its victims are for
         gone = await self._evict(record, choice, chosen, memo)
-        if gone < len(chosen):
-            memo.tried, memo.not_before = (), now + self.retry_seconds
-        return choice if gone else Wait()  # none evicted: it waits gated, retried later
+        if gone == len(chosen):
+            return choice
+        # refused: not pinned on GPUs a victim still holds; it waits (gated, or its claim
+        # stays) and plans again once the evicted ones are gone, not before the back-off
+        memo.tried, memo.not_before = (), now + self.retry_seconds
+        return Wait()
 
     async def _evict(
         self, record: PodRecord, choice: Choice, chosen: list[PodRecord], memo: _Memo
@@ -350,6 +391,8 @@ class LonePreemptions:
             )
 
         done = await evictions.evict(self.api, chosen, evicted)
+        if done.unsure is not None:
+            memo.unsure.add(done.unsure.uid)
         gone, refusal = done.gone, done.refusal
         self.metrics.victims.inc(len(gone))
         self.metrics.preemptions.labels("partial" if refusal else "complete").inc()

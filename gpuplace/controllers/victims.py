@@ -31,7 +31,7 @@ import asyncio
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from gpuplace.cluster import disruptions, pods
+from gpuplace.cluster import claims, disruptions, pods
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.controllers import evictions
@@ -133,13 +133,20 @@ def going(unit: victim_choice.Unit) -> bool:
 
 def terminating_on(sync: LedgerSync, nodes: Collection[str], priority: int) -> frozenset[str]:
     """UIDs of pods of lower priority than `priority` holding a grant on `nodes` that are
-    being deleted. O(grants)."""
-    records = (sync.pods.get(grant.pod_uid) for grant in sync.ledger if grant.node in nodes)
-    return frozenset(
-        r.uid
-        for r in records
-        if r is not None and r.deleting and not r.terminal and r.priority < priority
-    )
+    being deleted, and of grants on `nodes` whose pod is gone while its ResourceClaim
+    still holds the GPUs (until the garbage collector deletes it: on their way back too;
+    a user's own claim, `claim:<UID>`, is not). O(grants)."""
+    found = set()
+    for grant in sync.ledger:
+        if grant.node not in nodes:
+            continue
+        record = sync.pods.get(grant.pod_uid)
+        if record is None:
+            if not grant.pod_uid.startswith(claims.PREFIX):
+                found.add(grant.pod_uid)
+        elif record.deleting and not record.terminal and record.priority < priority:
+            found.add(record.uid)
+    return frozenset(found)
 
 
 async def plan(

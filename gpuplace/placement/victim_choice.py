@@ -581,7 +581,9 @@ def for_gang(
     O(grants) for the scratch ledgers, plus at most (placed + 3) plans (see
     `gpuplace.placement.gangs`), plus per member the `evict` search on its node, plus O(V)
     `place` checks for V victims, plus one scratch ledger and plan (O(V) of them, V ≤
-    `STRICT_LIMIT`, when step 5 has to prune again)."""
+    `STRICT_LIMIT`, when step 5 has to prune again), plus step 6 (`_only_needed`: O(V²)
+    `place` checks, at most V scratch ledgers and plans, only for units `place` can do
+    without)."""
     if not members:
         return None
     fits = gangs.plan(ledger, policy, members, exclude=exclude)
@@ -673,18 +675,25 @@ def _only_needed(
     whose members still fit on that plan's nodes without it (`place`) and without which
     the gang's own plan still starts is spared, and the plan made again, until none is
     left (the plan may move members between nodes, so sparing for one plan's nodes can
-    leave a unit the next one does without). O(V) `place` checks per pass, a gang plan
-    only for a unit `place` can do without, at most V passes (each spares one)."""
+    leave a unit the next one does without). A unit the gang's plan could not start
+    without is not tried again (with fewer victims it could not either). O(V) `place`
+    checks per pass, at most V passes (each spares one), and at most V gang plans in all
+    (each on an O(grants) scratch ledger): O(V² × place + V × (grants + plan))."""
+    kept: set[int] = set()
     for _ in range(len(victims)):
         there = {uid: choice.node for uid, choice in started.choices.items()}
         for candidate in sorted(victims, key=lambda u: cost([u]), reverse=True):
+            if id(candidate) in kept:
+                continue
             rest = [other for other in victims if other is not candidate]
             if place(ledger, members, there, rest) is None:
                 continue
             again = _starts(ledger, policy, members, rest, exclude)
-            if again is not None:
-                victims, started = rest, again
-                break
+            if again is None:
+                kept.add(id(candidate))
+                continue
+            victims, started = rest, again
+            break
         else:
             break
     return victims, started

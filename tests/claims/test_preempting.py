@@ -120,6 +120,40 @@ async def test_a_preemptors_claim_deleted_while_its_victim_terminates_is_made_on
     assert victims(server) == [victim]
 
 
+async def test_a_victims_claim_that_outlives_its_pod_is_waited_for_not_a_second_victim(
+    server: localapi.Server, sidecar: Harness
+) -> None:
+    """The victim's pod is gone but its ResourceClaim still holds the GPU (the garbage
+    collector has not deleted it yet) and kube-scheduler finds no room for the preemptor:
+    rounds go by and the other low pod is not evicted; once the claim goes, the pin has
+    room and stays."""
+    await full_node(server, sidecar, [0, 0])
+    server.api.create(dra_pod("urgent", ONE_GPU, priority=100))
+    claim = await claimed(server, "urgent")
+    (first,) = victims(server)
+    pin = pin_of(server, claim)
+    left = dra_claims.named(pod_of(server, first))
+    server.api.delete("pods", first, NAMESPACE)  # the kubelet is done; the claim stays
+    sync = sidecar.sidecar.sync
+    await eventually(lambda: all(p.name != first for p in sync.pods.values()))
+    unschedulable(server, "urgent")
+    controller = sidecar.sidecar.claims
+    assert controller is not None
+    for poke in ("1", "2", "3"):  # a pod change wakes a round
+        seen = controller.rounds
+        server.api.patch("pods", "urgent", {"metadata": {"labels": {"poke": poke}}}, NAMESPACE)
+        await eventually(lambda: controller.rounds > seen)  # noqa: B023
+    assert victims(server) == [first]
+    server.api.delete("resource.k8s.io/resourceclaims", left, NAMESPACE)
+    uid = str(pod_of(server, "urgent")["metadata"]["uid"])
+    await eventually(lambda: sync.ledger.get(f"{uid}") is None and not any(
+        g.pod_uid != uid and g.node == "h100-0" and g.gpus == (int(pin[-2:]),)
+        for g in sync.ledger
+    ))  # fmt: skip
+    assert pin_of(server, claim) == pin
+    assert victims(server) == [first]
+
+
 async def test_no_victim_of_equal_priority_and_never_for_preemption_policy_never(
     server: localapi.Server, sidecar: Harness
 ) -> None:
