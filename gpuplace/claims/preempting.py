@@ -377,22 +377,16 @@ class LonePreemptions:
         self, record: PodRecord, choice: Choice, chosen: list[PodRecord], memo: _Memo
     ) -> int:
         """Evict every victim, in order; stop at the first refusal. How many went."""
-        freed = evictions.freed(self.sync, chosen)
         wants = describe(record.request) if record.request is not None else "GPUs"
-
-        def evicted(victim: PodRecord) -> None:
-            memo.evicted.add(victim.uid)
-            self._emit(
-                victim,
-                recording.NORMAL,
-                recording.PREEMPTED,
-                f"preempted to free {freed.get(victim.uid, 'its GPUs')} for pod {record} "
-                f"(priority {record.priority}, {wants})",
-            )
-
-        done = await evictions.evict(self.api, chosen, evicted)
-        if done.unsure is not None:
-            memo.unsure.add(done.unsure.uid)
+        done = await evictions.preempt(
+            self.api,
+            self.sync,
+            chosen,
+            self.recorder,
+            preemptor=f"pod {record} (priority {record.priority}, {wants})",
+            evicted=memo.evicted,
+            unsure=memo.unsure,
+        )
         gone, refusal = done.gone, done.refusal
         self.metrics.victims.inc(len(gone))
         self.metrics.preemptions.labels("partial" if refusal else "complete").inc()

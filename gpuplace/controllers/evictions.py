@@ -1,7 +1,8 @@
 """Evicting for a waiting workload: the PodDisruptionBudget pre-check and the evictions.
 
-Both controllers that preempt — the gang controller for a waiting gang
-(`gpuplace.gangs.evicting`), the queue controller reclaiming for a waiting workload
+The controllers that preempt — the gang controller for a waiting gang
+(`gpuplace.gangs.evicting`), the claim controller for a lone DRA pod
+(`gpuplace.claims.preempting`), the queue controller reclaiming for a waiting workload
 (`gpuplace.queues.reclaiming`) — first check all their victims together as the API server
 would (`budget_refusals`: each victim read again, each namespace's budgets listed once,
 `gpuplace.cluster.disruptions.refused`), so that a plan a budget forbids evicts nothing,
@@ -9,7 +10,8 @@ then evict them in order through the Eviction API (`evict`: the UID as precondit
 never a plain DELETE), stopping at the first refusal. An eviction without an answer (a
 timeout, a gateway's 502-504) may have gone through (`unknown_outcome`): the caller
 counts its victim as leaving once the pod shows its deletion, never evicting it twice.
-`freed` and `refusal_text` word what the Events say. Owns no state.
+`preempt` is `evict` for a preemptor, each victim told (`GpuPreempted`); `freed` and
+`refusal_text` word what the Events say. Owns no state.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpuplace.cluster import disruptions, kube, refusals
+from gpuplace.cluster import disruptions, kube, recording, refusals
 from gpuplace.cluster.pods import PodRecord
 from gpuplace.cluster.syncing import LedgerSync
+from gpuplace.controllers import telling
 
 
 class EvictionApi(Protocol):
@@ -112,6 +115,38 @@ async def evict(
         gone.append(victim)
         each(victim)
     return Evicted(tuple(gone))
+
+
+async def preempt(
+    api: EvictionApi,
+    sync: LedgerSync,
+    victims: Sequence[PodRecord],
+    recorder: recording.Recorder | None,
+    *,
+    preemptor: str,
+    evicted: set[str],
+    unsure: set[str],
+) -> Evicted:
+    """`evict` for a preemptor (`preemptor` words it in the Events: "gang team-a/train
+    (priority 100, ...)"): each victim the API accepted hears `GpuPreempted` with the GPUs
+    it frees and joins `evicted`; a victim whose eviction's outcome is unknown joins
+    `unsure`. O(victims) calls."""
+    gpus = freed(sync, victims)
+
+    def told(victim: PodRecord) -> None:
+        evicted.add(victim.uid)
+        telling.emit(
+            recorder,
+            victim,
+            recording.NORMAL,
+            recording.PREEMPTED,
+            f"preempted to free {gpus.get(victim.uid, 'its GPUs')} for {preemptor}",
+        )
+
+    done = await evict(api, victims, told)
+    if done.unsure is not None:
+        unsure.add(done.unsure.uid)
+    return done
 
 
 def freed(sync: LedgerSync, victims: Sequence[PodRecord]) -> Mapping[str, str]:

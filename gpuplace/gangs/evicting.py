@@ -290,23 +290,17 @@ class GangPreemptions:
         now: float,
     ) -> float | None:
         """Evict every victim, in order; stop at the first refusal (module docstring)."""
-        freed_gpus = evictions.freed(self.sync, victims)
         wants = ", ".join(sorted({requests.describe(m.request) for m in members if m.request}))
-
-        def evicted(victim: PodRecord) -> None:
-            underway.evicted.add(victim.uid)
-            self._emit(
-                victim,
-                recording.NORMAL,
-                recording.PREEMPTED,
-                f"preempted to free {freed_gpus.get(victim.uid, 'its GPUs')} for gang "
-                f"{key[0]}/{key[1]} (priority {priority}, "
-                f"{len(members)} members: {wants})",
-            )
-
-        done = await evictions.evict(self.api, victims, evicted)
-        if done.unsure is not None:
-            underway.unsure.add(done.unsure.uid)
+        done = await evictions.preempt(
+            self.api,
+            self.sync,
+            victims,
+            self.recorder,
+            preemptor=f"gang {key[0]}/{key[1]} (priority {priority}, "
+            f"{len(members)} members: {wants})",
+            evicted=underway.evicted,
+            unsure=underway.unsure,
+        )
         gone, refusal = done.gone, done.refusal
         self.metrics.victims.inc(len(gone))
         self.metrics.preemptions.labels("partial" if refusal else "complete").inc()

@@ -21,9 +21,9 @@ from gpuplace.cluster.nodes import NodeRecord
 from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.dev.localapi import objects
 from gpuplace.placement import choosing, policies
-from gpuplace.placement.ledger import Grant, Ledger, LedgerError
+from gpuplace.placement.ledger import Grant, Ledger
 from gpuplace.placement.requests import GpuRequest
-from tests.placement.clusters import node
+from tests.placement.clusters import node, room_for
 
 NODES = ("n0", "n1")
 
@@ -79,7 +79,7 @@ def test_a_lone_pods_preemption_evicts_only_lower_live_pods_and_its_pin_fits_onc
     for i, (at, gpu, share, rank, deleting) in enumerate(pods_):
         uid = f"p{i:02}"
         grant = Grant(uid, at, (gpu,), share, 0, 0, 0)
-        if not _room(sync.ledger, grant):
+        if not room_for(sync.ledger, grant):
             continue
         base = pods.record(objects.pod(uid))
         record = replace(base, uid=uid, node_name=at, grant=grant, priority=rank, deleting=deleting)
@@ -121,12 +121,3 @@ def test_a_lone_pods_preemption_evicts_only_lower_live_pods_and_its_pin_fits_onc
     scratch = Ledger(sync.ledger.inventory)
     scratch.restore(grant for grant in sync.ledger if grant.pod_uid not in gone)
     scratch.reserve(choosing.grant_for("urgent", first, request))  # raises if it does not fit
-
-
-def _room(ledger: Ledger, grant: Grant) -> bool:
-    try:
-        ledger.reserve(grant)
-    except LedgerError:
-        return False
-    ledger.release(grant.pod_uid)
-    return True

@@ -18,9 +18,9 @@ from gpuplace.cluster.syncing import LedgerSync
 from gpuplace.controllers import victims
 from gpuplace.dev.localapi import objects
 from gpuplace.placement import choosing, elastic, gangs, policies, victim_choice
-from gpuplace.placement.ledger import Grant, Ledger, LedgerError
+from gpuplace.placement.ledger import Grant, Ledger
 from gpuplace.placement.requests import GpuRequest
-from tests.placement.clusters import node
+from tests.placement.clusters import node, room_for
 
 NODES = ("n0", "n1", "n2")
 
@@ -63,7 +63,7 @@ def test_gang_preemption_plans_evict_only_lower_whole_and_needed_units(
     for i, (at, gpu, share, priority, gang, bound) in enumerate(pods_):
         uid = f"p{i:02}"
         grant = Grant(uid, at, (gpu,), share, 0, 0, 0)
-        if sync.ledger.state(at) is None or not _room(sync.ledger, grant):
+        if sync.ledger.state(at) is None or not room_for(sync.ledger, grant):
             continue
         labels = {"gpuplace.io/gang": gang} if gang else None
         base = pods.record(objects.pod(uid, labels=labels))
@@ -133,12 +133,3 @@ def test_gang_preemption_plans_evict_only_lower_whole_and_needed_units(
         without.restore(grant for grant in sync.ledger if grant.pod_uid not in others)
         short = gangs.plan(without, policy, waiting)
         assert isinstance(short, gangs.Shortfall), victim.uids
-
-
-def _room(ledger: Ledger, grant: Grant) -> bool:
-    try:
-        ledger.reserve(grant)
-    except LedgerError:
-        return False
-    ledger.release(grant.pod_uid)
-    return True

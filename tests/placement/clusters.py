@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuplace.placement.inventory import Gpu, Inventory, Node
-from gpuplace.placement.ledger import Ledger
+from gpuplace.placement.ledger import Grant, Ledger, LedgerError
 from gpuplace.placement.requests import GpuRequest, Topology
 
 
@@ -50,3 +50,13 @@ def whole(
         cpu_milli=1000,
         host_memory_mib=1024,
     )
+
+
+def room_for(ledger: Ledger, grant: Grant) -> bool:
+    """Whether `ledger` takes `grant` now (left as it was)."""
+    try:
+        ledger.reserve(grant)
+    except LedgerError:
+        return False
+    ledger.release(grant.pod_uid)
+    return True
